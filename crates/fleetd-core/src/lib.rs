@@ -1,0 +1,7 @@
+//! fleetd's pure core: identifiers, the message model and the domain decisions (registry, tickets,
+//! push-loop policy). Architecture invariant: this crate does no I/O and has no async runtime — it
+//! takes `now` and randomness as arguments and returns decisions as data.
+
+pub mod ids;
+
+pub use ids::{IdError, MsgId, Target, Ticket};

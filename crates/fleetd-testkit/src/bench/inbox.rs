@@ -1,0 +1,1 @@
+//! Inbox benchmark: raw fdatasync baseline vs the embedded and AMQP stores.

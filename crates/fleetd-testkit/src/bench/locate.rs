@@ -1,0 +1,1 @@
+//! Caller-locator benchmark: locate one caller among many panes.

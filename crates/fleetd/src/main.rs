@@ -1,0 +1,2 @@
+//! fleetd
+fn main() {}
