@@ -15,7 +15,9 @@ pub enum IdError {
     )]
     Target(String),
     /// A message id or ticket that is not a UUID.
-    #[error("invalid {kind} {value:?}: expected a UUID such as 0190f5c4-7a3e-7c51-9a7e-2f6d1b3c4d5e")]
+    #[error(
+        "invalid {kind} {value:?}: expected a UUID such as 0190f5c4-7a3e-7c51-9a7e-2f6d1b3c4d5e"
+    )]
     Uuid {
         /// Which id was being parsed (`msgId`, `ticket`, ...).
         kind: &'static str,
@@ -147,11 +149,26 @@ mod tests {
 
     #[test]
     fn target_names() {
-        for good in ["a", "alice", "bob-2", "x_y", "a234567890123456789012345678901"] {
+        for good in [
+            "a",
+            "alice",
+            "bob-2",
+            "x_y",
+            "a234567890123456789012345678901",
+        ] {
             check_target(good, true);
         }
         check_target(&format!("a{}", "b".repeat(31)), true);
-        for bad in ["", "A", "1abc", "-x", "al ice", "élan", "alice/../x", &format!("a{}", "b".repeat(32))] {
+        for bad in [
+            "",
+            "A",
+            "1abc",
+            "-x",
+            "al ice",
+            "élan",
+            "alice/../x",
+            &format!("a{}", "b".repeat(32)),
+        ] {
             check_target(bad, false);
         }
     }
@@ -163,6 +180,9 @@ mod tests {
         assert!(early < late);
         assert_eq!(MsgId::parse(&early.to_string()), Ok(early));
         assert_eq!(early.as_uuid().get_version_num(), 7);
-        assert!(matches!(Ticket::parse("nope"), Err(IdError::Uuid { kind: "ticket", .. })));
+        assert!(matches!(
+            Ticket::parse("nope"),
+            Err(IdError::Uuid { kind: "ticket", .. })
+        ));
     }
 }

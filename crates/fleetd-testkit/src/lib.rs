@@ -83,6 +83,10 @@ pub fn require_tmux() -> Service {
 
 /// Polls `cond` every 20 ms until it holds or `timeout` passes; panics naming `what` on timeout.
 /// Tests wait for conditions with this, never with a bare sleep.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a test helper polling a real process on the wall clock"
+)]
 pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let start = std::time::Instant::now();
     while !cond() {
@@ -95,3 +99,193 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
 }
 
 pub mod bench;
+
+/// A minimal HTTP/1.1 client for tests: one request per connection, `Connection: close`.
+pub mod http {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+
+    /// A response: status code and body text.
+    #[derive(Debug, Clone)]
+    pub struct Response {
+        /// The HTTP status code.
+        pub status: u16,
+        /// The body, as text.
+        pub body: String,
+    }
+
+    impl Response {
+        /// The body parsed as JSON; panics with the body when it is not JSON.
+        pub fn json(&self) -> serde_json::Value {
+            serde_json::from_str(&self.body)
+                .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.body))
+        }
+    }
+
+    /// Sends one request and reads the whole response.
+    pub fn request(
+        addr: SocketAddr,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> std::io::Result<Response> {
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let body = body.unwrap_or("");
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw)?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let chunked = head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked");
+        let body = if chunked {
+            dechunk(rest)
+        } else {
+            rest.to_owned()
+        };
+        Ok(Response { status, body })
+    }
+
+    /// Sends `GET path`.
+    pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
+        request(addr, "GET", path, None)
+    }
+
+    fn dechunk(mut rest: &str) -> String {
+        let mut out = String::new();
+        while let Some((size, tail)) = rest.split_once("\r\n") {
+            let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+                break;
+            };
+            if n == 0 || tail.len() < n {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            rest = tail[n..].trim_start_matches("\r\n");
+        }
+        out
+    }
+}
+
+/// A `fleetd` process started for a test, with its own HOME, state and config directories. It is
+/// killed when dropped.
+pub mod daemon {
+    use std::io::{BufRead, BufReader};
+    use std::net::SocketAddr;
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Command, Stdio};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// The running process and where it listens.
+    #[derive(Debug)]
+    pub struct Daemon {
+        /// The child process.
+        pub child: Child,
+        /// The bound address, read from its "listening" log line.
+        pub addr: SocketAddr,
+        /// Log lines (stderr) received so far are forwarded here.
+        pub logs: mpsc::Receiver<String>,
+    }
+
+    /// A `fleetd` command isolated in `home`: HOME and XDG dirs point inside it, and the
+    /// multiplexer variables of the developer's own session are removed.
+    pub fn command(home: &Path) -> Command {
+        let mut cmd = Command::new(crate::bin_path("fleetd"));
+        cmd.env("HOME", home)
+            .env("XDG_CONFIG_HOME", home.join("config"))
+            .env("XDG_STATE_HOME", home.join("state"))
+            .env_remove("FLEETD_CONFIG")
+            .env_remove("FLEETD_LOG")
+            .env_remove("TMUX")
+            .env_remove("TMUX_PANE");
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("HERDR_") {
+                cmd.env_remove(key);
+            }
+        }
+        cmd
+    }
+
+    impl Daemon {
+        /// Starts `fleetd serve --listen 127.0.0.1:0` plus `args` and waits until it listens.
+        pub fn start(home: &Path, args: &[&str]) -> Self {
+            let mut cmd = command(home);
+            cmd.args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            let mut child = cmd.spawn().expect("fleetd starts");
+            let stderr = child.stderr.take().expect("stderr is piped");
+            let (tx, logs) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            let mut seen = Vec::new();
+            let addr = loop {
+                let line = logs
+                    .recv_timeout(Duration::from_secs(60))
+                    .unwrap_or_else(|_| {
+                        let _ = child.kill();
+                        panic!("fleetd did not report listening; log so far: {seen:#?}")
+                    });
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                    && let Some(addr) = v.get("listen").and_then(|a| a.as_str())
+                {
+                    break addr.parse().expect("listen field is an address");
+                }
+                seen.push(line);
+            };
+            Self { child, addr, logs }
+        }
+
+        /// Sends `signal` (e.g. "TERM") to the process.
+        pub fn signal(&self, signal: &str) {
+            let status = Command::new("kill")
+                .args([format!("-{signal}"), self.child.id().to_string()])
+                .status()
+                .expect("kill runs");
+            assert!(status.success(), "kill -{signal} failed");
+        }
+
+        /// Waits up to `timeout` for the process to exit and returns its exit code.
+        pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+            let child = &mut self.child;
+            let mut status = None;
+            crate::wait_until("fleetd to exit", timeout, || {
+                status = child.try_wait().ok().flatten();
+                status.is_some()
+            });
+            status.and_then(|s| s.code())
+        }
+    }
+
+    impl Drop for Daemon {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// The state directory a daemon started in `home` uses by default.
+    pub fn state_dir(home: &Path) -> PathBuf {
+        home.join("state").join("fleetd")
+    }
+}

@@ -1,7 +1,15 @@
 //! The fleetd daemon: configuration, the clock, multiplexer adapters, the inbox store, the caller
 //! locator, HTTP and the CLI. Domain decisions live in `fleetd-core`; this crate performs I/O.
 
+#![warn(clippy::print_stdout, clippy::print_stderr)]
+
+pub mod cli;
 pub mod clock;
+pub mod config;
+pub mod health;
+pub mod http;
 pub mod locate;
+pub mod logging;
 pub mod mux;
+pub mod serve;
 pub mod store;

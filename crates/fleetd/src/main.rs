@@ -1,2 +1,62 @@
-//! fleetd
-fn main() {}
+//! The `fleetd` binary: parse the command line and hand off. Thin by design — every command's
+//! work lives in the library so tests can drive it without a process.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use fleetd::cli::{Cli, Command, ConfigCommand, ServeArgs};
+use fleetd::config::{Config, Environment};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let env = Environment::from_process();
+    let result = match cli.command {
+        Command::Serve(args) => serve(cli.config.as_deref(), &env, &args),
+        Command::Config(ConfigCommand::Check { file }) => config_check(&file, &env),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fleetd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn config_check(file: &std::path::Path, env: &Environment) -> anyhow::Result<()> {
+    let config = Config::load(Some(file), env)?;
+    print!("{}", config.to_yaml());
+    eprintln!("{}: configuration is valid", file.display());
+    Ok(())
+}
+
+fn serve(
+    config_path: Option<&std::path::Path>,
+    env: &Environment,
+    args: &ServeArgs,
+) -> anyhow::Result<()> {
+    let mut config = Config::load(config_path, env)?;
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(format) = args.log_format {
+        config.log.format = format;
+    }
+    anyhow::ensure!(
+        config.listen_is_loopback() || config.api_token.is_some(),
+        "--listen {} is not loopback: set `apiToken` in the config to listen there",
+        config.listen
+    );
+    fleetd::logging::init(config.log.format, &config.log.level);
+    let runtime = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
+    runtime.block_on(async move {
+        let daemon = fleetd::serve::Daemon::open(config).await?;
+        let addr = daemon.config().listen;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("failed to listen on {addr}"))?;
+        tracing::info!(listen = %listener.local_addr()?, "fleetd listening");
+        daemon.run(listener, fleetd::serve::shutdown_signal()).await
+    })
+}

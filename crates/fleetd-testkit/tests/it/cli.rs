@@ -1,1 +1,53 @@
-//! Integration tests: cli.
+//! Integration tests: the `fleetd` binary's command line — help, version, exit codes.
+
+use fleetd_testkit::daemon::command;
+
+#[test]
+fn help_describes_every_subcommand() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let out = command(home.path())
+        .arg("--help")
+        .output()
+        .expect("fleetd runs");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for sub in ["serve", "config"] {
+        let line = help
+            .lines()
+            .find(|l| l.trim_start().starts_with(sub))
+            .unwrap_or_else(|| panic!("--help lacks {sub}: {help}"));
+        assert!(
+            line.trim().len() > sub.len() + 10,
+            "{sub} has no description: {line:?}"
+        );
+    }
+    let out = command(home.path())
+        .args(["config", "--help"])
+        .output()
+        .expect("fleetd runs");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("check"));
+}
+
+#[test]
+fn version_prints_the_crate_version() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let out = command(home.path())
+        .arg("--version")
+        .output()
+        .expect("fleetd runs");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("fleetd "), "{text}");
+    assert!(text.trim().ends_with(env!("CARGO_PKG_VERSION")), "{text}");
+}
+
+#[test]
+fn unknown_subcommand_fails_with_usage() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let out = command(home.path())
+        .arg("frobnicate")
+        .output()
+        .expect("fleetd runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Usage"));
+}

@@ -9,3 +9,4 @@ mod mux_herdr;
 mod mux_tmux;
 mod serve;
 mod store;
+mod tidy;

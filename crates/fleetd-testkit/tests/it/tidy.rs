@@ -1,0 +1,161 @@
+//! Tidy: repository rules checked as a test — every `.rs` file opens with a `//!` line, no test
+//! is skipped with the ignore attribute, and the core crate depends on no async runtime or I/O
+//! crate (read from `cargo metadata`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("readable dir").flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        if name == "target" || name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn all_rust_files() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    rust_files(&repo_root().join("crates"), &mut files);
+    assert!(files.len() > 10, "found too few .rs files: {files:?}");
+    files
+}
+
+#[test]
+fn every_rust_file_starts_with_a_module_doc() {
+    let bad: Vec<_> = all_rust_files()
+        .into_iter()
+        .filter(|f| {
+            !std::fs::read_to_string(f)
+                .unwrap_or_default()
+                .starts_with("//!")
+        })
+        .collect();
+    assert!(bad.is_empty(), "files without a leading //! line: {bad:#?}");
+}
+
+#[test]
+fn no_test_is_ignored() {
+    let needle = format!("#[{}", "ignore");
+    let bad: Vec<_> = all_rust_files()
+        .into_iter()
+        .filter(|f| {
+            std::fs::read_to_string(f)
+                .unwrap_or_default()
+                .contains(&needle)
+        })
+        .collect();
+    assert!(bad.is_empty(), "ignored tests are not allowed: {bad:#?}");
+}
+
+/// Crates whose presence in the core's dependency tree would mean it can do I/O or run async.
+const FORBIDDEN_IN_CORE: &[&str] = &[
+    "tokio",
+    "mio",
+    "async-std",
+    "futures-io",
+    "socket2",
+    "rusqlite",
+    "lapin",
+    "procfs",
+    "axum",
+    "hyper",
+    "rmcp",
+    "reqwest",
+    "libsqlite3-sys",
+    "nix",
+    "notify",
+];
+
+#[test]
+fn core_crate_has_no_runtime_or_io_dependency() {
+    let rustc = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .expect("rustc runs");
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .expect("rustc -vV names the host");
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--locked",
+            "--filter-platform",
+            &host,
+        ])
+        .current_dir(repo_root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
+    let nodes = meta["resolve"]["nodes"].as_array().expect("resolve graph");
+    let packages = meta["packages"].as_array().expect("packages");
+    let name_of = |id: &str| {
+        packages
+            .iter()
+            .find(|p| p["id"] == id)
+            .and_then(|p| p["name"].as_str())
+            .unwrap_or("?")
+            .to_owned()
+    };
+    let core = packages
+        .iter()
+        .find(|p| p["name"] == "fleetd-core")
+        .and_then(|p| p["id"].as_str())
+        .expect("fleetd-core is a workspace member");
+    // Walk normal (non-dev, non-build) dependencies from the core.
+    let mut stack = vec![core.to_owned()];
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(id) = stack.pop() {
+        if !seen.insert(id.clone()) {
+            continue;
+        }
+        let node = nodes
+            .iter()
+            .find(|n| n["id"] == id.as_str())
+            .expect("node in graph");
+        for dep in node["deps"].as_array().into_iter().flatten() {
+            let normal = dep["dep_kinds"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|k| k["kind"].is_null());
+            if normal && let Some(pkg) = dep["pkg"].as_str() {
+                stack.push(pkg.to_owned());
+            }
+        }
+    }
+    let names: Vec<String> = seen.iter().map(|id| name_of(id)).collect();
+    let bad: Vec<&String> = names
+        .iter()
+        .filter(|n| FORBIDDEN_IN_CORE.contains(&n.as_str()))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "fleetd-core depends on I/O or runtime crates: {bad:?} (all: {names:?})"
+    );
+    assert!(
+        names.iter().any(|n| n == "uuid"),
+        "walk found the core's real dependencies: {names:?}"
+    );
+}

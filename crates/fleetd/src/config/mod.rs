@@ -1,0 +1,388 @@
+//! Configuration (SPEC §10) in two stages: `raw` mirrors the YAML file, `validate` turns it into
+//! the `Config` the daemon runs on, with every default applied. Owns parsing and judging the file;
+//! must not open sockets or stores, and never reads a secret's value.
+
+mod raw;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+pub use raw::{LogFormat, MultiplexerChoice, StoreKind};
+pub use validate::KNOWN_AGENTS;
+
+/// Default listener (SPEC §10).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7797";
+
+/// Where a configuration problem was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// 1-based line.
+    pub line: u64,
+    /// 1-based column.
+    pub column: u64,
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("failed to read config file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The YAML did not match the schema (unknown key, wrong type, bad syntax).
+    #[error("{origin}: {message}")]
+    Syntax {
+        /// File name or `<string>`.
+        origin: String,
+        /// serde-saphyr's message, which names the key, line and column and shows the snippet.
+        message: String,
+    },
+    /// A value was well-formed YAML but not acceptable.
+    #[error("{origin}:{}: `{key}`: {message}", display_position(*.at))]
+    Invalid {
+        /// File name or `<string>`.
+        origin: String,
+        /// The dotted key, e.g. `primary.tab`.
+        key: String,
+        /// Where it is, when known.
+        at: Option<Position>,
+        /// What is wrong and what to do.
+        message: String,
+    },
+}
+
+fn display_position(at: Option<Position>) -> String {
+    match at {
+        Some(p) => format!("{}:{}", p.line, p.column),
+        None => "-".to_owned(),
+    }
+}
+
+/// The process environment the defaults depend on, captured once in `main` so tests can pass
+/// their own without touching the real environment.
+#[derive(Debug, Clone, Default)]
+pub struct Environment {
+    /// `$HOME`.
+    pub home: Option<PathBuf>,
+    /// `$XDG_CONFIG_HOME`.
+    pub xdg_config_home: Option<PathBuf>,
+    /// `$XDG_STATE_HOME`.
+    pub xdg_state_home: Option<PathBuf>,
+    /// `$HERDR_SOCKET_PATH`.
+    pub herdr_socket_path: Option<PathBuf>,
+    /// `$HERDR_SESSION`.
+    pub herdr_session: Option<String>,
+}
+
+impl Environment {
+    /// Reads the variables fleetd's defaults depend on from the real process environment.
+    pub fn from_process() -> Self {
+        let path = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        Self {
+            home: path("HOME"),
+            xdg_config_home: path("XDG_CONFIG_HOME"),
+            xdg_state_home: path("XDG_STATE_HOME"),
+            herdr_socket_path: path("HERDR_SOCKET_PATH"),
+            herdr_session: std::env::var("HERDR_SESSION")
+                .ok()
+                .filter(|v| !v.is_empty()),
+        }
+    }
+
+    fn xdg_dir(&self, explicit: Option<&PathBuf>, fallback: &str) -> PathBuf {
+        match (explicit, &self.home) {
+            (Some(dir), _) => dir.clone(),
+            (None, Some(home)) => home.join(fallback),
+            // No HOME at all (a bare service environment): stay relative to the working
+            // directory rather than guess at /root.
+            (None, None) => PathBuf::from(fallback),
+        }
+    }
+
+    /// `$XDG_CONFIG_HOME/fleetd/fleetd.yaml` (or `~/.config/...`).
+    pub fn default_config_path(&self) -> PathBuf {
+        self.xdg_dir(self.xdg_config_home.as_ref(), ".config")
+            .join("fleetd/fleetd.yaml")
+    }
+
+    /// `$XDG_STATE_HOME/fleetd` (or `~/.local/state/fleetd`).
+    pub fn default_state_dir(&self) -> PathBuf {
+        self.xdg_dir(self.xdg_state_home.as_ref(), ".local/state")
+            .join("fleetd")
+    }
+
+    /// herdr's own socket discovery (PROTOCOL.md §1): `HERDR_SOCKET_PATH`, then `HERDR_SESSION`,
+    /// then `<config>/herdr.sock` with `<config>` = `$XDG_CONFIG_HOME/herdr` or `~/.config/herdr`.
+    pub fn default_herdr_socket(&self) -> PathBuf {
+        if let Some(path) = &self.herdr_socket_path {
+            return path.clone();
+        }
+        let dir = self
+            .xdg_dir(self.xdg_config_home.as_ref(), ".config")
+            .join("herdr");
+        match self.herdr_session.as_deref() {
+            Some(name) if name != "default" => dir.join("sessions").join(name).join("herdr.sock"),
+            _ => dir.join("herdr.sock"),
+        }
+    }
+}
+
+/// The validated configuration the daemon runs on. Every default is applied.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Config {
+    /// HTTP listener for `/mcp`, `/healthz` and the REST API. Boot-only.
+    pub listen: SocketAddr,
+    /// Secret name of the bearer token; required when `listen` is not loopback.
+    pub api_token: Option<String>,
+    /// Which multiplexer drives panes.
+    pub multiplexer: MultiplexerChoice,
+    /// The lead herdr daemon's socket (explicit or discovered). Boot-only.
+    pub herdr_socket: PathBuf,
+    /// True when `herdr_socket` came from the file rather than discovery.
+    pub herdr_socket_explicit: bool,
+    /// Optional second herdr daemon for members. Boot-only.
+    pub member_herdr_socket: Option<PathBuf>,
+    /// tmux `-S` socket; `None` means the user's default tmux server. Boot-only.
+    pub tmux_socket: Option<PathBuf>,
+    /// herdr workspace label / tmux session holding member panes.
+    pub members_workspace: String,
+    /// The primary lead and push budget, when configured.
+    pub primary: Option<Primary>,
+    /// Extra lead tabs.
+    pub leads: Vec<Lead>,
+    /// Directory for the embedded store and other state.
+    pub state_dir: PathBuf,
+    /// The inbox backend. Boot-only.
+    pub store: Store,
+    /// Inbox limits.
+    pub inbox: Inbox,
+    /// Ticket retention.
+    pub tickets: Tickets,
+    /// Task delivery.
+    pub delivery: Delivery,
+    /// Member profiles by name.
+    pub profiles: BTreeMap<String, Profile>,
+    /// Model backends by name.
+    pub backends: BTreeMap<String, Backend>,
+    /// Secret sources by name (never values).
+    pub secrets: BTreeMap<String, SecretSource>,
+    /// Watch the file and apply valid changes.
+    pub config_reload: bool,
+    /// Logging.
+    pub log: Log,
+}
+
+/// `primary:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Primary {
+    /// herdr tab id (`w1:t1`) or tmux `session:window`.
+    pub tab: String,
+    /// Nudges per pending batch before giving up (mail kept).
+    pub push_reminders: u32,
+    /// First backoff between nudges, in milliseconds.
+    pub push_backoff_ms: u64,
+    /// Cap of the exponential backoff, in milliseconds.
+    pub push_backoff_max_ms: u64,
+}
+
+/// An extra lead tab.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Lead {
+    /// Tab id.
+    pub tab: String,
+    /// Human name.
+    pub name: String,
+}
+
+/// The inbox backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Store {
+    /// SQLite file.
+    Embedded {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// AMQP broker.
+    Amqp {
+        /// Where the URL comes from.
+        url: AmqpUrl,
+    },
+}
+
+/// The broker URL, literal or held in a secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum AmqpUrl {
+    /// Written in the file; shown with its password redacted.
+    Literal(#[serde(serialize_with = "serialize_redacted_url")] String),
+    /// The name of a secret whose value is the URL.
+    Secret(String),
+}
+
+fn serialize_redacted_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&redact_url(url))
+}
+
+/// Replaces the password in `scheme://user:password@host...` with `***`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// `inbox:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inbox {
+    /// Largest accepted message text, in bytes.
+    pub max_message_bytes: u64,
+}
+
+/// `tickets:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Tickets {
+    /// How long a finished ticket is kept, counted from its finish.
+    pub ttl_after_finish_secs: u64,
+}
+
+/// `delivery:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Delivery {
+    /// How long a member may stay idle after a submit before delivery counts as failed.
+    pub verify_grace_ms: u64,
+    /// Longest text injected into a pane; longer tasks go as a pointer to `fleet_poll`.
+    pub max_inject_bytes: u64,
+}
+
+/// A member profile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Profile {
+    /// Agent kind (`claude`, `codex`, `pi`, ... or `custom`).
+    pub agent: String,
+    /// Command to run; defaults to the agent kind's own command.
+    pub command: Option<String>,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Model name passed to the agent.
+    pub model: Option<String>,
+    /// Backend name (a key of `backends`).
+    pub backend: Option<String>,
+    /// Working directory.
+    pub cwd: Option<PathBuf>,
+    /// Release the member after this long idle; `None` never.
+    pub idle_timeout_secs: Option<u64>,
+    /// May this member call orchestration tools.
+    pub allow_delegation: bool,
+    /// Extra environment for the member's process.
+    pub env: BTreeMap<String, String>,
+}
+
+/// A model backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Backend {
+    /// Base URL given to members as e.g. `ANTHROPIC_BASE_URL`.
+    pub base_url: String,
+    /// Secret name of the auth token.
+    pub auth_token_secret: Option<String>,
+    /// URL probed for health.
+    pub health_url: Option<String>,
+    /// Probe interval.
+    pub health_interval_secs: u64,
+}
+
+/// Where a secret's value comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SecretSource {
+    /// An environment variable of the daemon's process.
+    Env(String),
+    /// A file (must not be world-readable).
+    File(PathBuf),
+}
+
+/// `log:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Log {
+    /// Human or JSON lines.
+    pub format: LogFormat,
+    /// A `tracing` filter directive such as `info` or `fleetd=debug,info`.
+    pub level: String,
+}
+
+impl Config {
+    /// Parses and validates YAML text. `origin` names the source in error messages.
+    pub fn parse(text: &str, origin: &str, env: &Environment) -> Result<Self, ConfigError> {
+        let raw: raw::RawConfig = if text.trim().is_empty() {
+            raw::RawConfig::default()
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax {
+                origin: origin.to_owned(),
+                message: e.to_string(),
+            })?
+        };
+        validate::validate(raw, origin, env)
+    }
+
+    /// Loads the configuration: `explicit` must exist; without it the default path is used if
+    /// present, and no file at all means every default.
+    pub fn load(explicit: Option<&Path>, env: &Environment) -> Result<Self, ConfigError> {
+        let path = match explicit {
+            Some(path) => path.to_path_buf(),
+            None => {
+                let path = env.default_config_path();
+                if !path.exists() {
+                    return Self::parse("", "<defaults>", env);
+                }
+                path
+            }
+        };
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string(), env)
+    }
+
+    /// The effective configuration as YAML, for `fleetd config check`. Secrets are names only and
+    /// a password in a literal broker URL is redacted.
+    pub fn to_yaml(&self) -> String {
+        serde_saphyr::to_string(self)
+            .unwrap_or_else(|e| format!("# could not render the configuration: {e}\n"))
+    }
+
+    /// True when the listener only accepts local connections.
+    pub fn listen_is_loopback(&self) -> bool {
+        self.listen.ip().is_loopback()
+    }
+}
+
+#[cfg(test)]
+mod tests;

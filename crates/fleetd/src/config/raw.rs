@@ -1,0 +1,165 @@
+//! Stage one of configuration: the YAML file exactly as written, as serde structs with
+//! `deny_unknown_fields`. Owns the key names; must not apply defaults or judge values — that is
+//! `config::validate`'s job. No `flatten`/`untagged` here: they ruin error messages.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+/// A value with the place in the file it came from, for validation errors.
+pub(crate) type At<T> = Spanned<T>;
+
+/// The whole file. Every key of SPEC §10.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawConfig {
+    pub(crate) listen: Option<At<String>>,
+    pub(crate) api_token: Option<At<String>>,
+    pub(crate) multiplexer: Option<MultiplexerChoice>,
+    pub(crate) herdr_socket: Option<PathBuf>,
+    pub(crate) member_herdr_socket: Option<PathBuf>,
+    pub(crate) tmux_socket: Option<PathBuf>,
+    pub(crate) members_workspace: Option<At<String>>,
+    pub(crate) primary: Option<At<RawPrimary>>,
+    pub(crate) leads: Option<Vec<At<RawLead>>>,
+    pub(crate) store: Option<At<RawStore>>,
+    pub(crate) inbox: Option<RawInbox>,
+    pub(crate) tickets: Option<RawTickets>,
+    pub(crate) delivery: Option<RawDelivery>,
+    pub(crate) profiles: Option<BTreeMap<String, At<RawProfile>>>,
+    pub(crate) backends: Option<BTreeMap<String, At<RawBackend>>>,
+    pub(crate) secrets: Option<BTreeMap<String, At<RawSecret>>>,
+    pub(crate) config_reload: Option<bool>,
+    pub(crate) log: Option<RawLog>,
+}
+
+/// Which multiplexer drives the panes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MultiplexerChoice {
+    /// A running herdr if one answers, else tmux.
+    #[default]
+    Auto,
+    /// herdr only.
+    Herdr,
+    /// tmux only.
+    Tmux,
+}
+
+/// `primary:` — the primary lead's tab and the push loop's budget.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawPrimary {
+    pub(crate) tab: Option<String>,
+    /// Retired: present only so it can be refused with a hint instead of "unknown field".
+    pub(crate) terminal: Option<serde::de::IgnoredAny>,
+    pub(crate) push_reminders: Option<u32>,
+    pub(crate) push_backoff_ms: Option<u64>,
+    pub(crate) push_backoff_max_ms: Option<u64>,
+}
+
+/// One entry of `leads:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawLead {
+    pub(crate) tab: String,
+    pub(crate) name: String,
+}
+
+/// `store:` — where the inbox lives.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawStore {
+    pub(crate) kind: Option<StoreKind>,
+    pub(crate) path: Option<PathBuf>,
+    pub(crate) url: Option<String>,
+}
+
+/// The inbox backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// SQLite file under the state directory.
+    #[default]
+    Embedded,
+    /// An AMQP 0.9.1 broker.
+    Amqp,
+}
+
+/// `inbox:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawInbox {
+    pub(crate) max_message_bytes: Option<At<u64>>,
+}
+
+/// `tickets:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawTickets {
+    pub(crate) ttl_after_finish_secs: Option<u64>,
+}
+
+/// `delivery:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawDelivery {
+    pub(crate) verify_grace_ms: Option<u64>,
+    pub(crate) max_inject_bytes: Option<At<u64>>,
+}
+
+/// One entry of `profiles:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawProfile {
+    pub(crate) agent: Option<String>,
+    pub(crate) command: Option<String>,
+    pub(crate) args: Option<Vec<String>>,
+    pub(crate) model: Option<String>,
+    pub(crate) backend: Option<String>,
+    pub(crate) cwd: Option<PathBuf>,
+    pub(crate) idle_timeout_secs: Option<u64>,
+    pub(crate) allow_delegation: Option<bool>,
+    pub(crate) env: Option<BTreeMap<String, String>>,
+}
+
+/// One entry of `backends:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawBackend {
+    pub(crate) base_url: Option<String>,
+    pub(crate) auth_token_secret: Option<String>,
+    pub(crate) health_url: Option<String>,
+    pub(crate) health_interval_secs: Option<u64>,
+}
+
+/// One entry of `secrets:` — exactly one of `env` or `file`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawSecret {
+    pub(crate) env: Option<String>,
+    pub(crate) file: Option<PathBuf>,
+}
+
+/// `log:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawLog {
+    pub(crate) format: Option<LogFormat>,
+    pub(crate) level: Option<At<String>>,
+}
+
+/// How log lines are written.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Human,
+    /// One JSON object per line.
+    Json,
+}

@@ -1,0 +1,272 @@
+//! Config tests: defaults, every documented key, refusals with positions, and the example file
+//! kept in step with the raw structs.
+
+use super::*;
+
+fn env() -> Environment {
+    Environment {
+        home: Some(PathBuf::from("/home/u")),
+        ..Environment::default()
+    }
+}
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, "test.yaml", &env())
+}
+
+/// Asserts `text` is refused and the message contains every fragment.
+fn check_refused(text: &str, fragments: &[&str]) {
+    let err = parse(text)
+        .expect_err("config should be refused")
+        .to_string();
+    for fragment in fragments {
+        assert!(err.contains(fragment), "error {err:?} lacks {fragment:?}");
+    }
+}
+
+#[test]
+fn empty_file_gives_every_default() {
+    let config = parse("").expect("empty config is valid");
+    assert_eq!(config.listen.to_string(), "127.0.0.1:7797");
+    assert_eq!(config.multiplexer, MultiplexerChoice::Auto);
+    assert_eq!(
+        config.herdr_socket,
+        PathBuf::from("/home/u/.config/herdr/herdr.sock")
+    );
+    assert_eq!(
+        config.state_dir,
+        PathBuf::from("/home/u/.local/state/fleetd")
+    );
+    assert_eq!(
+        config.store,
+        Store::Embedded {
+            path: PathBuf::from("/home/u/.local/state/fleetd/inbox.db")
+        }
+    );
+    assert_eq!(config.members_workspace, "fleet");
+    assert_eq!(config.primary, None);
+    assert_eq!(config.inbox.max_message_bytes, 1_048_576);
+    assert_eq!(config.tickets.ttl_after_finish_secs, 600);
+    assert_eq!(config.delivery.verify_grace_ms, 5_000);
+    assert_eq!(config.delivery.max_inject_bytes, 4_096);
+    assert!(!config.config_reload);
+    assert_eq!(config.log.level, "info");
+    assert_eq!(config.log.format, LogFormat::Human);
+}
+
+#[test]
+fn xdg_and_herdr_discovery_follow_the_environment() {
+    let e = Environment {
+        home: Some(PathBuf::from("/home/u")),
+        xdg_config_home: Some(PathBuf::from("/cfg")),
+        xdg_state_home: Some(PathBuf::from("/state")),
+        herdr_socket_path: None,
+        herdr_session: Some("work".to_owned()),
+    };
+    let config = Config::parse("", "x", &e).expect("valid");
+    assert_eq!(config.state_dir, PathBuf::from("/state/fleetd"));
+    assert_eq!(
+        config.herdr_socket,
+        PathBuf::from("/cfg/herdr/sessions/work/herdr.sock")
+    );
+    assert_eq!(
+        e.default_config_path(),
+        PathBuf::from("/cfg/fleetd/fleetd.yaml")
+    );
+    let e = Environment {
+        herdr_socket_path: Some(PathBuf::from("/run/h.sock")),
+        ..e
+    };
+    assert_eq!(e.default_herdr_socket(), PathBuf::from("/run/h.sock"));
+}
+
+#[test]
+fn primary_block_defaults_its_push_budget() {
+    let config = parse("primary:\n  tab: w1:t1\n").expect("valid");
+    let primary = config.primary.expect("primary set");
+    assert_eq!(primary.tab, "w1:t1");
+    assert_eq!(primary.push_reminders, 5);
+    assert_eq!(primary.push_backoff_ms, 30_000);
+    assert_eq!(primary.push_backoff_max_ms, 600_000);
+}
+
+#[test]
+fn unknown_key_is_refused_with_line_and_column() {
+    check_refused(
+        "listen: 127.0.0.1:1\nlisten_port: 3\n",
+        &["listen_port", "line 2", "column 1"],
+    );
+    check_refused(
+        "primary:\n  tab: w1:t1\n  colour: red\n",
+        &["colour", "line 3", "column 3"],
+    );
+}
+
+#[test]
+fn retired_primary_terminal_is_refused_with_the_tab_hint() {
+    check_refused(
+        "primary:\n  terminal: term_1\n",
+        &["primary.terminal", "retired", "tab: w1:t1", "test.yaml:2:3"],
+    );
+}
+
+#[test]
+fn primary_without_tab_is_refused() {
+    check_refused(
+        "primary:\n  pushReminders: 3\n",
+        &["primary.tab", "needs `tab:`", "test.yaml:2:3"],
+    );
+}
+
+#[test]
+fn wrong_types_are_refused() {
+    check_refused("configReload: maybe\n", &["configReload", "line 1"]);
+    check_refused(
+        "inbox:\n  maxMessageBytes: lots\n",
+        &["maxMessageBytes", "line 2"],
+    );
+    check_refused("multiplexer: screen\n", &["screen", "line 1"]);
+    check_refused("leads: w1:t1\n", &["leads", "line 1"]);
+    check_refused(
+        "primary:\n  tab: w1:t1\n  pushReminders: -1\n",
+        &["pushReminders", "line 3"],
+    );
+}
+
+#[test]
+fn semantic_refusals_name_the_key_and_what_to_do() {
+    check_refused(
+        "listen: nowhere\n",
+        &["`listen`", "test.yaml:1:9", "host:port"],
+    );
+    check_refused("listen: 0.0.0.0:7797\n", &["apiToken", "non-loopback"]);
+    check_refused("apiToken: tok\n", &["apiToken", "not defined", "secrets:"]);
+    check_refused("store:\n  kind: amqp\n", &["store.url", "amqp://"]);
+    check_refused(
+        "store:\n  kind: amqp\n  url: broker\n",
+        &["store.url", "\"broker\"", "not defined"],
+    );
+    check_refused("store:\n  url: amqp://x\n", &["store.url", "kind: amqp"]);
+    check_refused(
+        "inbox:\n  maxMessageBytes: 0\n",
+        &["inbox.maxMessageBytes", "out of range"],
+    );
+    check_refused("primary:\n  tab: main\n", &["primary.tab", "not a tab"]);
+    check_refused(
+        "secrets:\n  t: {env: A, file: /b}\n",
+        &["secrets.t", "exactly one"],
+    );
+    check_refused(
+        "profiles:\n  p: {agent: nope}\n",
+        &["profiles.p.agent", "known agent"],
+    );
+    check_refused("profiles:\n  p: {agent: custom}\n", &["profiles.p.command"]);
+    check_refused(
+        "profiles:\n  p: {agent: pi, backend: gone}\n",
+        &["profiles.p.backend", "\"gone\""],
+    );
+    check_refused(
+        "backends:\n  b: {baseUrl: ftp://x}\n",
+        &["backends.b.baseUrl", "http"],
+    );
+    check_refused("log:\n  level: \"[\"\n", &["log.level"]);
+    check_refused(
+        "leads:\n  - {tab: w1:t2, name: a}\n  - {tab: w1:t2, name: b}\n",
+        &["leads[1].tab", "twice"],
+    );
+}
+
+#[test]
+fn non_loopback_listen_with_a_token_is_accepted() {
+    let config =
+        parse("listen: 0.0.0.0:7797\napiToken: tok\nsecrets:\n  tok: {env: FLEETD_TOKEN}\n")
+            .expect("valid");
+    assert!(!config.listen_is_loopback());
+    assert_eq!(config.api_token.as_deref(), Some("tok"));
+}
+
+#[test]
+fn effective_config_redacts_broker_passwords() {
+    let config = parse("store:\n  kind: amqp\n  url: amqp://fleet:hunter2@10.0.0.1:5672/%2f\n")
+        .expect("valid");
+    let yaml = config.to_yaml();
+    assert!(!yaml.contains("hunter2"), "{yaml}");
+    assert!(
+        yaml.contains("amqp://fleet:***@10.0.0.1:5672/%2f"),
+        "{yaml}"
+    );
+    assert_eq!(redact_url("amqp://host/vh"), "amqp://host/vh");
+}
+
+fn example_text() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fleetd.example.yaml");
+    std::fs::read_to_string(&path).expect("fleetd.example.yaml exists at the repo root")
+}
+
+#[test]
+fn example_file_is_valid() {
+    let config = parse(&example_text()).expect("the example config validates");
+    assert!(config.profiles.contains_key("coder"));
+}
+
+/// Every field of every raw struct must appear as a key in the example file, in its section.
+#[test]
+fn example_file_documents_every_raw_field() {
+    let fields = field_paths::collect().expect("the collector walks every raw struct");
+    assert!(
+        fields.len() > 40,
+        "collector found too few fields: {fields:?}"
+    );
+    let example: serde_json::Value =
+        serde_saphyr::from_str(&example_text()).expect("example parses as YAML");
+    let mut missing = Vec::new();
+    for path in &fields {
+        if path == "primary.terminal" {
+            continue; // retired: accepted only to be refused with a hint, never documented.
+        }
+        if !has_path(&example, path) {
+            missing.push(path.clone());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "fleetd.example.yaml does not document: {missing:?}"
+    );
+}
+
+/// Looks `a.b.*.c` / `a[].c` up in the example, where `*` is any map entry and `[]` any element.
+fn has_path(value: &serde_json::Value, path: &str) -> bool {
+    let mut parts = path.split('.');
+    let Some(first) = parts.next() else {
+        return true;
+    };
+    let rest: Vec<&str> = parts.collect();
+    let rest = rest.join(".");
+    let (key, list) = match first.strip_suffix("[]") {
+        Some(k) => (k, true),
+        None => (first, false),
+    };
+    let children: Vec<&serde_json::Value> = if key == "*" {
+        value
+            .as_object()
+            .map(|m| m.values().collect())
+            .unwrap_or_default()
+    } else {
+        value.get(key).into_iter().collect()
+    };
+    children.into_iter().any(|child| {
+        let items: Vec<&serde_json::Value> = if list {
+            child
+                .as_array()
+                .map(|a| a.iter().collect())
+                .unwrap_or_default()
+        } else {
+            vec![child]
+        };
+        items
+            .into_iter()
+            .any(|item| rest.is_empty() || has_path(item, &rest))
+    })
+}
+
+mod field_paths;

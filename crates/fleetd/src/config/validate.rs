@@ -1,0 +1,540 @@
+//! Stage two of configuration: judge the raw file and apply defaults, producing `Config`. Every
+//! refusal names the key, its position when known, and what to write instead. Pure: reads no
+//! files and no environment (the `Environment` snapshot is passed in).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+
+use serde_saphyr::Spanned;
+
+use super::raw::{At, RawBackend, RawConfig, RawProfile, RawSecret, StoreKind};
+use super::{
+    AmqpUrl, Backend, Config, ConfigError, DEFAULT_LISTEN, Delivery, Environment, Inbox, Lead, Log,
+    Position, Primary, Profile, SecretSource, Store, Tickets,
+};
+
+/// Agent kinds herdr knows (PROTOCOL.md §3) plus `custom` for anything else.
+pub const KNOWN_AGENTS: &[&str] = &[
+    "pi",
+    "claude",
+    "codex",
+    "gemini",
+    "cursor",
+    "devin",
+    "agy",
+    "cline",
+    "omp",
+    "mastracode",
+    "opencode",
+    "copilot",
+    "kimi",
+    "kiro",
+    "droid",
+    "amp",
+    "grok",
+    "hermes",
+    "kilo",
+    "qodercli",
+    "maki",
+    "custom",
+];
+
+const DEFAULT_PUSH_REMINDERS: u32 = 5;
+const DEFAULT_PUSH_BACKOFF_MS: u64 = 30_000;
+const DEFAULT_PUSH_BACKOFF_MAX_MS: u64 = 600_000;
+const DEFAULT_MAX_MESSAGE_BYTES: u64 = 1_048_576;
+/// Above this a single message would make every peek and nudge path slow; 64 MiB is generous.
+const MAX_MAX_MESSAGE_BYTES: u64 = 64 * 1_048_576;
+const DEFAULT_TTL_AFTER_FINISH_SECS: u64 = 600;
+const DEFAULT_VERIFY_GRACE_MS: u64 = 5_000;
+const DEFAULT_MAX_INJECT_BYTES: u64 = 4_096;
+/// A pane line buffer copes with a few tens of KiB; beyond that injection itself misbehaves.
+const MAX_MAX_INJECT_BYTES: u64 = 65_536;
+const DEFAULT_HEALTH_INTERVAL_SECS: u64 = 30;
+const DEFAULT_MEMBERS_WORKSPACE: &str = "fleet";
+
+/// Collects refusals; the first one is reported (one clear message beats a wall of them).
+struct Judge<'a> {
+    origin: &'a str,
+}
+
+impl Judge<'_> {
+    fn at<T>(&self, key: &str, spanned: &Spanned<T>, message: impl Into<String>) -> ConfigError {
+        let loc = spanned.referenced;
+        let at = (loc.line() > 0).then(|| Position {
+            line: loc.line(),
+            column: loc.column(),
+        });
+        ConfigError::Invalid {
+            origin: self.origin.to_owned(),
+            key: key.to_owned(),
+            at,
+            message: message.into(),
+        }
+    }
+
+    fn nowhere(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            origin: self.origin.to_owned(),
+            key: key.to_owned(),
+            at: None,
+            message: message.into(),
+        }
+    }
+}
+
+pub(super) fn validate(
+    raw: RawConfig,
+    origin: &str,
+    env: &Environment,
+) -> Result<Config, ConfigError> {
+    let judge = Judge { origin };
+    let secrets = secrets(&judge, raw.secrets.unwrap_or_default())?;
+    let listen = listen(&judge, raw.listen.as_ref())?;
+    let api_token = match raw.api_token {
+        Some(token) => {
+            require_secret(&judge, "apiToken", &token, &token.value, &secrets)?;
+            Some(token.value)
+        }
+        None if !listen.ip().is_loopback() => {
+            let key = "apiToken";
+            let message = format!(
+                "listening on non-loopback {listen} requires an API token: set `apiToken: <secret name>` and define that secret under `secrets:`"
+            );
+            return Err(match &raw.listen {
+                Some(l) => judge.at(key, l, message),
+                None => judge.nowhere(key, message),
+            });
+        }
+        None => None,
+    };
+    let state_dir = env.default_state_dir();
+    let backends = backends(&judge, raw.backends.unwrap_or_default(), &secrets)?;
+    let profiles = profiles(&judge, raw.profiles.unwrap_or_default(), &backends)?;
+    Ok(Config {
+        listen,
+        api_token,
+        multiplexer: raw.multiplexer.unwrap_or_default(),
+        herdr_socket_explicit: raw.herdr_socket.is_some(),
+        herdr_socket: raw
+            .herdr_socket
+            .unwrap_or_else(|| env.default_herdr_socket()),
+        member_herdr_socket: raw.member_herdr_socket,
+        tmux_socket: raw.tmux_socket,
+        members_workspace: members_workspace(&judge, raw.members_workspace)?,
+        primary: raw
+            .primary
+            .as_ref()
+            .map(|p| primary(&judge, p))
+            .transpose()?,
+        leads: leads(&judge, raw.leads.unwrap_or_default())?,
+        store: store(&judge, raw.store, &state_dir, &secrets)?,
+        state_dir,
+        inbox: Inbox {
+            max_message_bytes: bounded(
+                &judge,
+                "inbox.maxMessageBytes",
+                raw.inbox.and_then(|i| i.max_message_bytes),
+                DEFAULT_MAX_MESSAGE_BYTES,
+                MAX_MAX_MESSAGE_BYTES,
+            )?,
+        },
+        tickets: Tickets {
+            ttl_after_finish_secs: raw
+                .tickets
+                .and_then(|t| t.ttl_after_finish_secs)
+                .unwrap_or(DEFAULT_TTL_AFTER_FINISH_SECS),
+        },
+        delivery: Delivery {
+            verify_grace_ms: raw
+                .delivery
+                .as_ref()
+                .and_then(|d| d.verify_grace_ms)
+                .unwrap_or(DEFAULT_VERIFY_GRACE_MS),
+            max_inject_bytes: bounded(
+                &judge,
+                "delivery.maxInjectBytes",
+                raw.delivery.and_then(|d| d.max_inject_bytes),
+                DEFAULT_MAX_INJECT_BYTES,
+                MAX_MAX_INJECT_BYTES,
+            )?,
+        },
+        profiles,
+        backends,
+        secrets,
+        config_reload: raw.config_reload.unwrap_or(false),
+        log: log(&judge, raw.log)?,
+    })
+}
+
+fn listen(judge: &Judge<'_>, raw: Option<&At<String>>) -> Result<SocketAddr, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(DEFAULT_LISTEN
+            .parse()
+            .expect("the default listen address parses"));
+    };
+    raw.value.parse().map_err(|_| {
+        judge.at(
+            "listen",
+            raw,
+            format!(
+                "{:?} is not an address: write host:port with an IP, e.g. 127.0.0.1:7797",
+                raw.value
+            ),
+        )
+    })
+}
+
+fn bounded(
+    judge: &Judge<'_>,
+    key: &str,
+    raw: Option<At<u64>>,
+    default: u64,
+    max: u64,
+) -> Result<u64, ConfigError> {
+    match raw {
+        None => Ok(default),
+        Some(v) if (1..=max).contains(&v.value) => Ok(v.value),
+        Some(v) => Err(judge.at(
+            key,
+            &v,
+            format!(
+                "{} is out of range: use 1 to {max} (default {default})",
+                v.value
+            ),
+        )),
+    }
+}
+
+fn members_workspace(judge: &Judge<'_>, raw: Option<At<String>>) -> Result<String, ConfigError> {
+    match raw {
+        None => Ok(DEFAULT_MEMBERS_WORKSPACE.to_owned()),
+        Some(w) if !w.value.trim().is_empty() => Ok(w.value),
+        Some(w) => Err(judge.at(
+            "membersWorkspace",
+            &w,
+            "must not be empty: name the herdr workspace or tmux session for member panes",
+        )),
+    }
+}
+
+fn primary(judge: &Judge<'_>, raw: &At<super::raw::RawPrimary>) -> Result<Primary, ConfigError> {
+    if raw.value.terminal.is_some() {
+        return Err(judge.at(
+            "primary.terminal",
+            raw,
+            "this key was retired: name the lead's tab instead with `tab: w1:t1` (a herdr tab id, or a tmux session:window); fleetd finds the live terminal in that tab itself",
+        ));
+    }
+    let Some(tab) = raw.value.tab.clone() else {
+        return Err(judge.at(
+            "primary.tab",
+            raw,
+            "a `primary:` block needs `tab:` — the herdr tab (e.g. w1:t1) or tmux session:window where the primary lead runs; or remove the block",
+        ));
+    };
+    check_tab(judge, "primary.tab", raw, &tab)?;
+    let p = &raw.value;
+    let push_backoff_ms = p.push_backoff_ms.unwrap_or(DEFAULT_PUSH_BACKOFF_MS);
+    let push_backoff_max_ms = p
+        .push_backoff_max_ms
+        .unwrap_or(DEFAULT_PUSH_BACKOFF_MAX_MS.max(push_backoff_ms));
+    if push_backoff_ms == 0 {
+        return Err(judge.at(
+            "primary.pushBackoffMs",
+            raw,
+            "must be at least 1 millisecond",
+        ));
+    }
+    if push_backoff_max_ms < push_backoff_ms {
+        return Err(judge.at(
+            "primary.pushBackoffMaxMs",
+            raw,
+            format!("{push_backoff_max_ms} is below pushBackoffMs ({push_backoff_ms}): the cap must be at least the first backoff"),
+        ));
+    }
+    Ok(Primary {
+        tab,
+        push_reminders: p.push_reminders.unwrap_or(DEFAULT_PUSH_REMINDERS),
+        push_backoff_ms,
+        push_backoff_max_ms,
+    })
+}
+
+/// A tab is `w1:t1` (herdr) or `session:window` (tmux): two non-empty parts around one colon.
+fn check_tab<T>(
+    judge: &Judge<'_>,
+    key: &str,
+    at: &Spanned<T>,
+    tab: &str,
+) -> Result<(), ConfigError> {
+    let ok = tab.split_once(':').is_some_and(|(a, b)| {
+        !a.is_empty() && !b.is_empty() && !tab.chars().any(char::is_whitespace)
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(judge.at(
+            key,
+            at,
+            format!("{tab:?} is not a tab: write a herdr tab id such as w1:t1, or a tmux session:window such as main:0"),
+        ))
+    }
+}
+
+fn leads(judge: &Judge<'_>, raw: Vec<At<super::raw::RawLead>>) -> Result<Vec<Lead>, ConfigError> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::with_capacity(raw.len());
+    for (i, lead) in raw.into_iter().enumerate() {
+        let key = format!("leads[{i}]");
+        check_tab(judge, &format!("{key}.tab"), &lead, &lead.value.tab)?;
+        if lead.value.name.trim().is_empty() {
+            return Err(judge.at(&format!("{key}.name"), &lead, "must not be empty"));
+        }
+        if !seen.insert(lead.value.tab.clone()) {
+            return Err(judge.at(
+                &format!("{key}.tab"),
+                &lead,
+                format!("tab {} is listed twice", lead.value.tab),
+            ));
+        }
+        out.push(Lead {
+            tab: lead.value.tab,
+            name: lead.value.name,
+        });
+    }
+    Ok(out)
+}
+
+fn store(
+    judge: &Judge<'_>,
+    raw: Option<At<super::raw::RawStore>>,
+    state_dir: &std::path::Path,
+    secrets: &BTreeMap<String, SecretSource>,
+) -> Result<Store, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(Store::Embedded {
+            path: state_dir.join("inbox.db"),
+        });
+    };
+    match raw.value.kind.unwrap_or_default() {
+        StoreKind::Embedded => {
+            if raw.value.url.is_some() {
+                return Err(judge.at(
+                    "store.url",
+                    &raw,
+                    "only `kind: amqp` takes a url; remove it or set `kind: amqp`",
+                ));
+            }
+            Ok(Store::Embedded {
+                path: raw.value.path.unwrap_or_else(|| state_dir.join("inbox.db")),
+            })
+        }
+        StoreKind::Amqp => {
+            if raw.value.path.is_some() {
+                return Err(judge.at(
+                    "store.path",
+                    &raw,
+                    "`kind: amqp` keeps the inbox on the broker; remove `path`",
+                ));
+            }
+            let Some(url) = raw.value.url.clone() else {
+                return Err(judge.at(
+                    "store.url",
+                    &raw,
+                    "`kind: amqp` needs `url: amqp://user:pass@host:5672/vhost` (or the name of a secret holding it)",
+                ));
+            };
+            if url.starts_with("amqp://") || url.starts_with("amqps://") {
+                Ok(Store::Amqp {
+                    url: AmqpUrl::Literal(url),
+                })
+            } else {
+                require_secret(judge, "store.url", &raw, &url, secrets)?;
+                Ok(Store::Amqp {
+                    url: AmqpUrl::Secret(url),
+                })
+            }
+        }
+    }
+}
+
+fn secrets(
+    judge: &Judge<'_>,
+    raw: BTreeMap<String, At<RawSecret>>,
+) -> Result<BTreeMap<String, SecretSource>, ConfigError> {
+    raw.into_iter()
+        .map(|(name, s)| {
+            let key = format!("secrets.{name}");
+            let source = match (&s.value.env, &s.value.file) {
+                (Some(var), None) if !var.is_empty() => SecretSource::Env(var.clone()),
+                (None, Some(path)) if path.is_absolute() => SecretSource::File(path.clone()),
+                (None, Some(_)) => {
+                    return Err(judge.at(&key, &s, "`file:` must be an absolute path"));
+                }
+                _ => {
+                    return Err(judge.at(
+                        &key,
+                        &s,
+                        "a secret has exactly one source: `{env: VARIABLE}` or `{file: /absolute/path}`",
+                    ));
+                }
+            };
+            Ok((name, source))
+        })
+        .collect()
+}
+
+fn require_secret<T>(
+    judge: &Judge<'_>,
+    key: &str,
+    at: &Spanned<T>,
+    name: &str,
+    secrets: &BTreeMap<String, SecretSource>,
+) -> Result<(), ConfigError> {
+    if secrets.contains_key(name) {
+        Ok(())
+    } else {
+        Err(judge.at(
+            key,
+            at,
+            format!("names secret {name:?}, which is not defined: add it under `secrets:` as `{name}: {{env: VARIABLE}}` or `{{file: /path}}`"),
+        ))
+    }
+}
+
+fn is_http_url(url: &str) -> bool {
+    url.strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .is_some_and(|rest| !rest.is_empty())
+}
+
+fn backends(
+    judge: &Judge<'_>,
+    raw: BTreeMap<String, At<RawBackend>>,
+    secrets: &BTreeMap<String, SecretSource>,
+) -> Result<BTreeMap<String, Backend>, ConfigError> {
+    raw.into_iter()
+        .map(|(name, b)| {
+            let key = format!("backends.{name}");
+            let Some(base_url) = b.value.base_url.clone().filter(|u| is_http_url(u)) else {
+                return Err(judge.at(
+                    &format!("{key}.baseUrl"),
+                    &b,
+                    "needs an http:// or https:// URL",
+                ));
+            };
+            if let Some(secret) = &b.value.auth_token_secret {
+                require_secret(
+                    judge,
+                    &format!("{key}.authTokenSecret"),
+                    &b,
+                    secret,
+                    secrets,
+                )?;
+            }
+            if let Some(health) = &b.value.health_url
+                && !is_http_url(health)
+            {
+                return Err(judge.at(
+                    &format!("{key}.healthUrl"),
+                    &b,
+                    "needs an http:// or https:// URL",
+                ));
+            }
+            let interval = b
+                .value
+                .health_interval_secs
+                .unwrap_or(DEFAULT_HEALTH_INTERVAL_SECS);
+            if interval == 0 {
+                return Err(judge.at(
+                    &format!("{key}.healthIntervalSecs"),
+                    &b,
+                    "must be at least 1",
+                ));
+            }
+            Ok((
+                name,
+                Backend {
+                    base_url,
+                    auth_token_secret: b.value.auth_token_secret.clone(),
+                    health_url: b.value.health_url,
+                    health_interval_secs: interval,
+                },
+            ))
+        })
+        .collect()
+}
+
+fn profiles(
+    judge: &Judge<'_>,
+    raw: BTreeMap<String, At<RawProfile>>,
+    backends: &BTreeMap<String, Backend>,
+) -> Result<BTreeMap<String, Profile>, ConfigError> {
+    raw.into_iter()
+        .map(|(name, p)| {
+            let key = format!("profiles.{name}");
+            if fleetd_core::Target::new(name.as_str()).is_err() {
+                return Err(judge.at(&key, &p, "a profile name is lowercase letters, digits, '_' or '-', starting with a letter"));
+            }
+            let Some(agent) = p.value.agent.clone() else {
+                return Err(judge.at(&format!("{key}.agent"), &p, format!("is required: one of {}", KNOWN_AGENTS.join(", "))));
+            };
+            if !KNOWN_AGENTS.contains(&agent.as_str()) {
+                return Err(judge.at(
+                    &format!("{key}.agent"),
+                    &p,
+                    format!("{agent:?} is not a known agent kind: use one of {} (custom needs `command:`)", KNOWN_AGENTS.join(", ")),
+                ));
+            }
+            if agent == "custom" && p.value.command.is_none() {
+                return Err(judge.at(&format!("{key}.command"), &p, "`agent: custom` needs `command:` — the program to start in the member's pane"));
+            }
+            if let Some(backend) = &p.value.backend
+                && !backends.contains_key(backend)
+            {
+                return Err(judge.at(
+                    &format!("{key}.backend"),
+                    &p,
+                    format!("names backend {backend:?}, which is not defined under `backends:`"),
+                ));
+            }
+            if p.value.idle_timeout_secs == Some(0) {
+                return Err(judge.at(&format!("{key}.idleTimeoutSecs"), &p, "must be at least 1 (omit it to never reap)"));
+            }
+            let raw = p.value;
+            Ok((
+                name,
+                Profile {
+                    agent,
+                    command: raw.command,
+                    args: raw.args.unwrap_or_default(),
+                    model: raw.model,
+                    backend: raw.backend,
+                    cwd: raw.cwd,
+                    idle_timeout_secs: raw.idle_timeout_secs,
+                    allow_delegation: raw.allow_delegation.unwrap_or(false),
+                    env: raw.env.unwrap_or_default(),
+                },
+            ))
+        })
+        .collect()
+}
+
+fn log(judge: &Judge<'_>, raw: Option<super::raw::RawLog>) -> Result<Log, ConfigError> {
+    let format = raw.as_ref().and_then(|l| l.format).unwrap_or_default();
+    let level = match raw.and_then(|l| l.level) {
+        None => "info".to_owned(),
+        Some(level) => {
+            if tracing_subscriber::EnvFilter::try_new(&level.value).is_err() {
+                return Err(judge.at(
+                    "log.level",
+                    &level,
+                    format!("{:?} is not a log filter: use error, warn, info, debug, trace, or directives like `fleetd=debug,info`", level.value),
+                ));
+            }
+            level.value
+        }
+    };
+    Ok(Log { format, level })
+}

@@ -1,0 +1,154 @@
+//! The health report behind `GET /healthz` (SPEC §9): which parts of the daemon answer. Owns the
+//! report's shape and the rule "ok only when every part answers"; asks the store and the
+//! multiplexer daemons through their own modules and never speaks their protocols itself.
+
+use serde::Serialize;
+
+/// The body of `/healthz`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthReport {
+    /// `ok` when every part answers, else `degraded`.
+    pub status: HealthStatus,
+    /// fleetd's own version.
+    pub version: &'static str,
+    /// The inbox store.
+    pub store: PartHealth,
+    /// The lead multiplexer daemon (herdr `herdrSocket`, or tmux), when one is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lead: Option<DaemonHealth>,
+    /// The member herdr daemon; absent unless `memberHerdrSocket` is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub member: Option<DaemonHealth>,
+    /// True when the lead and member daemons report different protocol numbers.
+    pub protocol_mismatch: bool,
+}
+
+/// Overall state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthStatus {
+    /// Every part answered.
+    Ok,
+    /// At least one part did not.
+    Degraded,
+}
+
+/// One non-multiplexer part (the store).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PartHealth {
+    /// Which backend (`embedded`, `amqp`).
+    pub kind: &'static str,
+    /// Did it answer.
+    pub ok: bool,
+    /// Why not, when it did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One multiplexer daemon.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DaemonHealth {
+    /// `herdr` or `tmux`.
+    pub kind: &'static str,
+    /// The socket fleetd talks to.
+    pub socket: String,
+    /// Did it answer `ping` (herdr) / `-V` and `list-sessions` (tmux).
+    pub ok: bool,
+    /// The daemon's version, when it answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// herdr's socket protocol number, when it answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u32>,
+    /// Why not, when it did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl HealthReport {
+    /// Builds the report from its parts, deriving `status` and `protocolMismatch`.
+    pub fn from_parts(
+        store: PartHealth,
+        lead: Option<DaemonHealth>,
+        member: Option<DaemonHealth>,
+    ) -> Self {
+        let daemons_ok = lead.iter().chain(member.iter()).all(|d| d.ok);
+        let protocol_mismatch = match (&lead, &member) {
+            (Some(l), Some(m)) => {
+                l.protocol.is_some() && m.protocol.is_some() && l.protocol != m.protocol
+            }
+            _ => false,
+        };
+        let status = if store.ok && daemons_ok {
+            HealthStatus::Ok
+        } else {
+            HealthStatus::Degraded
+        };
+        Self {
+            status,
+            version: env!("CARGO_PKG_VERSION"),
+            store,
+            lead,
+            member,
+            protocol_mismatch,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(ok: bool) -> PartHealth {
+        PartHealth {
+            kind: "embedded",
+            ok,
+            error: (!ok).then(|| "disk full".to_owned()),
+        }
+    }
+
+    fn daemon(ok: bool, protocol: u32) -> DaemonHealth {
+        DaemonHealth {
+            kind: "herdr",
+            socket: "/s".to_owned(),
+            ok,
+            version: ok.then(|| "0.8.0".to_owned()),
+            protocol: ok.then_some(protocol),
+            error: (!ok).then(|| "connection refused".to_owned()),
+        }
+    }
+
+    #[test]
+    fn ok_only_when_every_part_answers() {
+        let all =
+            HealthReport::from_parts(store(true), Some(daemon(true, 20)), Some(daemon(true, 20)));
+        assert_eq!(all.status, HealthStatus::Ok);
+        assert!(!all.protocol_mismatch);
+        let member_down =
+            HealthReport::from_parts(store(true), Some(daemon(true, 20)), Some(daemon(false, 20)));
+        assert_eq!(member_down.status, HealthStatus::Degraded);
+        assert_eq!(
+            HealthReport::from_parts(store(false), None, None).status,
+            HealthStatus::Degraded
+        );
+    }
+
+    #[test]
+    fn different_protocols_are_flagged_and_single_daemon_has_no_member_key() {
+        let mismatch =
+            HealthReport::from_parts(store(true), Some(daemon(true, 20)), Some(daemon(true, 21)));
+        assert!(mismatch.protocol_mismatch);
+        let single = serde_json::to_value(HealthReport::from_parts(
+            store(true),
+            Some(daemon(true, 20)),
+            None,
+        ))
+        .expect("serializes");
+        assert!(single.get("member").is_none());
+        assert_eq!(single["protocolMismatch"], false);
+        assert_eq!(single["lead"]["protocol"], 20);
+    }
+}
