@@ -3,5 +3,10 @@
 //! takes `now` and randomness as arguments and returns decisions as data.
 
 pub mod ids;
+pub mod pane;
 
 pub use ids::{IdError, MsgId, Target, Ticket};
+pub use pane::{
+    AgentStatus, DaemonName, MuxDaemon, PaneId, PaneIdError, PaneRef, QualifiedPaneId, TabId,
+    TerminalId, WorkspaceId,
+};

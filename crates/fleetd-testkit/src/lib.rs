@@ -289,3 +289,5 @@ pub mod daemon {
         home.join("state").join("fleetd")
     }
 }
+pub mod fake_herdr;
+pub mod sim_agent;

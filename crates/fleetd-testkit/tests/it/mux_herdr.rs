@@ -1,1 +1,771 @@
-//! Integration tests: mux_herdr.
+//! Integration tests: the herdr backend against real `fake-herdr` processes (sockets in tempdirs,
+//! real PTY panes running `sim-agent`), the schema contract, fault handling, and sim-agent's MCP
+//! calls against a local HTTP stub.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fleetd::mux::herdr::{Herdr, HerdrConfig};
+use fleetd::mux::{
+    Multiplexer, MuxError, OpenPane, PaneEvent, Placement, SplitDirection, SubmitPath,
+};
+use fleetd_core::{AgentStatus, PaneId, TerminalId};
+use fleetd_testkit::bin_path;
+use fleetd_testkit::fake_herdr::process::FakeHerdrProcess;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::broadcast;
+
+/// Generous bound for anything a loaded 2-core machine has to do.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    fake: FakeHerdrProcess,
+    herdr: Herdr,
+}
+
+fn start_fake(args: &[&str]) -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("herdr.sock");
+    let fake = FakeHerdrProcess::start_with_args(&bin_path("fake-herdr"), &socket, args)
+        .expect("fake-herdr starts");
+    let herdr = Herdr::new(HerdrConfig::new(&socket));
+    Fixture {
+        _dir: dir,
+        fake,
+        herdr,
+    }
+}
+
+fn sim_agent_command(args: &[&str]) -> Vec<String> {
+    let mut argv = vec![bin_path("sim-agent").display().to_string()];
+    argv.extend(args.iter().map(|a| (*a).to_owned()));
+    argv
+}
+
+fn member(workspace: &str, env: &[(&str, &str)], command: Vec<String>) -> OpenPane {
+    OpenPane {
+        placement: Placement::NewTab {
+            workspace: workspace.to_owned(),
+        },
+        label: Some("member".to_owned()),
+        cwd: None,
+        env: env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<BTreeMap<_, _>>(),
+        command,
+    }
+}
+
+async fn next_event(
+    rx: &mut broadcast::Receiver<PaneEvent>,
+    what: &str,
+    mut pred: impl FnMut(&PaneEvent) -> bool,
+) -> PaneEvent {
+    let wait = async {
+        loop {
+            match rx.recv().await {
+                Ok(event) if pred(&event) => return event,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("event channel closed"),
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, wait)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+fn status_of<'a>(pane: &'a PaneId, want: AgentStatus) -> impl FnMut(&PaneEvent) -> bool + 'a {
+    move |e| matches!(e, PaneEvent::StatusChanged { pane: p, status, .. } if p == pane && *status == want)
+}
+
+async fn wait_tail(herdr: &Herdr, pane: &PaneId, needle: &str) -> String {
+    let mut last = String::new();
+    for _ in 0..300 {
+        last = herdr.read_tail(pane, 200).await.unwrap_or_default();
+        if last.contains(needle) {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("pane {pane} never showed {needle:?}; last read:\n{last}");
+}
+
+fn environ(pid: u32) -> std::collections::HashMap<String, String> {
+    procfs::process::Process::new(i32::try_from(pid).expect("pid fits"))
+        .and_then(|p| p.environ())
+        .expect("environ readable")
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn herdr_client_methods_exist_in_published_schema() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/herdr/herdr-api.schema.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        eprintln!("SKIPPED: {} not present", path.display());
+        return;
+    };
+    let schema: Value = serde_json::from_str(&text).expect("schema parses");
+    assert_eq!(schema["protocol"], 20, "the schema is protocol 20");
+    let schemas = &schema["schemas"];
+    let consts = |list: &Value, prop: &str| -> Vec<String> {
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o["properties"][prop]["const"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let methods = consts(&schemas["request"]["oneOf"], "method");
+    let results = consts(
+        &schemas["success_response"]["$defs"]["ResponseResult"]["oneOf"],
+        "type",
+    );
+    for (method, types) in fleetd::mux::herdr::wire::METHODS_USED {
+        assert!(
+            methods.iter().any(|m| m == method),
+            "method {method} is not in herdr's schema"
+        );
+        for t in *types {
+            assert!(
+                results.iter().any(|r| r == t),
+                "result type {t} (of {method}) is not in herdr's schema"
+            );
+        }
+    }
+    let subscriptions = consts(
+        &schemas["request"]["$defs"]["Subscription"]["oneOf"],
+        "type",
+    );
+    for sub in fleetd::mux::herdr::wire::SUBSCRIPTIONS_USED {
+        assert!(
+            subscriptions.iter().any(|s| s == sub),
+            "subscription {sub} is not in herdr's schema"
+        );
+    }
+    let mut events: Vec<String> = schemas["event"]["$defs"]["EventKind"]["enum"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    events.extend(
+        schemas["subscription_event"]["$defs"]["SubscriptionEventKind"]["enum"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_owned)),
+    );
+    for event in fleetd::mux::herdr::wire::EVENTS_USED {
+        assert!(
+            events.iter().any(|e| e == event),
+            "event {event} is not in herdr's schema"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_gate_refuses_older_and_accepts_newer() {
+    let old = start_fake(&["--protocol", "19"]);
+    let err = Herdr::connect(HerdrConfig::new(old.fake.socket()))
+        .await
+        .expect_err("19 is refused");
+    assert!(matches!(err, MuxError::Protocol(_)), "{err}");
+
+    let newer = start_fake(&["--protocol", "21", "--version", "0.9.0"]);
+    let (_, info) = Herdr::connect(HerdrConfig::new(newer.fake.socket()))
+        .await
+        .expect("21 is accepted");
+    assert_eq!((info.version.as_str(), info.protocol), ("0.9.0", Some(21)));
+
+    let current = start_fake(&[]);
+    let info = current
+        .herdr
+        .check_protocol()
+        .await
+        .expect("20 is accepted");
+    assert_eq!(info.protocol, Some(20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_pane_gets_env_command_and_herdr_identity() {
+    let fx = start_fake(&[]);
+    let req = member(
+        "fleet",
+        &[("FLEET_TEST_TOKEN", "s3cr3t"), ("HERDR_PANE_ID", "w9:p9")],
+        sim_agent_command(&["--script", "silent"]),
+    );
+    let pane = fx.herdr.open_pane(req.clone()).await.expect("open member");
+    let info = fx
+        .herdr
+        .process_info(&pane.pane)
+        .await
+        .expect("process info");
+    let pid = info.shell_pid.expect("shell pid");
+    let env = environ(pid);
+    assert_eq!(
+        env.get("FLEET_TEST_TOKEN").map(String::as_str),
+        Some("s3cr3t")
+    );
+    assert_eq!(
+        env.get("HERDR_PANE_ID"),
+        Some(&pane.pane.to_string()),
+        "herdr's own value wins"
+    );
+    assert_eq!(env.get("HERDR_ENV").map(String::as_str), Some("1"));
+    wait_tail(&fx.herdr, &pane.pane, "sim-agent ready").await;
+
+    let second = fx.herdr.open_pane(req).await.expect("second member");
+    assert_eq!(
+        second.workspace, pane.workspace,
+        "the fleet workspace is reused"
+    );
+    assert_ne!(second.pane, pane.pane);
+    let panes = fx.herdr.list_panes().await.expect("list panes");
+    assert_eq!(
+        panes.len(),
+        2,
+        "the placeholder shell of the new workspace was replaced: {panes:?}"
+    );
+    let tabs = fx.herdr.list_tabs().await.expect("list tabs");
+    assert_eq!(
+        tabs.iter()
+            .filter(|t| t.workspace == pane.workspace)
+            .count(),
+        2
+    );
+
+    let split = fx
+        .herdr
+        .open_pane(OpenPane {
+            placement: Placement::Split {
+                of: pane.pane.clone(),
+                direction: SplitDirection::Right,
+            },
+            label: None,
+            cwd: None,
+            env: BTreeMap::from([("SPLIT_VAR".to_owned(), "yes".to_owned())]),
+            command: sim_agent_command(&["--script", "silent"]),
+        })
+        .await
+        .expect("split");
+    assert_eq!(split.tab, pane.tab);
+    wait_tail(&fx.herdr, &split.pane, "sim-agent ready").await;
+    let split_pid = fx
+        .herdr
+        .process_info(&split.pane)
+        .await
+        .expect("info")
+        .shell_pid
+        .expect("pid");
+    assert_eq!(
+        environ(split_pid).get("SPLIT_VAR").map(String::as_str),
+        Some("yes")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn known_agent_turn_streams_working_then_done() {
+    let fx = start_fake(&[]);
+    let mut events = fx.herdr.events();
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude")],
+            sim_agent_command(&["--script", "silent", "--work-ms", "1500"]),
+        ))
+        .await
+        .expect("open");
+    fx.herdr.watch(&pane.pane).await.expect("watch");
+    next_event(
+        &mut events,
+        "idle",
+        status_of(&pane.pane, AgentStatus::Idle),
+    )
+    .await;
+    let submitted = fx
+        .herdr
+        .submit(&pane.pane, "hello \"fleet\" ✓")
+        .await
+        .expect("submit");
+    assert_eq!(submitted.path, SubmitPath::AgentPrompt);
+    assert_eq!(submitted.started, Some(true));
+    next_event(
+        &mut events,
+        "working",
+        status_of(&pane.pane, AgentStatus::Working),
+    )
+    .await;
+    next_event(
+        &mut events,
+        "done",
+        status_of(&pane.pane, AgentStatus::Done),
+    )
+    .await;
+    let tail = wait_tail(&fx.herdr, &pane.pane, "turn done").await;
+    assert!(tail.contains("hello \"fleet\" ✓"), "{tail}");
+    assert_eq!(
+        fx.herdr
+            .pane(&pane.pane)
+            .await
+            .expect("pane")
+            .agent
+            .as_deref(),
+        Some("claude")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_agent_is_submitted_with_pane_input() {
+    let fx = start_fake(&[]);
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[],
+            sim_agent_command(&["--script", "silent", "--work-ms", "200"]),
+        ))
+        .await
+        .expect("open");
+    wait_tail(&fx.herdr, &pane.pane, "sim-agent ready").await;
+    assert_eq!(
+        fx.herdr.pane(&pane.pane).await.expect("pane").status,
+        AgentStatus::Unknown
+    );
+    let submitted = fx
+        .herdr
+        .submit(&pane.pane, "custom task")
+        .await
+        .expect("submit");
+    assert_eq!(submitted.path, SubmitPath::PaneInput);
+    assert_eq!(submitted.started, None);
+    wait_tail(&fx.herdr, &pane.pane, "turn done").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_prompt_gets_exactly_one_enter_retry() {
+    let fx = start_fake(&[]);
+    let mut events = fx.herdr.events();
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude")],
+            sim_agent_command(&["--script", "silent", "--swallow", "1", "--work-ms", "500"]),
+        ))
+        .await
+        .expect("open");
+    fx.herdr.watch(&pane.pane).await.expect("watch");
+    next_event(
+        &mut events,
+        "idle",
+        status_of(&pane.pane, AgentStatus::Idle),
+    )
+    .await;
+    let submitted = fx
+        .herdr
+        .submit(&pane.pane, "swallowed once")
+        .await
+        .expect("submit");
+    assert_eq!(submitted.path, SubmitPath::AgentPrompt);
+    assert!(submitted.retried_enter, "{submitted:?}");
+    next_event(
+        &mut events,
+        "working after the retry",
+        status_of(&pane.pane, AgentStatus::Working),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_failures_are_never_reported_as_not_found() {
+    let fx = start_fake(&[]);
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude")],
+            sim_agent_command(&["--script", "silent"]),
+        ))
+        .await
+        .expect("open");
+
+    fx.fake
+        .fault(&json!({ "fault": "drop", "count": 3 }))
+        .expect("fault");
+    for err in [
+        fx.herdr.pane(&pane.pane).await.expect_err("dropped"),
+        fx.herdr
+            .list_panes()
+            .await
+            .map(|_| ())
+            .expect_err("dropped"),
+        fx.herdr
+            .process_info(&pane.pane)
+            .await
+            .map(|_| ())
+            .expect_err("dropped"),
+    ] {
+        assert!(err.is_transient() && !err.is_not_found(), "{err}");
+    }
+    fx.herdr
+        .pane(&pane.pane)
+        .await
+        .expect("works again after the drops");
+
+    let mut impatient = HerdrConfig::new(fx.fake.socket());
+    impatient.call_timeout = Duration::from_millis(300);
+    let impatient = Herdr::new(impatient);
+    fx.fake
+        .fault(&json!({ "fault": "delay", "ms": 1500 }))
+        .expect("fault");
+    let err = impatient.pane(&pane.pane).await.expect_err("too slow");
+    assert!(err.is_transient() && !err.is_not_found(), "{err}");
+    fx.fake.fault(&json!({ "fault": "clear" })).expect("fault");
+
+    let gone_socket = Herdr::new(HerdrConfig::new(fx.fake.socket().with_extension("missing")));
+    let err = gone_socket.pane(&pane.pane).await.expect_err("no server");
+    assert!(err.is_transient() && !err.is_not_found(), "{err}");
+
+    // Affirmative answers are not-found.
+    let missing = PaneId::new("w9:p9").expect("id");
+    assert!(
+        fx.herdr
+            .pane(&missing)
+            .await
+            .expect_err("missing")
+            .is_not_found()
+    );
+    wait_tail(&fx.herdr, &pane.pane, "sim-agent ready").await;
+    for _ in 0..100 {
+        if fx
+            .herdr
+            .pane(&pane.pane)
+            .await
+            .expect("pane")
+            .agent
+            .is_some()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fx.fake
+        .fault(&json!({ "fault": "agent_not_found", "count": 1 }))
+        .expect("fault");
+    let err = fx
+        .herdr
+        .submit(&pane.pane, "x")
+        .await
+        .expect_err("agent gone");
+    assert!(err.is_not_found(), "{err}");
+    fx.herdr.close_pane(&pane.pane).await.expect("close");
+    assert!(
+        fx.herdr
+            .pane(&pane.pane)
+            .await
+            .expect_err("closed")
+            .is_not_found()
+    );
+    assert!(
+        fx.herdr
+            .close_pane(&pane.pane)
+            .await
+            .expect_err("closed twice")
+            .is_not_found()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watch_survives_a_herdr_restart() {
+    let fx = start_fake(&[]);
+    let mut events = fx.herdr.events();
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude")],
+            sim_agent_command(&["--script", "silent"]),
+        ))
+        .await
+        .expect("open");
+    fx.herdr.watch(&pane.pane).await.expect("watch");
+    next_event(
+        &mut events,
+        "idle",
+        status_of(&pane.pane, AgentStatus::Idle),
+    )
+    .await;
+
+    fx.fake
+        .fault(&json!({ "fault": "restart", "down_ms": 800 }))
+        .expect("restart");
+    let old = pane.terminal.clone();
+    next_event(&mut events, "the old incarnation to end", |e| {
+        matches!(e, PaneEvent::Gone { pane: p, terminal: Some(t) } if *p == pane.pane && *t == old)
+    })
+    .await;
+    let fresh = next_event(&mut events, "the new incarnation", |e| {
+        matches!(e, PaneEvent::StatusChanged { pane: p, terminal, .. } if *p == pane.pane && *terminal != old)
+    })
+    .await;
+    let PaneEvent::StatusChanged {
+        terminal: new_terminal,
+        ..
+    } = fresh
+    else {
+        unreachable!()
+    };
+    let now = fx
+        .herdr
+        .pane(&pane.pane)
+        .await
+        .expect("same pane id after restart");
+    assert_eq!(now.terminal, new_terminal);
+
+    // The restored pane runs a fresh shell; start an agent in it and follow a whole turn on the
+    // re-established subscription.
+    let line = format!(
+        "HERDR_AGENT=claude exec {} --script silent --work-ms 1000",
+        bin_path("sim-agent").display()
+    );
+    let submitted = fx
+        .herdr
+        .submit(&pane.pane, &line)
+        .await
+        .expect("type into the fresh shell");
+    assert_eq!(submitted.path, SubmitPath::PaneInput);
+    next_event(
+        &mut events,
+        "idle on the new terminal",
+        status_of(&pane.pane, AgentStatus::Idle),
+    )
+    .await;
+    fx.herdr
+        .submit(&pane.pane, "after restart")
+        .await
+        .expect("prompt");
+    next_event(
+        &mut events,
+        "working",
+        status_of(&pane.pane, AgentStatus::Working),
+    )
+    .await;
+    next_event(
+        &mut events,
+        "done",
+        status_of(&pane.pane, AgentStatus::Done),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exiting_agent_reports_its_incarnation_gone() {
+    let fx = start_fake(&[]);
+    let mut events = fx.herdr.events();
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude")],
+            sim_agent_command(&["--script", "exit"]),
+        ))
+        .await
+        .expect("open");
+    fx.herdr.watch(&pane.pane).await.expect("watch");
+    next_event(
+        &mut events,
+        "idle",
+        status_of(&pane.pane, AgentStatus::Idle),
+    )
+    .await;
+    let _ = fx.herdr.submit(&pane.pane, "please exit").await;
+    let terminal: TerminalId = pane.terminal.clone();
+    next_event(&mut events, "gone", |e| {
+        matches!(e, PaneEvent::Gone { pane: p, terminal: Some(t) } if *p == pane.pane && *t == terminal)
+    })
+    .await;
+    assert!(
+        fx.herdr
+            .pane(&pane.pane)
+            .await
+            .expect_err("closed")
+            .is_not_found()
+    );
+    assert!(
+        fx.herdr
+            .watch(&pane.pane)
+            .await
+            .expect_err("gone")
+            .is_not_found()
+    );
+}
+
+/// A tiny MCP-over-HTTP stub that records every JSON-RPC body and answers like a stateless
+/// streamable-HTTP server (JSON for `initialize`, an event stream for `tools/call`).
+async fn mcp_stub() -> (String, Arc<Mutex<Vec<Value>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let record = Arc::clone(&record);
+            tokio::spawn(async move {
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 4096];
+                let body = loop {
+                    let n = stream.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    raw.extend_from_slice(&buf[..n]);
+                    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&raw[..end]).to_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if raw.len() >= end + 4 + len {
+                        break raw[end + 4..end + 4 + len].to_vec();
+                    }
+                };
+                let msg: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                record.lock().expect("lock").push(msg.clone());
+                let reply = match msg["method"].as_str() {
+                    Some("initialize") => {
+                        let body = json!({"jsonrpc":"2.0","id":msg["id"],"result":{"protocolVersion":"2025-06-18","capabilities":{"tools":{}},"serverInfo":{"name":"stub","version":"0"}}}).to_string();
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        )
+                    }
+                    Some("tools/call") => {
+                        let answer = if msg["params"]["name"] == "fleet_ask" {
+                            json!({"answer":"42"})
+                        } else {
+                            json!({"msgId":"m1","delivered":"inbox"})
+                        };
+                        let event = format!(
+                            "data: {}\n\n",
+                            json!({"jsonrpc":"2.0","id":msg["id"],"result":{"structuredContent":answer,"content":[]}})
+                        );
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n0\r\n\r\n",
+                            event.len()
+                        )
+                    }
+                    _ => "HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n".to_owned(),
+                };
+                let _ = stream.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    (url, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_agent_replies_and_asks_over_mcp() {
+    let (url, seen) = mcp_stub().await;
+    let fx = start_fake(&[]);
+    let mut events = fx.herdr.events();
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude"), ("FLEETD_URL", url.as_str())],
+            sim_agent_command(&["--script", "reply,ask", "--work-ms", "300"]),
+        ))
+        .await
+        .expect("open");
+    fx.herdr.watch(&pane.pane).await.expect("watch");
+    next_event(
+        &mut events,
+        "idle",
+        status_of(&pane.pane, AgentStatus::Idle),
+    )
+    .await;
+    fx.herdr
+        .submit(&pane.pane, "task one")
+        .await
+        .expect("submit");
+    next_event(
+        &mut events,
+        "done",
+        status_of(&pane.pane, AgentStatus::Done),
+    )
+    .await;
+    fx.herdr
+        .submit(&pane.pane, "task two")
+        .await
+        .expect("submit");
+    let tool_calls = || {
+        seen.lock()
+            .expect("lock")
+            .iter()
+            .filter(|c| c["method"] == "tools/call")
+            .count()
+    };
+    for _ in 0..300 {
+        if tool_calls() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let calls: Vec<Value> = seen.lock().expect("lock").clone();
+    let methods: Vec<&str> = calls.iter().filter_map(|c| c["method"].as_str()).collect();
+    assert_eq!(
+        &methods[..2],
+        ["initialize", "notifications/initialized"],
+        "{calls:?}"
+    );
+    let tools: Vec<(String, Value)> = calls
+        .iter()
+        .filter(|c| c["method"] == "tools/call")
+        .map(|c| {
+            (
+                c["params"]["name"].as_str().unwrap_or("").to_owned(),
+                c["params"]["arguments"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        tools[0],
+        (
+            "fleet_reply".to_owned(),
+            json!({ "text": "sim-agent did: task one" })
+        )
+    );
+    assert_eq!(
+        tools[1],
+        (
+            "fleet_ask".to_owned(),
+            json!({ "question": "sim-agent asks about: task two" })
+        )
+    );
+    assert_eq!(tools[2].0, "fleet_reply");
+    assert!(
+        tools[2].1["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("42")),
+        "{tools:?}"
+    );
+}

@@ -1,1 +1,309 @@
-//! The multiplexer seam: the `Multiplexer` trait and its herdr and tmux backends. Only `mux::herdr` knows herdr's wire format and only `mux::tmux` runs `tmux`.
+//! The multiplexer seam: the `Multiplexer` trait, its backend-neutral types and `MuxError`, plus
+//! the herdr and tmux backends and the two-daemon router. Only `mux::herdr` knows herdr's wire
+//! format and only `mux::tmux` runs `tmux`; nothing here decides policy (delivery verification,
+//! retries of whole deliveries, bindings) — callers do.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+
+use fleetd_core::{AgentStatus, PaneId, TabId, TerminalId, WorkspaceId};
+use tokio::sync::broadcast;
+
+pub mod herdr;
+pub mod router;
+pub mod tmux;
+
+pub use router::{MuxRouter, RoutedPane};
+
+/// Capacity of every backend's pane-event broadcast. Status changes are rare (a few per turn per
+/// pane); 1024 covers a burst from hundreds of panes after a daemon restart. A receiver that lags
+/// gets `RecvError::Lagged` and must re-read statuses with `Multiplexer::pane`.
+pub const PANE_EVENT_CAPACITY: usize = 1024;
+
+/// The boxed future every trait method returns, so the trait stays usable as `dyn Multiplexer`.
+pub type MuxFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, MuxError>> + Send + 'a>>;
+
+/// Which kind of multiplexer a backend drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// herdr over its socket API.
+    Herdr,
+    /// tmux through its CLI.
+    Tmux,
+}
+
+/// A failed multiplexer call. The split that matters: [`MuxError::NotFound`] is an affirmative
+/// answer that the pane or agent is gone; everything transient (timeouts, socket errors, decode
+/// errors, a restarting server) is [`MuxError::Transient`] and must never be read as "gone".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MuxError {
+    /// The multiplexer answered that the pane, agent, tab or workspace does not exist.
+    #[error("{what} not found ({code}): {message}")]
+    NotFound {
+        /// What was looked up (`pane w1:p2`, `agent w1:p2`, ...).
+        what: String,
+        /// The multiplexer's code (`pane_not_found`, `agent_not_found`, `tmux_no_such_pane`).
+        code: String,
+        /// Its message.
+        message: String,
+    },
+    /// The call may succeed later: timeout, socket or I/O error, undecodable answer, server
+    /// restarting. Says nothing about whether the pane exists.
+    #[error("transient multiplexer failure during {op}: {reason}")]
+    Transient {
+        /// The operation (`pane.get`, `tmux list-panes`, ...).
+        op: String,
+        /// Why.
+        reason: String,
+    },
+    /// The multiplexer refused the request for a reason that retrying will not fix (bad params,
+    /// agent not ready, invalid key, ...).
+    #[error("{op} refused ({code}): {message}")]
+    Rejected {
+        /// The operation.
+        op: String,
+        /// The multiplexer's code.
+        code: String,
+        /// Its message.
+        message: String,
+    },
+    /// The multiplexer speaks a protocol this fleetd cannot use.
+    #[error("unsupported multiplexer protocol: {0}")]
+    Protocol(String),
+    /// A bare pane id exists on more than one daemon; the caller must qualify it.
+    #[error("pane id {pane} is ambiguous: it exists on {daemons}; qualify it (e.g. lead:{pane})")]
+    Ambiguous {
+        /// The bare id.
+        pane: String,
+        /// The daemons it was found on, comma-separated.
+        daemons: String,
+    },
+    /// The pane id names a daemon that is not configured (e.g. `member:` with one daemon).
+    #[error("no multiplexer daemon {0} is configured")]
+    NoSuchDaemon(String),
+    /// The backend cannot do this at all (e.g. a feature tmux lacks).
+    #[error("{0} is not supported by this multiplexer backend")]
+    Unsupported(String),
+}
+
+impl MuxError {
+    /// True only for an affirmative not-found answer (pane/agent gone). Later code forgets
+    /// bindings on this and on nothing else.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, MuxError::NotFound { .. })
+    }
+
+    /// True for failures that may go away by themselves.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, MuxError::Transient { .. })
+    }
+
+    /// Builds a transient error.
+    pub fn transient(op: impl Into<String>, reason: impl fmt::Display) -> Self {
+        MuxError::Transient {
+            op: op.into(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// What `ping` learned about the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// Which backend.
+    pub backend: BackendKind,
+    /// The server's version text (`0.8.0`, `tmux 3.3a`).
+    pub version: String,
+    /// herdr's socket protocol number; `None` for tmux.
+    pub protocol: Option<u32>,
+}
+
+/// One pane as fleetd sees it, on any backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaneInfo {
+    /// The backend's pane id (a layout address).
+    pub pane: PaneId,
+    /// The incarnation key.
+    pub terminal: TerminalId,
+    /// The tab (herdr tab / tmux window) holding it.
+    pub tab: TabId,
+    /// The workspace (herdr workspace / tmux session).
+    pub workspace: WorkspaceId,
+    /// The pane's label (herdr) or window name (tmux).
+    pub label: Option<String>,
+    /// The terminal title the program set.
+    pub title: Option<String>,
+    /// The detected agent kind (`claude`, `codex`, ...); `None` when none is detected.
+    pub agent: Option<String>,
+    /// The agent status.
+    pub status: AgentStatus,
+}
+
+/// One tab (herdr tab / tmux window).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TabInfo {
+    /// Its id.
+    pub tab: TabId,
+    /// The workspace (herdr) or session (tmux) it belongs to.
+    pub workspace: WorkspaceId,
+    /// Its label or window name.
+    pub label: String,
+    /// How many panes it holds.
+    pub pane_count: usize,
+}
+
+/// Process facts about a pane: the shell (session leader) pid the caller locator keys on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// The pane.
+    pub pane: PaneId,
+    /// The pane's first process (its shell or command): the session leader of everything started
+    /// in the pane. `None` when the multiplexer does not know it (yet).
+    pub shell_pid: Option<u32>,
+    /// The pids of the foreground process group, when the backend reports them.
+    pub foreground_pids: Vec<u32>,
+}
+
+/// Where a new member pane goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// A new tab (herdr) / window (tmux) in the workspace (herdr label) / session (tmux name);
+    /// created when it does not exist.
+    NewTab {
+        /// The herdr workspace label or tmux session name.
+        workspace: String,
+    },
+    /// A split of an existing pane.
+    Split {
+        /// The pane to split.
+        of: PaneId,
+        /// Side by side (`right`) or stacked (`down`).
+        direction: SplitDirection,
+    },
+}
+
+/// How a split divides its pane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitDirection {
+    /// The new pane to the right.
+    Right,
+    /// The new pane below.
+    Down,
+}
+
+/// A request to open a member pane running `command`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenPane {
+    /// Where.
+    pub placement: Placement,
+    /// The tab / pane label (herdr) or window name (tmux).
+    pub label: Option<String>,
+    /// Working directory; `None` leaves it to the multiplexer.
+    pub cwd: Option<PathBuf>,
+    /// Extra environment for the pane's process only (herdr's own `HERDR_*` values win).
+    pub env: BTreeMap<String, String>,
+    /// The argv to run. Empty runs the multiplexer's default shell.
+    pub command: Vec<String>,
+}
+
+/// How a submitted text was handed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitPath {
+    /// herdr `agent.prompt` (paste, then Enter after a delay) for a known agent kind.
+    AgentPrompt,
+    /// herdr `pane.send_input` with `enter`, for shells and custom agents.
+    PaneInput,
+    /// tmux `send-keys -l` then a separate `Enter`.
+    TmuxKeys,
+}
+
+/// The outcome of [`Multiplexer::submit`]: the bytes were written. Whether a turn started is
+/// `started`, when the backend could observe it; callers verify delivery themselves otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    /// Which path was used.
+    pub path: SubmitPath,
+    /// `Some(true)` when the backend saw the agent reach `working`; `Some(false)` when it saw
+    /// nothing (prompt stalled, even after the one Enter retry); `None` when it could not tell.
+    pub started: Option<bool>,
+    /// Whether the backend re-sent Enter once because the first submit stalled.
+    pub retried_enter: bool,
+}
+
+/// A change the backend observed on a watched pane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PaneEvent {
+    /// The agent status of a pane incarnation changed (consecutive duplicates are suppressed).
+    StatusChanged {
+        /// The pane.
+        pane: PaneId,
+        /// Its incarnation when the status was read.
+        terminal: TerminalId,
+        /// The new status.
+        status: AgentStatus,
+    },
+    /// The incarnation is gone: the pane closed, its process exited, or the server restarted and
+    /// the pane came back with a different terminal id (a `StatusChanged` for the new one follows).
+    Gone {
+        /// The pane.
+        pane: PaneId,
+        /// The incarnation that ended; `None` when the pane vanished before it was first read.
+        terminal: Option<TerminalId>,
+    },
+}
+
+impl PaneEvent {
+    /// The pane the event is about.
+    pub fn pane(&self) -> &PaneId {
+        match self {
+            PaneEvent::StatusChanged { pane, .. } | PaneEvent::Gone { pane, .. } => pane,
+        }
+    }
+}
+
+/// What fleetd needs from a terminal multiplexer. Every method is one bounded-time call (each
+/// backend applies its own per-call timeout); none retries a non-idempotent operation.
+pub trait Multiplexer: Send + Sync + fmt::Debug {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+
+    /// Checks the server answers and reports its version.
+    fn ping(&self) -> MuxFuture<'_, ServerInfo>;
+
+    /// Every pane on the server.
+    fn list_panes(&self) -> MuxFuture<'_, Vec<PaneInfo>>;
+
+    /// Every tab / window on the server.
+    fn list_tabs(&self) -> MuxFuture<'_, Vec<TabInfo>>;
+
+    /// One pane, with its current terminal id and agent status.
+    fn pane<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, PaneInfo>;
+
+    /// The pane's shell pid and foreground processes.
+    fn process_info<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ProcessInfo>;
+
+    /// Opens a member pane running `req.command` with `req.env`, and returns it.
+    fn open_pane(&self, req: OpenPane) -> MuxFuture<'_, PaneInfo>;
+
+    /// Types `text` into the pane's agent and submits it (Enter). The caller sanitises `text`.
+    fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted>;
+
+    /// The last `lines` lines of the pane's output, as plain text.
+    fn read_tail<'a>(&'a self, pane: &'a PaneId, lines: u32) -> MuxFuture<'a, String>;
+
+    /// Closes the pane (and so ends its processes).
+    fn close_pane<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()>;
+
+    /// Starts watching the pane's agent status; changes arrive on [`Multiplexer::events`].
+    /// Watching an already watched pane is a no-op. The first event reports the current status.
+    fn watch<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()>;
+
+    /// Stops watching the pane.
+    fn unwatch(&self, pane: &PaneId);
+
+    /// A receiver of [`PaneEvent`]s for watched panes.
+    fn events(&self) -> broadcast::Receiver<PaneEvent>;
+}

@@ -1,0 +1,916 @@
+//! fake-herdr's socket API: request parsing, the method table, herdr's JSON result shapes and
+//! error codes, and `events.subscribe` streaming with replay. Built from herdr's published schema
+//! (`shared/herdr/herdr-api.schema.json`), never from fleetd's client code.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use super::pane::{PaneRt, PaneSpec};
+use super::{Server, lock};
+
+/// How long herdr lets a prompt go without any state change before `agent_prompt_stalled`.
+const PROMPT_EFFECT_MS: u64 = 5_000;
+/// herdr presses Enter this long after pasting a prompt, because agent TUIs swallow a glued one.
+const PROMPT_ENTER_DELAY: Duration = Duration::from_millis(300);
+/// How often subscriptions look for new events (herdr polls too).
+const SUBSCRIPTION_POLL: Duration = Duration::from_millis(50);
+
+/// A parsed request.
+pub(super) struct Request {
+    pub(super) id: String,
+    pub(super) method: String,
+    params: Value,
+}
+
+/// An error response line.
+pub(super) fn error(id: &str, code: &str, message: &str) -> String {
+    json!({ "id": id, "error": { "code": code, "message": message } }).to_string()
+}
+
+fn success(id: &str, result: &Value) -> String {
+    json!({ "id": id, "result": result }).to_string()
+}
+
+/// Parses a request line as herdr does: `id`, `method` and `params` are all required.
+pub(super) fn parse_request(line: &str) -> Result<Request, String> {
+    let invalid = |m: &str| error("", "invalid_request", &format!("invalid request: {m}"));
+    let v: Value = serde_json::from_str(line).map_err(|e| invalid(&e.to_string()))?;
+    let id = v
+        .get("id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid("missing field `id`"))?;
+    let method = v
+        .get("method")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid("missing field `method`"))?;
+    let params = v
+        .get("params")
+        .filter(|p| p.is_object())
+        .ok_or_else(|| invalid("missing field `params`"))?;
+    Ok(Request {
+        id: id.to_owned(),
+        method: method.to_owned(),
+        params: params.clone(),
+    })
+}
+
+type Outcome = Result<Value, (&'static str, String)>;
+
+fn str_param<'a>(params: &'a Value, name: &str) -> Result<&'a str, (&'static str, String)> {
+    params.get(name).and_then(Value::as_str).ok_or((
+        "invalid_request",
+        format!("invalid request: missing field `{name}`"),
+    ))
+}
+
+fn opt_str(params: &Value, name: &str) -> Option<String> {
+    params.get(name).and_then(Value::as_str).map(str::to_owned)
+}
+
+fn env_param(params: &Value) -> std::collections::BTreeMap<String, String> {
+    params
+        .get("env")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs one non-streaming method.
+pub(super) async fn dispatch(server: &Arc<Server>, req: Request) -> String {
+    let p = &req.params;
+    let outcome: Outcome = match req.method.as_str() {
+        "ping" => Ok(json!({ "type": "pong", "version": server.opts.version,
+            "protocol": server.opts.protocol,
+            "capabilities": { "live_handoff": false, "detached_server_daemon": true } })),
+        "server.stop" => {
+            server.server_stop();
+            tokio::spawn(async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                std::process::exit(0);
+            });
+            Ok(json!({ "type": "ok" }))
+        }
+        "session.snapshot" => Ok(snapshot(server)),
+        "workspace.list" => {
+            Ok(json!({ "type": "workspace_list", "workspaces": workspaces(server) }))
+        }
+        "workspace.create" => workspace_create(server, p),
+        "workspace.get" => str_param(p, "workspace_id").and_then(|id| {
+            workspaces(server)
+                .into_iter()
+                .find(|w| w["workspace_id"] == id)
+                .map(|w| json!({ "type": "workspace_info", "workspace": w }))
+                .ok_or(("workspace_not_found", format!("workspace {id} not found")))
+        }),
+        "tab.list" => {
+            let filter = opt_str(p, "workspace_id");
+            let tabs: Vec<Value> = tabs(server)
+                .into_iter()
+                .filter(|t| filter.as_deref().is_none_or(|w| t["workspace_id"] == w))
+                .collect();
+            Ok(json!({ "type": "tab_list", "tabs": tabs }))
+        }
+        "tab.create" => tab_create(server, p),
+        "tab.get" => str_param(p, "tab_id").and_then(|id| {
+            tabs(server)
+                .into_iter()
+                .find(|t| t["tab_id"] == id)
+                .map(|t| json!({ "type": "tab_info", "tab": t }))
+                .ok_or(("tab_not_found", format!("tab {id} not found")))
+        }),
+        "pane.list" => {
+            let filter = opt_str(p, "workspace_id");
+            let panes: Vec<Value> = live_panes(server)
+                .iter()
+                .filter(|pane| {
+                    filter
+                        .as_deref()
+                        .is_none_or(|w| pane.identity.workspace_id == w)
+                })
+                .map(|pane| pane_info(server, pane))
+                .collect();
+            Ok(json!({ "type": "pane_list", "panes": panes }))
+        }
+        "pane.get" => pane_param(server, p, "pane_id")
+            .map(|pane| json!({ "type": "pane_info", "pane": pane_info(server, &pane) })),
+        "pane.process_info" => pane_param(server, p, "pane_id").map(
+            |pane| json!({ "type": "pane_process_info", "process_info": process_info(&pane) }),
+        ),
+        "pane.split" => pane_split(server, p),
+        "pane.close" => pane_param(server, p, "pane_id").map(|pane| {
+            close_pane(server, &pane);
+            json!({ "type": "ok" })
+        }),
+        "pane.send_text" => match pane_param(server, p, "pane_id") {
+            Ok(pane) => {
+                let text = opt_str(p, "text").unwrap_or_default();
+                write_or_fail(&pane, text.as_bytes()).await
+            }
+            Err(e) => Err(e),
+        },
+        "pane.send_keys" | "pane.send_input" => pane_input(server, p).await,
+        "pane.read" => pane_param(server, p, "pane_id").and_then(|pane| read(&pane, p)),
+        "layout.apply" => layout_apply(server, p),
+        "agent.list" => {
+            let agents: Vec<Value> = live_panes(server)
+                .iter()
+                .filter(|pane| pane.detected().agent.is_some())
+                .map(|pane| agent_info(server, pane))
+                .collect();
+            Ok(json!({ "type": "agent_list", "agents": agents }))
+        }
+        "agent.get" => agent_target(server, p)
+            .map(|pane| json!({ "type": "agent_info", "agent": agent_info(server, &pane) })),
+        "agent.send_keys" => match agent_target(server, p) {
+            Ok(pane) => match keys_bytes(p) {
+                Ok(bytes) => write_or_fail(&pane, &bytes).await,
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        },
+        "agent.prompt" => agent_prompt(server, p).await,
+        "agent.wait" => agent_wait(server, p).await,
+        other => Err((
+            "invalid_request",
+            format!("invalid request: fake-herdr does not implement method `{other}`"),
+        )),
+    };
+    match outcome {
+        Ok(result) => success(&req.id, &result),
+        Err((code, message)) => error(&req.id, code, &message),
+    }
+}
+
+fn live_panes(server: &Server) -> Vec<Arc<PaneRt>> {
+    let topo = lock(&server.topo);
+    topo.pane_ids()
+        .iter()
+        .filter_map(|id| topo.panes.get(id).cloned())
+        .collect()
+}
+
+fn find_pane(server: &Server, id: &str) -> Option<Arc<PaneRt>> {
+    lock(&server.topo).panes.get(id).cloned()
+}
+
+fn pane_param(
+    server: &Server,
+    p: &Value,
+    name: &str,
+) -> Result<Arc<PaneRt>, (&'static str, String)> {
+    let id = str_param(p, name)?;
+    find_pane(server, id).ok_or(("pane_not_found", format!("pane {id} not found")))
+}
+
+/// Resolves an agent target (a pane id hosting an agent; fake-herdr has no agent names).
+fn agent_target(server: &Server, p: &Value) -> Result<Arc<PaneRt>, (&'static str, String)> {
+    let target = str_param(p, "target")?;
+    let pane = find_pane(server, target)
+        .ok_or(("agent_not_found", format!("agent {target} not found")))?;
+    if pane.detected().agent.is_none() {
+        return Err(("agent_not_found", format!("pane {target} hosts no agent")));
+    }
+    Ok(pane)
+}
+
+fn pane_info(server: &Server, pane: &PaneRt) -> Value {
+    let d = pane.detected();
+    let title = pane.title();
+    let focused =
+        lock(&server.topo).focused_pane.as_deref() == Some(pane.identity.pane_id.as_str());
+    json!({
+        "pane_id": pane.identity.pane_id,
+        "terminal_id": pane.identity.terminal_id,
+        "workspace_id": pane.identity.workspace_id,
+        "tab_id": pane.identity.tab_id,
+        "focused": focused,
+        "cwd": pane.spec.cwd.as_ref().map(|c| c.display().to_string()),
+        "label": pane.spec.label,
+        "agent": d.agent,
+        "display_agent": d.agent,
+        "title": title,
+        "terminal_title": title,
+        "terminal_title_stripped": title,
+        "agent_status": d.status,
+        "state_labels": {},
+        "tokens": {},
+        "revision": pane.revision(),
+    })
+}
+
+fn agent_info(server: &Server, pane: &PaneRt) -> Value {
+    let mut info = pane_info(server, pane);
+    let d = pane.detected();
+    if let Value::Object(map) = &mut info {
+        map.remove("label");
+        map.insert("name".to_owned(), Value::Null);
+        map.insert("screen_detection_skipped".to_owned(), json!(false));
+        map.insert("launch_pending".to_owned(), json!(false));
+        map.insert("interactive_ready".to_owned(), json!(true));
+        map.insert("state_change_seq".to_owned(), json!(d.state_change_seq));
+    }
+    info
+}
+
+fn process_info(pane: &PaneRt) -> Value {
+    let fg = procfs::process::Process::new(i32::try_from(pane.shell_pid).unwrap_or(0))
+        .ok()
+        .and_then(|p| p.stat().ok())
+        .map(|s| s.tpgid);
+    let processes: Vec<Value> = fg
+        .and_then(|pgid| procfs::process::Process::new(pgid).ok())
+        .map(|p| {
+            let name = p.stat().map(|s| s.comm).unwrap_or_default();
+            let argv = p.cmdline().unwrap_or_default();
+            vec![json!({ "pid": p.pid, "name": name, "argv0": argv.first(), "argv": argv })]
+        })
+        .unwrap_or_default();
+    json!({
+        "pane_id": pane.identity.pane_id,
+        "shell_pid": pane.shell_pid,
+        "foreground_process_group_id": fg,
+        "tty": null,
+        "foreground_processes": processes,
+    })
+}
+
+fn workspaces(server: &Server) -> Vec<Value> {
+    let topo = lock(&server.topo);
+    topo.workspaces
+        .iter()
+        .map(|w| {
+            json!({
+                "workspace_id": w.id, "number": w.number, "label": w.label, "focused": false,
+                "pane_count": w.tabs.iter().map(|t| t.panes.len()).sum::<usize>(),
+                "tab_count": w.tabs.len(),
+                "active_tab_id": w.tabs.first().map(|t| t.id.clone()).unwrap_or_default(),
+                "agent_status": "unknown", "tokens": {},
+            })
+        })
+        .collect()
+}
+
+fn tabs(server: &Server) -> Vec<Value> {
+    let topo = lock(&server.topo);
+    topo.workspaces
+        .iter()
+        .flat_map(|w| {
+            w.tabs.iter().map(|t| {
+                json!({ "tab_id": t.id, "workspace_id": w.id, "number": t.number, "label": t.label,
+                        "focused": false, "pane_count": t.panes.len(), "agent_status": "unknown" })
+            })
+        })
+        .collect()
+}
+
+fn snapshot(server: &Server) -> Value {
+    let panes = live_panes(server);
+    json!({ "type": "session_snapshot", "snapshot": {
+        "version": server.opts.version, "protocol": server.opts.protocol,
+        "workspaces": workspaces(server), "tabs": tabs(server),
+        "panes": panes.iter().map(|p| pane_info(server, p)).collect::<Vec<_>>(),
+        "layouts": [],
+        "agents": panes.iter().filter(|p| p.detected().agent.is_some()).map(|p| agent_info(server, p)).collect::<Vec<_>>(),
+        "focused_pane_id": lock(&server.topo).focused_pane,
+    }})
+}
+
+/// Creates a tab (in workspace `ws`) whose root pane runs `spec`; returns (tab index, pane).
+fn new_tab_with_pane(
+    server: &Arc<Server>,
+    ws: usize,
+    tab_label: Option<String>,
+    spec: PaneSpec,
+) -> Result<(usize, Arc<PaneRt>), (&'static str, String)> {
+    let (tab_id, pane_id, ws_id, ti) = {
+        let mut topo = lock(&server.topo);
+        let ti = topo.add_tab(ws, tab_label);
+        let pane_id = topo.next_pane_id(ws);
+        let ws_id = topo.workspaces[ws].id.clone();
+        (topo.workspaces[ws].tabs[ti].id.clone(), pane_id, ws_id, ti)
+    };
+    let pane = server
+        .spawn_pane(&pane_id, &tab_id, &ws_id, spec)
+        .map_err(|e| ("tab_create_failed", e.to_string()))?;
+    let mut topo = lock(&server.topo);
+    if let Some(tab) = topo.workspaces.get_mut(ws).and_then(|w| w.tabs.get_mut(ti)) {
+        tab.panes.push(pane_id.clone());
+    }
+    topo.panes.insert(pane_id.clone(), Arc::clone(&pane));
+    if topo.focused_pane.is_none() {
+        topo.focused_pane = Some(pane_id);
+    }
+    Ok((ti, pane))
+}
+
+fn announce_tab(server: &Server, pane: &PaneRt) {
+    if let Some(tab) = tabs(server)
+        .into_iter()
+        .find(|t| t["tab_id"] == pane.identity.tab_id.as_str())
+    {
+        server.push_event("tab_created", json!({ "tab": tab }));
+    }
+    server.push_event("pane_created", json!({ "pane": pane_info(server, pane) }));
+}
+
+fn shell_spec(p: &Value, label: Option<String>) -> PaneSpec {
+    PaneSpec {
+        command: None,
+        env: env_param(p),
+        cwd: opt_str(p, "cwd").map(Into::into),
+        label,
+    }
+}
+
+fn workspace_create(server: &Arc<Server>, p: &Value) -> Outcome {
+    let ws = lock(&server.topo).add_workspace(opt_str(p, "label"));
+    let (_, pane) = new_tab_with_pane(server, ws, None, shell_spec(p, None))?;
+    let workspace = workspaces(server)
+        .into_iter()
+        .find(|w| w["workspace_id"] == pane.identity.workspace_id.as_str())
+        .unwrap_or(Value::Null);
+    server.push_event("workspace_created", json!({ "workspace": workspace }));
+    announce_tab(server, &pane);
+    let tab = tabs(server)
+        .into_iter()
+        .find(|t| t["tab_id"] == pane.identity.tab_id.as_str())
+        .unwrap_or(Value::Null);
+    Ok(
+        json!({ "type": "workspace_created", "workspace": workspace, "tab": tab,
+               "root_pane": pane_info(server, &pane) }),
+    )
+}
+
+fn resolve_workspace(server: &Server, p: &Value) -> Result<usize, (&'static str, String)> {
+    let topo = lock(&server.topo);
+    match opt_str(p, "workspace_id") {
+        Some(id) => topo
+            .workspace_index(&id)
+            .ok_or(("workspace_not_found", format!("workspace {id} not found"))),
+        None if topo.workspaces.is_empty() => {
+            Err(("workspace_not_found", "no active workspace".to_owned()))
+        }
+        None => Ok(0),
+    }
+}
+
+fn tab_create(server: &Arc<Server>, p: &Value) -> Outcome {
+    let ws = resolve_workspace(server, p)?;
+    let (_, pane) = new_tab_with_pane(server, ws, opt_str(p, "label"), shell_spec(p, None))?;
+    announce_tab(server, &pane);
+    let tab = tabs(server)
+        .into_iter()
+        .find(|t| t["tab_id"] == pane.identity.tab_id.as_str())
+        .unwrap_or(Value::Null);
+    Ok(json!({ "type": "tab_created", "tab": tab, "root_pane": pane_info(server, &pane) }))
+}
+
+fn layout_apply(server: &Arc<Server>, p: &Value) -> Outcome {
+    let root = p.get("root").cloned().unwrap_or(Value::Null);
+    if root.get("type").and_then(Value::as_str) != Some("pane") {
+        return Err((
+            "invalid_layout",
+            "fake-herdr applies single-pane layouts only".to_owned(),
+        ));
+    }
+    let replace = opt_str(p, "tab_id");
+    if replace.is_some() && p.get("workspace_id").is_some_and(|w| !w.is_null()) {
+        return Err((
+            "invalid_target",
+            "use either tab_id or workspace_id, not both".to_owned(),
+        ));
+    }
+    let (ws, replaced) = match &replace {
+        Some(tab_id) => {
+            let (ws, ti) = lock(&server.topo)
+                .tab_index(tab_id)
+                .ok_or(("tab_not_found", format!("tab {tab_id} not found")))?;
+            (ws, Some(ti))
+        }
+        None => (resolve_workspace(server, p)?, None),
+    };
+    let command: Option<Vec<String>> = root
+        .get("command")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        })
+        .filter(|a: &Vec<String>| !a.is_empty());
+    let spec = PaneSpec {
+        command,
+        env: env_param(&root),
+        cwd: opt_str(&root, "cwd").map(Into::into),
+        label: opt_str(&root, "label"),
+    };
+    let (_, pane) = new_tab_with_pane(server, ws, opt_str(p, "tab_label"), spec)?;
+    if let Some(old_tab) = replace {
+        let old_panes: Vec<Arc<PaneRt>> = {
+            let topo = lock(&server.topo);
+            replaced
+                .and_then(|_| topo.tab_index(&old_tab))
+                .map(|(w, t)| topo.workspaces[w].tabs[t].panes.clone())
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|id| topo.panes.get(id).cloned())
+                .collect()
+        };
+        for old in old_panes {
+            close_pane(server, &old);
+        }
+    }
+    announce_tab(server, &pane);
+    let id = &pane.identity;
+    Ok(json!({ "type": "layout_apply", "layout": {
+        "workspace_id": id.workspace_id, "tab_id": id.tab_id, "zoomed": false,
+        "focused_pane_id": id.pane_id,
+        "root": { "type": "pane", "pane_id": id.pane_id, "label": pane.spec.label,
+                  "cwd": pane.spec.cwd.as_ref().map(|c| c.display().to_string()),
+                  "command": pane.spec.command, "env": {} },
+    }}))
+}
+
+fn pane_split(server: &Arc<Server>, p: &Value) -> Outcome {
+    let target = match opt_str(p, "target_pane_id") {
+        Some(id) => id,
+        None => lock(&server.topo)
+            .focused_pane
+            .clone()
+            .ok_or(("no_active_pane", "no active pane".to_owned()))?,
+    };
+    if !matches!(
+        p.get("direction").and_then(Value::as_str),
+        Some("right" | "down")
+    ) {
+        return Err((
+            "invalid_request",
+            "invalid request: unknown or missing `direction`".to_owned(),
+        ));
+    }
+    let (ws, ti) = lock(&server.topo)
+        .pane_location(&target)
+        .ok_or(("pane_not_found", format!("pane {target} not found")))?;
+    let (pane_id, tab_id, ws_id) = {
+        let mut topo = lock(&server.topo);
+        let pane_id = topo.next_pane_id(ws);
+        (
+            pane_id,
+            topo.workspaces[ws].tabs[ti].id.clone(),
+            topo.workspaces[ws].id.clone(),
+        )
+    };
+    let pane = server
+        .spawn_pane(&pane_id, &tab_id, &ws_id, shell_spec(p, None))
+        .map_err(|e| ("pane_split_failed", e.to_string()))?;
+    {
+        let mut topo = lock(&server.topo);
+        let Some(tab) = topo.workspaces.get_mut(ws).and_then(|w| w.tabs.get_mut(ti)) else {
+            pane.kill();
+            return Err(("pane_split_failed", "the target tab closed".to_owned()));
+        };
+        tab.panes.push(pane_id.clone());
+        topo.panes.insert(pane_id, Arc::clone(&pane));
+    }
+    server.push_event("pane_created", json!({ "pane": pane_info(server, &pane) }));
+    Ok(json!({ "type": "pane_info", "pane": pane_info(server, &pane) }))
+}
+
+fn close_pane(server: &Server, pane: &Arc<PaneRt>) {
+    let events = lock(&server.topo).remove_pane(&pane.identity.pane_id);
+    pane.kill();
+    for (kind, data) in events {
+        server.push_event(kind, data);
+    }
+}
+
+/// herdr key names → bytes (legacy encoding).
+fn key_bytes(key: &str) -> Option<&'static [u8]> {
+    Some(match key.to_ascii_lowercase().as_str() {
+        "enter" | "return" => b"\r",
+        "esc" | "escape" => b"\x1b",
+        "tab" => b"\t",
+        "space" => b" ",
+        "backspace" => b"\x7f",
+        "up" => b"\x1b[A",
+        "down" => b"\x1b[B",
+        "right" => b"\x1b[C",
+        "left" => b"\x1b[D",
+        "ctrl+c" => b"\x03",
+        "ctrl+d" => b"\x04",
+        "minus" => b"-",
+        _ => return None,
+    })
+}
+
+fn keys_bytes(p: &Value) -> Result<Vec<u8>, (&'static str, String)> {
+    let mut out = Vec::new();
+    for key in p
+        .get("keys")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let name = key.as_str().unwrap_or("");
+        out.extend_from_slice(
+            key_bytes(name).ok_or(("invalid_key", format!("invalid key {name:?}")))?,
+        );
+    }
+    Ok(out)
+}
+
+fn paste_bytes(pane: &PaneRt, text: &str) -> Vec<u8> {
+    if pane.bracketed_paste() {
+        [b"\x1b[200~".as_slice(), text.as_bytes(), b"\x1b[201~"].concat()
+    } else {
+        text.as_bytes().to_vec()
+    }
+}
+
+async fn write_or_fail(pane: &PaneRt, bytes: &[u8]) -> Outcome {
+    pane.write(bytes)
+        .await
+        .map(|()| json!({ "type": "ok" }))
+        .map_err(|e| ("pane_send_failed", e.to_string()))
+}
+
+async fn pane_input(server: &Server, p: &Value) -> Outcome {
+    let pane = pane_param(server, p, "pane_id")?;
+    // Every key is validated before any byte is written, as herdr does.
+    let keys = keys_bytes(p)?;
+    let mut bytes = paste_bytes(&pane, &opt_str(p, "text").unwrap_or_default());
+    bytes.extend_from_slice(&keys);
+    write_or_fail(&pane, &bytes).await
+}
+
+fn read(pane: &PaneRt, p: &Value) -> Outcome {
+    let source = p.get("source").and_then(Value::as_str).unwrap_or("");
+    let recent = match source {
+        "recent" | "recent_unwrapped" => true,
+        "visible" | "detection" => false,
+        other => {
+            return Err((
+                "invalid_request",
+                format!("invalid request: unknown source {other:?}"),
+            ));
+        }
+    };
+    let lines = p
+        .get("lines")
+        .and_then(Value::as_u64)
+        .and_then(|n| usize::try_from(n).ok());
+    let text = pane.read(recent, lines);
+    Ok(json!({ "type": "pane_read", "read": {
+        "pane_id": pane.identity.pane_id, "workspace_id": pane.identity.workspace_id,
+        "tab_id": pane.identity.tab_id, "source": source, "format": "text", "text": text,
+        "revision": pane.revision(), "truncated": false,
+    }}))
+}
+
+fn until_param(p: &Value, default: &[&str]) -> Vec<String> {
+    match p.get("until").and_then(Value::as_array) {
+        Some(list) if !list.is_empty() => list
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
+        _ => default.iter().map(|s| (*s).to_owned()).collect(),
+    }
+}
+
+/// Waits until `pane`'s status is in `until` or `deadline` passes; `Err` when the pane ended.
+async fn wait_status(
+    pane: &PaneRt,
+    until: &[String],
+    deadline: Option<tokio::time::Instant>,
+) -> Result<bool, ()> {
+    loop {
+        let notified = pane.changed.notified();
+        if pane.is_exited() {
+            return Err(());
+        }
+        if until.iter().any(|u| u == pane.detected().status) {
+            return Ok(true);
+        }
+        let tick = tokio::time::sleep(Duration::from_millis(100));
+        match deadline {
+            Some(d) if tokio::time::Instant::now() >= d => return Ok(false),
+            Some(d) => {
+                tokio::select! { () = notified => {}, () = tick => {}, () = tokio::time::sleep_until(d) => {} }
+            }
+            None => tokio::select! { () = notified => {}, () = tick => {} },
+        }
+    }
+}
+
+async fn agent_prompt(server: &Server, p: &Value) -> Outcome {
+    let pane = agent_target(server, p)?;
+    let text = opt_str(p, "text").unwrap_or_default();
+    if text.is_empty() {
+        return Err(("empty_agent_prompt", "prompt text is empty".to_owned()));
+    }
+    let baseline = pane.detected().state_change_seq;
+    pane.write(&paste_bytes(&pane, &text))
+        .await
+        .map_err(|e| ("agent_prompt_failed", e.to_string()))?;
+    tokio::time::sleep(PROMPT_ENTER_DELAY).await;
+    pane.write(b"\r")
+        .await
+        .map_err(|e| ("agent_prompt_failed", e.to_string()))?;
+    let Some(wait) = p.get("wait").filter(|w| w.is_object()) else {
+        return Ok(json!({ "type": "agent_prompted", "agent": agent_info(server, &pane) }));
+    };
+    let started = tokio::time::Instant::now();
+    let timeout_ms = wait.get("timeout_ms").and_then(Value::as_u64);
+    let until = until_param(wait, &["idle", "done", "blocked"]);
+    if pane.detected().status != "working" {
+        let effect_ms = timeout_ms.map_or(PROMPT_EFFECT_MS, |t| t.min(PROMPT_EFFECT_MS));
+        let effect_deadline = started + Duration::from_millis(effect_ms);
+        loop {
+            let notified = pane.changed.notified();
+            if pane.is_exited() {
+                return Err((
+                    "agent_not_running",
+                    "agent is no longer running in the target pane".to_owned(),
+                ));
+            }
+            if pane.detected().state_change_seq != baseline {
+                break;
+            }
+            if tokio::time::Instant::now() >= effect_deadline {
+                let d = pane.detected();
+                return Err(if timeout_ms.is_some_and(|t| t <= PROMPT_EFFECT_MS) {
+                    ("timeout", "timed out waiting for agent status".to_owned())
+                } else {
+                    (
+                        "agent_prompt_stalled",
+                        format!(
+                            "agent prompt produced no observed state change within {effect_ms} ms; status is {} and state_change_seq remained {baseline}",
+                            d.status
+                        ),
+                    )
+                });
+            }
+            tokio::select! {
+                () = notified => {},
+                () = tokio::time::sleep(Duration::from_millis(100)) => {},
+            }
+        }
+    }
+    let deadline = timeout_ms.map(|t| started + Duration::from_millis(t));
+    match wait_status(&pane, &until, deadline).await {
+        Ok(true) => Ok(json!({ "type": "agent_prompted", "agent": agent_info(server, &pane) })),
+        Ok(false) => Err(("timeout", "timed out waiting for agent status".to_owned())),
+        Err(()) => Err((
+            "agent_not_running",
+            "agent is no longer running in the target pane".to_owned(),
+        )),
+    }
+}
+
+async fn agent_wait(server: &Server, p: &Value) -> Outcome {
+    let pane = agent_target(server, p)?;
+    let until = until_param(p, &["idle", "done", "blocked"]);
+    let deadline = p
+        .get("timeout_ms")
+        .and_then(Value::as_u64)
+        .map(|t| tokio::time::Instant::now() + Duration::from_millis(t));
+    match wait_status(&pane, &until, deadline).await {
+        Ok(true) => Ok(json!({ "type": "agent_info", "agent": agent_info(server, &pane) })),
+        Ok(false) => Err(("timeout", "timed out waiting for agent status".to_owned())),
+        Err(()) => Err((
+            "agent_not_running",
+            "agent is no longer running in the target pane".to_owned(),
+        )),
+    }
+}
+
+/// One active subscription.
+enum Sub {
+    /// A lifecycle kind: replays the ring from sequence 0.
+    Lifecycle { kind: String, last: u64 },
+    /// `pane.agent_status_changed` for one pane.
+    Status {
+        pane_id: String,
+        filter: Option<String>,
+        last: u64,
+        initial: Option<Value>,
+    },
+}
+
+fn status_event(data: &Value) -> Value {
+    let mut data = data.clone();
+    if let Value::Object(map) = &mut data {
+        map.remove("type");
+    }
+    json!({ "event": "pane.agent_status_changed", "data": data })
+}
+
+/// `events.subscribe`: validates every subscription, acks, then streams until the client goes
+/// away (any inbound byte or EOF, as herdr) or the server restarts.
+pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: UnixStream) {
+    let generation = server.generation.load(std::sync::atomic::Ordering::SeqCst);
+    let mut subs = Vec::new();
+    let list = req
+        .params
+        .get("subscriptions")
+        .and_then(Value::as_array)
+        .cloned();
+    let Some(list) = list else {
+        let line = error(
+            &req.id,
+            "invalid_request",
+            "invalid request: missing field `subscriptions`",
+        );
+        let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
+        return;
+    };
+    for sub in list {
+        let kind = sub
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        if kind == "pane.agent_status_changed" {
+            let pane_id = sub
+                .get("pane_id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            let Some(pane) = find_pane(server, &pane_id) else {
+                let line = error(
+                    &req.id,
+                    "pane_not_found",
+                    &format!("pane {pane_id} not found"),
+                );
+                let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
+                return;
+            };
+            let filter = sub
+                .get("agent_status")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            let current = pane.detected();
+            let initial = (filter.as_deref() == Some(current.status)).then(|| {
+                json!({ "event": "pane.agent_status_changed", "data": {
+                    "pane_id": pane_id, "workspace_id": pane.identity.workspace_id,
+                    "agent_status": current.status, "agent": current.agent, "title": pane.title() }})
+            });
+            subs.push(Sub::Status {
+                pane_id,
+                filter,
+                last: lock(&server.hub).current(),
+                initial,
+            });
+        } else if let Some(lifecycle) = lifecycle_kind(&kind) {
+            subs.push(Sub::Lifecycle {
+                kind: lifecycle,
+                last: 0,
+            });
+        } else {
+            let line = error(
+                &req.id,
+                "invalid_request",
+                &format!("invalid request: unknown subscription type `{kind}`"),
+            );
+            let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
+            return;
+        }
+    }
+    let ack = success(&req.id, &json!({ "type": "subscription_started" }));
+    if stream
+        .write_all(format!("{ack}\n").as_bytes())
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let (mut read, mut write) = stream.into_split();
+    let mut probe = [0u8; 1];
+    loop {
+        if server.generation.load(std::sync::atomic::Ordering::SeqCst) != generation {
+            return;
+        }
+        let mut out = String::new();
+        let oldest = subs
+            .iter()
+            .map(|s| match s {
+                Sub::Lifecycle { last, .. } | Sub::Status { last, .. } => *last,
+            })
+            .min()
+            .unwrap_or(0);
+        let events = lock(&server.hub).after(oldest);
+        for sub in &mut subs {
+            match sub {
+                Sub::Lifecycle { kind, last } => {
+                    let from = *last;
+                    for (seq, event) in events.iter().filter(|(s, _)| *s > from) {
+                        *last = *seq;
+                        if event["event"] == kind.as_str() {
+                            out.push_str(&format!("{event}\n"));
+                        }
+                    }
+                }
+                Sub::Status {
+                    pane_id,
+                    filter,
+                    last,
+                    initial,
+                } => {
+                    if let Some(first) = initial.take() {
+                        out.push_str(&format!("{first}\n"));
+                    }
+                    let from = *last;
+                    for (seq, event) in events.iter().filter(|(s, _)| *s > from) {
+                        *last = *seq;
+                        let data = &event["data"];
+                        if event["event"] == "pane_agent_status_changed"
+                            && data["pane_id"] == pane_id.as_str()
+                            && filter.as_deref().is_none_or(|f| data["agent_status"] == f)
+                        {
+                            out.push_str(&format!("{}\n", status_event(data)));
+                        }
+                    }
+                }
+            }
+        }
+        if !out.is_empty() && write.write_all(out.as_bytes()).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            // Any inbound byte or EOF means the client is gone.
+            _ = read.read(&mut probe) => return,
+            () = tokio::time::sleep(SUBSCRIPTION_POLL) => {}
+        }
+    }
+}
+
+/// `pane.closed` → `pane_closed`, for the lifecycle kinds herdr streams.
+fn lifecycle_kind(kind: &str) -> Option<String> {
+    const KINDS: &[&str] = &[
+        "workspace.created",
+        "workspace.updated",
+        "workspace.closed",
+        "workspace.renamed",
+        "workspace.focused",
+        "tab.created",
+        "tab.closed",
+        "tab.focused",
+        "tab.renamed",
+        "pane.created",
+        "pane.closed",
+        "pane.updated",
+        "pane.focused",
+        "pane.exited",
+        "pane.agent_detected",
+        "layout.updated",
+    ];
+    KINDS.contains(&kind).then(|| kind.replace('.', "_"))
+}

@@ -1,0 +1,401 @@
+//! sim-agent: a scripted stand-in for a coding agent, run in a pane as lead or member. It shows
+//! a prompt (`❯ `), reads a submitted line, shows "working" like Claude Code does (a braille-spinner
+//! terminal title plus a status line) and then acts per its script: call fleetd's MCP tools over
+//! HTTP (`fleet_reply`, `fleet_ask`), end its turn silently, hang, block on an approval UI, or exit.
+//! A test double: it must not be used by the daemon.
+//!
+//! Knobs (argument, else environment variable):
+//! - `--script a,b,..` / `SIM_AGENT_SCRIPT`: one action per turn — `reply`, `ask`, `silent`,
+//!   `hang`, `block`, `exit`; the last one repeats (default `reply`);
+//! - `--work-ms N` / `SIM_AGENT_WORK_MS`: how long a turn shows working (default 1500);
+//! - `--reply T` / `SIM_AGENT_REPLY`: reply text, `{prompt}` replaced (default `sim-agent did: {prompt}`);
+//! - `--question Q` / `SIM_AGENT_QUESTION`: the `fleet_ask` question (default `sim-agent asks about: {prompt}`);
+//! - `--swallow N` / `SIM_AGENT_SWALLOW`: the first N submitted lines stay in the composer as a
+//!   draft (as when a TUI swallows the Enter glued to a paste); a later empty Enter submits it;
+//! - `--log PATH` / `SIM_AGENT_LOG`: append one JSON line per event (ready, turn, tool call);
+//! - `--connect ADDR` / `SIM_AGENT_CONNECT`: open a TCP connection to ADDR at start and hold it
+//!   (writes `hello <pid>\n`); `--connect-depth N` / `SIM_AGENT_CONNECT_DEPTH`: make a descendant N
+//!   levels down hold it instead (2 = a grandchild);
+//! - `FLEETD_URL` (e.g. `http://127.0.0.1:7797`, path `/mcp` by default): fleetd's MCP endpoint; when
+//!   set, sim-agent initializes an MCP session at start-up, as Claude Code does.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+pub mod mcp;
+
+/// The braille spinner frames Claude Code puts in its terminal title while working.
+const SPINNER: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+/// Spinner frame period.
+const FRAME: Duration = Duration::from_millis(100);
+
+/// One turn's action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Call `fleet_reply` with the reply text.
+    Reply,
+    /// Call `fleet_ask`, then reply with the answer.
+    Ask,
+    /// End the turn without calling anything.
+    Silent,
+    /// Stay working forever.
+    Hang,
+    /// Show an approval UI (herdr reads it as blocked) until Enter, then end the turn.
+    Block,
+    /// Exit the process.
+    Exit,
+}
+
+impl std::str::FromStr for Action {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        Ok(match s.trim() {
+            "reply" => Action::Reply,
+            "ask" => Action::Ask,
+            "silent" => Action::Silent,
+            "hang" => Action::Hang,
+            "block" => Action::Block,
+            "exit" => Action::Exit,
+            other => anyhow::bail!("unknown sim-agent action {other:?}"),
+        })
+    }
+}
+
+/// sim-agent's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Actions, one per turn; the last repeats.
+    pub script: Vec<Action>,
+    /// Working time per turn.
+    pub work: Duration,
+    /// Reply template.
+    pub reply: String,
+    /// Question template.
+    pub question: String,
+    /// How many submitted lines are kept as an unsent draft before one goes through.
+    pub swallow: u32,
+    /// Event log file.
+    pub log: Option<PathBuf>,
+    /// TCP address to connect to and hold.
+    pub connect: Option<String>,
+    /// How many process levels below this one hold the connection.
+    pub connect_depth: u32,
+    /// fleetd's MCP endpoint.
+    pub fleetd_url: Option<String>,
+}
+
+impl Config {
+    /// Reads arguments (after the program name) over environment variables.
+    pub fn from_args_and_env(args: &[String]) -> anyhow::Result<Self> {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let get = |flag: &str, var: &str| -> Option<String> {
+            args.iter()
+                .position(|a| a == flag)
+                .and_then(|i| args.get(i + 1).cloned())
+                .or_else(|| env(var))
+        };
+        let script = get("--script", "SIM_AGENT_SCRIPT").unwrap_or_else(|| "reply".to_owned());
+        let script = script
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(str::parse)
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let work_ms: u64 = get("--work-ms", "SIM_AGENT_WORK_MS")
+            .map(|v| v.parse().context("work ms must be a number"))
+            .transpose()?
+            .unwrap_or(1500);
+        let connect_depth = get("--connect-depth", "SIM_AGENT_CONNECT_DEPTH")
+            .map(|v| v.parse().context("connect depth must be a number"))
+            .transpose()?
+            .unwrap_or(0);
+        let swallow = get("--swallow", "SIM_AGENT_SWALLOW")
+            .map(|v| v.parse().context("swallow must be a number"))
+            .transpose()?
+            .unwrap_or(0);
+        Ok(Self {
+            swallow,
+            script: if script.is_empty() {
+                vec![Action::Reply]
+            } else {
+                script
+            },
+            work: Duration::from_millis(work_ms),
+            reply: get("--reply", "SIM_AGENT_REPLY")
+                .unwrap_or_else(|| "sim-agent did: {prompt}".to_owned()),
+            question: get("--question", "SIM_AGENT_QUESTION")
+                .unwrap_or_else(|| "sim-agent asks about: {prompt}".to_owned()),
+            log: get("--log", "SIM_AGENT_LOG").map(PathBuf::from),
+            connect: get("--connect", "SIM_AGENT_CONNECT"),
+            connect_depth,
+            fleetd_url: env("FLEETD_URL"),
+        })
+    }
+}
+
+/// Entry point of the `sim-agent` binary.
+pub async fn main(args: Vec<String>) -> anyhow::Result<()> {
+    if let Some(i) = args.iter().position(|a| a == "--connect-chain") {
+        let depth: u32 = args
+            .get(i + 1)
+            .context("--connect-chain needs a depth")?
+            .parse()?;
+        let addr = args
+            .get(i + 2)
+            .context("--connect-chain needs an address")?;
+        return connect_chain(depth, addr).await;
+    }
+    let config = Config::from_args_and_env(&args)?;
+    Agent::new(config).run().await
+}
+
+/// Holds a connection `depth` levels down: each level spawns the next and waits for it.
+async fn connect_chain(depth: u32, addr: &str) -> anyhow::Result<()> {
+    if depth > 0 {
+        let exe = std::env::current_exe()?;
+        let mut child = tokio::process::Command::new(exe)
+            .args(["--connect-chain", &(depth - 1).to_string(), addr])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()?;
+        child.wait().await?;
+        return Ok(());
+    }
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("hello {}\n", std::process::id()).as_bytes())
+        .await?;
+    // Hold the connection until the other side closes it.
+    let mut sink = [0u8; 256];
+    while stream.read(&mut sink).await? > 0 {}
+    Ok(())
+}
+
+struct Agent {
+    config: Config,
+    turn: usize,
+    mcp: Option<mcp::McpClient>,
+    out: tokio::io::Stdout,
+}
+
+impl Agent {
+    fn new(config: Config) -> Self {
+        Self {
+            config,
+            turn: 0,
+            mcp: None,
+            out: tokio::io::stdout(),
+        }
+    }
+
+    async fn say(&mut self, text: &str) {
+        let _ = self.out.write_all(text.as_bytes()).await;
+        let _ = self.out.flush().await;
+    }
+
+    async fn title(&mut self, title: &str) {
+        self.say(&format!("\x1b]0;{title}\x07")).await;
+    }
+
+    fn log(&self, event: &Value) {
+        let Some(path) = &self.config.log else { return };
+        let mut line = event.to_string();
+        line.push('\n');
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+        if let Err(e) = written {
+            eprintln!("sim-agent: cannot write log {}: {e}", path.display());
+        }
+    }
+
+    async fn run(mut self) -> anyhow::Result<()> {
+        if let Some(addr) = self.config.connect.clone() {
+            let depth = self.config.connect_depth;
+            if depth == 0 {
+                tokio::spawn(async move { connect_chain(0, &addr).await });
+            } else {
+                let exe = std::env::current_exe()?;
+                tokio::process::Command::new(exe)
+                    .args(["--connect-chain", &(depth - 1).to_string(), &addr])
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .spawn()?;
+            }
+        }
+        if let Some(url) = self.config.fleetd_url.clone() {
+            let mut client = mcp::McpClient::new(&url)?;
+            match client.initialize().await {
+                Ok(_) => self.log(&json!({ "event": "mcp_initialized" })),
+                Err(e) => self.log(&json!({ "event": "mcp_error", "error": e.to_string() })),
+            }
+            self.mcp = Some(client);
+        }
+        self.title("sim-agent").await;
+        self.say(&format!("sim-agent ready (pid {})\r\n", std::process::id()))
+            .await;
+        self.log(&json!({ "event": "ready", "pid": std::process::id() }));
+        let mut lines = BufReader::new(tokio::io::stdin()).lines();
+        let mut draft = String::new();
+        let mut swallow = self.config.swallow;
+        loop {
+            self.say("❯ ").await;
+            let Some(line) = lines.next_line().await? else {
+                return Ok(());
+            };
+            let mut prompt = strip_controls(&line);
+            if prompt.trim().is_empty() {
+                if draft.is_empty() {
+                    continue;
+                }
+                prompt = std::mem::take(&mut draft);
+            } else if swallow > 0 {
+                swallow -= 1;
+                self.log(&json!({ "event": "swallowed", "prompt": prompt }));
+                draft = prompt;
+                continue;
+            }
+            let action = self.next_action();
+            self.log(
+                &json!({ "event": "turn", "prompt": prompt, "action": format!("{action:?}") }),
+            );
+            self.work(action == Action::Hang).await;
+            match action {
+                Action::Reply => {
+                    let text = self.config.reply.replace("{prompt}", &prompt);
+                    self.tool("fleet_reply", json!({ "text": text })).await;
+                }
+                Action::Ask => {
+                    let question = self.config.question.replace("{prompt}", &prompt);
+                    let answer = self
+                        .tool("fleet_ask", json!({ "question": question }))
+                        .await;
+                    let text = format!("answer was: {}", answer.unwrap_or(Value::Null));
+                    self.tool("fleet_reply", json!({ "text": text })).await;
+                }
+                Action::Silent | Action::Hang => {}
+                Action::Block => {
+                    self.say(
+                        "Allow sim-agent to continue?\r\n  Enter to confirm · Esc to cancel\r\n",
+                    )
+                    .await;
+                    let _ = lines.next_line().await?;
+                }
+                Action::Exit => {
+                    self.say("sim-agent: exiting\r\n").await;
+                    self.log(&json!({ "event": "exit" }));
+                    return Ok(());
+                }
+            }
+            self.title("sim-agent").await;
+            self.say("sim-agent: turn done\r\n").await;
+        }
+    }
+
+    fn next_action(&mut self) -> Action {
+        let script = &self.config.script;
+        let action = script
+            .get(self.turn)
+            .or(script.last())
+            .copied()
+            .unwrap_or(Action::Reply);
+        self.turn += 1;
+        action
+    }
+
+    /// Shows working for the configured time (forever when `hang`).
+    async fn work(&mut self, hang: bool) {
+        self.say("✻ Working… (esc to interrupt)\r\n").await;
+        let frames = if hang {
+            u128::MAX
+        } else {
+            (self.config.work.as_millis() / FRAME.as_millis()).max(1)
+        };
+        let mut i = 0u128;
+        while i < frames {
+            let frame = SPINNER[usize::try_from(i % 10).unwrap_or(0)];
+            self.title(&format!("{frame} sim-agent working")).await;
+            tokio::time::sleep(FRAME).await;
+            i += 1;
+        }
+    }
+
+    /// Calls a tool; logs and shows the outcome. `None` without fleetd or on failure.
+    async fn tool(&mut self, name: &str, arguments: Value) -> Option<Value> {
+        let Some(client) = self.mcp.as_mut() else {
+            self.log(
+                &json!({ "event": "tool_skipped", "name": name, "reason": "FLEETD_URL not set" }),
+            );
+            return None;
+        };
+        match client.call_tool(name, arguments.clone()).await {
+            Ok(result) => {
+                self.log(&json!({ "event": "tool", "name": name, "arguments": arguments, "result": result }));
+                self.say(&format!("sim-agent: {name} ok\r\n")).await;
+                Some(result)
+            }
+            Err(e) => {
+                self.log(&json!({ "event": "tool_error", "name": name, "error": e.to_string() }));
+                self.say(&format!("sim-agent: {name} failed: {e}\r\n"))
+                    .await;
+                None
+            }
+        }
+    }
+}
+
+/// Drops escape sequences and control characters from a submitted line (bracketed-paste
+/// markers included), keeping the text.
+fn strip_controls(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC [ params final-byte
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for n in chars.by_ref() {
+                    if ('\x40'..='\x7e').contains(&n) {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        if !c.is_control() {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_lose_paste_markers_and_controls() {
+        assert_eq!(
+            strip_controls("\x1b[200~hello \"w\" ✓\x1b[201~\r"),
+            "hello \"w\" ✓"
+        );
+    }
+
+    #[test]
+    fn scripts_parse_and_the_last_action_repeats() {
+        let args: Vec<String> = ["--script", "silent,reply", "--work-ms", "10"]
+            .map(str::to_owned)
+            .to_vec();
+        let config = Config::from_args_and_env(&args).expect("config");
+        let mut agent = Agent::new(config);
+        assert_eq!(agent.next_action(), Action::Silent);
+        assert_eq!(agent.next_action(), Action::Reply);
+        assert_eq!(agent.next_action(), Action::Reply);
+        assert!(Config::from_args_and_env(&["--script".to_owned(), "dance".to_owned()]).is_err());
+    }
+}

@@ -1,0 +1,587 @@
+//! The herdr backend (socket protocol 20): a `Multiplexer` over herdr's NDJSON unix socket, one
+//! request per connection with a per-call timeout, a `ping` protocol gate, prompt submission with
+//! the stalled-Enter retry, and per-pane status subscriptions. Only this module (with `wire` and
+//! `watch`) knows herdr's wire format; it must not decide fleetd policy.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetd_core::{AgentStatus, PaneId, TabId, TerminalId, WorkspaceId};
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use crate::mux::{
+    BackendKind, Multiplexer, MuxError, MuxFuture, OpenPane, PaneEvent, PaneInfo, Placement,
+    ProcessInfo, ServerInfo, SplitDirection, SubmitPath, Submitted, TabInfo,
+};
+
+mod watch;
+pub mod wire;
+
+use wire::{
+    WirePane, WireProcessInfo, WireRead, WireTab, WireWorkspace, check_type, field,
+    first_layout_pane_id,
+};
+
+/// Agent kinds herdr knows (`detect::lookup_agent`); `agent.prompt` only works for these, so
+/// anything else is submitted with `pane.send_input`.
+pub const KNOWN_AGENT_KINDS: &[&str] = &[
+    "pi",
+    "claude",
+    "codex",
+    "gemini",
+    "cursor",
+    "devin",
+    "agy",
+    "cline",
+    "omp",
+    "mastracode",
+    "opencode",
+    "copilot",
+    "kimi",
+    "kiro",
+    "droid",
+    "amp",
+    "grok",
+    "hermes",
+    "kilo",
+    "qodercli",
+    "maki",
+];
+
+/// How to reach one herdr daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HerdrConfig {
+    /// The JSON API socket (`herdr.sock`).
+    pub socket: PathBuf,
+    /// Bound on one ordinary call. herdr answers within its own 5 s app timeout, so the default
+    /// of 8 s only fires when the server is wedged.
+    pub call_timeout: Duration,
+    /// How long `agent.prompt` may wait for the agent to reach `working` (herdr's `timeout_ms`).
+    /// herdr itself reports `agent_prompt_stalled` after 5 s without a state change.
+    pub prompt_wait: Duration,
+}
+
+impl HerdrConfig {
+    /// A config for `socket` with default timeouts.
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Self {
+            socket: socket.into(),
+            call_timeout: Duration::from_secs(8),
+            prompt_wait: Duration::from_secs(15),
+        }
+    }
+
+    /// Finds the socket the way herdr does: `HERDR_SOCKET_PATH`, else the named session
+    /// `HERDR_SESSION` (`default` meaning none), else `<config>/herdr.sock` where `<config>` is
+    /// `$XDG_CONFIG_HOME/herdr` or `~/.config/herdr`. `env` looks a variable up (pass
+    /// `|k| std::env::var(k).ok()` in the daemon; tests pass a map). `None` when no home is known.
+    pub fn discover_socket(env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+        let non_empty = |k: &str| env(k).filter(|v| !v.is_empty());
+        if let Some(path) = non_empty("HERDR_SOCKET_PATH") {
+            return Some(PathBuf::from(path));
+        }
+        let config = match non_empty("XDG_CONFIG_HOME") {
+            Some(xdg) => PathBuf::from(xdg).join("herdr"),
+            None => PathBuf::from(non_empty("HOME")?)
+                .join(".config")
+                .join("herdr"),
+        };
+        match non_empty("HERDR_SESSION") {
+            Some(session) if session != "default" => {
+                Some(config.join("sessions").join(session).join("herdr.sock"))
+            }
+            _ => Some(config.join("herdr.sock")),
+        }
+    }
+}
+
+/// The herdr backend. Cheap to clone (shares its watch table and event channel).
+#[derive(Debug, Clone)]
+pub struct Herdr {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: HerdrConfig,
+    watches: watch::Watches,
+}
+
+impl Herdr {
+    /// A client for `config`; does no I/O (see [`Herdr::connect`] for the checked form).
+    pub fn new(config: HerdrConfig) -> Self {
+        let (events, _) = broadcast::channel(crate::mux::PANE_EVENT_CAPACITY);
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                watches: watch::Watches::new(events),
+            }),
+        }
+    }
+
+    /// A client that has checked the server's protocol with `ping`: older than 20 is refused,
+    /// newer is accepted with a warning.
+    pub async fn connect(config: HerdrConfig) -> Result<(Self, ServerInfo), MuxError> {
+        let herdr = Self::new(config);
+        let info = herdr.check_protocol().await?;
+        Ok((herdr, info))
+    }
+
+    /// Pings the server and applies the protocol gate.
+    pub async fn check_protocol(&self) -> Result<ServerInfo, MuxError> {
+        let info = self.ping_inner().await?;
+        let protocol = info.protocol.unwrap_or(0);
+        if protocol < wire::PROTOCOL {
+            return Err(MuxError::Protocol(format!(
+                "herdr {} at {} speaks protocol {protocol}; fleetd needs {} (upgrade herdr)",
+                info.version,
+                self.socket().display(),
+                wire::PROTOCOL
+            )));
+        }
+        if protocol > wire::PROTOCOL {
+            tracing::warn!(
+                version = %info.version,
+                protocol,
+                expected = wire::PROTOCOL,
+                socket = %self.socket().display(),
+                "herdr speaks a newer protocol than fleetd was built for; continuing"
+            );
+        }
+        Ok(info)
+    }
+
+    /// The socket this client talks to.
+    pub fn socket(&self) -> &Path {
+        &self.inner.config.socket
+    }
+
+    /// One call: returns the result object after checking its `type`, or a classified error.
+    async fn request(
+        &self,
+        method: &str,
+        params: Value,
+        accepted: &[&str],
+        what: &str,
+    ) -> Result<Value, MuxError> {
+        self.request_with_timeout(
+            method,
+            params,
+            accepted,
+            what,
+            self.inner.config.call_timeout,
+        )
+        .await
+    }
+
+    async fn request_with_timeout(
+        &self,
+        method: &str,
+        params: Value,
+        accepted: &[&str],
+        what: &str,
+        timeout: Duration,
+    ) -> Result<Value, MuxError> {
+        match wire::call(self.socket(), method, params, timeout).await? {
+            Ok(result) => {
+                check_type(method, &result, accepted)?;
+                Ok(result)
+            }
+            Err(body) => Err(body.into_mux_error(method, what)),
+        }
+    }
+
+    async fn ping_inner(&self) -> Result<ServerInfo, MuxError> {
+        let result = self.request("ping", json!({}), &["pong"], "server").await?;
+        Ok(ServerInfo {
+            backend: BackendKind::Herdr,
+            version: field("ping", &result, "version")?,
+            protocol: Some(field("ping", &result, "protocol")?),
+        })
+    }
+
+    async fn pane_inner(&self, pane: &PaneId) -> Result<PaneInfo, MuxError> {
+        let result = self
+            .request(
+                "pane.get",
+                json!({ "pane_id": pane.as_str() }),
+                &["pane_info"],
+                &format!("pane {pane}"),
+            )
+            .await?;
+        convert_pane("pane.get", field("pane.get", &result, "pane")?)
+    }
+
+    async fn list_panes_inner(&self) -> Result<Vec<PaneInfo>, MuxError> {
+        let result = self
+            .request("pane.list", json!({}), &["pane_list"], "panes")
+            .await?;
+        let panes: Vec<WirePane> = field("pane.list", &result, "panes")?;
+        panes
+            .into_iter()
+            .map(|p| convert_pane("pane.list", p))
+            .collect()
+    }
+
+    async fn list_tabs_inner(&self) -> Result<Vec<TabInfo>, MuxError> {
+        let result = self
+            .request("tab.list", json!({}), &["tab_list"], "tabs")
+            .await?;
+        let tabs: Vec<WireTab> = field("tab.list", &result, "tabs")?;
+        tabs.into_iter()
+            .map(|t| {
+                Ok(TabInfo {
+                    tab: TabId::new(t.tab_id).map_err(|e| MuxError::transient("tab.list", e))?,
+                    workspace: WorkspaceId::new(t.workspace_id)
+                        .map_err(|e| MuxError::transient("tab.list", e))?,
+                    label: t.label,
+                    pane_count: t.pane_count,
+                })
+            })
+            .collect()
+    }
+
+    async fn process_info_inner(&self, pane: &PaneId) -> Result<ProcessInfo, MuxError> {
+        let result = self
+            .request(
+                "pane.process_info",
+                json!({ "pane_id": pane.as_str() }),
+                &["pane_process_info"],
+                &format!("pane {pane}"),
+            )
+            .await?;
+        let info: WireProcessInfo = field("pane.process_info", &result, "process_info")?;
+        Ok(ProcessInfo {
+            pane: PaneId::new(info.pane_id)
+                .map_err(|e| MuxError::transient("pane.process_info", e))?,
+            shell_pid: info.shell_pid,
+            foreground_pids: info.foreground_processes.iter().map(|p| p.pid).collect(),
+        })
+    }
+
+    /// Finds the workspace labelled `label`, creating it (with one shell tab) when absent.
+    /// Returns the workspace id and, when it was just created, its first tab.
+    async fn ensure_workspace(
+        &self,
+        label: &str,
+        cwd: Option<&Path>,
+    ) -> Result<(String, Option<String>), MuxError> {
+        let result = self
+            .request(
+                "workspace.list",
+                json!({}),
+                &["workspace_list"],
+                "workspaces",
+            )
+            .await?;
+        let workspaces: Vec<WireWorkspace> = field("workspace.list", &result, "workspaces")?;
+        if let Some(ws) = workspaces.into_iter().find(|w| w.label == label) {
+            return Ok((ws.workspace_id, None));
+        }
+        let created = self
+            .request(
+                "workspace.create",
+                json!({ "label": label, "cwd": cwd.map(Path::to_string_lossy), "focus": false, "env": {} }),
+                &["workspace_created"],
+                "workspace",
+            )
+            .await?;
+        let ws: WireWorkspace = field("workspace.create", &created, "workspace")?;
+        let tab: WireTab = field("workspace.create", &created, "tab")?;
+        Ok((ws.workspace_id, Some(tab.tab_id)))
+    }
+
+    async fn open_pane_inner(&self, req: OpenPane) -> Result<PaneInfo, MuxError> {
+        let env = env_json(&req.env);
+        let cwd = req.cwd.as_deref().map(Path::to_string_lossy);
+        let pane_id = match &req.placement {
+            Placement::NewTab { workspace } => {
+                let (workspace_id, fresh_tab) =
+                    self.ensure_workspace(workspace, req.cwd.as_deref()).await?;
+                let command = (!req.command.is_empty()).then(|| req.command.clone());
+                // A pane that runs an argv directly (no shell) is only possible via layout.apply;
+                // applying onto a just-created workspace's tab replaces its placeholder shell.
+                let target = match fresh_tab {
+                    Some(tab_id) => json!({ "tab_id": tab_id, "tab_label": req.label }),
+                    None => json!({ "workspace_id": workspace_id, "tab_label": req.label }),
+                };
+                let mut params = target;
+                params["focus"] = json!(false);
+                params["root"] = json!({
+                    "type": "pane", "command": command, "env": env, "cwd": cwd, "label": req.label,
+                });
+                let result = self
+                    .request("layout.apply", params, &["layout_apply"], "workspace")
+                    .await?;
+                let layout = result.get("layout").cloned().unwrap_or(Value::Null);
+                first_layout_pane_id(&layout)
+                    .ok_or_else(|| MuxError::transient("layout.apply", "layout has no pane id"))?
+            }
+            Placement::Split { of, direction } => {
+                let direction = match direction {
+                    SplitDirection::Right => "right",
+                    SplitDirection::Down => "down",
+                };
+                let result = self
+                    .request(
+                        "pane.split",
+                        json!({ "target_pane_id": of.as_str(), "direction": direction,
+                                "cwd": cwd, "focus": false, "env": env }),
+                        &["pane_info"],
+                        &format!("pane {of}"),
+                    )
+                    .await?;
+                let pane: WirePane = field("pane.split", &result, "pane")?;
+                if !req.command.is_empty() {
+                    // pane.split always starts the default shell; `exec` makes the command the
+                    // pane's process, so the pane closes when it exits, as with layout.apply.
+                    let line = format!("exec {}", shell_quote_argv(&req.command));
+                    self.request(
+                        "pane.send_input",
+                        json!({ "pane_id": pane.pane_id, "text": line, "keys": ["enter"] }),
+                        &["ok"],
+                        &format!("pane {}", pane.pane_id),
+                    )
+                    .await?;
+                }
+                pane.pane_id
+            }
+        };
+        let pane = PaneId::new(pane_id).map_err(|e| MuxError::transient("open pane", e))?;
+        self.pane_inner(&pane).await
+    }
+
+    async fn submit_inner(&self, pane: &PaneId, text: &str) -> Result<Submitted, MuxError> {
+        let info = self.pane_inner(pane).await?;
+        let what = format!("pane {pane}");
+        let known = info
+            .agent
+            .as_deref()
+            .is_some_and(|a| KNOWN_AGENT_KINDS.contains(&a));
+        if !known {
+            self.request(
+                "pane.send_input",
+                json!({ "pane_id": pane.as_str(), "text": text, "keys": ["enter"] }),
+                &["ok"],
+                &what,
+            )
+            .await?;
+            return Ok(Submitted {
+                path: SubmitPath::PaneInput,
+                started: None,
+                retried_enter: false,
+            });
+        }
+        let wait = self.inner.config.prompt_wait;
+        let params = json!({
+            "target": pane.as_str(),
+            "text": text,
+            "wait": { "until": ["working"], "timeout_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX) },
+        });
+        let timeout = wait + self.inner.config.call_timeout;
+        let outcome = self
+            .request_with_timeout("agent.prompt", params, &["agent_prompted"], &what, timeout)
+            .await;
+        match outcome {
+            Ok(_) => Ok(Submitted {
+                path: SubmitPath::AgentPrompt,
+                started: Some(true),
+                retried_enter: false,
+            }),
+            Err(MuxError::Rejected { code, .. }) if code == "agent_prompt_stalled" => {
+                // Agent TUIs sometimes swallow the Enter that follows a paste: press it once more.
+                self.request(
+                    "agent.send_keys",
+                    json!({ "target": pane.as_str(), "keys": ["enter"] }),
+                    &["ok"],
+                    &what,
+                )
+                .await?;
+                Ok(Submitted {
+                    path: SubmitPath::AgentPrompt,
+                    started: None,
+                    retried_enter: true,
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn read_tail_inner(&self, pane: &PaneId, lines: u32) -> Result<String, MuxError> {
+        let result = self
+            .request(
+                "pane.read",
+                json!({ "pane_id": pane.as_str(), "source": "recent", "lines": lines,
+                        "format": "text", "strip_ansi": true }),
+                &["pane_read"],
+                &format!("pane {pane}"),
+            )
+            .await?;
+        let read: WireRead = field("pane.read", &result, "read")?;
+        Ok(read.text)
+    }
+
+    async fn close_inner(&self, pane: &PaneId) -> Result<(), MuxError> {
+        self.request(
+            "pane.close",
+            json!({ "pane_id": pane.as_str() }),
+            &["ok"],
+            &format!("pane {pane}"),
+        )
+        .await?;
+        self.inner.watches.remove(pane);
+        Ok(())
+    }
+}
+
+fn env_json(env: &BTreeMap<String, String>) -> Value {
+    Value::Object(
+        env.iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect(),
+    )
+}
+
+/// POSIX single-quote quoting of an argv, for typing a command into a shell.
+pub(crate) fn shell_quote_argv(argv: &[String]) -> String {
+    argv.iter()
+        .map(|arg| {
+            let safe = !arg.is_empty()
+                && arg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-./=:,+@%".contains(&b));
+            if safe {
+                arg.clone()
+            } else {
+                format!("'{}'", arg.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Converts herdr's pane into fleetd's; an id herdr sent that fleetd cannot parse is a decode
+/// failure (transient), never "not found".
+pub(crate) fn convert_pane(op: &str, p: WirePane) -> Result<PaneInfo, MuxError> {
+    let bad = |e: fleetd_core::PaneIdError| MuxError::transient(op, e);
+    Ok(PaneInfo {
+        pane: PaneId::new(p.pane_id).map_err(bad)?,
+        terminal: TerminalId::new(p.terminal_id).map_err(bad)?,
+        tab: TabId::new(p.tab_id).map_err(bad)?,
+        workspace: WorkspaceId::new(p.workspace_id).map_err(bad)?,
+        label: p.label,
+        title: p.terminal_title.or(p.title),
+        agent: p.agent,
+        status: p.agent_status.parse().unwrap_or(AgentStatus::Unknown),
+    })
+}
+
+impl Multiplexer for Herdr {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Herdr
+    }
+
+    fn ping(&self) -> MuxFuture<'_, ServerInfo> {
+        Box::pin(self.ping_inner())
+    }
+
+    fn list_panes(&self) -> MuxFuture<'_, Vec<PaneInfo>> {
+        Box::pin(self.list_panes_inner())
+    }
+
+    fn list_tabs(&self) -> MuxFuture<'_, Vec<TabInfo>> {
+        Box::pin(self.list_tabs_inner())
+    }
+
+    fn pane<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, PaneInfo> {
+        Box::pin(self.pane_inner(pane))
+    }
+
+    fn process_info<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ProcessInfo> {
+        Box::pin(self.process_info_inner(pane))
+    }
+
+    fn open_pane(&self, req: OpenPane) -> MuxFuture<'_, PaneInfo> {
+        Box::pin(self.open_pane_inner(req))
+    }
+
+    fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted> {
+        Box::pin(self.submit_inner(pane, text))
+    }
+
+    fn read_tail<'a>(&'a self, pane: &'a PaneId, lines: u32) -> MuxFuture<'a, String> {
+        Box::pin(self.read_tail_inner(pane, lines))
+    }
+
+    fn close_pane<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
+        Box::pin(self.close_inner(pane))
+    }
+
+    fn watch<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
+        Box::pin(async move {
+            if self.inner.watches.contains(pane) {
+                return Ok(());
+            }
+            // Fail fast (and affirmatively) for a pane that does not exist.
+            self.pane_inner(pane).await?;
+            self.inner.watches.start(self.clone(), pane.clone());
+            Ok(())
+        })
+    }
+
+    fn unwatch(&self, pane: &PaneId) {
+        self.inner.watches.remove(pane);
+    }
+
+    fn events(&self) -> broadcast::Receiver<PaneEvent> {
+        self.inner.watches.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_discovery_follows_herdr_order() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert_eq!(
+            HerdrConfig::discover_socket(env(&[
+                ("HERDR_SOCKET_PATH", "/x/h.sock"),
+                ("HOME", "/h")
+            ])),
+            Some(PathBuf::from("/x/h.sock"))
+        );
+        assert_eq!(
+            HerdrConfig::discover_socket(env(&[
+                ("HERDR_SESSION", "work"),
+                ("XDG_CONFIG_HOME", "/c")
+            ])),
+            Some(PathBuf::from("/c/herdr/sessions/work/herdr.sock"))
+        );
+        assert_eq!(
+            HerdrConfig::discover_socket(env(&[("HERDR_SESSION", "default"), ("HOME", "/h")])),
+            Some(PathBuf::from("/h/.config/herdr/herdr.sock"))
+        );
+        assert_eq!(HerdrConfig::discover_socket(env(&[])), None);
+    }
+
+    #[test]
+    fn argv_quoting_survives_the_shell() {
+        let argv = ["sim-agent", "it's", "a b", "", "--x=1"].map(str::to_owned);
+        assert_eq!(
+            shell_quote_argv(&argv),
+            r"sim-agent 'it'\''s' 'a b' '' --x=1"
+        );
+    }
+}

@@ -1,0 +1,253 @@
+//! Per-pane herdr status watches: one read-only `events.subscribe` connection per watched pane,
+//! de-duplication of replayed and repeated statuses against a `pane.get` snapshot, and reconnect
+//! with backoff after EOF (server restart, live handoff). Never writes on a subscription socket.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use fleetd_core::{AgentStatus, PaneId, TerminalId};
+use serde_json::json;
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::sync::broadcast;
+use tokio::task::AbortHandle;
+
+use super::Herdr;
+use super::wire::{self, WireEvent};
+use crate::mux::{MuxError, PaneEvent};
+
+/// First reconnect delay after a lost subscription.
+const BACKOFF_START: Duration = Duration::from_millis(100);
+/// Longest reconnect delay: a restarting herdr is back within a second or two.
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// The table of running watches and the channel they publish on.
+#[derive(Debug)]
+pub(super) struct Watches {
+    tasks: Mutex<HashMap<PaneId, AbortHandle>>,
+    events: broadcast::Sender<PaneEvent>,
+}
+
+impl Watches {
+    pub(super) fn new(events: broadcast::Sender<PaneEvent>) -> Self {
+        Self {
+            tasks: Mutex::new(HashMap::new()),
+            events,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PaneId, AbortHandle>> {
+        self.tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) fn contains(&self, pane: &PaneId) -> bool {
+        self.lock().get(pane).is_some_and(|t| !t.is_finished())
+    }
+
+    pub(super) fn subscribe(&self) -> broadcast::Receiver<PaneEvent> {
+        self.events.subscribe()
+    }
+
+    pub(super) fn start(&self, herdr: Herdr, pane: PaneId) {
+        let mut tasks = self.lock();
+        if tasks.get(&pane).is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let watcher = Watcher {
+            herdr,
+            pane: pane.clone(),
+            events: self.events.clone(),
+            last: None,
+        };
+        let handle = tokio::spawn(watcher.run());
+        tasks.insert(pane, handle.abort_handle());
+    }
+
+    pub(super) fn remove(&self, pane: &PaneId) {
+        if let Some(task) = self.lock().remove(pane) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for task in self.lock().values() {
+            task.abort();
+        }
+    }
+}
+
+/// Why one subscription session ended.
+enum SessionEnd {
+    /// The pane or its incarnation is gone for good: stop watching.
+    Gone,
+    /// The connection broke: reconnect.
+    Lost(String),
+}
+
+struct Watcher {
+    herdr: Herdr,
+    pane: PaneId,
+    events: broadcast::Sender<PaneEvent>,
+    /// The last (terminal, status) published, for de-duplication.
+    last: Option<(TerminalId, AgentStatus)>,
+}
+
+impl Watcher {
+    async fn run(mut self) {
+        let mut backoff = BACKOFF_START;
+        loop {
+            let (established, end) = self.session().await;
+            match end {
+                SessionEnd::Gone => {
+                    self.publish_gone();
+                    return;
+                }
+                SessionEnd::Lost(reason) => {
+                    tracing::debug!(pane = %self.pane, %reason, "herdr status subscription lost; reconnecting");
+                }
+            }
+            if established {
+                backoff = BACKOFF_START;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    fn publish(&self, event: PaneEvent) {
+        // No receiver is fine: nobody is listening yet.
+        let _ = self.events.send(event);
+    }
+
+    fn publish_gone(&mut self) {
+        let terminal = self.last.take().map(|(t, _)| t);
+        self.publish(PaneEvent::Gone {
+            pane: self.pane.clone(),
+            terminal,
+        });
+    }
+
+    /// Publishes `status` for `terminal` unless it repeats the last one; a new terminal first
+    /// retires the old incarnation.
+    fn observe(&mut self, terminal: TerminalId, status: AgentStatus) {
+        if let Some((old, old_status)) = &self.last {
+            if *old == terminal && *old_status == status {
+                return;
+            }
+            if *old != terminal {
+                self.publish(PaneEvent::Gone {
+                    pane: self.pane.clone(),
+                    terminal: Some(old.clone()),
+                });
+            }
+        }
+        self.last = Some((terminal.clone(), status));
+        self.publish(PaneEvent::StatusChanged {
+            pane: self.pane.clone(),
+            terminal,
+            status,
+        });
+    }
+
+    /// One subscription: subscribe, read the ack, take a snapshot, then follow events until the
+    /// connection ends. Subscribing before the snapshot means no change between the two is lost;
+    /// events older than the snapshot are dropped by `observe`'s de-duplication.
+    async fn session(&mut self) -> (bool, SessionEnd) {
+        let socket = self.herdr.socket().to_path_buf();
+        let mut reader = match self.subscribe(&socket).await {
+            Ok(reader) => reader,
+            Err(e) if e.is_not_found() => return (false, SessionEnd::Gone),
+            Err(e) => return (false, SessionEnd::Lost(e.to_string())),
+        };
+        let terminal = match self.herdr.pane_inner(&self.pane).await {
+            Ok(info) => {
+                self.observe(info.terminal.clone(), info.status);
+                info.terminal
+            }
+            Err(e) if e.is_not_found() => return (true, SessionEnd::Gone),
+            Err(e) => return (true, SessionEnd::Lost(e.to_string())),
+        };
+        (true, self.follow(&mut reader, &terminal).await)
+    }
+
+    /// Reads pushed events until the connection ends or the pane is gone.
+    async fn follow(
+        &mut self,
+        reader: &mut BufReader<UnixStream>,
+        terminal: &TerminalId,
+    ) -> SessionEnd {
+        loop {
+            let line = match wire::read_line_limited(reader, wire::MAX_LINE_BYTES).await {
+                Ok(Some(line)) => line,
+                Ok(None) => return SessionEnd::Lost("subscription closed".to_owned()),
+                Err(e) => return SessionEnd::Lost(e.to_string()),
+            };
+            let Ok(event) = serde_json::from_str::<WireEvent>(&line) else {
+                tracing::debug!(pane = %self.pane, "ignoring undecodable herdr event line");
+                continue;
+            };
+            let about_us =
+                event.data.get("pane_id").and_then(|v| v.as_str()) == Some(self.pane.as_str());
+            if !about_us {
+                // Lifecycle subscriptions replay herdr's ring buffer: other panes' history.
+                continue;
+            }
+            match event.event.as_str() {
+                "pane.agent_status_changed" => {
+                    let status = event
+                        .data
+                        .get("agent_status")
+                        .and_then(|v| v.as_str())
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(AgentStatus::Unknown);
+                    self.observe(terminal.clone(), status);
+                }
+                // herdr never reuses a pane id within a server's lifetime and its ring buffer does
+                // not survive a restart, so an exit or close for this id ends this incarnation.
+                "pane_exited" | "pane_closed" => return SessionEnd::Gone,
+                _ => {}
+            }
+        }
+    }
+
+    async fn subscribe(&self, socket: &std::path::Path) -> Result<BufReader<UnixStream>, MuxError> {
+        let op = "events.subscribe";
+        let setup = async {
+            let mut stream = UnixStream::connect(socket)
+                .await
+                .map_err(|e| MuxError::transient(op, format!("connect: {e}")))?;
+            let params = json!({ "subscriptions": [
+                { "type": "pane.agent_status_changed", "pane_id": self.pane.as_str() },
+                { "type": "pane.exited" },
+                { "type": "pane.closed" },
+            ]});
+            let mut line = wire::request_line(op, &params);
+            line.push('\n');
+            stream
+                .write_all(line.as_bytes())
+                .await
+                .map_err(|e| MuxError::transient(op, format!("write: {e}")))?;
+            // From here on the socket is only read. It is kept whole (not split) so our write side
+            // is never shut down: herdr treats any inbound byte or EOF on a subscription as the
+            // client going away.
+            let mut reader = BufReader::new(stream);
+            let ack = wire::read_line_limited(&mut reader, wire::MAX_LINE_BYTES)
+                .await
+                .map_err(|e| MuxError::transient(op, format!("read: {e}")))?
+                .ok_or_else(|| MuxError::transient(op, "closed before the ack"))?;
+            match wire::parse_response(&ack).map_err(|e| MuxError::transient(op, e))? {
+                Ok(result) => wire::check_type(op, &result, &["subscription_started"])?,
+                Err(body) => return Err(body.into_mux_error(op, &format!("pane {}", self.pane))),
+            }
+            Ok(reader)
+        };
+        tokio::time::timeout(self.herdr.inner.config.call_timeout, setup)
+            .await
+            .map_err(|_| MuxError::transient(op, "no ack in time"))?
+    }
+}

@@ -1,0 +1,380 @@
+//! herdr's wire format (protocol 20): request framing, result and event shapes, error-code
+//! classification, and the one-request-per-connection call. The only place that knows herdr's
+//! JSON; it must not decide policy (what to retry, what "gone" means for a binding).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+use crate::mux::MuxError;
+
+/// The socket protocol this client speaks.
+pub const PROTOCOL: u32 = 20;
+
+/// Largest response line accepted. `pane.list` for hundreds of panes is ~100 KiB; `pane.read`
+/// is bounded by the lines asked for. 16 MiB leaves room without letting a broken server exhaust
+/// memory.
+pub(crate) const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Every method this client sends, with the result `type` tags it accepts. The contract test
+/// checks each against herdr's published JSON Schema.
+pub const METHODS_USED: &[(&str, &[&str])] = &[
+    ("ping", &["pong"]),
+    ("pane.list", &["pane_list"]),
+    ("pane.get", &["pane_info"]),
+    ("pane.process_info", &["pane_process_info"]),
+    ("tab.list", &["tab_list"]),
+    ("workspace.list", &["workspace_list"]),
+    ("workspace.create", &["workspace_created"]),
+    ("tab.create", &["tab_created"]),
+    ("layout.apply", &["layout_apply"]),
+    ("pane.split", &["pane_info"]),
+    ("pane.send_input", &["ok"]),
+    ("agent.prompt", &["agent_prompted"]),
+    ("agent.send_keys", &["ok"]),
+    ("pane.read", &["pane_read"]),
+    ("pane.close", &["ok"]),
+    ("events.subscribe", &["subscription_started"]),
+];
+
+/// Subscription types this client asks for, and the event names it reads.
+pub const SUBSCRIPTIONS_USED: &[&str] =
+    &["pane.agent_status_changed", "pane.exited", "pane.closed"];
+
+/// Event names (`event` field of a pushed line) this client understands.
+pub const EVENTS_USED: &[&str] = &["pane.agent_status_changed", "pane_exited", "pane_closed"];
+
+/// herdr error codes that affirm the thing is gone.
+const NOT_FOUND_CODES: &[&str] = &[
+    "pane_not_found",
+    "agent_not_found",
+    "agent_not_running",
+    "agent_pane_not_found",
+    "target_pane_not_found",
+    "tab_not_found",
+    "workspace_not_found",
+];
+
+/// herdr error codes that say "try again later".
+const TRANSIENT_CODES: &[&str] = &["timeout", "server_unavailable", "internal_error"];
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// An error reply from herdr, before classification.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct ErrorBody {
+    pub(crate) code: String,
+    pub(crate) message: String,
+}
+
+impl ErrorBody {
+    /// Maps herdr's code onto fleetd's not-found / transient / rejected split.
+    pub(crate) fn into_mux_error(self, op: &str, what: &str) -> MuxError {
+        let code = self.code;
+        if NOT_FOUND_CODES.contains(&code.as_str()) {
+            MuxError::NotFound {
+                what: what.to_owned(),
+                code,
+                message: self.message,
+            }
+        } else if TRANSIENT_CODES.contains(&code.as_str()) {
+            MuxError::Transient {
+                op: op.to_owned(),
+                reason: format!("{code}: {}", self.message),
+            }
+        } else {
+            MuxError::Rejected {
+                op: op.to_owned(),
+                code,
+                message: self.message,
+            }
+        }
+    }
+}
+
+/// A call's outcome before classification: a result object or herdr's error body.
+pub(crate) type RawOutcome = Result<Value, ErrorBody>;
+
+/// Builds a request line (without the newline). `params` is always present, as herdr requires.
+pub(crate) fn request_line(method: &str, params: &Value) -> String {
+    let id = format!("fleetd-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed));
+    json!({ "id": id, "method": method, "params": params }).to_string()
+}
+
+/// Reads one `\n`-terminated line of at most `max` bytes. `Ok(None)` on a clean EOF before any
+/// byte.
+pub(crate) async fn read_line_limited<R: AsyncBufRead + Unpin>(
+    reader: &mut R,
+    max: usize,
+) -> std::io::Result<Option<String>> {
+    let mut buf = Vec::new();
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            if buf.is_empty() {
+                return Ok(None);
+            }
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed mid-line",
+            ));
+        }
+        let (chunk, done) = match available.iter().position(|&b| b == b'\n') {
+            Some(pos) => (&available[..pos], Some(pos + 1)),
+            None => (available, None),
+        };
+        if buf.len() + chunk.len() > max {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("line longer than {max} bytes"),
+            ));
+        }
+        buf.extend_from_slice(chunk);
+        let consumed = done.unwrap_or(chunk.len());
+        reader.consume(consumed);
+        if done.is_some() {
+            return String::from_utf8(buf)
+                .map(Some)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e));
+        }
+    }
+}
+
+/// Parses a response line into a result object or herdr's error body.
+pub(crate) fn parse_response(line: &str) -> Result<RawOutcome, String> {
+    #[derive(Deserialize)]
+    struct Envelope {
+        result: Option<Value>,
+        error: Option<ErrorBody>,
+    }
+    let envelope: Envelope =
+        serde_json::from_str(line).map_err(|e| format!("undecodable response: {e}"))?;
+    match (envelope.result, envelope.error) {
+        (Some(result), None) => Ok(Ok(result)),
+        (None, Some(error)) => Ok(Err(error)),
+        _ => Err("response has neither exactly one of result and error".to_owned()),
+    }
+}
+
+/// Checks `result.type` is one of `accepted`.
+pub(crate) fn check_type(op: &str, result: &Value, accepted: &[&str]) -> Result<(), MuxError> {
+    let tag = result.get("type").and_then(Value::as_str).unwrap_or("");
+    if accepted.contains(&tag) {
+        Ok(())
+    } else {
+        Err(MuxError::transient(
+            op,
+            format!("unexpected result type {tag:?} (expected {accepted:?})"),
+        ))
+    }
+}
+
+/// Decodes a field of a result object.
+pub(crate) fn field<T: serde::de::DeserializeOwned>(
+    op: &str,
+    result: &Value,
+    name: &str,
+) -> Result<T, MuxError> {
+    let value = result.get(name).cloned().unwrap_or(Value::Null);
+    serde_json::from_value(value)
+        .map_err(|e| MuxError::transient(op, format!("undecodable field {name}: {e}")))
+}
+
+/// One request on a fresh connection: connect, write one line, read one line, close. The whole
+/// exchange is bounded by `timeout`; any I/O or decode failure is transient.
+pub(crate) async fn call(
+    socket: &Path,
+    method: &str,
+    params: Value,
+    timeout: Duration,
+) -> Result<RawOutcome, MuxError> {
+    let exchange = async {
+        let stream = UnixStream::connect(socket)
+            .await
+            .map_err(|e| format!("connect {}: {e}", socket.display()))?;
+        let (read, mut write) = stream.into_split();
+        let mut line = request_line(method, &params);
+        line.push('\n');
+        write
+            .write_all(line.as_bytes())
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let mut reader = BufReader::new(read);
+        let response = read_line_limited(&mut reader, MAX_LINE_BYTES)
+            .await
+            .map_err(|e| format!("read: {e}"))?
+            .ok_or_else(|| "connection closed before a response".to_owned())?;
+        parse_response(&response)
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(Ok(outcome)) => Ok(outcome),
+        Ok(Err(reason)) => Err(MuxError::transient(method, reason)),
+        Err(_) => Err(MuxError::transient(
+            method,
+            format!("no response within {} ms", timeout.as_millis()),
+        )),
+    }
+}
+
+/// `PaneInfo` as herdr sends it (fields fleetd reads; unknown fields are ignored).
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct WirePane {
+    pub(crate) pane_id: String,
+    pub(crate) terminal_id: String,
+    pub(crate) workspace_id: String,
+    pub(crate) tab_id: String,
+    #[serde(default)]
+    pub(crate) label: Option<String>,
+    #[serde(default)]
+    pub(crate) agent: Option<String>,
+    #[serde(default)]
+    pub(crate) title: Option<String>,
+    #[serde(default)]
+    pub(crate) terminal_title: Option<String>,
+    pub(crate) agent_status: String,
+}
+
+/// `TabInfo` as herdr sends it.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct WireTab {
+    pub(crate) tab_id: String,
+    pub(crate) workspace_id: String,
+    #[serde(default)]
+    pub(crate) label: String,
+    #[serde(default)]
+    pub(crate) pane_count: usize,
+}
+
+/// `WorkspaceInfo` as herdr sends it.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct WireWorkspace {
+    pub(crate) workspace_id: String,
+    #[serde(default)]
+    pub(crate) label: String,
+}
+
+/// `PaneProcessInfo` as herdr sends it.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct WireProcessInfo {
+    pub(crate) pane_id: String,
+    #[serde(default)]
+    pub(crate) shell_pid: Option<u32>,
+    #[serde(default)]
+    pub(crate) foreground_processes: Vec<WireProcess>,
+}
+
+/// One foreground process in `PaneProcessInfo`.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct WireProcess {
+    pub(crate) pid: u32,
+}
+
+/// `PaneReadResult` as herdr sends it.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct WireRead {
+    pub(crate) text: String,
+}
+
+/// A pushed subscription line: `{"event": ..., "data": {...}}`.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct WireEvent {
+    pub(crate) event: String,
+    #[serde(default)]
+    pub(crate) data: Value,
+}
+
+/// `layout.apply`'s layout root, enough to find the new pane's id.
+pub(crate) fn first_layout_pane_id(layout: &Value) -> Option<String> {
+    let mut node = layout.get("root")?;
+    loop {
+        match node.get("type").and_then(Value::as_str)? {
+            "pane" => return node.get("pane_id")?.as_str().map(str::to_owned),
+            "split" => node = node.get("first")?,
+            _ => return None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes_classify_not_found_transient_and_rejected() {
+        let body = |code: &str| ErrorBody {
+            code: code.to_owned(),
+            message: "m".to_owned(),
+        };
+        assert!(
+            body("pane_not_found")
+                .into_mux_error("pane.get", "pane w1:p1")
+                .is_not_found()
+        );
+        assert!(
+            body("agent_not_found")
+                .into_mux_error("agent.prompt", "agent")
+                .is_not_found()
+        );
+        assert!(
+            body("timeout")
+                .into_mux_error("agent.prompt", "x")
+                .is_transient()
+        );
+        assert!(
+            body("server_unavailable")
+                .into_mux_error("pane.get", "x")
+                .is_transient()
+        );
+        let rejected = body("agent_not_ready").into_mux_error("agent.prompt", "x");
+        assert!(!rejected.is_not_found() && !rejected.is_transient());
+    }
+
+    #[test]
+    fn responses_parse_and_requests_always_carry_params() {
+        let line = request_line("ping", &json!({}));
+        let v: Value = serde_json::from_str(&line).expect("json");
+        assert_eq!(v["method"], "ping");
+        assert!(v["params"].is_object());
+        assert!(v["id"].as_str().is_some_and(|id| id.starts_with("fleetd-")));
+
+        let ok = parse_response(
+            r#"{"id":"1","result":{"type":"pong","version":"0.8.0","protocol":20}}"#,
+        );
+        assert!(matches!(ok, Ok(Ok(_))));
+        let err = parse_response(r#"{"id":"","error":{"code":"invalid_request","message":"x"}}"#);
+        assert!(matches!(err, Ok(Err(ErrorBody { .. }))));
+        assert!(parse_response("not json").is_err());
+        assert!(parse_response(r#"{"id":"1"}"#).is_err());
+    }
+
+    #[tokio::test]
+    async fn line_reader_enforces_its_limit() {
+        let mut input: &[u8] = b"hello\nworld";
+        let mut reader = BufReader::new(&mut input);
+        assert_eq!(
+            read_line_limited(&mut reader, 100)
+                .await
+                .expect("line")
+                .as_deref(),
+            Some("hello")
+        );
+        assert!(
+            read_line_limited(&mut reader, 100).await.is_err(),
+            "EOF mid-line"
+        );
+        let mut long: &[u8] = b"0123456789\n";
+        let mut reader = BufReader::new(&mut long);
+        assert!(read_line_limited(&mut reader, 5).await.is_err());
+    }
+
+    #[test]
+    fn layout_pane_id_is_found_in_nested_roots() {
+        let layout = json!({"root": {"type": "split", "first": {"type": "pane", "pane_id": "w1:p4"}, "second": {"type": "pane"}}});
+        assert_eq!(first_layout_pane_id(&layout).as_deref(), Some("w1:p4"));
+    }
+}

@@ -1,0 +1,1 @@
+//! The tmux backend (placeholder while it is written).
