@@ -291,3 +291,4 @@ pub mod daemon {
 }
 pub mod fake_herdr;
 pub mod sim_agent;
+pub mod tmux;

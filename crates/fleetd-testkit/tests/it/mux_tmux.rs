@@ -1,1 +1,279 @@
-//! Integration tests: mux_tmux.
+//! Integration tests: the tmux backend against real tmux on private `-S` sockets in tempdirs
+//! (never the user's server): member env read back from `/proc`, literal text delivery, derived
+//! status, not-found versus transient errors.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use fleetd::mux::tmux::{Tmux, TmuxConfig, TmuxSocket};
+use fleetd::mux::{Multiplexer, OpenPane, PaneEvent, Placement, SplitDirection, SubmitPath};
+use fleetd_core::{AgentStatus, PaneId};
+use fleetd_testkit::tmux::TmuxServer;
+use fleetd_testkit::{Service, bin_path, require_tmux};
+use tokio::sync::broadcast;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn backend(server: &TmuxServer) -> Tmux {
+    Tmux::new(TmuxConfig::new(TmuxSocket::Path(
+        server.socket().to_owned(),
+    )))
+}
+
+fn open(workspace: &str, env: &[(&str, &str)], command: Vec<String>) -> OpenPane {
+    OpenPane {
+        placement: Placement::NewTab {
+            workspace: workspace.to_owned(),
+        },
+        label: Some("member".to_owned()),
+        cwd: None,
+        env: env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<BTreeMap<_, _>>(),
+        command,
+    }
+}
+
+fn sim_agent(args: &[&str]) -> Vec<String> {
+    let mut argv = vec![bin_path("sim-agent").display().to_string()];
+    argv.extend(args.iter().map(|a| (*a).to_owned()));
+    argv
+}
+
+fn environ(pid: u32) -> std::collections::HashMap<String, String> {
+    procfs::process::Process::new(i32::try_from(pid).expect("pid fits"))
+        .and_then(|p| p.environ())
+        .expect("environ readable")
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect()
+}
+
+async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    for _ in 0..300 {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+async fn next_status(rx: &mut broadcast::Receiver<PaneEvent>, pane: &PaneId, want: AgentStatus) {
+    let wait = async {
+        loop {
+            match rx.recv().await {
+                Ok(PaneEvent::StatusChanged {
+                    pane: p, status, ..
+                }) if p == *pane && status == want => return,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("closed"),
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, wait)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {pane} to be {want}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_env_reaches_the_process_and_fleetd_env_does_not() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    // No server yet: fleetd's backend starts it, with its cleaned environment.
+    let server = TmuxServer::unstarted().expect("tempdir");
+    let tmux = backend(&server);
+    let pane = tmux
+        .open_pane(open(
+            "fleet",
+            &[("FLEET_TEST_TOKEN", "s3cr3t"), ("ANOTHER", "a b'c")],
+            sim_agent(&["--script", "silent"]),
+        ))
+        .await
+        .expect("open member");
+    let info = tmux.process_info(&pane.pane).await.expect("process info");
+    let env = environ(info.shell_pid.expect("pid"));
+    assert_eq!(
+        env.get("FLEET_TEST_TOKEN").map(String::as_str),
+        Some("s3cr3t")
+    );
+    assert_eq!(env.get("ANOTHER").map(String::as_str), Some("a b'c"));
+    assert!(
+        !env.contains_key("CARGO_PKG_NAME"),
+        "the test's own environment leaked into the pane"
+    );
+    assert_eq!(pane.workspace.as_str(), "fleet");
+
+    let second = tmux
+        .open_pane(open("fleet", &[], sim_agent(&["--script", "silent"])))
+        .await
+        .expect("second");
+    assert_eq!(second.workspace, pane.workspace);
+    assert_ne!(second.tab, pane.tab);
+    let split = tmux
+        .open_pane(OpenPane {
+            placement: Placement::Split {
+                of: second.pane.clone(),
+                direction: SplitDirection::Down,
+            },
+            label: None,
+            cwd: None,
+            env: BTreeMap::from([("SPLIT".to_owned(), "1".to_owned())]),
+            command: sim_agent(&["--script", "silent"]),
+        })
+        .await
+        .expect("split");
+    assert_eq!(split.tab, second.tab);
+    let panes = tmux.list_panes().await.expect("list");
+    for p in [&pane.pane, &second.pane, &split.pane] {
+        assert!(
+            panes.iter().any(|i| i.pane == *p),
+            "{p} missing from {panes:?}"
+        );
+    }
+    let tabs = tmux.list_tabs().await.expect("tabs");
+    assert_eq!(
+        tabs.iter()
+            .find(|t| t.tab == second.tab)
+            .map(|t| t.pane_count),
+        Some(2)
+    );
+    assert!(
+        tmux.ping()
+            .await
+            .expect("ping")
+            .version
+            .starts_with("tmux ")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_keys_deliver_quotes_unicode_and_newlines_literally() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let server = TmuxServer::start().expect("tmux");
+    let tmux = backend(&server);
+    let record = server.dir().join("received.bin");
+    let script = format!("stty raw -echo; exec cat > '{}'", record.display());
+    let pane = tmux
+        .open_pane(open("fleet", &[], vec!["sh".into(), "-c".into(), script]))
+        .await
+        .expect("open recorder");
+    // Wait until the recorder is in raw mode (its file exists once cat runs).
+    eventually("the recorder to start", async || {
+        record.exists().then_some(())
+    })
+    .await;
+    let text = "it's \"quoted\" $HOME `id` \\ -n ünïcödé ✓ 日本\n";
+    let submitted = tmux.submit(&pane.pane, text).await.expect("submit");
+    assert_eq!(submitted.path, SubmitPath::TmuxKeys);
+    let expected = format!("{text}\r");
+    let got = eventually("the text to arrive", async || {
+        let bytes = std::fs::read(&record).ok()?;
+        (bytes.len() >= expected.len()).then_some(bytes)
+    })
+    .await;
+    assert_eq!(String::from_utf8_lossy(&got), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_follows_the_title_spinner_and_closing_reports_gone() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let server = TmuxServer::start().expect("tmux");
+    let tmux = backend(&server);
+    let mut events = tmux.events();
+    let pane = tmux
+        .open_pane(open(
+            "fleet",
+            &[],
+            sim_agent(&["--script", "silent", "--work-ms", "2500"]),
+        ))
+        .await
+        .expect("open");
+    eventually("sim-agent to start", async || {
+        tmux.read_tail(&pane.pane, 20)
+            .await
+            .ok()
+            .filter(|t| t.contains("sim-agent ready"))
+    })
+    .await;
+    tmux.watch(&pane.pane).await.expect("watch");
+    next_status(&mut events, &pane.pane, AgentStatus::Idle).await;
+    tmux.submit(&pane.pane, "work please")
+        .await
+        .expect("submit");
+    next_status(&mut events, &pane.pane, AgentStatus::Working).await;
+    next_status(&mut events, &pane.pane, AgentStatus::Idle).await;
+    let tail = tmux.read_tail(&pane.pane, 50).await.expect("tail");
+    assert!(
+        tail.contains("work please") && tail.contains("turn done"),
+        "{tail}"
+    );
+
+    tmux.close_pane(&pane.pane).await.expect("close");
+    let gone = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Ok(PaneEvent::Gone { pane: p, terminal }) = events.recv().await
+                && p == pane.pane
+            {
+                return terminal;
+            }
+        }
+    })
+    .await
+    .expect("gone event");
+    assert_eq!(gone, Some(pane.terminal.clone()));
+    assert!(
+        tmux.pane(&pane.pane)
+            .await
+            .expect_err("closed")
+            .is_not_found()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_panes_are_not_found_and_a_missing_server_is_transient() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let server = TmuxServer::start().expect("tmux");
+    let tmux = backend(&server);
+    let missing = PaneId::new("%999").expect("id");
+    assert!(
+        tmux.pane(&missing)
+            .await
+            .expect_err("missing")
+            .is_not_found()
+    );
+    assert!(
+        tmux.submit(&missing, "x")
+            .await
+            .expect_err("missing")
+            .is_not_found()
+    );
+    assert!(
+        tmux.close_pane(&missing)
+            .await
+            .expect_err("missing")
+            .is_not_found()
+    );
+
+    let nowhere = TmuxServer::unstarted().expect("tempdir");
+    let dead = backend(&nowhere);
+    for err in [
+        dead.list_panes().await.map(|_| ()).expect_err("no server"),
+        dead.ping().await.map(|_| ()).expect_err("no server"),
+    ] {
+        assert!(err.is_transient() && !err.is_not_found(), "{err}");
+    }
+}

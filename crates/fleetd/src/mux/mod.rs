@@ -307,3 +307,21 @@ pub trait Multiplexer: Send + Sync + fmt::Debug {
     /// A receiver of [`PaneEvent`]s for watched panes.
     fn events(&self) -> broadcast::Receiver<PaneEvent>;
 }
+
+/// POSIX single-quote quoting of an argv, for typing a command into a shell.
+pub(crate) fn shell_quote_argv(argv: &[String]) -> String {
+    argv.iter()
+        .map(|arg| {
+            let safe = !arg.is_empty()
+                && arg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-./=:,+@%".contains(&b));
+            if safe {
+                arg.clone()
+            } else {
+                format!("'{}'", arg.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}

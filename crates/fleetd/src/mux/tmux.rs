@@ -1,1 +1,671 @@
-//! The tmux backend (placeholder while it is written).
+//! The tmux backend: a `Multiplexer` over the `tmux` CLI on one server (`-L name` / `-S path`).
+//! The only module that runs `tmux`. Panes come from `list-panes -a -F`, members from `new-window`
+//! (or `new-session` / `split-window`) with `-e` env, text from `send-keys -l` plus a separate
+//! `Enter`, output from `capture-pane -p`.
+//!
+//! Status is derived, and weaker than herdr's: tmux knows nothing about agents. A braille spinner
+//! (U+2800–U+28FF) leading the pane title, as Claude Code sets it, means `working`; a pane whose
+//! foreground command is a shell has no agent (`unknown`); an approval UI in the bottom screen lines
+//! means `blocked`; anything else is `idle`. There is no `done`, no state-change sequence, and no push:
+//! watches poll. Server-level failures ("no server running", a bad socket) are transient; only
+//! tmux's "can't find pane/window/session" is an affirmative not-found.
+//!
+//! tmux runs with a cleared environment (a short allowlist such as `PATH` and `HOME`): a tmux
+//! server started by fleetd must not inherit fleetd's secrets into every pane.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fleetd_core::{AgentStatus, PaneId, TabId, TerminalId, WorkspaceId};
+use tokio::sync::broadcast;
+use tokio::task::AbortHandle;
+
+use crate::mux::{
+    BackendKind, Multiplexer, MuxError, MuxFuture, OpenPane, PaneEvent, PaneInfo, Placement,
+    ProcessInfo, ServerInfo, SplitDirection, SubmitPath, Submitted, TabInfo, shell_quote_argv,
+};
+
+/// Field separator in `-F` formats (a control character no id or name contains).
+const SEP: char = '\u{1f}';
+/// Pane fields, in order; the title goes last because it may contain anything.
+const PANE_FORMAT: &str = "#{pane_id}\u{1f}#{pane_pid}\u{1f}#{session_name}\u{1f}#{window_index}\u{1f}#{window_name}\u{1f}#{pane_current_command}\u{1f}#{pane_title}";
+/// Environment variables passed to `tmux`; everything else is cleared.
+const ENV_ALLOWLIST: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TMPDIR",
+    "TMUX_TMPDIR",
+    "XDG_RUNTIME_DIR",
+];
+/// Foreground commands that mean "no agent here".
+const SHELLS: &[&str] = &[
+    "sh", "bash", "dash", "zsh", "fish", "ksh", "mksh", "csh", "tcsh", "nu", "elvish", "xonsh",
+];
+
+/// Which tmux server to drive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TmuxSocket {
+    /// The user's default server.
+    Default,
+    /// `-L name`.
+    Name(String),
+    /// `-S path`.
+    Path(PathBuf),
+}
+
+/// How to drive tmux.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TmuxConfig {
+    /// The server.
+    pub socket: TmuxSocket,
+    /// Bound on one `tmux` invocation.
+    pub call_timeout: Duration,
+    /// How often a watched pane is polled.
+    pub poll_interval: Duration,
+}
+
+impl TmuxConfig {
+    /// Defaults for `socket`.
+    pub fn new(socket: TmuxSocket) -> Self {
+        Self {
+            socket,
+            call_timeout: Duration::from_secs(5),
+            poll_interval: Duration::from_millis(400),
+        }
+    }
+}
+
+/// The tmux backend. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Tmux {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: TmuxConfig,
+    watches: Mutex<HashMap<PaneId, AbortHandle>>,
+    events: broadcast::Sender<PaneEvent>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let watches = self
+            .watches
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for task in watches.values() {
+            task.abort();
+        }
+    }
+}
+
+/// A parsed `PANE_FORMAT` line.
+struct RawPane {
+    pane: String,
+    pid: u32,
+    session: String,
+    window: String,
+    window_name: String,
+    command: String,
+    title: String,
+}
+
+/// Replaces characters fleetd's ids refuse (whitespace, controls) so every pane has an id.
+fn id_text(text: &str) -> String {
+    let cleaned: String = text
+        .chars()
+        .map(|c| {
+            if c.is_whitespace() || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect();
+    if cleaned.is_empty() {
+        "_".to_owned()
+    } else {
+        cleaned
+    }
+}
+
+/// Status from what tmux knows: title, foreground command and (optionally) the screen.
+pub fn derive_status(
+    title: &str,
+    command: &str,
+    screen: Option<&str>,
+) -> (Option<String>, AgentStatus) {
+    let spinner = title
+        .chars()
+        .next()
+        .is_some_and(|c| ('\u{2800}'..='\u{28FF}').contains(&c));
+    let is_shell = SHELLS.contains(&command);
+    let agent = (!is_shell && !command.is_empty()).then(|| command.to_owned());
+    if spinner {
+        return (agent, AgentStatus::Working);
+    }
+    if agent.is_none() {
+        return (None, AgentStatus::Unknown);
+    }
+    let blocked = screen.is_some_and(|s| {
+        let bottom: Vec<String> = s
+            .lines()
+            .rev()
+            .filter(|l| !l.trim().is_empty())
+            .take(5)
+            .map(str::to_lowercase)
+            .collect();
+        let has = |n: &str| bottom.iter().any(|l| l.contains(n));
+        (has("esc to cancel") && (has("enter to confirm") || has("enter to select")))
+            || has("do you want to proceed?")
+    });
+    (
+        agent,
+        if blocked {
+            AgentStatus::Blocked
+        } else {
+            AgentStatus::Idle
+        },
+    )
+}
+
+impl Tmux {
+    /// A backend for `config`; does no I/O.
+    pub fn new(config: TmuxConfig) -> Self {
+        let (events, _) = broadcast::channel(crate::mux::PANE_EVENT_CAPACITY);
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                watches: Mutex::new(HashMap::new()),
+                events,
+            }),
+        }
+    }
+
+    /// Runs `tmux <socket args> <args>` and returns stdout; `what` names the looked-up object for
+    /// not-found errors.
+    async fn run(&self, args: &[String], what: &str) -> Result<String, MuxError> {
+        let op = format!("tmux {}", args.first().map_or("", String::as_str));
+        let mut cmd = tokio::process::Command::new("tmux");
+        cmd.env_clear();
+        for key in ENV_ALLOWLIST {
+            if let Some(value) = std::env::var_os(key) {
+                cmd.env(key, value);
+            }
+        }
+        match &self.inner.config.socket {
+            TmuxSocket::Default => {}
+            TmuxSocket::Name(name) => {
+                cmd.arg("-L").arg(name);
+            }
+            TmuxSocket::Path(path) => {
+                cmd.arg("-S").arg(path);
+            }
+        }
+        cmd.args(args)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let output = tokio::time::timeout(self.inner.config.call_timeout, cmd.output())
+            .await
+            .map_err(|_| MuxError::transient(&op, "tmux did not answer in time"))?
+            .map_err(|e| MuxError::transient(&op, format!("cannot run tmux: {e}")))?;
+        if output.status.success() {
+            return String::from_utf8(output.stdout)
+                .map_err(|e| MuxError::transient(&op, format!("non-UTF-8 output: {e}")));
+        }
+        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+        if stderr.contains("can't find pane")
+            || stderr.contains("can't find window")
+            || stderr.contains("can't find session")
+        {
+            return Err(MuxError::NotFound {
+                what: what.to_owned(),
+                code: "tmux_not_found".to_owned(),
+                message: stderr,
+            });
+        }
+        Err(MuxError::transient(
+            &op,
+            format!("{}: {stderr}", output.status),
+        ))
+    }
+
+    fn parse_pane_line(line: &str) -> Option<RawPane> {
+        let mut f = line.splitn(7, SEP);
+        Some(RawPane {
+            pane: f.next()?.to_owned(),
+            pid: f.next()?.parse().ok()?,
+            session: f.next()?.to_owned(),
+            window: f.next()?.to_owned(),
+            window_name: f.next()?.to_owned(),
+            command: f.next()?.to_owned(),
+            title: f.next().unwrap_or("").to_owned(),
+        })
+    }
+
+    fn convert(raw: &RawPane, screen: Option<&str>) -> Result<PaneInfo, MuxError> {
+        let bad = |e: fleetd_core::PaneIdError| MuxError::transient("tmux list-panes", e);
+        let (agent, status) = derive_status(&raw.title, &raw.command, screen);
+        let session = id_text(&raw.session);
+        Ok(PaneInfo {
+            pane: PaneId::new(raw.pane.clone()).map_err(bad)?,
+            terminal: TerminalId::new(format!("{}@{}", raw.pane, raw.pid)).map_err(bad)?,
+            tab: TabId::new(format!("{session}:{}", raw.window)).map_err(bad)?,
+            workspace: WorkspaceId::new(session).map_err(bad)?,
+            label: Some(raw.window_name.clone()),
+            title: Some(raw.title.clone()),
+            agent,
+            status,
+        })
+    }
+
+    async fn list_panes_inner(&self) -> Result<Vec<PaneInfo>, MuxError> {
+        let out = self
+            .run(
+                &[
+                    "list-panes".into(),
+                    "-a".into(),
+                    "-F".into(),
+                    PANE_FORMAT.into(),
+                ],
+                "panes",
+            )
+            .await?;
+        out.lines()
+            .filter_map(Self::parse_pane_line)
+            .map(|raw| Self::convert(&raw, None))
+            .collect()
+    }
+
+    async fn raw_pane(&self, pane: &PaneId) -> Result<RawPane, MuxError> {
+        let what = format!("pane {pane}");
+        // A filter, not `-t`: tmux answers an unknown `-t` target in surprising ways (an empty
+        // line with success, or the current pane), whereas an empty filtered list from a live
+        // server is an affirmative "no such pane".
+        let filter = format!("#{{==:#{{pane_id}},{pane}}}");
+        let out = self
+            .run(
+                &[
+                    "list-panes".into(),
+                    "-a".into(),
+                    "-f".into(),
+                    filter,
+                    "-F".into(),
+                    PANE_FORMAT.into(),
+                ],
+                &what,
+            )
+            .await?;
+        out.lines()
+            .filter_map(Self::parse_pane_line)
+            .find(|raw| raw.pane == pane.as_str())
+            .ok_or_else(|| MuxError::NotFound {
+                what,
+                code: "tmux_not_found".to_owned(),
+                message: format!("tmux lists no pane {pane}"),
+            })
+    }
+
+    async fn pane_inner(&self, pane: &PaneId) -> Result<PaneInfo, MuxError> {
+        let raw = self.raw_pane(pane).await?;
+        let screen = if SHELLS.contains(&raw.command.as_str()) {
+            None
+        } else {
+            Some(self.read_tail_inner(pane, 40).await?)
+        };
+        Self::convert(&raw, screen.as_deref())
+    }
+
+    async fn list_tabs_inner(&self) -> Result<Vec<TabInfo>, MuxError> {
+        let format =
+            "#{session_name}\u{1f}#{window_index}\u{1f}#{window_panes}\u{1f}#{window_name}";
+        let out = self
+            .run(
+                &[
+                    "list-windows".into(),
+                    "-a".into(),
+                    "-F".into(),
+                    format.into(),
+                ],
+                "tabs",
+            )
+            .await?;
+        let bad = |e: fleetd_core::PaneIdError| MuxError::transient("tmux list-windows", e);
+        out.lines()
+            .filter_map(|line| {
+                let mut f = line.splitn(4, SEP);
+                Some((f.next()?, f.next()?, f.next()?, f.next().unwrap_or("")))
+            })
+            .map(|(session, window, panes, name)| {
+                let session = id_text(session);
+                Ok(TabInfo {
+                    tab: TabId::new(format!("{session}:{window}")).map_err(bad)?,
+                    workspace: WorkspaceId::new(session).map_err(bad)?,
+                    label: name.to_owned(),
+                    pane_count: panes.parse().unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+
+    async fn open_pane_inner(&self, req: OpenPane) -> Result<PaneInfo, MuxError> {
+        let mut args: Vec<String> = Vec::new();
+        let placement_args = |args: &mut Vec<String>| {
+            for (k, v) in &req.env {
+                args.push("-e".into());
+                args.push(format!("{k}={v}"));
+            }
+            if let Some(cwd) = &req.cwd {
+                args.push("-c".into());
+                args.push(cwd.display().to_string());
+            }
+            args.extend(["-P".into(), "-F".into(), "#{pane_id}".into()]);
+            if !req.command.is_empty() {
+                // One shell-quoted `exec` line: the command becomes the pane's process (its pid is
+                // `#{pane_pid}`) and no argument is re-split.
+                args.push(format!("exec {}", shell_quote_argv(&req.command)));
+            }
+        };
+        match &req.placement {
+            Placement::NewTab { workspace } => {
+                let exists = self
+                    .run(
+                        &["has-session".into(), "-t".into(), format!("={workspace}")],
+                        "session",
+                    )
+                    .await;
+                let no_server = |e: &MuxError| {
+                    e.is_transient()
+                        && (e.to_string().contains("no server running")
+                            || e.to_string().contains("error connecting to"))
+                };
+                match exists {
+                    Ok(_) => {
+                        args.extend([
+                            "new-window".into(),
+                            "-d".into(),
+                            "-t".into(),
+                            format!("={workspace}:"),
+                        ]);
+                    }
+                    // No such session, or no server yet: new-session creates (and starts) it.
+                    Err(e) if e.is_not_found() || no_server(&e) => {
+                        args.extend([
+                            "new-session".into(),
+                            "-d".into(),
+                            "-s".into(),
+                            workspace.clone(),
+                        ]);
+                    }
+                    Err(e) => return Err(e),
+                }
+                if let Some(label) = &req.label {
+                    args.extend(["-n".into(), label.clone()]);
+                }
+            }
+            Placement::Split { of, direction } => {
+                let flag = match direction {
+                    SplitDirection::Right => "-h",
+                    SplitDirection::Down => "-v",
+                };
+                args.extend([
+                    "split-window".into(),
+                    "-d".into(),
+                    flag.into(),
+                    "-t".into(),
+                    of.to_string(),
+                ]);
+            }
+        }
+        placement_args(&mut args);
+        let out = self.run(&args, "session").await?;
+        let pane =
+            PaneId::new(out.trim()).map_err(|e| MuxError::transient("tmux new-window", e))?;
+        self.pane_inner(&pane).await
+    }
+
+    async fn submit_inner(&self, pane: &PaneId, text: &str) -> Result<Submitted, MuxError> {
+        let what = format!("pane {pane}");
+        let target = pane.to_string();
+        if !text.is_empty() {
+            self.run(
+                &[
+                    "send-keys".into(),
+                    "-t".into(),
+                    target.clone(),
+                    "-l".into(),
+                    "--".into(),
+                    text.to_owned(),
+                ],
+                &what,
+            )
+            .await?;
+        }
+        // A separate Enter: agent TUIs treat an Enter glued to pasted text as part of the paste.
+        self.run(
+            &["send-keys".into(), "-t".into(), target, "Enter".into()],
+            &what,
+        )
+        .await?;
+        Ok(Submitted {
+            path: SubmitPath::TmuxKeys,
+            started: None,
+            retried_enter: false,
+        })
+    }
+
+    async fn read_tail_inner(&self, pane: &PaneId, lines: u32) -> Result<String, MuxError> {
+        let out = self
+            .run(
+                &[
+                    "capture-pane".into(),
+                    "-p".into(),
+                    "-J".into(),
+                    "-t".into(),
+                    pane.to_string(),
+                    "-S".into(),
+                    format!("-{lines}"),
+                ],
+                &format!("pane {pane}"),
+            )
+            .await?;
+        let mut all: Vec<&str> = out.lines().map(str::trim_end).collect();
+        while all.last().is_some_and(|l| l.is_empty()) {
+            all.pop();
+        }
+        let keep = usize::try_from(lines).unwrap_or(usize::MAX).min(all.len());
+        Ok(all[all.len() - keep..].join("\n"))
+    }
+
+    async fn process_info_inner(&self, pane: &PaneId) -> Result<ProcessInfo, MuxError> {
+        let raw = self.raw_pane(pane).await?;
+        Ok(ProcessInfo {
+            pane: pane.clone(),
+            shell_pid: Some(raw.pid),
+            foreground_pids: Vec::new(),
+        })
+    }
+
+    fn start_watch(&self, pane: PaneId) {
+        let mut watches = self
+            .inner
+            .watches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if watches.get(&pane).is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let me = self.clone();
+        let key = pane.clone();
+        let task = tokio::spawn(async move { me.poll_loop(pane).await });
+        watches.insert(key, task.abort_handle());
+    }
+
+    async fn poll_loop(self, pane: PaneId) {
+        let mut last: Option<(TerminalId, AgentStatus)> = None;
+        let events = self.inner.events.clone();
+        loop {
+            match self.pane_inner(&pane).await {
+                Ok(info) => {
+                    let changed = last.as_ref() != Some(&(info.terminal.clone(), info.status));
+                    if changed {
+                        if let Some((old, _)) = last.as_ref().filter(|(t, _)| *t != info.terminal) {
+                            let _ = events.send(PaneEvent::Gone {
+                                pane: pane.clone(),
+                                terminal: Some(old.clone()),
+                            });
+                        }
+                        last = Some((info.terminal.clone(), info.status));
+                        let _ = events.send(PaneEvent::StatusChanged {
+                            pane: pane.clone(),
+                            terminal: info.terminal,
+                            status: info.status,
+                        });
+                    }
+                }
+                Err(e) if e.is_not_found() => {
+                    let _ = events.send(PaneEvent::Gone {
+                        pane: pane.clone(),
+                        terminal: last.map(|(t, _)| t),
+                    });
+                    return;
+                }
+                Err(e) => tracing::debug!(%pane, error = %e, "tmux status poll failed; will retry"),
+            }
+            tokio::time::sleep(self.inner.config.poll_interval).await;
+        }
+    }
+}
+
+impl Multiplexer for Tmux {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Tmux
+    }
+
+    fn ping(&self) -> MuxFuture<'_, ServerInfo> {
+        Box::pin(async move {
+            let out = self
+                .run(
+                    &["display-message".into(), "-p".into(), "#{version}".into()],
+                    "server",
+                )
+                .await?;
+            Ok(ServerInfo {
+                backend: BackendKind::Tmux,
+                version: format!("tmux {}", out.trim()),
+                protocol: None,
+            })
+        })
+    }
+
+    fn list_panes(&self) -> MuxFuture<'_, Vec<PaneInfo>> {
+        Box::pin(self.list_panes_inner())
+    }
+
+    fn list_tabs(&self) -> MuxFuture<'_, Vec<TabInfo>> {
+        Box::pin(self.list_tabs_inner())
+    }
+
+    fn pane<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, PaneInfo> {
+        Box::pin(self.pane_inner(pane))
+    }
+
+    fn process_info<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ProcessInfo> {
+        Box::pin(self.process_info_inner(pane))
+    }
+
+    fn open_pane(&self, req: OpenPane) -> MuxFuture<'_, PaneInfo> {
+        Box::pin(self.open_pane_inner(req))
+    }
+
+    fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted> {
+        Box::pin(self.submit_inner(pane, text))
+    }
+
+    fn read_tail<'a>(&'a self, pane: &'a PaneId, lines: u32) -> MuxFuture<'a, String> {
+        Box::pin(self.read_tail_inner(pane, lines))
+    }
+
+    fn close_pane<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
+        Box::pin(async move {
+            self.run(
+                &["kill-pane".into(), "-t".into(), pane.to_string()],
+                &format!("pane {pane}"),
+            )
+            .await
+            .map(|_| ())
+        })
+    }
+
+    fn watch<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
+        Box::pin(async move {
+            self.raw_pane(pane).await?;
+            self.start_watch(pane.clone());
+            Ok(())
+        })
+    }
+
+    fn unwatch(&self, pane: &PaneId) {
+        let task = self
+            .inner
+            .watches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(pane);
+        if let Some(task) = task {
+            task.abort();
+        }
+    }
+
+    fn events(&self) -> broadcast::Receiver<PaneEvent> {
+        self.inner.events.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_is_derived_from_title_command_and_screen() {
+        assert_eq!(
+            derive_status("⠙ working", "claude", None).1,
+            AgentStatus::Working
+        );
+        assert_eq!(
+            derive_status("host", "bash", None),
+            (None, AgentStatus::Unknown)
+        );
+        assert_eq!(
+            derive_status("claude", "node", Some("❯ ")).1,
+            AgentStatus::Idle
+        );
+        assert_eq!(
+            derive_status("claude", "node", Some("Do you want to proceed?\n❯ 1. Yes")).1,
+            AgentStatus::Blocked
+        );
+    }
+
+    #[test]
+    fn pane_lines_parse_with_titles_containing_anything() {
+        let line = "%3\u{1f}123\u{1f}my session\u{1f}2\u{1f}win\u{1f}sim-agent\u{1f}a \u{1f} title";
+        let raw = Tmux::parse_pane_line(line).expect("parses");
+        assert_eq!(
+            (raw.pane.as_str(), raw.pid, raw.title.as_str()),
+            ("%3", 123, "a \u{1f} title")
+        );
+        let info = Tmux::convert(&raw, None).expect("converts");
+        assert_eq!(info.tab.as_str(), "my_session:2");
+        assert_eq!(info.terminal.as_str(), "%3@123");
+    }
+}

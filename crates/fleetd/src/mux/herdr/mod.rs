@@ -14,7 +14,7 @@ use tokio::sync::broadcast;
 
 use crate::mux::{
     BackendKind, Multiplexer, MuxError, MuxFuture, OpenPane, PaneEvent, PaneInfo, Placement,
-    ProcessInfo, ServerInfo, SplitDirection, SubmitPath, Submitted, TabInfo,
+    ProcessInfo, ServerInfo, SplitDirection, SubmitPath, Submitted, TabInfo, shell_quote_argv,
 };
 
 mod watch;
@@ -443,24 +443,6 @@ fn env_json(env: &BTreeMap<String, String>) -> Value {
             .map(|(k, v)| (k.clone(), Value::String(v.clone())))
             .collect(),
     )
-}
-
-/// POSIX single-quote quoting of an argv, for typing a command into a shell.
-pub(crate) fn shell_quote_argv(argv: &[String]) -> String {
-    argv.iter()
-        .map(|arg| {
-            let safe = !arg.is_empty()
-                && arg
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"_-./=:,+@%".contains(&b));
-            if safe {
-                arg.clone()
-            } else {
-                format!("'{}'", arg.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// Converts herdr's pane into fleetd's; an id herdr sent that fleetd cannot parse is a decode

@@ -1,0 +1,76 @@
+//! A private tmux server for tests: a `-S` socket in its own tempdir, started with `-f /dev/null`
+//! and with `TMUX`, `TMUX_PANE` and `HERDR_*` stripped from its environment, killed on drop. Never
+//! touches the user's own tmux server.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use anyhow::Context as _;
+
+use crate::fake_herdr::process::strip_mux_env;
+
+/// A running private tmux server.
+#[derive(Debug)]
+pub struct TmuxServer {
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+}
+
+impl TmuxServer {
+    /// Starts a server with one detached session `base` (a tmux server needs a session to live).
+    pub fn start() -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("tmux.sock");
+        let me = Self { dir, socket };
+        let out = me.run(&["new-session", "-d", "-s", "base", "-x", "200", "-y", "50"])?;
+        anyhow::ensure!(
+            out.status.success(),
+            "tmux new-session failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(me)
+    }
+
+    /// A socket path in a fresh tempdir with no server yet (for code that starts the server
+    /// itself); a server started there is still killed on drop.
+    pub fn unstarted() -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("tmux.sock");
+        Ok(Self { dir, socket })
+    }
+
+    /// The `-S` socket path.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The server's tempdir (for files tests want to put next to it).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A `tmux -S <socket> -f /dev/null` command with a cleaned environment.
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new("tmux");
+        strip_mux_env(&mut cmd)
+            .arg("-S")
+            .arg(&self.socket)
+            .arg("-f")
+            .arg("/dev/null");
+        cmd
+    }
+
+    /// Runs a tmux command on this server.
+    pub fn run(&self, args: &[&str]) -> anyhow::Result<Output> {
+        self.command()
+            .args(args)
+            .output()
+            .with_context(|| format!("running tmux {args:?}"))
+    }
+}
+
+impl Drop for TmuxServer {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill-server"]);
+    }
+}
