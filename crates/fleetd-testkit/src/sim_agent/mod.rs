@@ -14,7 +14,8 @@
 //!   draft (as when a TUI swallows the Enter glued to a paste); a later empty Enter submits it;
 //! - `--log PATH` / `SIM_AGENT_LOG`: append one JSON line per event (ready, turn, tool call);
 //! - `--connect ADDR` / `SIM_AGENT_CONNECT`: open a TCP connection to ADDR at start and hold it
-//!   (writes `hello <pid>\n`); `--connect-depth N` / `SIM_AGENT_CONNECT_DEPTH`: make a descendant N
+//!   (writes `hello <pid> <tag>\n`, the tag from `--connect-tag` / `SIM_AGENT_CONNECT_TAG`);
+//!   `--connect-depth N` / `SIM_AGENT_CONNECT_DEPTH`: make a descendant N
 //!   levels down hold it instead (2 = a grandchild);
 //! - `FLEETD_URL` (e.g. `http://127.0.0.1:7797`, path `/mcp` by default): fleetd's MCP endpoint; when
 //!   set, sim-agent initializes an MCP session at start-up, as Claude Code does.
@@ -84,6 +85,8 @@ pub struct Config {
     pub connect: Option<String>,
     /// How many process levels below this one hold the connection.
     pub connect_depth: u32,
+    /// A word the connection's hello line carries, so a test can tell connections apart.
+    pub connect_tag: String,
     /// fleetd's MCP endpoint.
     pub fleetd_url: Option<String>,
 }
@@ -131,6 +134,8 @@ impl Config {
             log: get("--log", "SIM_AGENT_LOG").map(PathBuf::from),
             connect: get("--connect", "SIM_AGENT_CONNECT"),
             connect_depth,
+            connect_tag: get("--connect-tag", "SIM_AGENT_CONNECT_TAG")
+                .unwrap_or_else(|| "-".to_owned()),
             fleetd_url: env("FLEETD_URL"),
         })
     }
@@ -146,18 +151,19 @@ pub async fn main(args: Vec<String>) -> anyhow::Result<()> {
         let addr = args
             .get(i + 2)
             .context("--connect-chain needs an address")?;
-        return connect_chain(depth, addr).await;
+        let tag = args.get(i + 3).map_or("-", String::as_str);
+        return connect_chain(depth, addr, tag).await;
     }
     let config = Config::from_args_and_env(&args)?;
     Agent::new(config).run().await
 }
 
 /// Holds a connection `depth` levels down: each level spawns the next and waits for it.
-async fn connect_chain(depth: u32, addr: &str) -> anyhow::Result<()> {
+async fn connect_chain(depth: u32, addr: &str, tag: &str) -> anyhow::Result<()> {
     if depth > 0 {
         let exe = std::env::current_exe()?;
         let mut child = tokio::process::Command::new(exe)
-            .args(["--connect-chain", &(depth - 1).to_string(), addr])
+            .args(["--connect-chain", &(depth - 1).to_string(), addr, tag])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .spawn()?;
@@ -166,7 +172,7 @@ async fn connect_chain(depth: u32, addr: &str) -> anyhow::Result<()> {
     }
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream
-        .write_all(format!("hello {}\n", std::process::id()).as_bytes())
+        .write_all(format!("hello {} {tag}\n", std::process::id()).as_bytes())
         .await?;
     // Hold the connection until the other side closes it.
     let mut sink = [0u8; 256];
@@ -217,12 +223,13 @@ impl Agent {
     async fn run(mut self) -> anyhow::Result<()> {
         if let Some(addr) = self.config.connect.clone() {
             let depth = self.config.connect_depth;
+            let tag = self.config.connect_tag.clone();
             if depth == 0 {
-                tokio::spawn(async move { connect_chain(0, &addr).await });
+                tokio::spawn(async move { connect_chain(0, &addr, &tag).await });
             } else {
                 let exe = std::env::current_exe()?;
                 tokio::process::Command::new(exe)
-                    .args(["--connect-chain", &(depth - 1).to_string(), &addr])
+                    .args(["--connect-chain", &(depth - 1).to_string(), &addr, &tag])
                     .stdin(std::process::Stdio::null())
                     .stdout(std::process::Stdio::null())
                     .spawn()?;

@@ -16,7 +16,7 @@ pub mod herdr;
 pub mod router;
 pub mod tmux;
 
-pub use router::{MuxRouter, RoutedPane};
+pub use router::{MuxRouter, RoutedEvent, RoutedPane, RoutedTab};
 
 /// Capacity of every backend's pane-event broadcast. Status changes are rare (a few per turn per
 /// pane); 1024 covers a burst from hundreds of panes after a daemon restart. A receiver that lags
@@ -140,6 +140,9 @@ pub struct PaneInfo {
     pub agent: Option<String>,
     /// The agent status.
     pub status: AgentStatus,
+    /// The pane's first process (session leader), when the listing carries it (tmux does;
+    /// herdr needs a `process_info` call).
+    pub shell_pid: Option<u32>,
 }
 
 /// One tab (herdr tab / tmux window).

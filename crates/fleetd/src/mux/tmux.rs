@@ -266,6 +266,7 @@ impl Tmux {
             title: Some(raw.title.clone()),
             agent,
             status,
+            shell_pid: Some(raw.pid),
         })
     }
 

@@ -458,6 +458,7 @@ pub(crate) fn convert_pane(op: &str, p: WirePane) -> Result<PaneInfo, MuxError> 
         title: p.terminal_title.or(p.title),
         agent: p.agent,
         status: p.agent_status.parse().unwrap_or(AgentStatus::Unknown),
+        shell_pid: None,
     })
 }
 

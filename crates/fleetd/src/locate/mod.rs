@@ -1,0 +1,351 @@
+//! Caller locator: from a connection (loopback TCP peer or unix-socket peer) to the OS process,
+//! and from the process to the pane it runs in — the pane whose shell (session leader) is the
+//! process's session id, cross-checked with `HERDR_PANE_ID` / `TMUX_PANE` from its environment.
+//! Only this module reads `/proc` for identity. It never trusts what a caller claims: environment
+//! variables are hints that can raise a warning, never change the answer.
+//!
+//! The pane map (shell pid → pane incarnation) is cached. It is refreshed when older than
+//! `pane_ttl`, on a miss (at most every `miss_refresh`: a miss waits for that), after any pane event from the router
+//! (a pane gone or re-incarnated), and on [`Locator::invalidate`]. Shell pids are fetched only for
+//! pane incarnations not seen before, and a cached shell is re-checked by its start time so a
+//! recycled pid is never mistaken for the old shell.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fleetd_core::{QualifiedPaneId, TerminalId};
+use tokio::net::UnixStream;
+use tokio::time::Instant;
+
+use crate::mux::{MuxError, MuxRouter};
+
+pub mod proc;
+
+/// How many recent callers are tried first in an fd scan.
+const RECENT_CALLERS: usize = 64;
+
+/// Why a caller could not be located. Not being in a pane is not an error (see [`Located`]).
+#[derive(Debug, thiserror::Error)]
+pub enum LocateError {
+    /// The connection's socket is no longer in `/proc/net/tcp{,6}` (it closed) or no readable
+    /// process holds it.
+    #[error("no process holds the connection from {peer}; it may have closed")]
+    NoOwner {
+        /// The peer address.
+        peer: SocketAddr,
+    },
+    /// Only loopback peers can be traced to a local process.
+    #[error("peer {0} is not on loopback; identify it by API token instead")]
+    NotLoopback(SocketAddr),
+    /// The unix-socket peer's credentials carry no pid.
+    #[error("the unix-socket peer has no pid")]
+    NoPeerPid,
+    /// `/proc` could not be read.
+    #[error("failed to read /proc: {0}")]
+    Proc(#[from] std::io::Error),
+    /// The multiplexer could not list panes, and no earlier list is cached.
+    #[error("failed to list panes: {0}")]
+    Mux(#[from] MuxError),
+}
+
+/// The pane a caller's process runs in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallerPane {
+    /// The pane, daemon-qualified.
+    pub pane: QualifiedPaneId,
+    /// Its incarnation at lookup time.
+    pub terminal: TerminalId,
+    /// The pane's shell (the caller's session leader).
+    pub shell_pid: u32,
+}
+
+/// Where a caller is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Located {
+    /// The caller's process.
+    pub pid: u32,
+    /// Its pane; `None` for a process in no known pane (anonymous).
+    pub pane: Option<CallerPane>,
+    /// The pane id the process's environment claims (`HERDR_PANE_ID`, else `TMUX_PANE`).
+    pub env_pane_id: Option<String>,
+    /// True when that claim disagrees with `pane` (stale after a move, or spoofed). The answer
+    /// is still `pane`: identity comes from the session, not from the environment.
+    pub env_mismatch: bool,
+}
+
+/// Locator tuning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocatorConfig {
+    /// Refresh the pane map when it is older than this.
+    pub pane_ttl: Duration,
+    /// Refresh on a miss at most this often (anonymous callers must not hammer the mux).
+    pub miss_refresh: Duration,
+}
+
+impl Default for LocatorConfig {
+    fn default() -> Self {
+        Self {
+            pane_ttl: Duration::from_secs(5),
+            miss_refresh: Duration::from_millis(250),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ShellEntry {
+    pane: QualifiedPaneId,
+    terminal: TerminalId,
+    start_time: u64,
+}
+
+#[derive(Debug, Default)]
+struct PaneMap {
+    fetched: Option<Instant>,
+    by_shell: HashMap<u32, ShellEntry>,
+    /// (pane, terminal) → shell pid, so a refresh only asks for new incarnations.
+    known: HashMap<(QualifiedPaneId, TerminalId), u32>,
+}
+
+/// Finds which pane a connection comes from.
+#[derive(Debug, Clone)]
+pub struct Locator {
+    router: MuxRouter,
+    config: LocatorConfig,
+    map: Arc<tokio::sync::Mutex<PaneMap>>,
+    stale: Arc<AtomicBool>,
+    procs: Arc<Mutex<proc::ProcessIndex>>,
+    recent: Arc<Mutex<Vec<u32>>>,
+}
+
+impl Locator {
+    /// A locator over `router`'s panes. Spawns a task that invalidates the pane map on pane
+    /// events, so it must be called inside a tokio runtime.
+    pub fn new(router: MuxRouter, config: LocatorConfig) -> Self {
+        let stale = Arc::new(AtomicBool::new(true));
+        let mut events = router.events();
+        let flag = Arc::clone(&stale);
+        tokio::spawn(async move {
+            loop {
+                match events.recv().await {
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        flag.store(true, Ordering::Relaxed);
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        Self {
+            router,
+            config,
+            map: Arc::new(tokio::sync::Mutex::new(PaneMap::default())),
+            stale,
+            procs: Arc::new(Mutex::new(proc::ProcessIndex::default())),
+            recent: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Marks the pane map stale; the next lookup refreshes it.
+    pub fn invalidate(&self) {
+        self.stale.store(true, Ordering::Relaxed);
+    }
+
+    /// Locates the process at the other end of an accepted loopback TCP connection: `peer` is
+    /// the client's address, `local` the address we accepted it on. Look up while the
+    /// connection is open. The HTTP layer, which knows when a connection closes, should cache the
+    /// answer per connection; a peer address alone is not cached here because ports are reused.
+    pub async fn locate_tcp(
+        &self,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) -> Result<Located, LocateError> {
+        if !proc::is_loopback(&peer) {
+            return Err(LocateError::NotLoopback(peer));
+        }
+        let pid = self.tcp_peer_pid(peer, local).await?;
+        self.locate_pid(pid).await
+    }
+
+    /// Locates the process at the other end of a unix-socket connection (`SO_PEERCRED`).
+    pub async fn locate_unix(&self, stream: &UnixStream) -> Result<Located, LocateError> {
+        let cred = stream.peer_cred()?;
+        let pid = cred
+            .pid()
+            .and_then(|p| u32::try_from(p).ok())
+            .ok_or(LocateError::NoPeerPid)?;
+        self.locate_pid(pid).await
+    }
+
+    /// The pid owning the client side of a loopback TCP connection.
+    pub async fn tcp_peer_pid(
+        &self,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) -> Result<u32, LocateError> {
+        let sessions: HashSet<u32> = self.current_map().await?.by_shell.keys().copied().collect();
+        let procs = Arc::clone(&self.procs);
+        let recent = lock(&self.recent).clone();
+        let found = tokio::task::spawn_blocking(move || -> std::io::Result<Option<u32>> {
+            let Some(inode) = proc::client_socket_inode(peer, local)? else {
+                return Ok(None);
+            };
+            // Recent callers first: most calls come from processes that called before.
+            if let Some(pid) = proc::find_socket_owner(inode, &recent) {
+                return Ok(Some(pid));
+            }
+            let mut index = procs
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            index.refresh()?;
+            let candidates = index.candidates(&[], &sessions);
+            Ok(proc::find_socket_owner(inode, &candidates))
+        })
+        .await
+        .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
+        let pid = found.ok_or(LocateError::NoOwner { peer })?;
+        let mut recent = lock(&self.recent);
+        recent.retain(|p| *p != pid);
+        recent.insert(0, pid);
+        recent.truncate(RECENT_CALLERS);
+        Ok(pid)
+    }
+
+    /// Locates a known process.
+    pub async fn locate_pid(&self, pid: u32) -> Result<Located, LocateError> {
+        let (stat, hints) = tokio::task::spawn_blocking(move || {
+            proc::read_stat(pid).map(|stat| (stat, proc::read_env_hints(pid)))
+        })
+        .await
+        .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
+        let mut pane = self.lookup_session(stat.session).await?;
+        if pane.is_none() {
+            // A miss is often a pane opened a moment ago (a member connects at start-up), so
+            // re-read the panes — but no more often than `miss_refresh`, so anonymous callers
+            // cannot turn every request into a multiplexer listing.
+            self.wait_for_miss_refresh().await;
+            self.invalidate();
+            pane = self.lookup_session(stat.session).await?;
+        }
+        let env_pane_id = hints.herdr_pane_id.or(hints.tmux_pane);
+        let env_mismatch = match (&pane, &env_pane_id) {
+            (Some(p), Some(claim)) => p.pane.pane.as_str() != claim,
+            _ => false,
+        };
+        if env_mismatch {
+            tracing::warn!(
+                pid,
+                pane = %pane.as_ref().map(|p| p.pane.to_string()).unwrap_or_default(),
+                claimed = env_pane_id.as_deref().unwrap_or(""),
+                "caller's environment names a different pane than its session; trusting the session"
+            );
+        }
+        Ok(Located {
+            pid,
+            pane,
+            env_pane_id,
+            env_mismatch,
+        })
+    }
+
+    async fn wait_for_miss_refresh(&self) {
+        let fetched = self.map.lock().await.fetched;
+        if let Some(at) = fetched {
+            tokio::time::sleep_until(at + self.config.miss_refresh).await;
+        }
+    }
+
+    /// The pane whose shell is `session`, verified against the shell's start time.
+    async fn lookup_session(&self, session: u32) -> Result<Option<CallerPane>, LocateError> {
+        let map = self.current_map().await?;
+        let Some(entry) = map.by_shell.get(&session).cloned() else {
+            return Ok(None);
+        };
+        drop(map);
+        let alive = tokio::task::spawn_blocking(move || proc::read_stat(session))
+            .await
+            .map_err(|e| LocateError::Proc(std::io::Error::other(e)))?
+            .is_ok_and(|s| s.start_time == entry.start_time);
+        if !alive {
+            // The shell is gone (or its pid was reused): the map is stale.
+            self.invalidate();
+            return Ok(None);
+        }
+        Ok(Some(CallerPane {
+            pane: entry.pane,
+            terminal: entry.terminal,
+            shell_pid: session,
+        }))
+    }
+
+    /// The pane map, refreshed first when stale or expired.
+    async fn current_map(&self) -> Result<tokio::sync::MutexGuard<'_, PaneMap>, LocateError> {
+        let mut map = self.map.lock().await;
+        let expired = map
+            .fetched
+            .is_none_or(|at| at.elapsed() >= self.config.pane_ttl);
+        if expired || self.stale.swap(false, Ordering::Relaxed) {
+            match self.refresh(&mut map).await {
+                Ok(()) => {}
+                // One failed reading keeps the previous map, if there is one.
+                Err(e) if map.fetched.is_some() => {
+                    tracing::debug!(error = %e, "pane map refresh failed; keeping the previous one");
+                    self.stale.store(true, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(map)
+    }
+
+    async fn refresh(&self, map: &mut PaneMap) -> Result<(), LocateError> {
+        let panes = self.router.list_panes().await?;
+        let mut known = HashMap::new();
+        for routed in panes {
+            let key = (routed.id.clone(), routed.info.terminal.clone());
+            let shell = match (map.known.get(&key).copied(), routed.info.shell_pid) {
+                (Some(pid), _) | (None, Some(pid)) => Some(pid),
+                (None, None) => match self.router.process_info(&routed.id).await {
+                    Ok(info) => info.shell_pid,
+                    Err(e) if e.is_not_found() => None,
+                    Err(e) => return Err(e.into()),
+                },
+            };
+            if let Some(pid) = shell {
+                known.insert(key, pid);
+            }
+        }
+        let shells: Vec<u32> = known.values().copied().collect();
+        let starts = tokio::task::spawn_blocking(move || {
+            shells
+                .into_iter()
+                .filter_map(|pid| proc::read_stat(pid).ok().map(|s| (pid, s.start_time)))
+                .collect::<HashMap<u32, u64>>()
+        })
+        .await
+        .map_err(|e| LocateError::Proc(std::io::Error::other(e)))?;
+        map.by_shell = known
+            .iter()
+            .filter_map(|((pane, terminal), pid)| {
+                starts.get(pid).map(|start| {
+                    (
+                        *pid,
+                        ShellEntry {
+                            pane: pane.clone(),
+                            terminal: terminal.clone(),
+                            start_time: *start,
+                        },
+                    )
+                })
+            })
+            .collect();
+        map.known = known;
+        map.fetched = Some(Instant::now());
+        Ok(())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

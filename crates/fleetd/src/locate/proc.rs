@@ -1,0 +1,234 @@
+//! Blocking `/proc` readers for caller identity: a process's session id and start time, the
+//! identity variables in its environment, the socket inode of a loopback TCP connection
+//! (`/proc/net/tcp` and `tcp6`), and the process holding a socket inode (an fd scan restricted to
+//! an ordered candidate list). Call these from `spawn_blocking`; they must not touch a multiplexer.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+
+/// What `/proc/<pid>/stat` says about identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// The process.
+    pub pid: u32,
+    /// Field 6: the session id (the pid of the session leader, i.e. the pane's shell).
+    pub session: u32,
+    /// Field 22: start time in clock ticks since boot; with the pid it names one process.
+    pub start_time: u64,
+}
+
+/// Reads and parses `/proc/<pid>/stat`.
+pub fn read_stat(pid: u32) -> io::Result<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_stat(pid, &text)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat line"))
+}
+
+/// Parses a stat line. The command name (field 2) may contain spaces and parentheses, so fields
+/// are counted from the last `)`.
+pub fn parse_stat(pid: u32, text: &str) -> Option<ProcStat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state): session is field 6 → index 3; starttime field 22 → index 19.
+    Some(ProcStat {
+        pid,
+        session: fields.get(3)?.parse().ok()?,
+        start_time: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// Identity hints from a process's environment. Hints only: a process can set them itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvHints {
+    /// `HERDR_PANE_ID`.
+    pub herdr_pane_id: Option<String>,
+    /// `HERDR_SOCKET_PATH`.
+    pub herdr_socket: Option<String>,
+    /// `TMUX_PANE`.
+    pub tmux_pane: Option<String>,
+}
+
+/// Reads the identity hints from `/proc/<pid>/environ` (empty when unreadable).
+pub fn read_env_hints(pid: u32) -> EnvHints {
+    let Ok(bytes) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return EnvHints::default();
+    };
+    let mut hints = EnvHints::default();
+    for record in bytes.split(|&b| b == 0) {
+        let text = String::from_utf8_lossy(record);
+        if let Some((key, value)) = text.split_once('=') {
+            let slot = match key {
+                "HERDR_PANE_ID" => &mut hints.herdr_pane_id,
+                "HERDR_SOCKET_PATH" => &mut hints.herdr_socket,
+                "TMUX_PANE" => &mut hints.tmux_pane,
+                _ => continue,
+            };
+            *slot = Some(value.to_owned());
+        }
+    }
+    hints
+}
+
+fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
+/// The inode of the client-side socket of a connection we accepted: the `/proc/net/tcp{,6}`
+/// entry whose local address is the peer and whose remote address is our listening address.
+/// IPv4-mapped entries in `tcp6` are matched too. `None` when the connection is gone.
+pub fn client_socket_inode(peer: SocketAddr, local: SocketAddr) -> io::Result<Option<u64>> {
+    let (peer, local) = (canonical(peer), canonical(local));
+    let tables = [procfs::net::tcp(), procfs::net::tcp6()];
+    let mut any_ok = false;
+    for table in tables {
+        let Ok(entries) = table else { continue };
+        any_ok = true;
+        for entry in entries {
+            if canonical(entry.local_address) == peer
+                && canonical(entry.remote_address) == local
+                && entry.inode != 0
+            {
+                return Ok(Some(entry.inode));
+            }
+        }
+    }
+    if any_ok {
+        Ok(None)
+    } else {
+        Err(io::Error::other(
+            "neither /proc/net/tcp nor /proc/net/tcp6 is readable",
+        ))
+    }
+}
+
+/// Whether `addr` is a loopback address (after unmapping IPv4-in-IPv6).
+pub fn is_loopback(addr: &SocketAddr) -> bool {
+    match addr.ip().to_canonical() {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => v6.is_loopback(),
+    }
+}
+
+/// A cache of pid → (start time, session id), refreshed incrementally: only pids not seen
+/// before are read. Used to order fd-scan candidates; every final answer is re-read fresh, so a
+/// stale entry can cost time but never a wrong identity.
+#[derive(Debug, Default)]
+pub struct ProcessIndex {
+    sessions: HashMap<u32, u32>,
+}
+
+impl ProcessIndex {
+    /// Re-lists `/proc`, drops vanished pids and reads the stat of new ones.
+    pub fn refresh(&mut self) -> io::Result<()> {
+        let mut live = HashSet::new();
+        for entry in std::fs::read_dir("/proc")? {
+            let Ok(entry) = entry else { continue };
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            live.insert(pid);
+            if !self.sessions.contains_key(&pid)
+                && let Ok(stat) = read_stat(pid)
+            {
+                self.sessions.insert(pid, stat.session);
+            }
+        }
+        self.sessions.retain(|pid, _| live.contains(pid));
+        Ok(())
+    }
+
+    /// Pids to scan for a socket: `first` (recent callers), then processes in the sessions
+    /// `sessions` (pane shells), newest pid first, then everything else.
+    pub fn candidates(&self, first: &[u32], sessions: &HashSet<u32>) -> Vec<u32> {
+        let mut in_panes: Vec<u32> = Vec::new();
+        let mut others: Vec<u32> = Vec::new();
+        for (&pid, sid) in &self.sessions {
+            if first.contains(&pid) {
+                continue;
+            }
+            if sessions.contains(sid) {
+                in_panes.push(pid);
+            } else {
+                others.push(pid);
+            }
+        }
+        in_panes.sort_unstable_by(|a, b| b.cmp(a));
+        others.sort_unstable_by(|a, b| b.cmp(a));
+        first
+            .iter()
+            .copied()
+            .chain(in_panes)
+            .chain(others)
+            .collect()
+    }
+}
+
+/// The first of `candidates` holding an fd on `socket:[inode]`. Processes whose fds cannot be
+/// read (another user's, or gone) are skipped.
+pub fn find_socket_owner(inode: u64, candidates: &[u32]) -> Option<u32> {
+    let target = format!("socket:[{inode}]");
+    candidates.iter().copied().find(|pid| {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return false;
+        };
+        dir.flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == target.as_str())
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_with_odd_command_names_parse() {
+        let line = "4242 (sim agent) (x)) S 1 4240 4100 34816 4242 4194304 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        let stat = parse_stat(4242, line).expect("parses");
+        assert_eq!(stat.session, 4100);
+        assert_eq!(stat.start_time, 987654);
+        assert!(parse_stat(1, "garbage").is_none());
+    }
+
+    #[test]
+    fn own_process_is_readable() {
+        let me = std::process::id();
+        let stat = read_stat(me).expect("own stat");
+        assert_eq!(stat.pid, me);
+        let mut index = ProcessIndex::default();
+        index.refresh().expect("index");
+        let sessions = HashSet::from([stat.session]);
+        let order = index.candidates(&[1], &sessions);
+        assert_eq!(order.first(), Some(&1), "recent callers come first");
+        let mine = order.iter().position(|p| *p == me).expect("own pid listed");
+        let outsider = order
+            .iter()
+            .position(|p| *p != 1 && read_stat(*p).is_ok_and(|s| s.session != stat.session));
+        if let Some(outsider) = outsider {
+            assert!(
+                mine < outsider,
+                "processes in pane sessions come before others"
+            );
+        }
+    }
+
+    #[test]
+    fn a_local_connection_is_traced_to_this_process() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let local = listener.local_addr().expect("addr");
+        let client = std::net::TcpStream::connect(local).expect("connect");
+        let (_server_side, peer) = listener.accept().expect("accept");
+        assert_eq!(peer, client.local_addr().expect("client addr"));
+        let inode = client_socket_inode(peer, local)
+            .expect("tables")
+            .expect("found");
+        let me = std::process::id();
+        assert_eq!(find_socket_owner(inode, &[me]), Some(me));
+        assert!(is_loopback(&peer));
+    }
+}
