@@ -3,9 +3,11 @@
 //! takes `now` and randomness as arguments and returns decisions as data.
 
 pub mod ids;
+pub mod message;
 pub mod pane;
 
 pub use ids::{IdError, MsgId, Target, Ticket};
+pub use message::{Message, MessageError, MessageKind, MessageLimits};
 pub use pane::{
     AgentStatus, DaemonName, MuxDaemon, PaneId, PaneIdError, PaneRef, QualifiedPaneId, TabId,
     TerminalId, WorkspaceId,

@@ -1,6 +1,467 @@
-//! Inbox benchmark: raw fdatasync baseline vs the embedded and AMQP stores.
+//! Inbox benchmark: raw fdatasync baseline vs the embedded and AMQP stores, printed as one table.
+//! Measures and reports; never asserts. Run it with
+//! `cargo run --release -p fleetd-testkit --bin fleetd-bench -- inbox [--quick] [--no-amqp] [--dir DIR]`.
+//!
+//! Every embedded and AMQP publish counted here is durable before it is acknowledged (SQLite WAL +
+//! `synchronous=FULL` fsync, or RabbitMQ's publisher confirm on a quorum queue). Wall time is read
+//! from tokio's monotonic clock: a benchmark measures wall time by definition.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use fleetd::store::{AmqpStore, InboxStore, SqliteStore, StoreOptions};
+use fleetd_core::{Message, MessageKind, MsgId, Target};
+use tokio::time::Instant;
+
+/// How many inbox targets the messages are spread over (like the measurements in DEPENDENCIES.md).
+const TARGETS: usize = 8;
+/// The size of each message's text: a typical short reply.
+const TEXT_BYTES: usize = 200;
+
+/// Sizes of one run. `--quick` divides the counts so a smoke run takes seconds.
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    single: usize,
+    per_publisher: [(usize, usize); 3],
+    amqp_single: usize,
+    amqp_per_publisher: [(usize, usize); 3],
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Self {
+        let div = if quick { 5 } else { 1 };
+        Self {
+            single: 500 / div,
+            // (publishers, messages each)
+            per_publisher: [(1, 500 / div), (8, 400 / div), (64, 500 / div)],
+            amqp_single: 300 / div,
+            amqp_per_publisher: [(1, 300 / div), (8, 150 / div), (64, 60 / div)],
+        }
+    }
+}
+
+/// Latency percentiles of one sequential series.
+#[derive(Debug, Clone, Copy)]
+struct Latency {
+    p50: Duration,
+    p99: Duration,
+}
+
+impl Latency {
+    fn of(mut samples: Vec<Duration>) -> Self {
+        samples.sort_unstable();
+        let at = |pct: usize| samples[(samples.len() * pct / 100).min(samples.len() - 1)];
+        Self {
+            p50: at(50),
+            p99: at(99),
+        }
+    }
+}
+
+/// What one backend measured.
+#[derive(Debug, Default)]
+struct Column {
+    single: Option<Latency>,
+    /// msg/s per publisher count, in the order of `Sizes::per_publisher`, with the average number
+    /// of operations per commit where the backend reports it.
+    throughput: Vec<(f64, Option<f64>)>,
+    acks: Option<f64>,
+    note: Option<String>,
+}
 
 /// Runs the benchmark and prints its table.
-pub fn run(_args: &[String]) -> anyhow::Result<()> {
-    anyhow::bail!("the inbox benchmark is not built yet")
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    let mut quick = false;
+    let mut amqp = true;
+    let mut dir: Option<PathBuf> = None;
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--no-amqp" => amqp = false,
+            "--dir" => dir = Some(PathBuf::from(rest.next().context("--dir needs a path")?)),
+            other => anyhow::bail!("unknown inbox benchmark argument {other:?}"),
+        }
+    }
+    let sizes = Sizes::new(quick);
+    let base = dir.unwrap_or_else(std::env::temp_dir);
+    let scratch = tempfile::Builder::new()
+        .prefix("fleetd-bench-inbox-")
+        .tempdir_in(&base)
+        .with_context(|| format!("create a scratch directory in {}", base.display()))?;
+    progress(&format!("inbox benchmark in {}", scratch.path().display()));
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("start a tokio runtime")?;
+    let mut raw = RawLog::create(&scratch.path().join("raw.log"))?;
+    let (raw, embedded) =
+        runtime.block_on(embedded(&mut raw, &scratch.path().join("inbox.db"), sizes))?;
+    let broker = if amqp {
+        runtime.block_on(amqp_column(sizes))
+    } else {
+        Column {
+            note: Some("skipped (--no-amqp)".to_owned()),
+            ..Column::default()
+        }
+    };
+    print!("{}", table(&raw, &embedded, &broker, sizes));
+    Ok(())
+}
+
+fn progress(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
+}
+
+/// The device's floor: appends one ~200 B record to a file and `fdatasync`s it.
+struct RawLog {
+    file: std::fs::File,
+    record: Vec<u8>,
+}
+
+impl RawLog {
+    fn create(path: &Path) -> anyhow::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .context("open the baseline file")?;
+        Ok(Self {
+            file,
+            record: vec![b'r'; TEXT_BYTES],
+        })
+    }
+
+    fn append(&mut self) -> anyhow::Result<Duration> {
+        let start = Instant::now();
+        self.file.write_all(&self.record).context("append")?;
+        self.file.sync_data().context("fdatasync")?;
+        Ok(start.elapsed())
+    }
+}
+
+fn targets(prefix: &str) -> Vec<Target> {
+    (0..TARGETS)
+        .map(|n| Target::new(format!("{prefix}{n}")).expect("bench target names are valid"))
+        .collect()
+}
+
+fn message(target: &Target, n: usize) -> Message {
+    let mut text = format!("benchmark reply {n} ");
+    text.extend(std::iter::repeat_n(
+        'x',
+        TEXT_BYTES.saturating_sub(text.len()),
+    ));
+    Message {
+        msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
+        target: target.clone(),
+        ticket: None,
+        kind: MessageKind::Reply,
+        text,
+        from: "bench".to_owned(),
+        created_at: jiff::Timestamp::now(),
+    }
+}
+
+/// Publishes `count` messages one at a time, timing each.
+async fn single(
+    store: &dyn InboxStore,
+    targets: &[Target],
+    count: usize,
+) -> anyhow::Result<(Latency, Vec<(Target, MsgId)>)> {
+    let mut samples = Vec::with_capacity(count);
+    let mut published = Vec::with_capacity(count);
+    for n in 0..count {
+        let target = &targets[n % targets.len()];
+        let m = message(target, n);
+        let id = m.msg_id;
+        let start = Instant::now();
+        store.publish(m).await?;
+        samples.push(start.elapsed());
+        published.push((target.clone(), id));
+    }
+    Ok((Latency::of(samples), published))
+}
+
+/// `publishers` tasks each publish `each` messages back to back; returns msg/s and the ids.
+async fn concurrent(
+    store: &Arc<dyn InboxStore>,
+    targets: &[Target],
+    publishers: usize,
+    each: usize,
+) -> anyhow::Result<(f64, Vec<(Target, MsgId)>)> {
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for p in 0..publishers {
+        let store = Arc::clone(store);
+        let target = targets[p % targets.len()].clone();
+        tasks.spawn(async move {
+            let mut ids = Vec::with_capacity(each);
+            for n in 0..each {
+                let m = message(&target, n);
+                ids.push((target.clone(), m.msg_id));
+                store.publish(m).await?;
+            }
+            anyhow::Ok(ids)
+        });
+    }
+    let mut all = Vec::with_capacity(publishers * each);
+    while let Some(done) = tasks.join_next().await {
+        all.extend(done.context("publisher task")??);
+    }
+    let rate = all.len() as f64 / start.elapsed().as_secs_f64();
+    Ok((rate, all))
+}
+
+/// Acks every id from 64 concurrent tasks, 8 per target, each target's ids oldest first (the
+/// order a lead acks what it peeked); returns acks/s.
+async fn ack_all(store: &Arc<dyn InboxStore>, ids: Vec<(Target, MsgId)>) -> anyhow::Result<f64> {
+    const ACKERS: usize = 64;
+    let total = ids.len();
+    let mut by_target: std::collections::BTreeMap<Target, Vec<MsgId>> = Default::default();
+    for (target, id) in ids {
+        by_target.entry(target).or_default().push(id);
+    }
+    let mut shares: Vec<Vec<(Target, MsgId)>> = vec![Vec::new(); ACKERS];
+    let per_target = (ACKERS / by_target.len().max(1)).max(1);
+    for (t, (target, mut ids)) in by_target.into_iter().enumerate() {
+        ids.sort_unstable();
+        for (n, id) in ids.into_iter().enumerate() {
+            shares[(t * per_target + n % per_target) % ACKERS].push((target.clone(), id));
+        }
+    }
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for share in shares {
+        let store = Arc::clone(store);
+        tasks.spawn(async move {
+            for (target, id) in share {
+                anyhow::ensure!(
+                    store.ack(&target, id).await?,
+                    "message {id} was not pending"
+                );
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.context("acker task")??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+async fn embedded(
+    raw: &mut RawLog,
+    path: &Path,
+    sizes: Sizes,
+) -> anyhow::Result<(Latency, Column)> {
+    progress("raw fdatasync baseline and embedded store…");
+    let sqlite = Arc::new(SqliteStore::open(path.to_owned(), StoreOptions::default()).await?);
+    let store: Arc<dyn InboxStore> = Arc::clone(&sqlite) as Arc<dyn InboxStore>;
+    let targets = targets("bench");
+    // Alternate one raw fdatasync and one embedded publish, so both series see the same noise
+    // from everything else on the machine.
+    let mut raw_samples = Vec::with_capacity(sizes.single);
+    let mut samples = Vec::with_capacity(sizes.single);
+    let mut published = Vec::with_capacity(sizes.single);
+    for n in 0..sizes.single {
+        raw_samples.push(raw.append()?);
+        let target = &targets[n % targets.len()];
+        let m = message(target, n);
+        published.push((target.clone(), m.msg_id));
+        let start = Instant::now();
+        store.publish(m).await?;
+        samples.push(start.elapsed());
+    }
+    let latency = Latency::of(samples);
+    let mut column = Column {
+        single: Some(latency),
+        ..Column::default()
+    };
+    for (publishers, each) in sizes.per_publisher {
+        let (commits, ops) = sqlite.commit_stats();
+        let (rate, ids) = concurrent(&store, &targets, publishers, each).await?;
+        let (commits_after, ops_after) = sqlite.commit_stats();
+        let per_commit = (ops_after - ops) as f64 / (commits_after - commits).max(1) as f64;
+        column.throughput.push((rate, Some(per_commit)));
+        published.extend(ids);
+    }
+    column.acks = Some(ack_all(&store, published).await?);
+    store.close().await?;
+    Ok((Latency::of(raw_samples), column))
+}
+
+async fn amqp_column(sizes: Sizes) -> Column {
+    progress("AMQP store on the local RabbitMQ…");
+    let addr = crate::RABBITMQ_ADDR;
+    let reachable = addr.parse().ok().is_some_and(|addr| {
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok()
+    });
+    if !reachable {
+        return Column {
+            note: Some(format!("n/a: no broker at {addr}")),
+            ..Column::default()
+        };
+    }
+    let targets = targets(&format!("bench{:06x}-", fastrand::u32(..0x00ff_ffff)));
+    let mut column = Column::default();
+    if let Err(err) = amqp_runs(&targets, sizes, &mut column).await {
+        column.note = Some(format!("failed: {err:#}"));
+    }
+    if let Err(err) = delete_queues(&targets).await {
+        progress(&format!("could not delete the benchmark queues: {err:#}"));
+    }
+    column
+}
+
+async fn amqp_runs(targets: &[Target], sizes: Sizes, column: &mut Column) -> anyhow::Result<()> {
+    let store: Arc<dyn InboxStore> =
+        Arc::new(AmqpStore::open(crate::RABBITMQ_URL, StoreOptions::default()).await?);
+    let (latency, mut published) = single(&*store, targets, sizes.amqp_single).await?;
+    column.single = Some(latency);
+    for (publishers, each) in sizes.amqp_per_publisher {
+        let (rate, ids) = concurrent(&store, targets, publishers, each).await?;
+        column.throughput.push((rate, None));
+        published.extend(ids);
+    }
+    column.acks = Some(ack_all(&store, published).await?);
+    store.close().await?;
+    Ok(())
+}
+
+async fn delete_queues(targets: &[Target]) -> anyhow::Result<()> {
+    use lapin::options::QueueDeleteOptions;
+    let conn =
+        lapin::Connection::connect(crate::RABBITMQ_URL, lapin::ConnectionProperties::default())
+            .await?;
+    let channel = conn.create_channel().await?;
+    for target in targets {
+        channel
+            .queue_delete(
+                AmqpStore::queue_name(target).into(),
+                QueueDeleteOptions::default(),
+            )
+            .await?;
+    }
+    conn.close(200, "benchmark done".into()).await?;
+    Ok(())
+}
+
+fn micros(d: Duration) -> String {
+    format!("{:.0} µs", d.as_secs_f64() * 1e6)
+}
+
+fn rate(r: f64) -> String {
+    let whole = r.round() as u64;
+    let text = whole.to_string();
+    let mut grouped = String::new();
+    for (n, ch) in text.chars().enumerate() {
+        if n > 0 && (text.len() - n).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(ch);
+    }
+    format!("{grouped} msg/s")
+}
+
+fn table(raw: &Latency, embedded: &Column, amqp: &Column, sizes: Sizes) -> String {
+    let raw_rate = 1.0 / raw.p50.as_secs_f64();
+    let na = |column: &Column| column.note.clone().unwrap_or_else(|| "–".to_owned());
+    let mut rows: Vec<[String; 5]> = Vec::new();
+    let lat = |column: &Column, pick: fn(&Latency) -> Duration, ratio: bool| match column.single {
+        Some(l) if ratio => format!(
+            "{} ({:.2}× raw)",
+            micros(pick(&l)),
+            pick(&l).as_secs_f64() / pick(raw).as_secs_f64()
+        ),
+        Some(l) => micros(pick(&l)),
+        None => na(column),
+    };
+    rows.push([
+        "single publish p50 (one at a time)".to_owned(),
+        micros(raw.p50),
+        lat(embedded, |l| l.p50, true),
+        lat(amqp, |l| l.p50, false),
+        "embedded ≤ 1.5× raw".to_owned(),
+    ]);
+    rows.push([
+        "single publish p99".to_owned(),
+        micros(raw.p99),
+        lat(embedded, |l| l.p99, true),
+        lat(amqp, |l| l.p99, false),
+        String::new(),
+    ]);
+    for (n, (publishers, each)) in sizes.per_publisher.iter().enumerate() {
+        let cell = |column: &Column| match column.throughput.get(n) {
+            Some((r, Some(per_commit))) => format!("{} ({per_commit:.1}/commit)", rate(*r)),
+            Some((r, None)) => rate(*r),
+            None => na(column),
+        };
+        let amqp_each = sizes.amqp_per_publisher[n].1;
+        rows.push([
+            format!("throughput, {publishers} publisher(s) ({each} | {amqp_each} each)"),
+            if *publishers == 1 {
+                format!("{} (1/p50)", rate(raw_rate))
+            } else {
+                "–".to_owned()
+            },
+            cell(embedded),
+            cell(amqp),
+            if *publishers == 64 {
+                "embedded ≥ 50,000 msg/s".to_owned()
+            } else {
+                String::new()
+            },
+        ]);
+    }
+    let acks = |column: &Column| column.acks.map_or_else(|| na(column), rate);
+    rows.push([
+        "ack throughput, 64 ackers".to_owned(),
+        "–".to_owned(),
+        acks(embedded),
+        acks(amqp),
+        String::new(),
+    ]);
+    render(
+        &[
+            "workload",
+            "raw fdatasync",
+            "embedded (SQLite)",
+            "AMQP (RabbitMQ)",
+            "target (reported, not asserted)",
+        ],
+        &rows,
+    )
+}
+
+fn render(header: &[&str; 5], rows: &[[String; 5]]) -> String {
+    let mut widths = header.map(|h| h.chars().count());
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; 5]| {
+        let mut out = String::from("|");
+        for (cell, w) in cells.iter().zip(widths) {
+            let pad = w - cell.chars().count();
+            let _ = write!(out, " {cell}{} |", " ".repeat(pad));
+        }
+        out.push('\n');
+        out
+    };
+    let mut out = line(*header);
+    let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+    out.push_str(&line([&rule[0], &rule[1], &rule[2], &rule[3], &rule[4]]));
+    for row in rows {
+        out.push_str(&line([&row[0], &row[1], &row[2], &row[3], &row[4]]));
+    }
+    out
 }

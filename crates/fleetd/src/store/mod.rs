@@ -1,1 +1,325 @@
 //! The durable inbox: the `InboxStore` trait and its backends (memory, embedded SQLite, AMQP). Only this module knows a storage engine.
+//!
+//! Architecture invariant: nothing outside `store::*` names rusqlite or lapin; callers hold an
+//! `Arc<dyn InboxStore>` from [`open`] and see engine failures only as [`StoreError`].
+//! Every backend refuses a message that breaks [`MessageLimits`] before it touches storage.
+
+mod amqp;
+mod lock;
+mod memory;
+mod sqlite;
+
+use std::collections::{HashSet, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use fleetd_core::{Message, MessageError, MessageLimits, MsgId, Target};
+
+pub use amqp::AmqpStore;
+pub use memory::MemoryStore;
+pub use sqlite::SqliteStore;
+
+/// The future every [`InboxStore`] method returns. Boxed so the trait stays object safe: the daemon
+/// holds one `Arc<dyn InboxStore>` whichever backend the config chose.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// How many acknowledged msgIds a backend remembers so that a late duplicate publish of an already
+/// acknowledged message is still reported as `Duplicate` instead of reappearing. Large enough to
+/// cover any realistic retry window of a member (minutes of replies), small enough to stay cheap.
+pub const DEDUP_WINDOW: usize = 100_000;
+
+/// A durable, per-target ordered inbox with at-least-once delivery and dedup by msgId (SPEC §4).
+///
+/// All methods may be called concurrently from many tasks.
+pub trait InboxStore: Send + Sync + fmt::Debug {
+    /// Stores `message` in its target's inbox. Resolves only once the message is durable (fsync or
+    /// the broker's publisher confirm). Publishing a msgId the store already holds, or acknowledged
+    /// recently (see [`DEDUP_WINDOW`]), is a no-op reported as [`PublishOutcome::Duplicate`].
+    /// A message that breaks the limits is refused with [`StoreError::Refused`].
+    fn publish(&self, message: Message) -> StoreFuture<'_, PublishOutcome>;
+
+    /// Up to `limit` pending messages of `target`, oldest first. Non-destructive.
+    fn peek<'a>(&'a self, target: &'a Target, limit: usize) -> StoreFuture<'a, Vec<Message>>;
+
+    /// Removes one message from `target`'s inbox. `Ok(false)` when `target` holds no pending
+    /// message with that id (unknown, already acknowledged, or another target's) — not an error.
+    fn ack<'a>(&'a self, target: &'a Target, msg_id: MsgId) -> StoreFuture<'a, bool>;
+
+    /// Removes and returns every pending message of `target`, oldest first (peek + ack).
+    fn drain<'a>(&'a self, target: &'a Target) -> StoreFuture<'a, Vec<Message>>;
+
+    /// How many messages are pending for `target`.
+    fn depth<'a>(&'a self, target: &'a Target) -> StoreFuture<'a, u64>;
+
+    /// The targets with at least one pending message, sorted. The AMQP backend can only see the
+    /// queues it has touched since it opened (AMQP 0.9.1 cannot list queues), so callers combine
+    /// this with their own member list and [`InboxStore::depth`].
+    fn targets(&self) -> StoreFuture<'_, Vec<Target>>;
+
+    /// A cheap probe for `/healthz`: `Ok` when the store can take writes right now.
+    fn health(&self) -> StoreFuture<'_, ()>;
+
+    /// Finishes in-flight operations, then releases the store (its files, lock or connection).
+    /// Later calls fail with [`StoreError::Closed`]. Dropping the store without closing it releases
+    /// it too; `close` only makes the release observable.
+    fn close(&self) -> StoreFuture<'_, ()>;
+
+    /// The backend's name for logs and `/healthz`: `memory`, `embedded` or `amqp`.
+    fn kind(&self) -> &'static str;
+}
+
+/// What [`InboxStore::publish`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishOutcome {
+    /// The message is now durable in its target's inbox.
+    Stored,
+    /// A message with this msgId was already stored (or recently acknowledged); nothing changed.
+    Duplicate,
+}
+
+/// Which backend to open and where (config `store:`).
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// The embedded SQLite file (default `$XDG_STATE_HOME/fleetd/inbox.db`). The lock file beside
+    /// it (`<path>.lock`) makes the daemon its only owner.
+    Embedded {
+        /// The database file; its directory is created when missing.
+        path: PathBuf,
+    },
+    /// An AMQP 0.9.1 broker (RabbitMQ, LavinMQ): one durable quorum queue per target.
+    Amqp {
+        /// `amqp://user:pass@host:5672/vhost`. Never logged or shown: it holds a password.
+        url: String,
+    },
+}
+
+impl fmt::Debug for StoreSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Embedded { path } => f.debug_struct("Embedded").field("path", path).finish(),
+            Self::Amqp { url } => f
+                .debug_struct("Amqp")
+                .field("url", &amqp::redact_url(url))
+                .finish(),
+        }
+    }
+}
+
+/// Settings every backend shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreOptions {
+    /// The limits a message must meet to be published (`inbox.maxMessageBytes`).
+    pub limits: MessageLimits,
+}
+
+/// Opens the backend `spec` names. For the embedded store this takes the exclusive lock (failing
+/// with [`StoreError::Locked`] naming the other owner's pid), checks the file and migrates its
+/// schema; a corrupt or newer file fails with a clear error and is never recreated. For AMQP it
+/// connects to the broker once, so a wrong URL fails at start-up rather than at the first reply.
+pub async fn open(
+    spec: &StoreSpec,
+    options: &StoreOptions,
+) -> Result<Arc<dyn InboxStore>, StoreError> {
+    match spec {
+        StoreSpec::Embedded { path } => {
+            let store = SqliteStore::open(path.clone(), *options).await?;
+            Ok(Arc::new(store))
+        }
+        StoreSpec::Amqp { url } => {
+            let store = AmqpStore::open(url, *options).await?;
+            Ok(Arc::new(store))
+        }
+    }
+}
+
+/// A store failure. Display reads after "failed to …".
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// Another process holds the embedded store's lock.
+    #[error(
+        "open the inbox at {}: it is in use by another fleetd ({holder}); stop that daemon or point store.path at another file",
+        path.display()
+    )]
+    Locked {
+        /// The database file.
+        path: PathBuf,
+        /// Who holds the lock, as far as the lock file says.
+        holder: LockHolder,
+    },
+    /// The embedded file is damaged or is not a fleetd inbox. It was left untouched.
+    #[error(
+        "open the inbox at {}: the file is corrupt or not a fleetd inbox ({detail}); it was left untouched — move it aside to start with an empty inbox",
+        path.display()
+    )]
+    Corrupt {
+        /// The database file.
+        path: PathBuf,
+        /// What the check found.
+        detail: String,
+    },
+    /// The embedded file was written by a newer fleetd.
+    #[error(
+        "open the inbox at {}: its schema version {found} is newer than this fleetd supports ({supported}); upgrade fleetd or point store.path at another file",
+        path.display()
+    )]
+    NewerSchema {
+        /// The database file.
+        path: PathBuf,
+        /// The version the file has.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// The message breaks a limit; nothing was stored.
+    #[error("accept the message: {0}")]
+    Refused(#[from] MessageError),
+    /// A stored message could not be decoded (the store holds data fleetd did not write).
+    #[error("read message {what} from the inbox: {detail}")]
+    Decode {
+        /// Which message or field.
+        what: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The storage engine or broker failed.
+    #[error("{op}: {source}")]
+    Backend {
+        /// What the store was doing, e.g. "commit a batch of inbox writes".
+        op: &'static str,
+        /// The engine's error.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// The broker refused to take the message (a publisher-confirm nack).
+    #[error("publish message {0} to the broker: it answered with a nack (not stored)")]
+    Nacked(MsgId),
+    /// The broker stayed unreachable for longer than the reconnect deadline.
+    #[error("reach the AMQP broker: {0}")]
+    Unavailable(String),
+    /// The store was closed (or its writer stopped).
+    #[error("use the inbox: it is closed")]
+    Closed,
+}
+
+impl StoreError {
+    pub(crate) fn backend(
+        op: &'static str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Backend {
+            op,
+            source: Arc::new(source),
+        }
+    }
+}
+
+/// Who holds the embedded store's lock, read from the lock file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockHolder {
+    /// The holder wrote its pid.
+    Pid(u32),
+    /// The lock is held but the file does not (yet) name a pid.
+    Unknown,
+}
+
+impl fmt::Display for LockHolder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pid(pid) => write!(f, "pid {pid}"),
+            Self::Unknown => f.write_str("pid unknown"),
+        }
+    }
+}
+
+/// A bounded set of msgIds that forgets the oldest first: the in-memory dedup memory of the memory
+/// and AMQP backends.
+#[derive(Debug)]
+pub(crate) struct RecentIds {
+    set: HashSet<MsgId>,
+    order: VecDeque<MsgId>,
+    capacity: usize,
+}
+
+impl RecentIds {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            set: HashSet::new(),
+            order: VecDeque::new(),
+            capacity,
+        }
+    }
+
+    /// Remembers `id`; false when it was already remembered.
+    pub(crate) fn insert(&mut self, id: MsgId) -> bool {
+        if !self.set.insert(id) {
+            return false;
+        }
+        self.order.push_back(id);
+        while self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        true
+    }
+
+    pub(crate) fn contains(&self, id: &MsgId) -> bool {
+        self.set.contains(id)
+    }
+
+    pub(crate) fn remove(&mut self, id: &MsgId) {
+        if self.set.remove(id) {
+            self.order.retain(|kept| kept != id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_ids_forget_the_oldest_beyond_capacity() {
+        let ids: Vec<MsgId> = (0..4).map(|i| MsgId::from_parts(i, [0; 10])).collect();
+        let mut recent = RecentIds::new(3);
+        for id in &ids {
+            assert!(recent.insert(*id));
+        }
+        assert!(!recent.contains(&ids[0]), "the oldest was forgotten");
+        assert!(ids[1..].iter().all(|id| recent.contains(id)));
+        assert!(
+            !recent.insert(ids[3]),
+            "a second insert reports a duplicate"
+        );
+        recent.remove(&ids[2]);
+        assert!(!recent.contains(&ids[2]));
+        assert!(recent.insert(ids[2]));
+    }
+
+    #[test]
+    fn errors_read_after_failed_to_and_name_the_pid() {
+        let err = StoreError::Locked {
+            path: PathBuf::from("/state/inbox.db"),
+            holder: LockHolder::Pid(4242),
+        };
+        let text = format!("failed to {err}");
+        assert!(
+            text.starts_with("failed to open the inbox at /state/inbox.db"),
+            "{text}"
+        );
+        assert!(text.contains("pid 4242"), "{text}");
+    }
+
+    #[test]
+    fn spec_debug_hides_the_amqp_password() {
+        let spec = StoreSpec::Amqp {
+            url: "amqp://fleet:s3cret@broker:5672/prod".to_owned(),
+        };
+        let shown = format!("{spec:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("broker:5672"), "{shown}");
+    }
+}

@@ -1,0 +1,138 @@
+//! The in-memory inbox backend for core and driver tests. Not durable: it must never be what a
+//! running daemon stores replies in.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use fleetd_core::{Message, MessageLimits, MsgId, Target};
+
+use super::{DEDUP_WINDOW, InboxStore, PublishOutcome, RecentIds, StoreError, StoreFuture};
+
+/// An inbox in memory. Clones share the same contents, so a test can "reopen" by cloning.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<State>>,
+    limits: MessageLimits,
+}
+
+#[derive(Debug)]
+struct State {
+    queues: BTreeMap<Target, VecDeque<Message>>,
+    acked: RecentIds,
+}
+
+impl MemoryStore {
+    /// An empty store that enforces `limits`.
+    pub fn new(limits: MessageLimits) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(State {
+                queues: BTreeMap::new(),
+                acked: RecentIds::new(DEDUP_WINDOW),
+            })),
+            limits,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock leaves plain data behind; keep serving it.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn publish_now(&self, message: Message) -> Result<PublishOutcome, StoreError> {
+        message.check(&self.limits)?;
+        let mut state = self.state();
+        let known = state.acked.contains(&message.msg_id)
+            || state
+                .queues
+                .values()
+                .any(|queue| queue.iter().any(|held| held.msg_id == message.msg_id));
+        if known {
+            return Ok(PublishOutcome::Duplicate);
+        }
+        state
+            .queues
+            .entry(message.target.clone())
+            .or_default()
+            .push_back(message);
+        Ok(PublishOutcome::Stored)
+    }
+
+    fn ack_now(&self, target: &Target, msg_id: MsgId) -> bool {
+        let mut state = self.state();
+        let Some(queue) = state.queues.get_mut(target) else {
+            return false;
+        };
+        let Some(index) = queue.iter().position(|m| m.msg_id == msg_id) else {
+            return false;
+        };
+        queue.remove(index);
+        if queue.is_empty() {
+            state.queues.remove(target);
+        }
+        state.acked.insert(msg_id);
+        true
+    }
+}
+
+impl InboxStore for MemoryStore {
+    fn publish(&self, message: Message) -> StoreFuture<'_, PublishOutcome> {
+        Box::pin(async move { self.publish_now(message) })
+    }
+
+    fn peek<'a>(&'a self, target: &'a Target, limit: usize) -> StoreFuture<'a, Vec<Message>> {
+        Box::pin(async move {
+            let state = self.state();
+            Ok(state
+                .queues
+                .get(target)
+                .map(|queue| queue.iter().take(limit).cloned().collect())
+                .unwrap_or_default())
+        })
+    }
+
+    fn ack<'a>(&'a self, target: &'a Target, msg_id: MsgId) -> StoreFuture<'a, bool> {
+        Box::pin(async move { Ok(self.ack_now(target, msg_id)) })
+    }
+
+    fn drain<'a>(&'a self, target: &'a Target) -> StoreFuture<'a, Vec<Message>> {
+        Box::pin(async move {
+            let mut state = self.state();
+            let drained: Vec<Message> = state
+                .queues
+                .remove(target)
+                .map(Vec::from)
+                .unwrap_or_default();
+            for message in &drained {
+                state.acked.insert(message.msg_id);
+            }
+            Ok(drained)
+        })
+    }
+
+    fn depth<'a>(&'a self, target: &'a Target) -> StoreFuture<'a, u64> {
+        Box::pin(async move {
+            let state = self.state();
+            Ok(state
+                .queues
+                .get(target)
+                .map_or(0, |queue| queue.len() as u64))
+        })
+    }
+
+    fn targets(&self) -> StoreFuture<'_, Vec<Target>> {
+        Box::pin(async move { Ok(self.state().queues.keys().cloned().collect()) })
+    }
+
+    fn health(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move { Ok(()) })
+    }
+
+    fn close(&self) -> StoreFuture<'_, ()> {
+        // Clones share the contents, and a test "reopens" by cloning: closing forgets nothing.
+        Box::pin(async move { Ok(()) })
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}

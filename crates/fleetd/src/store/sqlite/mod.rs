@@ -1,0 +1,479 @@
+//! The embedded inbox: a SQLite file in WAL mode with `synchronous=FULL`, owned by one process
+//! (the state lock), written by one thread that group-commits, read through a second connection.
+//! Knows SQLite; must not know who publishes or why.
+
+mod schema;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use rusqlite::{Connection, params};
+use tokio::sync::{mpsc, oneshot};
+
+use fleetd_core::{Message, MessageLimits, MsgId, Target, Ticket};
+
+use super::lock::StateLock;
+use super::{InboxStore, PublishOutcome, StoreError, StoreFuture, StoreOptions};
+use writer::Op;
+
+/// The embedded inbox store. See the module docs for its guarantees.
+#[derive(Debug)]
+pub struct SqliteStore {
+    path: PathBuf,
+    limits: MessageLimits,
+    writer: Mutex<Option<Writer>>,
+    reader: Arc<Mutex<Option<Connection>>>,
+    lock: Mutex<Option<StateLock>>,
+    stats: Arc<writer::Stats>,
+}
+
+#[derive(Debug)]
+struct Writer {
+    ops: mpsc::Sender<Op>,
+    thread: JoinHandle<()>,
+}
+
+fn guard<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded values stay consistent across a panic (they are handles), so poison is ignored.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl SqliteStore {
+    /// The schema version this build writes; a file with a newer one is refused.
+    pub const SCHEMA_VERSION: i64 = schema::SCHEMA_VERSION;
+
+    /// Opens (or creates) the inbox at `path`: takes the lock beside it, checks and migrates the
+    /// file, and starts the writer thread. Fails with [`StoreError::Locked`],
+    /// [`StoreError::Corrupt`] or [`StoreError::NewerSchema`] without modifying the file.
+    pub async fn open(path: PathBuf, options: StoreOptions) -> Result<Self, StoreError> {
+        tokio::task::spawn_blocking(move || Self::open_blocking(path, options))
+            .await
+            .map_err(|err| StoreError::backend("open the embedded inbox", err))?
+    }
+
+    fn open_blocking(path: PathBuf, options: StoreOptions) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|err| StoreError::backend("create the inbox directory", err))?;
+        }
+        let lock = StateLock::acquire(&path)?;
+        let conn = schema::open_writer(&path)?;
+        let reader = schema::open_reader(&path)?;
+        let (ops, rx) = mpsc::channel(writer::WRITE_QUEUE_CAPACITY);
+        let stats = Arc::new(writer::Stats::default());
+        let thread_stats = Arc::clone(&stats);
+        let thread = std::thread::Builder::new()
+            .name("fleetd-inbox-writer".to_owned())
+            .spawn(move || writer::run(conn, rx, &thread_stats))
+            .map_err(|err| StoreError::backend("start the inbox writer thread", err))?;
+        tracing::info!(path = %path.display(), schema = Self::SCHEMA_VERSION, "embedded inbox open");
+        Ok(Self {
+            path,
+            limits: options.limits,
+            writer: Mutex::new(Some(Writer { ops, thread })),
+            reader: Arc::new(Mutex::new(Some(reader))),
+            lock: Mutex::new(Some(lock)),
+            stats,
+        })
+    }
+
+    /// How many transactions the writer has committed, and how many operations they carried.
+    /// Their ratio is the group-commit factor (the benchmark prints it).
+    pub fn commit_stats(&self) -> (u64, u64) {
+        (
+            self.stats
+                .commits
+                .load(std::sync::atomic::Ordering::Relaxed),
+            self.stats.ops.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sends one write to the writer thread and waits for its committed result.
+    async fn write<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Op,
+    ) -> Result<T, StoreError> {
+        let ops = guard(&self.writer)
+            .as_ref()
+            .map(|writer| writer.ops.clone())
+            .ok_or(StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        ops.send(make(reply))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Runs `query` on the read connection on a blocking thread.
+    async fn read<T: Send + 'static>(
+        &self,
+        query: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let reader = Arc::clone(&self.reader);
+        tokio::task::spawn_blocking(move || {
+            let conn = guard(&reader);
+            let conn = conn.as_ref().ok_or(StoreError::Closed)?;
+            query(conn)
+        })
+        .await
+        .map_err(|err| StoreError::backend("read the embedded inbox", err))?
+    }
+
+    /// Stops the writer after it finished every queued write, then closes the reader and releases
+    /// the lock, in that order, so the next owner never sees a half-closed file.
+    fn shut_down(&self) {
+        if let Some(Writer { ops, thread }) = guard(&self.writer).take() {
+            drop(ops);
+            if thread.join().is_err() {
+                tracing::error!("the inbox writer thread panicked");
+            }
+        }
+        drop(guard(&self.reader).take());
+        drop(guard(&self.lock).take());
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        // Joining blocks for at most the commit in flight; it makes the release of the lock
+        // deterministic, so a store opened right after this one was dropped does not see it locked.
+        self.shut_down();
+    }
+}
+
+impl InboxStore for SqliteStore {
+    fn publish(&self, message: Message) -> StoreFuture<'_, PublishOutcome> {
+        Box::pin(async move {
+            message.check(&self.limits)?;
+            self.write(|reply| Op::Publish { message, reply }).await
+        })
+    }
+
+    fn peek<'a>(&'a self, target: &'a Target, limit: usize) -> StoreFuture<'a, Vec<Message>> {
+        let target = target.clone();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        Box::pin(self.read(move |conn| select_pending(conn, &target, limit)))
+    }
+
+    fn ack<'a>(&'a self, target: &'a Target, msg_id: MsgId) -> StoreFuture<'a, bool> {
+        let target = target.clone();
+        Box::pin(self.write(move |reply| Op::Ack {
+            target,
+            msg_id,
+            reply,
+        }))
+    }
+
+    fn drain<'a>(&'a self, target: &'a Target) -> StoreFuture<'a, Vec<Message>> {
+        let target = target.clone();
+        Box::pin(self.write(move |reply| Op::Drain { target, reply }))
+    }
+
+    fn depth<'a>(&'a self, target: &'a Target) -> StoreFuture<'a, u64> {
+        let target = target.clone();
+        Box::pin(self.read(move |conn| {
+            conn.prepare_cached("SELECT count(*) FROM messages WHERE target = ?1")
+                .and_then(|mut stmt| stmt.query_row([target.as_str()], |row| row.get::<_, i64>(0)))
+                .map(|count| u64::try_from(count).unwrap_or(0))
+                .map_err(|err| StoreError::backend("count the embedded inbox", err))
+        }))
+    }
+
+    fn targets(&self) -> StoreFuture<'_, Vec<Target>> {
+        Box::pin(self.read(|conn| {
+            let fail = |err| StoreError::backend("list the embedded inbox targets", err);
+            let names: Vec<String> = conn
+                .prepare_cached("SELECT DISTINCT target FROM messages ORDER BY target")
+                .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
+                .map_err(fail)?;
+            names
+                .into_iter()
+                .map(|name| {
+                    Target::new(name).map_err(|err| StoreError::Decode {
+                        what: "target".to_owned(),
+                        detail: err.to_string(),
+                    })
+                })
+                .collect()
+        }))
+    }
+
+    fn health(&self) -> StoreFuture<'_, ()> {
+        Box::pin(self.write(|reply| Op::Probe { reply }))
+    }
+
+    fn close(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let writer = guard(&self.writer).take();
+            if let Some(Writer { ops, thread }) = writer {
+                drop(ops);
+                // The join waits for the writer's last commit: do it off the async threads.
+                let joined = tokio::task::spawn_blocking(move || thread.join()).await;
+                if !matches!(joined, Ok(Ok(()))) {
+                    tracing::error!("the inbox writer thread panicked");
+                }
+            }
+            self.shut_down();
+            Ok(())
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        "embedded"
+    }
+}
+
+/// The oldest `limit` pending messages of `target`. Shared by reads and the writer's drain.
+fn select_pending(
+    conn: &Connection,
+    target: &Target,
+    limit: i64,
+) -> Result<Vec<Message>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT msg_id, target, ticket, kind, sender, created_at, body
+             FROM messages WHERE target = ?1 ORDER BY seq LIMIT ?2",
+        )
+        .map_err(|err| StoreError::backend("read the embedded inbox", err))?;
+    let mut rows = stmt
+        .query(params![target.as_str(), limit])
+        .map_err(|err| StoreError::backend("read the embedded inbox", err))?;
+    let mut messages = Vec::new();
+    while let Some(row) = rows
+        .next()
+        .map_err(|err| StoreError::backend("read the embedded inbox", err))?
+    {
+        messages.push(decode_row(row)?);
+    }
+    Ok(messages)
+}
+
+/// Rebuilds a message from its row, validating every field as its type demands.
+fn decode_row(row: &rusqlite::Row<'_>) -> Result<Message, StoreError> {
+    let text = |index: usize| -> Result<String, StoreError> {
+        row.get::<_, String>(index)
+            .map_err(|err| StoreError::backend("read a stored message", err))
+    };
+    let msg_id = text(0)?;
+    let bad = |field: &str, detail: String| StoreError::Decode {
+        what: format!("{msg_id} field {field}"),
+        detail,
+    };
+    let ticket: Option<String> = row
+        .get(2)
+        .map_err(|err| StoreError::backend("read a stored message", err))?;
+    Ok(Message {
+        msg_id: MsgId::parse(&msg_id).map_err(|err| bad("msg_id", err.to_string()))?,
+        target: Target::new(text(1)?).map_err(|err| bad("target", err.to_string()))?,
+        ticket: ticket
+            .map(|t| Ticket::parse(&t))
+            .transpose()
+            .map_err(|err| bad("ticket", err.to_string()))?,
+        kind: text(3)?
+            .parse()
+            .map_err(|err: fleetd_core::MessageError| bad("kind", err.to_string()))?,
+        from: text(4)?,
+        created_at: text(5)?
+            .parse()
+            .map_err(|err: jiff::Error| bad("created_at", err.to_string()))?,
+        text: text(6)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::LockHolder;
+    use fleetd_core::MessageKind;
+
+    fn message(target: &str, n: u64) -> Message {
+        Message {
+            msg_id: MsgId::from_parts(1_700_000_000_000 + n, [n as u8; 10]),
+            target: Target::new(target).expect("valid target"),
+            ticket: None,
+            kind: MessageKind::Reply,
+            text: format!("message {n}"),
+            from: "alice".to_owned(),
+            created_at: jiff::Timestamp::from_second(1_700_000_000).expect("valid"),
+        }
+    }
+
+    async fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open(path.to_owned(), StoreOptions::default()).await
+    }
+
+    #[tokio::test]
+    async fn a_second_open_is_refused_naming_the_holder_until_the_first_closes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state/inbox.db");
+        let first = open(&path)
+            .await
+            .expect("first open creates the directory and file");
+        let err = open(&path).await.expect_err("second open must fail");
+        assert!(
+            matches!(err, StoreError::Locked { holder: LockHolder::Pid(pid), .. } if pid == std::process::id()),
+            "{err:?}"
+        );
+        first.close().await.expect("close");
+        let again = open(&path).await.expect("the lock is free after close");
+        drop(again);
+        let third = open(&path).await.expect("the lock is free after drop");
+        drop(third);
+    }
+
+    #[tokio::test]
+    async fn acknowledged_ids_stay_duplicates_after_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inbox.db");
+        let m = message("bob", 1);
+        let store = open(&path).await.expect("open");
+        assert_eq!(
+            store.publish(m.clone()).await.expect("publish"),
+            PublishOutcome::Stored
+        );
+        assert!(store.ack(&m.target, m.msg_id).await.expect("ack"));
+        store.close().await.expect("close");
+        let store = open(&path).await.expect("reopen");
+        assert_eq!(
+            store.publish(m.clone()).await.expect("publish"),
+            PublishOutcome::Duplicate
+        );
+        assert_eq!(store.depth(&m.target).await.expect("depth"), 0);
+        store.health().await.expect("healthy");
+        store.close().await.expect("close");
+        assert!(matches!(store.publish(m).await, Err(StoreError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn garbage_is_refused_as_corrupt_and_left_untouched() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inbox.db");
+        let garbage: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &garbage).expect("write garbage");
+        let err = open(&path).await.expect_err("garbage must be refused");
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+        assert!(err.to_string().contains("left untouched"), "{err}");
+        assert_eq!(std::fs::read(&path).expect("read back"), garbage);
+    }
+
+    #[tokio::test]
+    async fn damaged_pages_are_refused_as_corrupt() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inbox.db");
+        let store = open(&path).await.expect("open");
+        for n in 0..400 {
+            store.publish(message("carol", n)).await.expect("publish");
+        }
+        store.close().await.expect("close");
+        let mut bytes = std::fs::read(&path).expect("read");
+        assert!(bytes.len() > 8 * 4096, "the file spans many pages");
+        // Smash every page after the first: the header stays valid, every b-tree page is garbage.
+        for byte in &mut bytes[4096..] {
+            *byte = 0xA5;
+        }
+        std::fs::write(&path, &bytes).expect("write damaged");
+        let err = open(&path).await.expect_err("damaged file must be refused");
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+        assert_eq!(std::fs::read(&path).expect("read back"), bytes);
+    }
+
+    #[tokio::test]
+    async fn a_foreign_sqlite_file_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inbox.db");
+        let conn = Connection::open(&path).expect("create foreign db");
+        conn.execute_batch("CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine');")
+            .expect("foreign schema");
+        drop(conn);
+        let err = open(&path).await.expect_err("foreign file must be refused");
+        assert!(err.to_string().contains("not a fleetd inbox"), "{err}");
+        let conn = Connection::open(&path).expect("reopen foreign db");
+        let body: String = conn
+            .query_row("SELECT body FROM notes", [], |row| row.get(0))
+            .expect("the foreign data is still there");
+        assert_eq!(body, "mine");
+    }
+
+    #[tokio::test]
+    async fn a_newer_schema_is_refused_with_both_versions() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inbox.db");
+        let store = open(&path).await.expect("open");
+        store.publish(message("dave", 1)).await.expect("publish");
+        store.close().await.expect("close");
+        let conn = Connection::open(&path).expect("open raw");
+        conn.execute("UPDATE schema_version SET version = 99", [])
+            .expect("bump version");
+        drop(conn);
+        let before = std::fs::read(&path).expect("read");
+        let err = open(&path).await.expect_err("newer schema must be refused");
+        assert!(
+            matches!(err, StoreError::NewerSchema { found: 99, supported, .. } if supported == SqliteStore::SCHEMA_VERSION),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("upgrade fleetd"), "{err}");
+        assert_eq!(std::fs::read(&path).expect("read back"), before);
+    }
+
+    #[test]
+    fn queued_writes_share_one_commit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inbox.db");
+        let conn = schema::open_writer(&path).expect("open writer");
+        let (ops, rx) = mpsc::channel(writer::WRITE_QUEUE_CAPACITY);
+        // Queue 64 publishes, a duplicate and an ack before the writer runs: it must fold them all
+        // into one transaction and still answer each one as if it ran alone, in order.
+        let mut answers = Vec::new();
+        for n in 0..64 {
+            let (reply, answer) = oneshot::channel();
+            ops.try_send(Op::Publish {
+                message: message("erin", n),
+                reply,
+            })
+            .expect("queue has room");
+            answers.push(answer);
+        }
+        let (reply, duplicate) = oneshot::channel();
+        ops.try_send(Op::Publish {
+            message: message("erin", 0),
+            reply,
+        })
+        .expect("queue has room");
+        let (reply, acked) = oneshot::channel();
+        let erin = Target::new("erin").expect("valid");
+        ops.try_send(Op::Ack {
+            target: erin,
+            msg_id: message("erin", 5).msg_id,
+            reply,
+        })
+        .expect("queue has room");
+        drop(ops);
+        let stats = writer::Stats::default();
+        writer::run(conn, rx, &stats);
+        assert_eq!(stats.commits.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!(stats.ops.load(std::sync::atomic::Ordering::Relaxed), 66);
+        for answer in answers {
+            assert!(matches!(
+                answer.blocking_recv().expect("answered"),
+                Ok(PublishOutcome::Stored)
+            ));
+        }
+        assert!(matches!(
+            duplicate.blocking_recv().expect("answered"),
+            Ok(PublishOutcome::Duplicate)
+        ));
+        assert!(matches!(acked.blocking_recv().expect("answered"), Ok(true)));
+        let reader = schema::open_reader(&path).expect("open reader");
+        let count: i64 = reader
+            .query_row("SELECT count(*) FROM messages", [], |row| row.get(0))
+            .expect("count");
+        assert_eq!(count, 63);
+    }
+}
