@@ -5,6 +5,8 @@
 pub mod ids;
 pub mod message;
 pub mod pane;
+pub mod sanitize;
+pub mod ticket;
 
 pub use ids::{IdError, MsgId, Target, Ticket};
 pub use message::{Message, MessageError, MessageKind, MessageLimits};
@@ -12,3 +14,5 @@ pub use pane::{
     AgentStatus, DaemonName, MuxDaemon, PaneId, PaneIdError, PaneRef, QualifiedPaneId, TabId,
     TerminalId, WorkspaceId,
 };
+pub use sanitize::{Injection, clean_line, plan_injection};
+pub use ticket::{TicketBook, TicketEvent, TicketLookup, TicketRecord, TicketRefusal, TicketState};

@@ -1,0 +1,421 @@
+//! Tickets: one delegated task's life, as a pure state machine (SPEC §3). Owns which transitions
+//! are legal and how long a finished ticket is kept (counted from its finish). Knows nothing
+//! about panes, MCP or storage; time comes in as `now`.
+
+use std::collections::BTreeMap;
+
+use jiff::{SignedDuration, Timestamp};
+use serde::Serialize;
+
+use crate::ids::{Target, Ticket};
+
+/// Where a ticket stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TicketState {
+    /// Waiting in the member's queue until it is ready.
+    Queued,
+    /// Typed into the member's pane; its turn has not been seen starting yet.
+    Delivered,
+    /// The member's turn started.
+    Working,
+    /// The member answered with `fleet_reply`.
+    Replied,
+    /// The member's turn ended without a reply; a fallback message carries its output.
+    EndedWithoutReply,
+    /// Delivery could not be verified (the member never left idle, even after one retry).
+    Stalled,
+    /// The member went away (stopped, exited, reaped) before answering.
+    Failed,
+    /// Withdrawn before it was answered.
+    Cancelled,
+}
+
+impl TicketState {
+    /// True once the ticket will not move on its own any more.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Replied
+                | Self::EndedWithoutReply
+                | Self::Stalled
+                | Self::Failed
+                | Self::Cancelled
+        )
+    }
+
+    /// The wire name (`ended_without_reply`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Delivered => "delivered",
+            Self::Working => "working",
+            Self::Replied => "replied",
+            Self::EndedWithoutReply => "ended_without_reply",
+            Self::Stalled => "stalled",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What happened to a ticket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TicketEvent {
+    /// The task was typed into the pane.
+    Delivered,
+    /// The member left idle: its turn started.
+    TurnStarted,
+    /// The member called `fleet_reply` for this ticket.
+    Replied,
+    /// The member's turn ended with no reply for this ticket.
+    TurnEndedWithoutReply,
+    /// Delivery was not verified after the retry.
+    Stalled,
+    /// The member is gone; the cause is kept (`stopped`, `exited`, `idle`, `shutdown`).
+    MemberGone(String),
+    /// The lead or the daemon withdrew it; the cause is kept.
+    Cancelled(String),
+}
+
+/// Why an event did not apply. A refusal is a value, not an error: callers log and move on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TicketRefusal {
+    /// No such ticket (never opened, or pruned).
+    #[error("no ticket {0}")]
+    Unknown(Ticket),
+    /// The event does not apply in the ticket's current state.
+    #[error("ticket {ticket} is {}: {event} does not apply", state.as_str())]
+    Illegal {
+        /// The ticket.
+        ticket: Ticket,
+        /// Its state.
+        state: TicketState,
+        /// The event, described.
+        event: String,
+    },
+}
+
+/// One ticket's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TicketRecord {
+    /// Its id.
+    pub ticket: Ticket,
+    /// The member it was sent to.
+    pub target: Target,
+    /// Its state.
+    pub state: TicketState,
+    /// When it was opened.
+    pub created_at: Timestamp,
+    /// When it reached a terminal state.
+    pub finished_at: Option<Timestamp>,
+    /// Why it failed or was cancelled.
+    pub cause: Option<String>,
+}
+
+/// What a lookup found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TicketLookup<'a> {
+    /// Known and kept.
+    Live(&'a TicketRecord),
+    /// Finished longer ago than the retention: the reply, if any, is in the member's inbox.
+    Expired,
+    /// Never seen.
+    Unknown,
+}
+
+/// Every ticket the daemon knows, with retention counted from each ticket's finish.
+#[derive(Debug, Clone)]
+pub struct TicketBook {
+    tickets: BTreeMap<Ticket, TicketRecord>,
+    ttl_after_finish: SignedDuration,
+    /// Ids pruned so far (up to `PRUNED_MEMORY`, oldest dropped first), so a poll of one can
+    /// answer `expired` rather than `unknown`.
+    pruned: BTreeMap<Ticket, Timestamp>,
+}
+
+/// How many pruned ids are remembered so a poll can answer `expired`; older ones read `unknown`.
+const PRUNED_MEMORY: usize = 65_536;
+
+impl TicketBook {
+    /// An empty book keeping finished tickets for `ttl_after_finish`.
+    pub fn new(ttl_after_finish: SignedDuration) -> Self {
+        Self {
+            tickets: BTreeMap::new(),
+            ttl_after_finish,
+            pruned: BTreeMap::new(),
+        }
+    }
+
+    /// Opens a ticket in `Queued`.
+    pub fn open_at(&mut self, ticket: Ticket, target: Target, now: Timestamp) -> &TicketRecord {
+        self.tickets.entry(ticket).or_insert(TicketRecord {
+            ticket,
+            target,
+            state: TicketState::Queued,
+            created_at: now,
+            finished_at: None,
+            cause: None,
+        })
+    }
+
+    /// Applies `event` to `ticket` at `now` and returns the new state.
+    ///
+    /// A reply is accepted in every state but `failed`/`cancelled`/`replied`, including after
+    /// `stalled` or `ended_without_reply`: a late answer is still the answer.
+    pub fn apply_at(
+        &mut self,
+        ticket: Ticket,
+        event: TicketEvent,
+        now: Timestamp,
+    ) -> Result<TicketState, TicketRefusal> {
+        use TicketState as S;
+        let record = self
+            .tickets
+            .get_mut(&ticket)
+            .ok_or(TicketRefusal::Unknown(ticket))?;
+        let (next, cause) = match (record.state, event) {
+            (S::Queued, TicketEvent::Delivered) => (S::Delivered, None),
+            (S::Queued | S::Delivered, TicketEvent::TurnStarted) => (S::Working, None),
+            (S::Delivered | S::Working, TicketEvent::TurnEndedWithoutReply) => {
+                (S::EndedWithoutReply, None)
+            }
+            (S::Queued | S::Delivered, TicketEvent::Stalled) => (S::Stalled, None),
+            (
+                S::Queued | S::Delivered | S::Working | S::Stalled | S::EndedWithoutReply,
+                TicketEvent::Replied,
+            ) => (S::Replied, None),
+            (S::Queued | S::Delivered | S::Working, TicketEvent::MemberGone(cause)) => {
+                (S::Failed, Some(cause))
+            }
+            (S::Queued | S::Delivered | S::Working, TicketEvent::Cancelled(cause)) => {
+                (S::Cancelled, Some(cause))
+            }
+            (state, event) => {
+                return Err(TicketRefusal::Illegal {
+                    ticket,
+                    state,
+                    event: format!("{event:?}"),
+                });
+            }
+        };
+        record.state = next;
+        if cause.is_some() {
+            record.cause = cause;
+        }
+        if next.is_terminal() {
+            // A late reply after stalled/ended keeps the first finish time: retention is about
+            // how long the ticket has been settled, and a reply only improves its answer.
+            record.finished_at.get_or_insert(now);
+        }
+        Ok(next)
+    }
+
+    /// Looks a ticket up as of `now` (a finished ticket past its retention reads `Expired`).
+    pub fn get_at(&self, ticket: Ticket, now: Timestamp) -> TicketLookup<'_> {
+        match self.tickets.get(&ticket) {
+            Some(r) if self.expired(r, now) => TicketLookup::Expired,
+            Some(r) => TicketLookup::Live(r),
+            None if self.pruned.contains_key(&ticket) => TicketLookup::Expired,
+            None => TicketLookup::Unknown,
+        }
+    }
+
+    fn expired(&self, record: &TicketRecord, now: Timestamp) -> bool {
+        record
+            .finished_at
+            .and_then(|f| f.checked_add(self.ttl_after_finish).ok())
+            .is_some_and(|deadline| now >= deadline)
+    }
+
+    /// Drops every ticket finished at least the retention ago; returns the dropped ids.
+    pub fn prune_at(&mut self, now: Timestamp) -> Vec<Ticket> {
+        let gone: Vec<Ticket> = self
+            .tickets
+            .values()
+            .filter(|r| self.expired(r, now))
+            .map(|r| r.ticket)
+            .collect();
+        for ticket in &gone {
+            self.tickets.remove(ticket);
+            self.pruned.insert(*ticket, now);
+        }
+        while self.pruned.len() > PRUNED_MEMORY {
+            self.pruned.pop_first();
+        }
+        gone
+    }
+
+    /// When the next prune has something to do, if ever.
+    pub fn next_expiry(&self) -> Option<Timestamp> {
+        self.tickets
+            .values()
+            .filter_map(|r| r.finished_at?.checked_add(self.ttl_after_finish).ok())
+            .min()
+    }
+
+    /// The member's tickets that are not finished, oldest first.
+    pub fn open_for(&self, target: &Target) -> Vec<&TicketRecord> {
+        self.tickets
+            .values()
+            .filter(|r| &r.target == target && !r.state.is_terminal())
+            .collect()
+    }
+
+    /// The member's tickets, newest first, at most `limit`.
+    pub fn recent_for(&self, target: &Target, limit: usize) -> Vec<&TicketRecord> {
+        self.tickets
+            .values()
+            .rev()
+            .filter(|r| &r.target == target)
+            .take(limit)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn t0() -> Timestamp {
+        Timestamp::from_second(1_800_000_000).expect("valid")
+    }
+
+    fn secs(n: i64) -> SignedDuration {
+        SignedDuration::from_secs(n)
+    }
+
+    fn alice() -> Target {
+        Target::new("alice").expect("valid")
+    }
+
+    fn book_with(ticket: Ticket) -> TicketBook {
+        let mut book = TicketBook::new(secs(600));
+        book.open_at(ticket, alice(), t0());
+        book
+    }
+
+    /// Runs `events` from a fresh ticket and returns the states (or refusals) step by step.
+    fn check(events: &[TicketEvent], expect: &[&str]) {
+        let ticket = Ticket::from_parts(1, [0; 10]);
+        let mut book = book_with(ticket);
+        let got: Vec<String> = events
+            .iter()
+            .map(|e| match book.apply_at(ticket, e.clone(), t0()) {
+                Ok(s) => s.as_str().to_owned(),
+                Err(TicketRefusal::Illegal { .. }) => "refused".to_owned(),
+                Err(TicketRefusal::Unknown(_)) => "unknown".to_owned(),
+            })
+            .collect();
+        assert_eq!(got, expect, "events {events:?}");
+    }
+
+    #[test]
+    fn transitions() {
+        use TicketEvent as E;
+        check(
+            &[E::Delivered, E::TurnStarted, E::Replied],
+            &["delivered", "working", "replied"],
+        );
+        check(
+            &[
+                E::Delivered,
+                E::TurnStarted,
+                E::TurnEndedWithoutReply,
+                E::Replied,
+            ],
+            &["delivered", "working", "ended_without_reply", "replied"],
+        );
+        check(
+            &[E::Delivered, E::Stalled, E::Replied],
+            &["delivered", "stalled", "replied"],
+        );
+        check(
+            &[E::MemberGone("stopped".into()), E::Replied],
+            &["failed", "refused"],
+        );
+        check(
+            &[E::Cancelled("lead".into()), E::Delivered],
+            &["cancelled", "refused"],
+        );
+        check(&[E::TurnEndedWithoutReply], &["refused"]);
+        check(&[E::Replied, E::Replied], &["replied", "refused"]);
+    }
+
+    #[test]
+    fn retention_counts_from_the_finish_not_the_creation() {
+        let ticket = Ticket::from_parts(1, [0; 10]);
+        let mut book = book_with(ticket);
+        let finish = t0() + secs(1000);
+        book.apply_at(ticket, TicketEvent::Replied, finish)
+            .expect("replies");
+        assert!(matches!(
+            book.get_at(ticket, finish + secs(599)),
+            TicketLookup::Live(_)
+        ));
+        assert_eq!(book.next_expiry(), Some(finish + secs(600)));
+        assert!(book.prune_at(finish + secs(599)).is_empty());
+        assert_eq!(book.prune_at(finish + secs(600)), vec![ticket]);
+        assert_eq!(
+            book.get_at(ticket, finish + secs(601)),
+            TicketLookup::Expired
+        );
+        let never = Ticket::from_parts(2, [0; 10]);
+        assert_eq!(book.get_at(never, finish), TicketLookup::Unknown);
+    }
+
+    #[test]
+    fn member_gone_keeps_its_cause() {
+        let ticket = Ticket::from_parts(1, [0; 10]);
+        let mut book = book_with(ticket);
+        book.apply_at(ticket, TicketEvent::MemberGone("exited".into()), t0())
+            .expect("fails");
+        let TicketLookup::Live(r) = book.get_at(ticket, t0()) else {
+            panic!("live")
+        };
+        assert_eq!(
+            (r.state, r.cause.as_deref()),
+            (TicketState::Failed, Some("exited"))
+        );
+        assert!(book.open_for(&alice()).is_empty());
+    }
+
+    fn any_event() -> impl Strategy<Value = TicketEvent> {
+        prop_oneof![
+            Just(TicketEvent::Delivered),
+            Just(TicketEvent::TurnStarted),
+            Just(TicketEvent::Replied),
+            Just(TicketEvent::TurnEndedWithoutReply),
+            Just(TicketEvent::Stalled),
+            Just(TicketEvent::MemberGone("exited".into())),
+            Just(TicketEvent::Cancelled("stop".into())),
+        ]
+    }
+
+    proptest! {
+        /// Whatever happens, an unfinished ticket is never pruned and a finished one is kept
+        /// exactly until its finish plus the retention.
+        #[test]
+        fn pruning_respects_finish_plus_ttl(
+            steps in proptest::collection::vec((any_event(), 0i64..2000), 0..12),
+            probe in 0i64..5000,
+        ) {
+            let ticket = Ticket::from_parts(1, [0; 10]);
+            let mut book = book_with(ticket);
+            let mut now = t0();
+            for (event, gap) in steps {
+                now += secs(gap);
+                let _ = book.apply_at(ticket, event, now);
+            }
+            let at = now + secs(probe);
+            let finished = book.tickets.get(&ticket).and_then(|r| r.finished_at);
+            let pruned = book.prune_at(at).contains(&ticket);
+            match finished {
+                None => prop_assert!(!pruned),
+                Some(f) => prop_assert_eq!(pruned, at >= f + secs(600)),
+            }
+        }
+    }
+}
