@@ -1,0 +1,425 @@
+//! The injector's policy (SPEC §3 delivery rules): one FIFO of tasks per member, a task typed only
+//! when the member is ready (at rest and its MCP presence seen), delivery verified by the member
+//! leaving rest within a grace period (one retry of the submit, then `stalled`), and the
+//! turn-done fallback when a turn ends without a reply. Pure: inputs and `now` in, effects out;
+//! the driver performs them and reports results back as inputs.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use jiff::{SignedDuration, Timestamp};
+
+use crate::ids::{Target, Ticket};
+use crate::ticket::TicketEvent;
+
+/// What the multiplexer says a member is doing, reduced to what delivery needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activity {
+    /// Idle or done: a prompt is waiting for input.
+    AtRest,
+    /// Working (or blocked on a prompt of its own): not ready for a task.
+    Busy,
+    /// No reading yet.
+    Unknown,
+}
+
+/// Inputs to the injector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InjectorInput {
+    /// A member joined (spawned, or adopted at start-up).
+    MemberAdded {
+        /// The member.
+        target: Target,
+    },
+    /// Queue a task for a member, behind any already queued.
+    Enqueue {
+        /// The member.
+        target: Target,
+        /// The task's ticket.
+        ticket: Ticket,
+    },
+    /// The member's agent status changed.
+    Activity {
+        /// The member.
+        target: Target,
+        /// Its new activity.
+        activity: Activity,
+    },
+    /// A process in the member's pane opened an MCP session with fleetd (this incarnation).
+    PresenceSeen {
+        /// The member.
+        target: Target,
+    },
+    /// The driver finished typing a task (or pressing Enter again).
+    Typed {
+        /// The member.
+        target: Target,
+        /// The ticket typed.
+        ticket: Ticket,
+        /// Whether the multiplexer accepted it.
+        ok: bool,
+    },
+    /// The member answered a ticket with `fleet_reply`.
+    Replied {
+        /// The member.
+        target: Target,
+        /// The ticket answered.
+        ticket: Ticket,
+    },
+    /// The driver recorded the fallback message for a turn that ended without a reply.
+    FallbackRecorded {
+        /// The member.
+        target: Target,
+    },
+    /// Time passed; deadlines are checked.
+    Tick,
+    /// The member is gone; its queue is dropped (the caller fails the tickets).
+    MemberRemoved {
+        /// The member.
+        target: Target,
+    },
+}
+
+/// What the driver must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InjectorEffect {
+    /// Type the ticket's task into the member's pane and submit it; report with `Typed`.
+    Type {
+        /// The member.
+        target: Target,
+        /// The ticket whose task to type.
+        ticket: Ticket,
+    },
+    /// Press Enter again in the member's pane (the first submit was not seen); report with `Typed`.
+    Resubmit {
+        /// The member.
+        target: Target,
+        /// The ticket being delivered.
+        ticket: Ticket,
+    },
+    /// Apply an event to a ticket.
+    Ticket {
+        /// The ticket.
+        ticket: Ticket,
+        /// The event.
+        event: TicketEvent,
+    },
+    /// The member's turn for `ticket` ended with no reply: capture the pane's tail, publish it
+    /// as a fallback message, apply `TurnEndedWithoutReply`, then report `FallbackRecorded`.
+    RecordFallback {
+        /// The member.
+        target: Target,
+        /// The ticket.
+        ticket: Ticket,
+    },
+}
+
+/// How many times typing a task may fail (multiplexer error) before the ticket is `stalled`.
+const MAX_TYPE_FAILURES: u8 = 3;
+/// Wait between attempts after a multiplexer error while typing.
+const TYPE_RETRY: SignedDuration = SignedDuration::from_secs(1);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    /// The driver is typing; no answer yet.
+    Typing { resubmit: bool },
+    /// Typed; the member must leave rest before `deadline`.
+    Verifying {
+        deadline: Timestamp,
+        resubmitted: bool,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct InFlight {
+    ticket: Ticket,
+    phase: Phase,
+}
+
+#[derive(Debug, Clone)]
+struct Lane {
+    queue: VecDeque<Ticket>,
+    activity: Activity,
+    presence: bool,
+    in_flight: Option<InFlight>,
+    /// The ticket whose turn is running, and whether it was answered.
+    current: Option<(Ticket, bool)>,
+    /// A fallback is being recorded: nothing is typed until it is (its tail must not include
+    /// the next task).
+    recording: bool,
+    /// Typing failures of the head task, and when to try again.
+    type_failures: u8,
+    retry_at: Option<Timestamp>,
+}
+
+impl Lane {
+    fn new() -> Self {
+        Self {
+            queue: VecDeque::new(),
+            activity: Activity::Unknown,
+            presence: false,
+            in_flight: None,
+            current: None,
+            recording: false,
+            type_failures: 0,
+            retry_at: None,
+        }
+    }
+
+    fn ready_at(&self, now: Timestamp) -> bool {
+        self.activity == Activity::AtRest
+            && self.presence
+            && self.in_flight.is_none()
+            && self.current.is_none()
+            && !self.recording
+            && self.retry_at.is_none_or(|t| now >= t)
+    }
+}
+
+/// Per-member task queues and delivery verification.
+#[derive(Debug, Clone)]
+pub struct Injector {
+    lanes: BTreeMap<Target, Lane>,
+    grace: SignedDuration,
+}
+
+impl Injector {
+    /// An injector whose members must leave rest within `grace` of a submit.
+    pub fn new(grace: SignedDuration) -> Self {
+        Self {
+            lanes: BTreeMap::new(),
+            grace,
+        }
+    }
+
+    /// Tasks waiting (not yet typed) for `target`.
+    pub fn queued(&self, target: &Target) -> usize {
+        self.lanes.get(target).map_or(0, |l| l.queue.len())
+    }
+
+    /// The ticket whose turn is running on `target`, if any.
+    pub fn current(&self, target: &Target) -> Option<Ticket> {
+        let lane = self.lanes.get(target)?;
+        lane.current
+            .map(|(t, _)| t)
+            .or_else(|| lane.in_flight.as_ref().map(|f| f.ticket))
+    }
+
+    /// Whether fleetd has seen an MCP session from `target`'s pane since it joined.
+    pub fn presence(&self, target: &Target) -> bool {
+        self.lanes.get(target).is_some_and(|l| l.presence)
+    }
+
+    /// The earliest deadline the driver must wake for, if any.
+    pub fn next_wake(&self) -> Option<Timestamp> {
+        self.lanes
+            .values()
+            .flat_map(|l| {
+                let verify = match &l.in_flight {
+                    Some(InFlight {
+                        phase: Phase::Verifying { deadline, .. },
+                        ..
+                    }) => Some(*deadline),
+                    _ => None,
+                };
+                verify.into_iter().chain(l.retry_at)
+            })
+            .min()
+    }
+
+    /// Handles one input at `now`.
+    pub fn handle_at(&mut self, input: InjectorInput, now: Timestamp) -> Vec<InjectorEffect> {
+        let mut out = Vec::new();
+        match input {
+            InjectorInput::MemberAdded { target } => {
+                self.lanes.entry(target).or_insert_with(Lane::new);
+            }
+            InjectorInput::MemberRemoved { target } => {
+                self.lanes.remove(&target);
+            }
+            InjectorInput::Enqueue { target, ticket } => {
+                self.lanes
+                    .entry(target.clone())
+                    .or_insert_with(Lane::new)
+                    .queue
+                    .push_back(ticket);
+                self.pump(&target, now, &mut out);
+            }
+            InjectorInput::PresenceSeen { target } => {
+                if let Some(lane) = self.lanes.get_mut(&target) {
+                    lane.presence = true;
+                }
+                self.pump(&target, now, &mut out);
+            }
+            InjectorInput::Activity { target, activity } => {
+                self.activity(&target, activity, &mut out);
+                self.pump(&target, now, &mut out);
+            }
+            InjectorInput::Typed { target, ticket, ok } => {
+                self.typed(&target, ticket, ok, now, &mut out);
+                self.pump(&target, now, &mut out);
+            }
+            InjectorInput::Replied { target, ticket } => {
+                if let Some(lane) = self.lanes.get_mut(&target)
+                    && let Some((current, answered)) = &mut lane.current
+                    && *current == ticket
+                {
+                    *answered = true;
+                }
+            }
+            InjectorInput::FallbackRecorded { target } => {
+                if let Some(lane) = self.lanes.get_mut(&target) {
+                    lane.recording = false;
+                }
+                self.pump(&target, now, &mut out);
+            }
+            InjectorInput::Tick => {
+                let targets: Vec<Target> = self.lanes.keys().cloned().collect();
+                for target in targets {
+                    self.deadlines(&target, now, &mut out);
+                    self.pump(&target, now, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    fn activity(&mut self, target: &Target, activity: Activity, out: &mut Vec<InjectorEffect>) {
+        let Some(lane) = self.lanes.get_mut(target) else {
+            return;
+        };
+        lane.activity = activity;
+        match activity {
+            Activity::Busy => {
+                // Leaving rest after a submit is the proof the task arrived (typing only
+                // starts at rest, so any busy reading while a task is in flight is that turn).
+                if let Some(flight) = lane.in_flight.take() {
+                    lane.current = Some((flight.ticket, false));
+                    out.push(InjectorEffect::Ticket {
+                        ticket: flight.ticket,
+                        event: TicketEvent::TurnStarted,
+                    });
+                }
+            }
+            Activity::AtRest => {
+                if let Some((ticket, answered)) = lane.current.take()
+                    && !answered
+                {
+                    lane.recording = true;
+                    out.push(InjectorEffect::RecordFallback {
+                        target: target.clone(),
+                        ticket,
+                    });
+                }
+            }
+            Activity::Unknown => {}
+        }
+    }
+
+    fn typed(
+        &mut self,
+        target: &Target,
+        ticket: Ticket,
+        ok: bool,
+        now: Timestamp,
+        out: &mut Vec<InjectorEffect>,
+    ) {
+        let Some(lane) = self.lanes.get_mut(target) else {
+            return;
+        };
+        let Some(flight) = lane.in_flight.as_mut().filter(|f| f.ticket == ticket) else {
+            return; // The turn already started (status arrived first), or the member left.
+        };
+        let Phase::Typing { resubmit } = flight.phase else {
+            return;
+        };
+        if ok {
+            if !resubmit {
+                out.push(InjectorEffect::Ticket {
+                    ticket,
+                    event: TicketEvent::Delivered,
+                });
+            }
+            flight.phase = Phase::Verifying {
+                deadline: now.checked_add(self.grace).unwrap_or(now),
+                resubmitted: resubmit,
+            };
+            lane.type_failures = 0;
+            return;
+        }
+        lane.in_flight = None;
+        lane.type_failures += 1;
+        if lane.type_failures >= MAX_TYPE_FAILURES {
+            lane.type_failures = 0;
+            lane.queue.retain(|t| *t != ticket);
+            out.push(InjectorEffect::Ticket {
+                ticket,
+                event: TicketEvent::Stalled,
+            });
+        } else {
+            // Keep its place at the head and try again shortly.
+            if !lane.queue.contains(&ticket) {
+                lane.queue.push_front(ticket);
+            }
+            lane.retry_at = now.checked_add(TYPE_RETRY).ok();
+        }
+    }
+
+    fn deadlines(&mut self, target: &Target, now: Timestamp, out: &mut Vec<InjectorEffect>) {
+        let Some(lane) = self.lanes.get_mut(target) else {
+            return;
+        };
+        if lane.retry_at.is_some_and(|t| now >= t) {
+            lane.retry_at = None;
+        }
+        let Some(flight) = lane.in_flight.as_mut() else {
+            return;
+        };
+        let Phase::Verifying {
+            deadline,
+            resubmitted,
+        } = flight.phase
+        else {
+            return;
+        };
+        if now < deadline {
+            return;
+        }
+        let ticket = flight.ticket;
+        if resubmitted {
+            lane.in_flight = None;
+            out.push(InjectorEffect::Ticket {
+                ticket,
+                event: TicketEvent::Stalled,
+            });
+        } else {
+            flight.phase = Phase::Typing { resubmit: true };
+            out.push(InjectorEffect::Resubmit {
+                target: target.clone(),
+                ticket,
+            });
+        }
+    }
+
+    fn pump(&mut self, target: &Target, now: Timestamp, out: &mut Vec<InjectorEffect>) {
+        let Some(lane) = self.lanes.get_mut(target) else {
+            return;
+        };
+        if !lane.ready_at(now) {
+            return;
+        }
+        if let Some(ticket) = lane.queue.pop_front() {
+            lane.retry_at = None;
+            lane.in_flight = Some(InFlight {
+                ticket,
+                phase: Phase::Typing { resubmit: false },
+            });
+            out.push(InjectorEffect::Type {
+                target: target.clone(),
+                ticket,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
