@@ -2,6 +2,7 @@
 //! push-loop policy). Architecture invariant: this crate does no I/O and has no async runtime — it
 //! takes `now` and randomness as arguments and returns decisions as data.
 
+pub mod access;
 pub mod ids;
 pub mod message;
 pub mod pane;
