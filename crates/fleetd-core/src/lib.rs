@@ -18,3 +18,4 @@ pub use pane::{
 pub use sanitize::{Injection, clean_line, plan_injection};
 pub use ticket::{TicketBook, TicketEvent, TicketLookup, TicketRecord, TicketRefusal, TicketState};
 pub mod injector;
+pub mod push;

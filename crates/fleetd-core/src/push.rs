@@ -1,0 +1,459 @@
+//! The push loop's policy (SPEC §5, §6): which lead is told about which mail, when a nudge may be
+//! typed into a lead's pane, and when to stop. Owns delegation bindings, the primary, per-lead
+//! batches, the reminder budget and exponential backoff. Pure: inputs and `now` in, effects out.
+//!
+//! Everything a lead must learn is in a member's inbox (replies, fallbacks, incidents, unmapped
+//! notices) or is an open question, so the mail is two kinds of source: a target's non-empty
+//! inbox, and an open question. A batch starts when a lead's mail goes from none to some and
+//! ends when it is all read; it gets at most `reminders` nudges, spaced by doubling backoff.
+
+use std::collections::BTreeMap;
+
+use jiff::{SignedDuration, Timestamp};
+
+use crate::ids::Target;
+
+/// A lead, by the key the daemon chose for it (a daemon-qualified pane id).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeadId(pub String);
+
+impl std::fmt::Display for LeadId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The lead's agent status, reduced to what nudging needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeadActivity {
+    /// Idle, done or blocked: a nudge may be typed.
+    Receptive,
+    /// Working: never interrupt.
+    Busy,
+    /// No reading: treated as busy (never risk interrupting a turn).
+    Unknown,
+}
+
+/// The push loop's settings (`primary.push*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PushConfig {
+    /// Nudges per batch before giving up (the mail is kept).
+    pub reminders: u32,
+    /// Wait after the first nudge; doubles after each.
+    pub backoff: SignedDuration,
+    /// Cap of the wait.
+    pub backoff_max: SignedDuration,
+}
+
+/// How an injection into a lead's pane went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InjectOutcome {
+    /// Typed and submitted.
+    Delivered,
+    /// The multiplexer affirmatively says the lead's pane or agent is gone.
+    NotFound,
+    /// Anything else (timeout, socket error, decode error): the lead is still presumed alive.
+    Transient,
+}
+
+/// Inputs to the push loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PushInput {
+    /// The primary lead was learned (or pinned), or lost (`None`).
+    Primary(Option<LeadId>),
+    /// `target` was delegated to by `lead` (`fleet_send`/`fleet_spawn`).
+    Bound {
+        /// The member.
+        target: Target,
+        /// The delegating lead.
+        lead: LeadId,
+    },
+    /// `target` was released: its binding goes.
+    Unbound {
+        /// The member.
+        target: Target,
+    },
+    /// `target`'s inbox now holds `pending` messages (0 = all read).
+    Inbox {
+        /// The member whose inbox changed.
+        target: Target,
+        /// Messages pending.
+        pending: u64,
+    },
+    /// A member opened a question (`fleet_ask`).
+    QuestionOpened {
+        /// The asking member.
+        target: Target,
+        /// The question id.
+        question_id: String,
+    },
+    /// A question was answered or withdrawn.
+    QuestionClosed {
+        /// The question id.
+        question_id: String,
+    },
+    /// A lead's status changed.
+    LeadStatus {
+        /// The lead.
+        lead: LeadId,
+        /// Its activity.
+        activity: LeadActivity,
+    },
+    /// The driver finished an injection it was asked for.
+    Injected {
+        /// The lead.
+        lead: LeadId,
+        /// How it went.
+        outcome: InjectOutcome,
+    },
+    /// Time passed.
+    Tick,
+}
+
+/// Why a decision was made, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PushMetric {
+    /// A nudge was sent.
+    Nudged,
+    /// Mail is waiting but the lead is working (or unknown).
+    DeferredBusy,
+    /// The batch used its whole budget; the mail stays.
+    Exhausted,
+    /// Mail is waiting and no lead is known: pull only.
+    NoLead,
+    /// A binding (or the primary) was forgotten because its lead is affirmatively gone.
+    BindingForgotten,
+    /// An injection failed transiently; the lead is kept and retried later.
+    InjectFailed,
+}
+
+/// What the driver must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PushEffect {
+    /// Type `text` into `lead`'s pane and report with `Injected`.
+    Inject {
+        /// The lead.
+        lead: LeadId,
+        /// The one-line nudge (never any payload).
+        text: String,
+    },
+    /// The binding of `target` to `lead` was forgotten (the lead is gone).
+    ForgetBinding {
+        /// The member.
+        target: Target,
+        /// The lead that is gone.
+        lead: LeadId,
+    },
+    /// Count a decision.
+    Count(PushMetric),
+    /// A batch gave up (warn-level log).
+    GaveUp {
+        /// The lead.
+        lead: LeadId,
+        /// Nudges it got.
+        reminders: u32,
+    },
+}
+
+#[derive(Debug, Clone, Default)]
+struct LeadState {
+    activity: Option<LeadActivity>,
+    /// Nudges sent in the current batch.
+    sent: u32,
+    /// Earliest time the next nudge may go.
+    next_at: Option<Timestamp>,
+    /// An injection is under way.
+    in_flight: bool,
+    /// The budget ran out; only new mail starts a new batch.
+    exhausted: bool,
+    /// The mail the batch was nudged about, with counts (to tell new mail from old).
+    seen: BTreeMap<String, u64>,
+    /// Deferred-busy was already counted for this wait (count transitions, not ticks).
+    deferred: bool,
+}
+
+/// The push loop.
+#[derive(Debug, Clone)]
+pub struct PushLoop {
+    config: PushConfig,
+    primary: Option<LeadId>,
+    bindings: BTreeMap<Target, LeadId>,
+    inbox: BTreeMap<Target, u64>,
+    questions: BTreeMap<String, Target>,
+    leads: BTreeMap<LeadId, LeadState>,
+    no_lead_counted: bool,
+}
+
+impl PushLoop {
+    /// An empty loop with `config`.
+    pub fn new(config: PushConfig) -> Self {
+        Self {
+            config,
+            primary: None,
+            bindings: BTreeMap::new(),
+            inbox: BTreeMap::new(),
+            questions: BTreeMap::new(),
+            leads: BTreeMap::new(),
+            no_lead_counted: false,
+        }
+    }
+
+    /// The lead mail about `target` goes to: its delegating lead, else the primary.
+    pub fn lead_for(&self, target: &Target) -> Option<&LeadId> {
+        self.bindings.get(target).or(self.primary.as_ref())
+    }
+
+    /// The current primary.
+    pub fn primary(&self) -> Option<&LeadId> {
+        self.primary.as_ref()
+    }
+
+    /// The delegating lead bound to `target`, if any.
+    pub fn binding(&self, target: &Target) -> Option<&LeadId> {
+        self.bindings.get(target)
+    }
+
+    /// Every lead with something to read: (lead, mail keys).
+    fn mail_by_lead(&self) -> BTreeMap<LeadId, Vec<Mail>> {
+        let mut out: BTreeMap<LeadId, Vec<Mail>> = BTreeMap::new();
+        for (target, pending) in self.inbox.iter().filter(|(_, n)| **n > 0) {
+            if let Some(lead) = self.lead_for(target) {
+                out.entry(lead.clone())
+                    .or_default()
+                    .push(Mail::Inbox(target.clone(), *pending));
+            }
+        }
+        for (id, target) in &self.questions {
+            if let Some(lead) = self.lead_for(target) {
+                out.entry(lead.clone())
+                    .or_default()
+                    .push(Mail::Question(target.clone(), id.clone()));
+            }
+        }
+        out
+    }
+
+    fn has_unrouted_mail(&self) -> bool {
+        let unrouted = |t: &Target| self.lead_for(t).is_none();
+        self.inbox.iter().any(|(t, n)| *n > 0 && unrouted(t))
+            || self.questions.values().any(unrouted)
+    }
+
+    /// When the driver must wake next to re-evaluate, if ever.
+    pub fn next_wake(&self) -> Option<Timestamp> {
+        let mail = self.mail_by_lead();
+        self.leads
+            .iter()
+            .filter(|(lead, s)| mail.contains_key(*lead) && !s.exhausted && !s.in_flight)
+            .filter_map(|(_, s)| s.next_at)
+            .min()
+    }
+
+    /// Handles one input at `now`.
+    pub fn handle_at(&mut self, input: PushInput, now: Timestamp) -> Vec<PushEffect> {
+        let mut out = Vec::new();
+        match input {
+            PushInput::Primary(lead) => self.primary = lead,
+            PushInput::Bound { target, lead } => {
+                self.bindings.insert(target, lead);
+            }
+            PushInput::Unbound { target } => {
+                self.bindings.remove(&target);
+            }
+            PushInput::Inbox { target, pending } => {
+                if pending == 0 {
+                    self.inbox.remove(&target);
+                } else {
+                    self.inbox.insert(target, pending);
+                }
+            }
+            PushInput::QuestionOpened {
+                target,
+                question_id,
+            } => {
+                self.questions.insert(question_id, target);
+            }
+            PushInput::QuestionClosed { question_id } => {
+                self.questions.remove(&question_id);
+            }
+            PushInput::LeadStatus { lead, activity } => {
+                let state = self.leads.entry(lead).or_default();
+                state.activity = Some(activity);
+                if activity != LeadActivity::Receptive {
+                    // A new wait begins; count it once when mail is pending (below).
+                    state.deferred = false;
+                }
+            }
+            PushInput::Injected { lead, outcome } => self.injected(&lead, outcome, now, &mut out),
+            PushInput::Tick => {}
+        }
+        self.evaluate(now, &mut out);
+        out
+    }
+
+    fn injected(
+        &mut self,
+        lead: &LeadId,
+        outcome: InjectOutcome,
+        now: Timestamp,
+        out: &mut Vec<PushEffect>,
+    ) {
+        match outcome {
+            InjectOutcome::Delivered => {
+                if let Some(state) = self.leads.get_mut(lead) {
+                    state.in_flight = false;
+                }
+            }
+            InjectOutcome::Transient => {
+                out.push(PushEffect::Count(PushMetric::InjectFailed));
+                let backoff = self.config.backoff;
+                if let Some(state) = self.leads.get_mut(lead) {
+                    state.in_flight = false;
+                    // It did not reach the lead: give the budget back, try again later.
+                    state.sent = state.sent.saturating_sub(1);
+                    state.next_at = now.checked_add(backoff).ok();
+                }
+            }
+            InjectOutcome::NotFound => {
+                self.leads.remove(lead);
+                let gone: Vec<Target> = self
+                    .bindings
+                    .iter()
+                    .filter(|(_, l)| *l == lead)
+                    .map(|(t, _)| t.clone())
+                    .collect();
+                for target in gone {
+                    self.bindings.remove(&target);
+                    out.push(PushEffect::ForgetBinding {
+                        target,
+                        lead: lead.clone(),
+                    });
+                    out.push(PushEffect::Count(PushMetric::BindingForgotten));
+                }
+                if self.primary.as_ref() == Some(lead) {
+                    self.primary = None;
+                    out.push(PushEffect::Count(PushMetric::BindingForgotten));
+                }
+            }
+        }
+    }
+
+    fn evaluate(&mut self, now: Timestamp, out: &mut Vec<PushEffect>) {
+        let mail = self.mail_by_lead();
+        if self.has_unrouted_mail() {
+            if !self.no_lead_counted {
+                self.no_lead_counted = true;
+                out.push(PushEffect::Count(PushMetric::NoLead));
+            }
+        } else {
+            self.no_lead_counted = false;
+        }
+        // Leads whose mail is all read end their batch.
+        for (lead, state) in &mut self.leads {
+            if !mail.contains_key(lead) {
+                state.sent = 0;
+                state.next_at = None;
+                state.exhausted = false;
+                state.seen.clear();
+                state.deferred = false;
+            }
+        }
+        for (lead, items) in mail {
+            let keys: BTreeMap<String, u64> = items.iter().map(Mail::key).collect();
+            let state = self.leads.entry(lead.clone()).or_default();
+            let grew = keys
+                .iter()
+                .any(|(k, n)| state.seen.get(k).is_none_or(|seen| n > seen));
+            if state.exhausted && grew {
+                // New mail after a batch gave up starts a new batch.
+                state.exhausted = false;
+                state.sent = 0;
+                state.next_at = None;
+            }
+            if state.exhausted || state.in_flight || state.next_at.is_some_and(|t| now < t) {
+                continue;
+            }
+            if state.activity != Some(LeadActivity::Receptive) {
+                if !state.deferred {
+                    state.deferred = true;
+                    out.push(PushEffect::Count(PushMetric::DeferredBusy));
+                }
+                continue;
+            }
+            if state.sent >= self.config.reminders {
+                state.exhausted = true;
+                out.push(PushEffect::Count(PushMetric::Exhausted));
+                out.push(PushEffect::GaveUp {
+                    lead,
+                    reminders: state.sent,
+                });
+                continue;
+            }
+            state.sent += 1;
+            state.in_flight = true;
+            state.seen = keys;
+            state.next_at = now
+                .checked_add(backoff_after(&self.config, state.sent))
+                .ok();
+            out.push(PushEffect::Count(PushMetric::Nudged));
+            out.push(PushEffect::Inject {
+                lead,
+                text: nudge_text(&items),
+            });
+        }
+    }
+}
+
+/// The wait after the `sent`-th nudge: `backoff * 2^(sent-1)`, capped.
+fn backoff_after(config: &PushConfig, sent: u32) -> SignedDuration {
+    let factor = 2_i32.saturating_pow(sent.saturating_sub(1).min(30));
+    config
+        .backoff
+        .checked_mul(factor)
+        .unwrap_or(config.backoff_max)
+        .min(config.backoff_max)
+}
+
+/// One piece of mail waiting for a lead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Mail {
+    Inbox(Target, u64),
+    Question(Target, String),
+}
+
+impl Mail {
+    /// Identity and size: more messages from the same member than last nudged is new mail.
+    fn key(&self) -> (String, u64) {
+        match self {
+            Self::Inbox(t, n) => (format!("inbox:{t}"), *n),
+            Self::Question(_, id) => (format!("question:{id}"), 1),
+        }
+    }
+}
+
+/// The nudge: one line, counts and ids only, never a message body, with the calls to make.
+fn nudge_text(items: &[Mail]) -> String {
+    let mut parts = Vec::new();
+    let mut calls = Vec::new();
+    for item in items {
+        match item {
+            Mail::Inbox(target, n) => {
+                let noun = if *n == 1 { "message" } else { "messages" };
+                parts.push(format!("{n} {noun} from {target}"));
+                calls.push(format!("fleet_poll(target=\"{target}\")"));
+            }
+            Mail::Question(target, id) => {
+                parts.push(format!("question {id} from {target}"));
+                calls.push(format!("fleet_answer(questionId=\"{id}\", answer=...)"));
+            }
+        }
+    }
+    format!(
+        "[fleet] {} waiting — call {} (then fleet_ack the messages you have read)",
+        parts.join(", "),
+        calls.join(" / ")
+    )
+}
+
+#[cfg(test)]
+mod tests;
