@@ -4,8 +4,10 @@
 
 pub mod access;
 pub mod ids;
+pub mod injector;
 pub mod message;
 pub mod pane;
+pub mod push;
 pub mod sanitize;
 pub mod ticket;
 
@@ -17,5 +19,3 @@ pub use pane::{
 };
 pub use sanitize::{Injection, clean_line, plan_injection};
 pub use ticket::{TicketBook, TicketEvent, TicketLookup, TicketRecord, TicketRefusal, TicketState};
-pub mod injector;
-pub mod push;
