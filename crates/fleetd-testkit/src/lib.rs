@@ -219,9 +219,31 @@ pub mod daemon {
         cmd
     }
 
+    /// Writes `yaml` as the daemon's default config file under `home`
+    /// (`$XDG_CONFIG_HOME/fleetd/fleetd.yaml`).
+    pub fn write_config(home: &Path, yaml: &str) {
+        let dir = home.join("config").join("fleetd");
+        std::fs::create_dir_all(&dir).expect("create config dir");
+        std::fs::write(dir.join("fleetd.yaml"), yaml).expect("write config");
+    }
+
+    /// A config that keeps the daemon off every real multiplexer: tmux on a socket inside
+    /// `home` that no server listens on (so `/healthz` reports it down), unless the test wrote
+    /// its own config first.
+    pub fn isolated_config(home: &Path) -> String {
+        format!(
+            "multiplexer: tmux\ntmuxSocket: {}\n",
+            home.join("no-tmux.sock").display()
+        )
+    }
+
     impl Daemon {
         /// Starts `fleetd serve --listen 127.0.0.1:0` plus `args` and waits until it listens.
+        /// Without a config file in `home`, [`isolated_config`] is written first.
         pub fn start(home: &Path, args: &[&str]) -> Self {
+            if !home.join("config/fleetd/fleetd.yaml").exists() {
+                write_config(home, &isolated_config(home));
+            }
             let mut cmd = command(home);
             cmd.args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
                 .args(args)

@@ -11,5 +11,6 @@ pub mod http;
 pub mod locate;
 pub mod logging;
 pub mod mux;
+pub mod secrets;
 pub mod serve;
 pub mod store;

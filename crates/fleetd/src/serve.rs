@@ -1,15 +1,23 @@
 //! `fleetd serve`: wires the configured parts together and runs the HTTP listener until shutdown.
-//! Owns start-up order and graceful shutdown; takes its I/O (listener, shutdown signal) as
-//! arguments so tests run it in-process on `127.0.0.1:0`.
+//! Owns start-up order (store first, so a second daemon fails naming the first), the choice of
+//! multiplexer, and graceful shutdown; takes its I/O (listener, shutdown signal) as arguments so
+//! tests run it in-process on `127.0.0.1:0`.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use anyhow::Context;
+use fleetd_core::{MessageLimits, MuxDaemon};
 use tokio::net::TcpListener;
 
-use crate::config::{Config, Store};
-use crate::health::{HealthReport, PartHealth};
+use crate::config::{AmqpUrl, Config, MultiplexerChoice, Store};
+use crate::health::{DaemonHealth, HealthReport, PartHealth};
+use crate::mux::herdr::{Herdr, HerdrConfig};
+use crate::mux::tmux::{Tmux, TmuxConfig, TmuxSocket};
+use crate::mux::{BackendKind, Multiplexer, MuxRouter};
+use crate::secrets::Secrets;
+use crate::store::{InboxStore, StoreOptions, StoreSpec};
 
 /// The running daemon's shared handle, cheap to clone into handlers.
 #[derive(Debug, Clone)]
@@ -20,13 +28,32 @@ pub struct Daemon {
 #[derive(Debug)]
 struct Inner {
     config: Config,
+    store: Arc<dyn InboxStore>,
+    mux: MuxRouter,
+    /// What each daemon is reached through, for `/healthz` (socket path or tmux server).
+    endpoints: Vec<(MuxDaemon, String)>,
 }
 
 impl Daemon {
-    /// Opens everything the daemon owns for `config`.
+    /// Opens everything the daemon owns for `config`: the inbox store (taking its lock) and the
+    /// multiplexer client(s). A multiplexer that does not answer yet is not fatal — `/healthz`
+    /// reports it — but a herdr that answers with a too-old protocol is.
     pub async fn open(config: Config) -> anyhow::Result<Self> {
+        let store = open_store(&config).await?;
+        let (mux, endpoints) = open_mux(&config).await?;
+        tracing::info!(
+            store = store.kind(),
+            multiplexer = ?mux.daemon(MuxDaemon::Lead).map(|m| m.kind()).ok(),
+            daemons = mux.daemons().len(),
+            "fleetd opened its store and multiplexer"
+        );
         Ok(Self {
-            inner: Arc::new(Inner { config }),
+            inner: Arc::new(Inner {
+                config,
+                store,
+                mux,
+                endpoints,
+            }),
         })
     }
 
@@ -35,47 +62,175 @@ impl Daemon {
         &self.inner.config
     }
 
-    /// Asks every part whether it answers.
-    pub async fn health(&self) -> HealthReport {
-        let store = match &self.inner.config.store {
-            Store::Embedded { path } => {
-                let dir = path
-                    .parent()
-                    .map(std::path::Path::to_path_buf)
-                    .unwrap_or_default();
-                let probe = tokio::fs::create_dir_all(&dir).await;
-                PartHealth {
-                    kind: "embedded",
-                    ok: probe.is_ok(),
-                    error: probe
-                        .err()
-                        .map(|e| format!("state directory {} is not usable: {e}", dir.display())),
-                }
-            }
-            Store::Amqp { .. } => PartHealth {
-                kind: "amqp",
-                ok: false,
-                error: Some("the AMQP store is not connected yet".to_owned()),
-            },
-        };
-        HealthReport::from_parts(store, None, None)
+    /// The inbox store.
+    pub fn store(&self) -> &Arc<dyn InboxStore> {
+        &self.inner.store
     }
 
-    /// Serves HTTP on `listener` until `shutdown` completes, then finishes in-flight requests.
+    /// The multiplexer router.
+    pub fn mux(&self) -> &MuxRouter {
+        &self.inner.mux
+    }
+
+    /// Asks every part whether it answers.
+    pub async fn health(&self) -> HealthReport {
+        let (store, pings) = tokio::join!(self.inner.store.health(), self.inner.mux.ping_all());
+        let store = PartHealth {
+            kind: self.inner.store.kind(),
+            ok: store.is_ok(),
+            error: store.err().map(|e| format!("failed to {e}")),
+        };
+        let mut lead = None;
+        let mut member = None;
+        for (daemon, result) in pings {
+            let endpoint = self
+                .inner
+                .endpoints
+                .iter()
+                .find(|(d, _)| *d == daemon)
+                .map(|(_, e)| e.clone())
+                .unwrap_or_default();
+            let kind = match self.inner.mux.daemon(daemon).map(|m| m.kind()) {
+                Ok(BackendKind::Tmux) => "tmux",
+                _ => "herdr",
+            };
+            let health = match result {
+                Ok(info) => DaemonHealth {
+                    kind,
+                    socket: endpoint,
+                    ok: true,
+                    version: Some(info.version),
+                    protocol: info.protocol,
+                    error: None,
+                },
+                Err(e) => DaemonHealth {
+                    kind,
+                    socket: endpoint,
+                    ok: false,
+                    version: None,
+                    protocol: None,
+                    error: Some(e.to_string()),
+                },
+            };
+            match daemon {
+                MuxDaemon::Lead => lead = Some(health),
+                MuxDaemon::Member => member = Some(health),
+            }
+        }
+        HealthReport::from_parts(store, lead, member)
+    }
+
+    /// Serves HTTP on `listener` until `shutdown` completes, then finishes in-flight requests
+    /// and closes the store.
     pub async fn run(
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        let store = Arc::clone(&self.inner.store);
         let app = crate::http::router(self);
-        axum::serve(
+        let served = axum::serve(
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),
         )
         .with_graceful_shutdown(shutdown)
-        .await?;
+        .await;
+        // Close the store even when serving failed, so every acknowledged write is flushed and
+        // the lock is released before the process exits.
+        let closed = store.close().await;
+        served.context("the HTTP server failed")?;
+        closed.map_err(|e| anyhow::anyhow!("failed to {e}"))?;
         tracing::info!("fleetd stopped");
         Ok(())
+    }
+}
+
+fn env_lookup(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
+async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn InboxStore>> {
+    let spec = match &config.store {
+        Store::Embedded { path } => StoreSpec::Embedded { path: path.clone() },
+        Store::Amqp {
+            url: AmqpUrl::Literal(url),
+        } => StoreSpec::Amqp { url: url.clone() },
+        Store::Amqp {
+            url: AmqpUrl::Secret(name),
+        } => {
+            let secrets = Secrets::new(&config.secrets, &env_lookup);
+            let url = secrets
+                .resolve(name)
+                .context("failed to resolve store.url")?;
+            StoreSpec::Amqp {
+                url: url.expose().to_owned(),
+            }
+        }
+    };
+    let limits = MessageLimits {
+        max_message_bytes: usize::try_from(config.inbox.max_message_bytes).unwrap_or(usize::MAX),
+    };
+    crate::store::open(&spec, &StoreOptions { limits })
+        .await
+        .map_err(|e| anyhow::anyhow!("failed to {e}"))
+}
+
+/// Picks the multiplexer: herdr or tmux as configured; `auto` uses herdr when its socket answers
+/// `ping`, else tmux.
+async fn open_mux(config: &Config) -> anyhow::Result<(MuxRouter, Vec<(MuxDaemon, String)>)> {
+    let herdr_socket = config.herdr_socket.clone();
+    let use_herdr = match config.multiplexer {
+        MultiplexerChoice::Herdr => true,
+        MultiplexerChoice::Tmux => false,
+        MultiplexerChoice::Auto => {
+            herdr_socket.exists()
+                && Herdr::new(HerdrConfig::new(&herdr_socket))
+                    .ping()
+                    .await
+                    .is_ok()
+        }
+    };
+    if !use_herdr {
+        let socket = match &config.tmux_socket {
+            Some(path) => TmuxSocket::Path(path.clone()),
+            None => TmuxSocket::Default,
+        };
+        let endpoint = match &socket {
+            TmuxSocket::Path(p) => p.display().to_string(),
+            _ => "default tmux server".to_owned(),
+        };
+        let tmux: Arc<dyn Multiplexer> = Arc::new(Tmux::new(TmuxConfig::new(socket)));
+        return Ok((
+            MuxRouter::new(tmux, None),
+            vec![(MuxDaemon::Lead, endpoint)],
+        ));
+    }
+    let mut endpoints = vec![(MuxDaemon::Lead, herdr_socket.display().to_string())];
+    let lead: Arc<dyn Multiplexer> = Arc::new(checked_herdr(&herdr_socket).await?);
+    let member = match &config.member_herdr_socket {
+        Some(path) => {
+            endpoints.push((MuxDaemon::Member, path.display().to_string()));
+            Some(Arc::new(checked_herdr(path).await?) as Arc<dyn Multiplexer>)
+        }
+        None => None,
+    };
+    Ok((MuxRouter::new(lead, member), endpoints))
+}
+
+/// A herdr client whose protocol was checked when the daemon answers; one that does not answer
+/// yet is kept (herdr may start after fleetd) and shows as degraded in `/healthz`.
+async fn checked_herdr(socket: &std::path::Path) -> anyhow::Result<Herdr> {
+    let herdr = Herdr::new(HerdrConfig::new(socket));
+    match herdr.check_protocol().await {
+        Ok(info) => {
+            tracing::info!(socket = %socket.display(), version = %info.version, protocol = ?info.protocol, "herdr answered");
+            Ok(herdr)
+        }
+        Err(e @ crate::mux::MuxError::Protocol(_)) => Err(anyhow::anyhow!(e)),
+        Err(e) => {
+            tracing::warn!(socket = %socket.display(), error = %e, "herdr does not answer yet; /healthz reports degraded until it does");
+            Ok(herdr)
+        }
     }
 }
 
@@ -90,25 +245,18 @@ pub async fn run(
 
 /// Completes on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
     let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => tracing::info!("SIGINT received: shutting down"),
-                    _ = term.recv() => tracing::info!("SIGTERM received: shutting down"),
-                }
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM ({e}); only SIGINT stops fleetd");
-                let _ = ctrl_c.await;
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = ctrl_c => tracing::info!("SIGINT received: shutting down"),
+                _ = term.recv() => tracing::info!("SIGTERM received: shutting down"),
             }
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+        Err(e) => {
+            tracing::warn!("cannot listen for SIGTERM ({e}); only SIGINT stops fleetd");
+            let _ = ctrl_c.await;
+        }
     }
 }

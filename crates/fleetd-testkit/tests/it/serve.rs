@@ -1,10 +1,13 @@
-//! Integration tests: `fleetd serve` — the built binary answers `/healthz` and stops cleanly on
-//! SIGTERM/SIGINT; `run()` works in-process on `127.0.0.1:0`.
+//! Integration tests: `fleetd serve` — the built binary answers `/healthz` for its store and every
+//! multiplexer daemon, stops cleanly on SIGTERM/SIGINT, refuses a second daemon on the same
+//! store, and `run()` works in-process on `127.0.0.1:0`.
 
 use std::time::Duration;
 
-use fleetd_testkit::daemon::Daemon;
-use fleetd_testkit::http;
+use fleetd_testkit::daemon::{Daemon, command, write_config};
+use fleetd_testkit::fake_herdr::process::FakeHerdrProcess;
+use fleetd_testkit::tmux::TmuxServer;
+use fleetd_testkit::{Service, bin_path, http, require_tmux};
 
 #[test]
 fn healthz_answers_json_with_the_documented_shape() {
@@ -12,14 +15,125 @@ fn healthz_answers_json_with_the_documented_shape() {
     let daemon = Daemon::start(home.path(), &[]);
     let resp = http::get(daemon.addr, "/healthz").expect("healthz answers");
     let body = resp.json();
-    assert!(matches!(resp.status, 200 | 503), "status {}", resp.status);
-    assert_eq!(body["status"] == "ok", resp.status == 200, "{body}");
+    // No tmux server listens on the isolated socket: degraded, and it says which part.
+    assert_eq!(resp.status, 503, "{body}");
+    assert_eq!(body["status"], "degraded");
     assert_eq!(body["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(body["store"]["kind"], "embedded");
-    assert!(body["protocolMismatch"].is_boolean(), "{body}");
+    assert_eq!(body["store"]["ok"], true);
+    assert_eq!(body["lead"]["kind"], "tmux");
+    assert_eq!(body["lead"]["ok"], false);
+    assert!(
+        body["lead"]["error"]
+            .as_str()
+            .is_some_and(|e| !e.is_empty()),
+        "{body}"
+    );
+    assert_eq!(body["protocolMismatch"], false);
     assert!(body.get("member").is_none(), "{body}");
     let missing = http::get(daemon.addr, "/nope").expect("answers");
     assert_eq!(missing.status, 404);
+}
+
+#[test]
+fn healthz_is_ok_with_a_running_tmux_server() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let home = tempfile::tempdir().expect("tempdir");
+    let tmux = TmuxServer::start().expect("private tmux server");
+    write_config(
+        home.path(),
+        &format!(
+            "multiplexer: tmux\ntmuxSocket: {}\n",
+            tmux.socket().display()
+        ),
+    );
+    let daemon = Daemon::start(home.path(), &[]);
+    let resp = http::get(daemon.addr, "/healthz").expect("healthz answers");
+    let body = resp.json();
+    assert_eq!(resp.status, 200, "{body}");
+    assert_eq!(body["status"], "ok");
+    assert!(
+        body["lead"]["version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("tmux ")),
+        "{body}"
+    );
+}
+
+fn herdr_config(lead: &std::path::Path, member: Option<&std::path::Path>) -> String {
+    let mut yaml = format!("multiplexer: herdr\nherdrSocket: {}\n", lead.display());
+    if let Some(member) = member {
+        yaml.push_str(&format!("memberHerdrSocket: {}\n", member.display()));
+    }
+    yaml
+}
+
+#[test]
+fn healthz_covers_both_herdr_daemons() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let lead_sock = home.path().join("lead.sock");
+    let member_sock = home.path().join("member.sock");
+    let lead = FakeHerdrProcess::start(&bin_path("fake-herdr"), &lead_sock).expect("lead herdr");
+    let member = FakeHerdrProcess::start_with_args(
+        &bin_path("fake-herdr"),
+        &member_sock,
+        &["--version", "0.8.1"],
+    )
+    .expect("member herdr");
+    write_config(home.path(), &herdr_config(&lead_sock, Some(&member_sock)));
+    let daemon = Daemon::start(home.path(), &[]);
+    let body = http::get(daemon.addr, "/healthz").expect("healthz").json();
+    assert_eq!(body["status"], "ok", "{body}");
+    assert_eq!(body["lead"]["kind"], "herdr");
+    assert_eq!(body["lead"]["protocol"], 20);
+    assert_eq!(body["member"]["version"], "0.8.1");
+    assert_eq!(body["protocolMismatch"], false);
+    drop(member);
+    let resp = http::get(daemon.addr, "/healthz").expect("healthz");
+    let body = resp.json();
+    assert_eq!(resp.status, 503, "{body}");
+    assert_eq!(body["status"], "degraded");
+    assert_eq!(body["lead"]["ok"], true);
+    assert_eq!(body["member"]["ok"], false, "{body}");
+    drop(lead);
+}
+
+#[test]
+fn healthz_flags_different_protocols() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let lead_sock = home.path().join("lead.sock");
+    let member_sock = home.path().join("member.sock");
+    let _lead = FakeHerdrProcess::start(&bin_path("fake-herdr"), &lead_sock).expect("lead");
+    let _member = FakeHerdrProcess::start_with_args(
+        &bin_path("fake-herdr"),
+        &member_sock,
+        &["--protocol", "21"],
+    )
+    .expect("member");
+    write_config(home.path(), &herdr_config(&lead_sock, Some(&member_sock)));
+    let daemon = Daemon::start(home.path(), &[]);
+    let body = http::get(daemon.addr, "/healthz").expect("healthz").json();
+    assert_eq!(body["protocolMismatch"], true, "{body}");
+    assert_eq!(body["member"]["protocol"], 21);
+}
+
+#[test]
+fn second_daemon_on_the_same_store_exits_naming_the_first() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let first = Daemon::start(home.path(), &[]);
+    let out = command(home.path())
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("fleetd runs");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("pid {}", first.child.id())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("in use by another fleetd"), "{stderr}");
 }
 
 #[test]
@@ -38,13 +152,19 @@ fn sigterm_stops_the_daemon_with_exit_0() {
             std::net::TcpStream::connect(daemon.addr).is_err(),
             "listener closed after SIG{signal}"
         );
+        // The store's lock was released: a new daemon opens the same state.
+        let again = Daemon::start(home.path(), &[]);
+        assert_eq!(
+            http::get(again.addr, "/healthz").expect("up").json()["store"]["ok"],
+            true
+        );
     }
 }
 
 #[test]
 fn non_loopback_listen_without_token_is_refused() {
     let home = tempfile::tempdir().expect("tempdir");
-    let out = fleetd_testkit::daemon::command(home.path())
+    let out = command(home.path())
         .args(["serve", "--listen", "0.0.0.0:0"])
         .output()
         .expect("fleetd runs");
@@ -59,7 +179,8 @@ async fn run_serves_in_process_until_shutdown() {
         home: Some(home.path().to_path_buf()),
         ..Default::default()
     };
-    let config = fleetd::config::Config::parse("", "test", &env).expect("defaults");
+    let yaml = fleetd_testkit::daemon::isolated_config(home.path());
+    let config = fleetd::config::Config::parse(&yaml, "test", &env).expect("valid");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
