@@ -396,6 +396,12 @@ impl Server {
             .is_some_and(|p| Arc::ptr_eq(p, pane))
     }
 
+    /// Kills every pane's session and removes the sockets (what `server.stop` does, minus the
+    /// process exit), for in-process users such as the benchmark.
+    pub fn stop(&self) {
+        self.server_stop();
+    }
+
     /// The API socket.
     pub fn socket(&self) -> &Path {
         &self.opts.socket

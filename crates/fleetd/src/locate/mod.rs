@@ -22,10 +22,13 @@ use tokio::time::Instant;
 
 use crate::mux::{MuxError, MuxRouter};
 
+pub mod diag;
 pub mod proc;
 
 /// How many recent callers are tried first in an fd scan.
-const RECENT_CALLERS: usize = 64;
+const RECENT_CALLERS: usize = 32;
+/// Bound on the socket-inode → pid cache; cleared when full (connections are short-lived).
+const SOCKET_CACHE: usize = 4096;
 
 /// Why a caller could not be located. Not being in a pane is not an error (see [`Located`]).
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +121,9 @@ pub struct Locator {
     stale: Arc<AtomicBool>,
     procs: Arc<Mutex<proc::ProcessIndex>>,
     recent: Arc<Mutex<Vec<u32>>>,
+    /// Socket inode → the pid found holding it. An inode names one live socket, so a hit only
+    /// needs the pid re-checked (one fd listing), not a scan.
+    sockets: Arc<Mutex<HashMap<u64, u32>>>,
 }
 
 impl Locator {
@@ -144,6 +150,7 @@ impl Locator {
             stale,
             procs: Arc::new(Mutex::new(proc::ProcessIndex::default())),
             recent: Arc::new(Mutex::new(Vec::new())),
+            sockets: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -187,20 +194,34 @@ impl Locator {
         let sessions: HashSet<u32> = self.current_map().await?.by_shell.keys().copied().collect();
         let procs = Arc::clone(&self.procs);
         let recent = lock(&self.recent).clone();
+        let sockets = Arc::clone(&self.sockets);
         let found = tokio::task::spawn_blocking(move || -> std::io::Result<Option<u32>> {
-            let Some(inode) = proc::client_socket_inode(peer, local)? else {
+            let Some(inode) = client_socket_inode(peer, local)? else {
                 return Ok(None);
             };
-            // Recent callers first: most calls come from processes that called before.
-            if let Some(pid) = proc::find_socket_owner(inode, &recent) {
-                return Ok(Some(pid));
+            let known = lock(&sockets).get(&inode).copied();
+            // The same connection again: re-check the pid that held it.
+            let mut found = known.and_then(|pid| proc::find_socket_owner(inode, &[pid]));
+            // Recent callers next: most calls come from processes that called before.
+            if found.is_none() {
+                found = proc::find_socket_owner(inode, &recent);
             }
-            let mut index = procs
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            index.refresh()?;
-            let candidates = index.candidates(&[], &sessions);
-            Ok(proc::find_socket_owner(inode, &candidates))
+            if found.is_none() {
+                let mut index = procs
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                index.refresh()?;
+                let candidates = index.candidates(&[], &sessions);
+                found = proc::find_socket_owner(inode, &candidates);
+            }
+            if let Some(pid) = found {
+                let mut sockets = lock(&sockets);
+                if sockets.len() >= SOCKET_CACHE {
+                    sockets.clear();
+                }
+                sockets.insert(inode, pid);
+            }
+            Ok(found)
         })
         .await
         .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
@@ -343,6 +364,19 @@ impl Locator {
         map.known = known;
         map.fetched = Some(Instant::now());
         Ok(())
+    }
+}
+
+/// The inode of the client side of an accepted loopback connection: an exact netlink
+/// `sock_diag` lookup, falling back to scanning `/proc/net/tcp{,6}` where netlink is unavailable.
+/// Blocking.
+pub fn client_socket_inode(peer: SocketAddr, local: SocketAddr) -> std::io::Result<Option<u64>> {
+    match diag::tcp_socket_inode(peer, local) {
+        Ok(found) => Ok(found),
+        Err(e) => {
+            tracing::debug!(error = %e, "sock_diag lookup failed; reading /proc/net/tcp instead");
+            proc::client_socket_inode(peer, local)
+        }
     }
 }
 

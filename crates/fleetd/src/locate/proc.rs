@@ -168,17 +168,74 @@ impl ProcessIndex {
     }
 }
 
-/// The first of `candidates` holding an fd on `socket:[inode]`. Processes whose fds cannot be
-/// read (another user's, or gone) are skipped.
+/// Whether process `pid` has an fd on `target` (a link text such as `socket:[123]`). Reads
+/// the links relative to the open `fd` directory, so each costs one `readlinkat` and no path walk.
+fn holds_link(pid: u32, target: &[u8]) -> bool {
+    use rustix::fs::{Dir, Mode, OFlags};
+    let Ok(fd) = rustix::fs::open(
+        format!("/proc/{pid}/fd"),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return false;
+    };
+    let Ok(dir) = Dir::new(fd) else {
+        return false;
+    };
+    let Ok(dirfd) = dir.fd() else {
+        return false;
+    };
+    let mut buf = [0u8; 64];
+    let mut entries = Dir::read_from(dirfd).into_iter().flatten().flatten();
+    entries.any(|entry| {
+        let name = entry.file_name();
+        name.to_bytes().first() != Some(&b'.')
+            && match rustix::fs::readlinkat_raw(dirfd, name, &mut buf[..]) {
+                Ok(n) => buf.get(..n) == Some(target),
+                Err(_) => false,
+            }
+    })
+}
+
+/// Below this many candidates one thread scans; above it the scan is split across threads.
+const PARALLEL_SCAN_MIN: usize = 64;
+/// Threads for a large scan (the daemon's machines have two cores).
+const SCAN_THREADS: usize = 2;
+
+/// A process holding an fd on `socket:[inode]`, preferring earlier `candidates`. Processes whose
+/// fds cannot be read (another user's, or gone) are skipped. A large list is scanned by
+/// [`SCAN_THREADS`] threads, each taking every n-th candidate, so the candidate order still
+/// decides what is looked at first.
 pub fn find_socket_owner(inode: u64, candidates: &[u32]) -> Option<u32> {
     let target = format!("socket:[{inode}]");
-    candidates.iter().copied().find(|pid| {
-        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            return false;
-        };
-        dir.flatten().any(|fd| {
-            std::fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == target.as_str())
-        })
+    let target = target.as_bytes();
+    if candidates.len() < PARALLEL_SCAN_MIN {
+        return candidates
+            .iter()
+            .copied()
+            .find(|pid| holds_link(*pid, target));
+    }
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..SCAN_THREADS)
+            .map(|lane| {
+                let done = &done;
+                scope.spawn(move || {
+                    let found = candidates
+                        .iter()
+                        .skip(lane)
+                        .step_by(SCAN_THREADS)
+                        .take_while(|_| !done.load(std::sync::atomic::Ordering::Relaxed))
+                        .copied()
+                        .find(|pid| holds_link(*pid, target));
+                    if found.is_some() {
+                        done.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    found
+                })
+            })
+            .collect();
+        workers.into_iter().find_map(|w| w.join().ok().flatten())
     })
 }
 
