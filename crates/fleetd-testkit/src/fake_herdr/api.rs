@@ -6,24 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
 
 use super::pane::{PaneRt, PaneSpec};
-use super::{Server, lock};
-
-/// How long herdr lets a prompt go without any state change before `agent_prompt_stalled`.
-const PROMPT_EFFECT_MS: u64 = 5_000;
-/// herdr presses Enter this long after pasting a prompt, because agent TUIs swallow a glued one.
-const PROMPT_ENTER_DELAY: Duration = Duration::from_millis(300);
-/// How often subscriptions look for new events (herdr polls too).
-const SUBSCRIPTION_POLL: Duration = Duration::from_millis(50);
+use super::{Server, agent, lock};
 
 /// A parsed request.
 pub(super) struct Request {
     pub(super) id: String,
     pub(super) method: String,
-    params: Value,
+    pub(super) params: Value,
 }
 
 /// An error response line.
@@ -31,7 +22,7 @@ pub(super) fn error(id: &str, code: &str, message: &str) -> String {
     json!({ "id": id, "error": { "code": code, "message": message } }).to_string()
 }
 
-fn success(id: &str, result: &Value) -> String {
+pub(super) fn success(id: &str, result: &Value) -> String {
     json!({ "id": id, "result": result }).to_string()
 }
 
@@ -58,16 +49,19 @@ pub(super) fn parse_request(line: &str) -> Result<Request, String> {
     })
 }
 
-type Outcome = Result<Value, (&'static str, String)>;
+pub(super) type Outcome = Result<Value, (&'static str, String)>;
 
-fn str_param<'a>(params: &'a Value, name: &str) -> Result<&'a str, (&'static str, String)> {
+pub(super) fn str_param<'a>(
+    params: &'a Value,
+    name: &str,
+) -> Result<&'a str, (&'static str, String)> {
     params.get(name).and_then(Value::as_str).ok_or((
         "invalid_request",
         format!("invalid request: missing field `{name}`"),
     ))
 }
 
-fn opt_str(params: &Value, name: &str) -> Option<String> {
+pub(super) fn opt_str(params: &Value, name: &str) -> Option<String> {
     params.get(name).and_then(Value::as_str).map(str::to_owned)
 }
 
@@ -176,8 +170,8 @@ pub(super) async fn dispatch(server: &Arc<Server>, req: Request) -> String {
             },
             Err(e) => Err(e),
         },
-        "agent.prompt" => agent_prompt(server, p).await,
-        "agent.wait" => agent_wait(server, p).await,
+        "agent.prompt" => agent::prompt(server, p).await,
+        "agent.wait" => agent::wait(server, p).await,
         other => Err((
             "invalid_request",
             format!("invalid request: fake-herdr does not implement method `{other}`"),
@@ -197,7 +191,7 @@ fn live_panes(server: &Server) -> Vec<Arc<PaneRt>> {
         .collect()
 }
 
-fn find_pane(server: &Server, id: &str) -> Option<Arc<PaneRt>> {
+pub(super) fn find_pane(server: &Server, id: &str) -> Option<Arc<PaneRt>> {
     lock(&server.topo).panes.get(id).cloned()
 }
 
@@ -211,7 +205,10 @@ fn pane_param(
 }
 
 /// Resolves an agent target (a pane id hosting an agent; fake-herdr has no agent names).
-fn agent_target(server: &Server, p: &Value) -> Result<Arc<PaneRt>, (&'static str, String)> {
+pub(super) fn agent_target(
+    server: &Server,
+    p: &Value,
+) -> Result<Arc<PaneRt>, (&'static str, String)> {
     let target = str_param(p, "target")?;
     let pane = find_pane(server, target)
         .ok_or(("agent_not_found", format!("agent {target} not found")))?;
@@ -246,7 +243,7 @@ fn pane_info(server: &Server, pane: &PaneRt) -> Value {
     })
 }
 
-fn agent_info(server: &Server, pane: &PaneRt) -> Value {
+pub(super) fn agent_info(server: &Server, pane: &PaneRt) -> Value {
     let mut info = pane_info(server, pane);
     let d = pane.detected();
     if let Value::Object(map) = &mut info {
@@ -567,7 +564,7 @@ fn keys_bytes(p: &Value) -> Result<Vec<u8>, (&'static str, String)> {
     Ok(out)
 }
 
-fn paste_bytes(pane: &PaneRt, text: &str) -> Vec<u8> {
+pub(super) fn paste_bytes(pane: &PaneRt, text: &str) -> Vec<u8> {
     if pane.bracketed_paste() {
         [b"\x1b[200~".as_slice(), text.as_bytes(), b"\x1b[201~"].concat()
     } else {
@@ -613,304 +610,4 @@ fn read(pane: &PaneRt, p: &Value) -> Outcome {
         "tab_id": pane.identity.tab_id, "source": source, "format": "text", "text": text,
         "revision": pane.revision(), "truncated": false,
     }}))
-}
-
-fn until_param(p: &Value, default: &[&str]) -> Vec<String> {
-    match p.get("until").and_then(Value::as_array) {
-        Some(list) if !list.is_empty() => list
-            .iter()
-            .filter_map(|v| v.as_str().map(str::to_owned))
-            .collect(),
-        _ => default.iter().map(|s| (*s).to_owned()).collect(),
-    }
-}
-
-/// Waits until `pane`'s status is in `until` or `deadline` passes; `Err` when the pane ended.
-async fn wait_status(
-    pane: &PaneRt,
-    until: &[String],
-    deadline: Option<tokio::time::Instant>,
-) -> Result<bool, ()> {
-    loop {
-        let notified = pane.changed.notified();
-        if pane.is_exited() {
-            return Err(());
-        }
-        if until.iter().any(|u| u == pane.detected().status) {
-            return Ok(true);
-        }
-        let tick = tokio::time::sleep(Duration::from_millis(100));
-        match deadline {
-            Some(d) if tokio::time::Instant::now() >= d => return Ok(false),
-            Some(d) => {
-                tokio::select! { () = notified => {}, () = tick => {}, () = tokio::time::sleep_until(d) => {} }
-            }
-            None => tokio::select! { () = notified => {}, () = tick => {} },
-        }
-    }
-}
-
-async fn agent_prompt(server: &Server, p: &Value) -> Outcome {
-    let pane = agent_target(server, p)?;
-    let text = opt_str(p, "text").unwrap_or_default();
-    if text.is_empty() {
-        return Err(("empty_agent_prompt", "prompt text is empty".to_owned()));
-    }
-    let baseline = pane.detected().state_change_seq;
-    pane.write(&paste_bytes(&pane, &text))
-        .await
-        .map_err(|e| ("agent_prompt_failed", e.to_string()))?;
-    tokio::time::sleep(PROMPT_ENTER_DELAY).await;
-    pane.write(b"\r")
-        .await
-        .map_err(|e| ("agent_prompt_failed", e.to_string()))?;
-    let Some(wait) = p.get("wait").filter(|w| w.is_object()) else {
-        return Ok(json!({ "type": "agent_prompted", "agent": agent_info(server, &pane) }));
-    };
-    let started = tokio::time::Instant::now();
-    let timeout_ms = wait.get("timeout_ms").and_then(Value::as_u64);
-    let until = until_param(wait, &["idle", "done", "blocked"]);
-    if pane.detected().status != "working" {
-        let effect_ms = timeout_ms.map_or(PROMPT_EFFECT_MS, |t| t.min(PROMPT_EFFECT_MS));
-        let effect_deadline = started + Duration::from_millis(effect_ms);
-        loop {
-            let notified = pane.changed.notified();
-            if pane.is_exited() {
-                return Err((
-                    "agent_not_running",
-                    "agent is no longer running in the target pane".to_owned(),
-                ));
-            }
-            if pane.detected().state_change_seq != baseline {
-                break;
-            }
-            if tokio::time::Instant::now() >= effect_deadline {
-                let d = pane.detected();
-                return Err(if timeout_ms.is_some_and(|t| t <= PROMPT_EFFECT_MS) {
-                    ("timeout", "timed out waiting for agent status".to_owned())
-                } else {
-                    (
-                        "agent_prompt_stalled",
-                        format!(
-                            "agent prompt produced no observed state change within {effect_ms} ms; status is {} and state_change_seq remained {baseline}",
-                            d.status
-                        ),
-                    )
-                });
-            }
-            tokio::select! {
-                () = notified => {},
-                () = tokio::time::sleep(Duration::from_millis(100)) => {},
-            }
-        }
-    }
-    let deadline = timeout_ms.map(|t| started + Duration::from_millis(t));
-    match wait_status(&pane, &until, deadline).await {
-        Ok(true) => Ok(json!({ "type": "agent_prompted", "agent": agent_info(server, &pane) })),
-        Ok(false) => Err(("timeout", "timed out waiting for agent status".to_owned())),
-        Err(()) => Err((
-            "agent_not_running",
-            "agent is no longer running in the target pane".to_owned(),
-        )),
-    }
-}
-
-async fn agent_wait(server: &Server, p: &Value) -> Outcome {
-    let pane = agent_target(server, p)?;
-    let until = until_param(p, &["idle", "done", "blocked"]);
-    let deadline = p
-        .get("timeout_ms")
-        .and_then(Value::as_u64)
-        .map(|t| tokio::time::Instant::now() + Duration::from_millis(t));
-    match wait_status(&pane, &until, deadline).await {
-        Ok(true) => Ok(json!({ "type": "agent_info", "agent": agent_info(server, &pane) })),
-        Ok(false) => Err(("timeout", "timed out waiting for agent status".to_owned())),
-        Err(()) => Err((
-            "agent_not_running",
-            "agent is no longer running in the target pane".to_owned(),
-        )),
-    }
-}
-
-/// One active subscription.
-enum Sub {
-    /// A lifecycle kind: replays the ring from sequence 0.
-    Lifecycle { kind: String, last: u64 },
-    /// `pane.agent_status_changed` for one pane.
-    Status {
-        pane_id: String,
-        filter: Option<String>,
-        last: u64,
-        initial: Option<Value>,
-    },
-}
-
-fn status_event(data: &Value) -> Value {
-    let mut data = data.clone();
-    if let Value::Object(map) = &mut data {
-        map.remove("type");
-    }
-    json!({ "event": "pane.agent_status_changed", "data": data })
-}
-
-/// `events.subscribe`: validates every subscription, acks, then streams until the client goes
-/// away (any inbound byte or EOF, as herdr) or the server restarts.
-pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: UnixStream) {
-    let generation = server.generation.load(std::sync::atomic::Ordering::SeqCst);
-    let mut subs = Vec::new();
-    let list = req
-        .params
-        .get("subscriptions")
-        .and_then(Value::as_array)
-        .cloned();
-    let Some(list) = list else {
-        let line = error(
-            &req.id,
-            "invalid_request",
-            "invalid request: missing field `subscriptions`",
-        );
-        let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
-        return;
-    };
-    for sub in list {
-        let kind = sub
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
-        if kind == "pane.agent_status_changed" {
-            let pane_id = sub
-                .get("pane_id")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned();
-            let Some(pane) = find_pane(server, &pane_id) else {
-                let line = error(
-                    &req.id,
-                    "pane_not_found",
-                    &format!("pane {pane_id} not found"),
-                );
-                let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
-                return;
-            };
-            let filter = sub
-                .get("agent_status")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            let current = pane.detected();
-            let initial = (filter.as_deref() == Some(current.status)).then(|| {
-                json!({ "event": "pane.agent_status_changed", "data": {
-                    "pane_id": pane_id, "workspace_id": pane.identity.workspace_id,
-                    "agent_status": current.status, "agent": current.agent, "title": pane.title() }})
-            });
-            subs.push(Sub::Status {
-                pane_id,
-                filter,
-                last: lock(&server.hub).current(),
-                initial,
-            });
-        } else if let Some(lifecycle) = lifecycle_kind(&kind) {
-            subs.push(Sub::Lifecycle {
-                kind: lifecycle,
-                last: 0,
-            });
-        } else {
-            let line = error(
-                &req.id,
-                "invalid_request",
-                &format!("invalid request: unknown subscription type `{kind}`"),
-            );
-            let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
-            return;
-        }
-    }
-    let ack = success(&req.id, &json!({ "type": "subscription_started" }));
-    if stream
-        .write_all(format!("{ack}\n").as_bytes())
-        .await
-        .is_err()
-    {
-        return;
-    }
-    let (mut read, mut write) = stream.into_split();
-    let mut probe = [0u8; 1];
-    loop {
-        if server.generation.load(std::sync::atomic::Ordering::SeqCst) != generation {
-            return;
-        }
-        let mut out = String::new();
-        let oldest = subs
-            .iter()
-            .map(|s| match s {
-                Sub::Lifecycle { last, .. } | Sub::Status { last, .. } => *last,
-            })
-            .min()
-            .unwrap_or(0);
-        let events = lock(&server.hub).after(oldest);
-        for sub in &mut subs {
-            match sub {
-                Sub::Lifecycle { kind, last } => {
-                    let from = *last;
-                    for (seq, event) in events.iter().filter(|(s, _)| *s > from) {
-                        *last = *seq;
-                        if event["event"] == kind.as_str() {
-                            out.push_str(&format!("{event}\n"));
-                        }
-                    }
-                }
-                Sub::Status {
-                    pane_id,
-                    filter,
-                    last,
-                    initial,
-                } => {
-                    if let Some(first) = initial.take() {
-                        out.push_str(&format!("{first}\n"));
-                    }
-                    let from = *last;
-                    for (seq, event) in events.iter().filter(|(s, _)| *s > from) {
-                        *last = *seq;
-                        let data = &event["data"];
-                        if event["event"] == "pane_agent_status_changed"
-                            && data["pane_id"] == pane_id.as_str()
-                            && filter.as_deref().is_none_or(|f| data["agent_status"] == f)
-                        {
-                            out.push_str(&format!("{}\n", status_event(data)));
-                        }
-                    }
-                }
-            }
-        }
-        if !out.is_empty() && write.write_all(out.as_bytes()).await.is_err() {
-            return;
-        }
-        tokio::select! {
-            // Any inbound byte or EOF means the client is gone.
-            _ = read.read(&mut probe) => return,
-            () = tokio::time::sleep(SUBSCRIPTION_POLL) => {}
-        }
-    }
-}
-
-/// `pane.closed` → `pane_closed`, for the lifecycle kinds herdr streams.
-fn lifecycle_kind(kind: &str) -> Option<String> {
-    const KINDS: &[&str] = &[
-        "workspace.created",
-        "workspace.updated",
-        "workspace.closed",
-        "workspace.renamed",
-        "workspace.focused",
-        "tab.created",
-        "tab.closed",
-        "tab.focused",
-        "tab.renamed",
-        "pane.created",
-        "pane.closed",
-        "pane.updated",
-        "pane.focused",
-        "pane.exited",
-        "pane.agent_detected",
-        "layout.updated",
-    ];
-    KINDS.contains(&kind).then(|| kind.replace('.', "_"))
 }

@@ -24,10 +24,12 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
+mod agent;
 mod api;
 mod pane;
 pub mod process;
 mod state;
+mod subscribe;
 
 use pane::{PaneHost, PaneIdentity, PaneRt, PaneSpec};
 use state::{EventHub, Topology};
@@ -288,7 +290,7 @@ impl Server {
             Err(error) => error,
             Ok(request) => {
                 if request.method == "events.subscribe" {
-                    api::subscribe(&self, request, stream).await;
+                    subscribe::subscribe(&self, request, stream).await;
                     return;
                 }
                 let injected = request.method.starts_with("agent.") && {

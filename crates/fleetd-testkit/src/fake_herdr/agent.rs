@@ -1,0 +1,132 @@
+//! fake-herdr's agent methods that wait: `agent.prompt` (paste, Enter after 300 ms, then the
+//! optional wait with herdr's 5 s `agent_prompt_stalled` rule) and `agent.wait`. No socket code.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::Server;
+use super::api::{Outcome, agent_info, agent_target, opt_str, paste_bytes};
+use super::pane::PaneRt;
+
+/// How long herdr lets a prompt go without any state change before `agent_prompt_stalled`.
+const PROMPT_EFFECT_MS: u64 = 5_000;
+/// herdr presses Enter this long after pasting a prompt, because agent TUIs swallow a glued one.
+const PROMPT_ENTER_DELAY: Duration = Duration::from_millis(300);
+
+fn until_param(p: &Value, default: &[&str]) -> Vec<String> {
+    match p.get("until").and_then(Value::as_array) {
+        Some(list) if !list.is_empty() => list
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
+        _ => default.iter().map(|s| (*s).to_owned()).collect(),
+    }
+}
+
+/// Waits until `pane`'s status is in `until` or `deadline` passes; `Err` when the pane ended.
+async fn wait_status(
+    pane: &PaneRt,
+    until: &[String],
+    deadline: Option<tokio::time::Instant>,
+) -> Result<bool, ()> {
+    loop {
+        let notified = pane.changed.notified();
+        if pane.is_exited() {
+            return Err(());
+        }
+        if until.iter().any(|u| u == pane.detected().status) {
+            return Ok(true);
+        }
+        let tick = tokio::time::sleep(Duration::from_millis(100));
+        match deadline {
+            Some(d) if tokio::time::Instant::now() >= d => return Ok(false),
+            Some(d) => {
+                tokio::select! { () = notified => {}, () = tick => {}, () = tokio::time::sleep_until(d) => {} }
+            }
+            None => tokio::select! { () = notified => {}, () = tick => {} },
+        }
+    }
+}
+
+pub(super) async fn prompt(server: &Server, p: &Value) -> Outcome {
+    let pane = agent_target(server, p)?;
+    let text = opt_str(p, "text").unwrap_or_default();
+    if text.is_empty() {
+        return Err(("empty_agent_prompt", "prompt text is empty".to_owned()));
+    }
+    let baseline = pane.detected().state_change_seq;
+    pane.write(&paste_bytes(&pane, &text))
+        .await
+        .map_err(|e| ("agent_prompt_failed", e.to_string()))?;
+    tokio::time::sleep(PROMPT_ENTER_DELAY).await;
+    pane.write(b"\r")
+        .await
+        .map_err(|e| ("agent_prompt_failed", e.to_string()))?;
+    let Some(wait) = p.get("wait").filter(|w| w.is_object()) else {
+        return Ok(json!({ "type": "agent_prompted", "agent": agent_info(server, &pane) }));
+    };
+    let started = tokio::time::Instant::now();
+    let timeout_ms = wait.get("timeout_ms").and_then(Value::as_u64);
+    let until = until_param(wait, &["idle", "done", "blocked"]);
+    if pane.detected().status != "working" {
+        let effect_ms = timeout_ms.map_or(PROMPT_EFFECT_MS, |t| t.min(PROMPT_EFFECT_MS));
+        let effect_deadline = started + Duration::from_millis(effect_ms);
+        loop {
+            let notified = pane.changed.notified();
+            if pane.is_exited() {
+                return Err((
+                    "agent_not_running",
+                    "agent is no longer running in the target pane".to_owned(),
+                ));
+            }
+            if pane.detected().state_change_seq != baseline {
+                break;
+            }
+            if tokio::time::Instant::now() >= effect_deadline {
+                let d = pane.detected();
+                return Err(if timeout_ms.is_some_and(|t| t <= PROMPT_EFFECT_MS) {
+                    ("timeout", "timed out waiting for agent status".to_owned())
+                } else {
+                    (
+                        "agent_prompt_stalled",
+                        format!(
+                            "agent prompt produced no observed state change within {effect_ms} ms; status is {} and state_change_seq remained {baseline}",
+                            d.status
+                        ),
+                    )
+                });
+            }
+            tokio::select! {
+                () = notified => {},
+                () = tokio::time::sleep(Duration::from_millis(100)) => {},
+            }
+        }
+    }
+    let deadline = timeout_ms.map(|t| started + Duration::from_millis(t));
+    match wait_status(&pane, &until, deadline).await {
+        Ok(true) => Ok(json!({ "type": "agent_prompted", "agent": agent_info(server, &pane) })),
+        Ok(false) => Err(("timeout", "timed out waiting for agent status".to_owned())),
+        Err(()) => Err((
+            "agent_not_running",
+            "agent is no longer running in the target pane".to_owned(),
+        )),
+    }
+}
+
+pub(super) async fn wait(server: &Server, p: &Value) -> Outcome {
+    let pane = agent_target(server, p)?;
+    let until = until_param(p, &["idle", "done", "blocked"]);
+    let deadline = p
+        .get("timeout_ms")
+        .and_then(Value::as_u64)
+        .map(|t| tokio::time::Instant::now() + Duration::from_millis(t));
+    match wait_status(&pane, &until, deadline).await {
+        Ok(true) => Ok(json!({ "type": "agent_info", "agent": agent_info(server, &pane) })),
+        Ok(false) => Err(("timeout", "timed out waiting for agent status".to_owned())),
+        Err(()) => Err((
+            "agent_not_running",
+            "agent is no longer running in the target pane".to_owned(),
+        )),
+    }
+}

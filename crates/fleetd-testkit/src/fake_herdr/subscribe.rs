@@ -1,0 +1,199 @@
+//! fake-herdr's `events.subscribe`: lifecycle subscriptions that replay the event ring from
+//! sequence 0, per-pane `pane.agent_status_changed` (with herdr's initial event when a status
+//! filter already matches), and herdr's rule that any inbound byte or EOF ends the stream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use super::api::{Request, error, find_pane, success};
+use super::{Server, lock};
+
+/// How often subscriptions look for new events (herdr polls too).
+const SUBSCRIPTION_POLL: Duration = Duration::from_millis(50);
+
+/// One active subscription.
+enum Sub {
+    /// A lifecycle kind: replays the ring from sequence 0.
+    Lifecycle { kind: String, last: u64 },
+    /// `pane.agent_status_changed` for one pane.
+    Status {
+        pane_id: String,
+        filter: Option<String>,
+        last: u64,
+        initial: Option<Value>,
+    },
+}
+
+fn status_event(data: &Value) -> Value {
+    let mut data = data.clone();
+    if let Value::Object(map) = &mut data {
+        map.remove("type");
+    }
+    json!({ "event": "pane.agent_status_changed", "data": data })
+}
+
+/// `events.subscribe`: validates every subscription, acks, then streams until the client goes
+/// away (any inbound byte or EOF, as herdr) or the server restarts.
+pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: UnixStream) {
+    let generation = server.generation.load(std::sync::atomic::Ordering::SeqCst);
+    let mut subs = Vec::new();
+    let list = req
+        .params
+        .get("subscriptions")
+        .and_then(Value::as_array)
+        .cloned();
+    let Some(list) = list else {
+        let line = error(
+            &req.id,
+            "invalid_request",
+            "invalid request: missing field `subscriptions`",
+        );
+        let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
+        return;
+    };
+    for sub in list {
+        let kind = sub
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        if kind == "pane.agent_status_changed" {
+            let pane_id = sub
+                .get("pane_id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            let Some(pane) = find_pane(server, &pane_id) else {
+                let line = error(
+                    &req.id,
+                    "pane_not_found",
+                    &format!("pane {pane_id} not found"),
+                );
+                let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
+                return;
+            };
+            let filter = sub
+                .get("agent_status")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            let current = pane.detected();
+            let initial = (filter.as_deref() == Some(current.status)).then(|| {
+                json!({ "event": "pane.agent_status_changed", "data": {
+                    "pane_id": pane_id, "workspace_id": pane.identity.workspace_id,
+                    "agent_status": current.status, "agent": current.agent, "title": pane.title() }})
+            });
+            subs.push(Sub::Status {
+                pane_id,
+                filter,
+                last: lock(&server.hub).current(),
+                initial,
+            });
+        } else if let Some(lifecycle) = lifecycle_kind(&kind) {
+            subs.push(Sub::Lifecycle {
+                kind: lifecycle,
+                last: 0,
+            });
+        } else {
+            let line = error(
+                &req.id,
+                "invalid_request",
+                &format!("invalid request: unknown subscription type `{kind}`"),
+            );
+            let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
+            return;
+        }
+    }
+    let ack = success(&req.id, &json!({ "type": "subscription_started" }));
+    if stream
+        .write_all(format!("{ack}\n").as_bytes())
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let (mut read, mut write) = stream.into_split();
+    let mut probe = [0u8; 1];
+    loop {
+        if server.generation.load(std::sync::atomic::Ordering::SeqCst) != generation {
+            return;
+        }
+        let mut out = String::new();
+        let oldest = subs
+            .iter()
+            .map(|s| match s {
+                Sub::Lifecycle { last, .. } | Sub::Status { last, .. } => *last,
+            })
+            .min()
+            .unwrap_or(0);
+        let events = lock(&server.hub).after(oldest);
+        for sub in &mut subs {
+            match sub {
+                Sub::Lifecycle { kind, last } => {
+                    let from = *last;
+                    for (seq, event) in events.iter().filter(|(s, _)| *s > from) {
+                        *last = *seq;
+                        if event["event"] == kind.as_str() {
+                            out.push_str(&format!("{event}\n"));
+                        }
+                    }
+                }
+                Sub::Status {
+                    pane_id,
+                    filter,
+                    last,
+                    initial,
+                } => {
+                    if let Some(first) = initial.take() {
+                        out.push_str(&format!("{first}\n"));
+                    }
+                    let from = *last;
+                    for (seq, event) in events.iter().filter(|(s, _)| *s > from) {
+                        *last = *seq;
+                        let data = &event["data"];
+                        if event["event"] == "pane_agent_status_changed"
+                            && data["pane_id"] == pane_id.as_str()
+                            && filter.as_deref().is_none_or(|f| data["agent_status"] == f)
+                        {
+                            out.push_str(&format!("{}\n", status_event(data)));
+                        }
+                    }
+                }
+            }
+        }
+        if !out.is_empty() && write.write_all(out.as_bytes()).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            // Any inbound byte or EOF means the client is gone.
+            _ = read.read(&mut probe) => return,
+            () = tokio::time::sleep(SUBSCRIPTION_POLL) => {}
+        }
+    }
+}
+
+/// `pane.closed` → `pane_closed`, for the lifecycle kinds herdr streams.
+fn lifecycle_kind(kind: &str) -> Option<String> {
+    const KINDS: &[&str] = &[
+        "workspace.created",
+        "workspace.updated",
+        "workspace.closed",
+        "workspace.renamed",
+        "workspace.focused",
+        "tab.created",
+        "tab.closed",
+        "tab.focused",
+        "tab.renamed",
+        "pane.created",
+        "pane.closed",
+        "pane.updated",
+        "pane.focused",
+        "pane.exited",
+        "pane.agent_detected",
+        "layout.updated",
+    ];
+    KINDS.contains(&kind).then(|| kind.replace('.', "_"))
+}
