@@ -184,6 +184,8 @@ struct Agent {
     config: Config,
     turn: usize,
     mcp: Option<mcp::McpClient>,
+    /// Whether `initialize` succeeded; a failed start-up attempt is retried before a tool call.
+    mcp_ready: bool,
     out: tokio::io::Stdout,
 }
 
@@ -193,6 +195,7 @@ impl Agent {
             config,
             turn: 0,
             mcp: None,
+            mcp_ready: false,
             out: tokio::io::stdout(),
         }
     }
@@ -236,12 +239,8 @@ impl Agent {
             }
         }
         if let Some(url) = self.config.fleetd_url.clone() {
-            let mut client = mcp::McpClient::new(&url)?;
-            match client.initialize().await {
-                Ok(_) => self.log(&json!({ "event": "mcp_initialized" })),
-                Err(e) => self.log(&json!({ "event": "mcp_error", "error": e.to_string() })),
-            }
-            self.mcp = Some(client);
+            self.mcp = Some(mcp::McpClient::new(&url)?);
+            self.ensure_mcp().await;
         }
         self.title("sim-agent").await;
         self.say(&format!("sim-agent ready (pid {})\r\n", std::process::id()))
@@ -333,7 +332,25 @@ impl Agent {
     }
 
     /// Calls a tool; logs and shows the outcome. `None` without fleetd or on failure.
+    /// Initializes the MCP session unless that already succeeded.
+    async fn ensure_mcp(&mut self) {
+        let Some(client) = self.mcp.as_mut() else {
+            return;
+        };
+        if self.mcp_ready {
+            return;
+        }
+        match client.initialize().await {
+            Ok(_) => {
+                self.mcp_ready = true;
+                self.log(&json!({ "event": "mcp_initialized" }));
+            }
+            Err(e) => self.log(&json!({ "event": "mcp_error", "error": e.to_string() })),
+        }
+    }
+
     async fn tool(&mut self, name: &str, arguments: Value) -> Option<Value> {
+        self.ensure_mcp().await;
         let Some(client) = self.mcp.as_mut() else {
             self.log(
                 &json!({ "event": "tool_skipped", "name": name, "reason": "FLEETD_URL not set" }),

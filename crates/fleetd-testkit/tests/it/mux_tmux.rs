@@ -196,7 +196,7 @@ async fn status_follows_the_title_spinner_and_closing_reports_gone() {
         .open_pane(open(
             "fleet",
             &[],
-            sim_agent(&["--script", "silent", "--work-ms", "2500"]),
+            sim_agent(&["--script", "silent", "--work-ms", "4000"]),
         ))
         .await
         .expect("open");
