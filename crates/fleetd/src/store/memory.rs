@@ -74,6 +74,13 @@ impl MemoryStore {
     }
 }
 
+impl Default for MemoryStore {
+    /// An empty store with the default limits.
+    fn default() -> Self {
+        Self::new(MessageLimits::default())
+    }
+}
+
 impl InboxStore for MemoryStore {
     fn publish(&self, message: Message) -> StoreFuture<'_, PublishOutcome> {
         Box::pin(async move { self.publish_now(message) })

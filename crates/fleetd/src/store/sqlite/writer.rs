@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, Transaction, TransactionBehavior, params};
 use tokio::sync::{mpsc, oneshot};
 
 use fleetd_core::{Message, MsgId, Target};
@@ -133,22 +133,16 @@ fn apply(conn: &mut Connection, batch: &[Op]) -> Result<Vec<Outcome>, StoreError
 }
 
 fn insert(tx: &Transaction<'_>, message: &Message) -> rusqlite::Result<PublishOutcome> {
-    let id = message.msg_id.to_string();
-    let was_acked = tx
-        .prepare_cached("SELECT 1 FROM acked WHERE msg_id = ?1")?
-        .query_row([&id], |_| Ok(()))
-        .optional()?
-        .is_some();
-    if was_acked {
-        return Ok(PublishOutcome::Duplicate);
-    }
+    // One statement: skip ids acknowledged recently, and ids already pending (the UNIQUE key).
     let inserted = tx
         .prepare_cached(
             "INSERT INTO messages (msg_id, target, ticket, kind, sender, created_at, body)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (msg_id) DO NOTHING",
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7
+             WHERE NOT EXISTS (SELECT 1 FROM acked WHERE msg_id = ?1)
+             ON CONFLICT (msg_id) DO NOTHING",
         )?
         .execute(params![
-            id,
+            message.msg_id.to_string(),
             message.target.as_str(),
             message.ticket.map(|t| t.to_string()),
             message.kind.as_str(),
