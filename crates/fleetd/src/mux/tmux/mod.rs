@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleetd_core::{AgentStatus, PaneId, TabId, TerminalId, WorkspaceId};
+use fleetd_core::{PaneId, TabId, TerminalId, WorkspaceId};
 use tokio::sync::broadcast;
 use tokio::task::AbortHandle;
 
@@ -27,7 +27,13 @@ use crate::mux::{
     ProcessInfo, ServerInfo, SplitDirection, SubmitPath, Submitted, TabInfo, shell_quote_argv,
 };
 
+use status::SHELLS;
 /// Field separator in `-F` formats (a control character no id or name contains).
+pub use status::derive_status;
+
+mod status;
+mod watch;
+
 const SEP: char = '\u{1f}';
 /// Pane fields, in order; the title goes last because it may contain anything.
 const PANE_FORMAT: &str = "#{pane_id}\u{1f}#{pane_pid}\u{1f}#{session_name}\u{1f}#{window_index}\u{1f}#{window_name}\u{1f}#{pane_current_command}\u{1f}#{pane_title}";
@@ -45,10 +51,6 @@ const ENV_ALLOWLIST: &[&str] = &[
     "TMPDIR",
     "TMUX_TMPDIR",
     "XDG_RUNTIME_DIR",
-];
-/// Foreground commands that mean "no agent here".
-const SHELLS: &[&str] = &[
-    "sh", "bash", "dash", "zsh", "fish", "ksh", "mksh", "csh", "tcsh", "nu", "elvish", "xonsh",
 ];
 
 /// Which tmux server to drive.
@@ -137,46 +139,6 @@ fn id_text(text: &str) -> String {
     } else {
         cleaned
     }
-}
-
-/// Status from what tmux knows: title, foreground command and (optionally) the screen.
-pub fn derive_status(
-    title: &str,
-    command: &str,
-    screen: Option<&str>,
-) -> (Option<String>, AgentStatus) {
-    let spinner = title
-        .chars()
-        .next()
-        .is_some_and(|c| ('\u{2800}'..='\u{28FF}').contains(&c));
-    let is_shell = SHELLS.contains(&command);
-    let agent = (!is_shell && !command.is_empty()).then(|| command.to_owned());
-    if spinner {
-        return (agent, AgentStatus::Working);
-    }
-    if agent.is_none() {
-        return (None, AgentStatus::Unknown);
-    }
-    let blocked = screen.is_some_and(|s| {
-        let bottom: Vec<String> = s
-            .lines()
-            .rev()
-            .filter(|l| !l.trim().is_empty())
-            .take(5)
-            .map(str::to_lowercase)
-            .collect();
-        let has = |n: &str| bottom.iter().any(|l| l.contains(n));
-        (has("esc to cancel") && (has("enter to confirm") || has("enter to select")))
-            || has("do you want to proceed?")
-    });
-    (
-        agent,
-        if blocked {
-            AgentStatus::Blocked
-        } else {
-            AgentStatus::Idle
-        },
-    )
 }
 
 impl Tmux {
@@ -496,56 +458,6 @@ impl Tmux {
             foreground_pids: Vec::new(),
         })
     }
-
-    fn start_watch(&self, pane: PaneId) {
-        let mut watches = self
-            .inner
-            .watches
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if watches.get(&pane).is_some_and(|t| !t.is_finished()) {
-            return;
-        }
-        let me = self.clone();
-        let key = pane.clone();
-        let task = tokio::spawn(async move { me.poll_loop(pane).await });
-        watches.insert(key, task.abort_handle());
-    }
-
-    async fn poll_loop(self, pane: PaneId) {
-        let mut last: Option<(TerminalId, AgentStatus)> = None;
-        let events = self.inner.events.clone();
-        loop {
-            match self.pane_inner(&pane).await {
-                Ok(info) => {
-                    let changed = last.as_ref() != Some(&(info.terminal.clone(), info.status));
-                    if changed {
-                        if let Some((old, _)) = last.as_ref().filter(|(t, _)| *t != info.terminal) {
-                            let _ = events.send(PaneEvent::Gone {
-                                pane: pane.clone(),
-                                terminal: Some(old.clone()),
-                            });
-                        }
-                        last = Some((info.terminal.clone(), info.status));
-                        let _ = events.send(PaneEvent::StatusChanged {
-                            pane: pane.clone(),
-                            terminal: info.terminal,
-                            status: info.status,
-                        });
-                    }
-                }
-                Err(e) if e.is_not_found() => {
-                    let _ = events.send(PaneEvent::Gone {
-                        pane: pane.clone(),
-                        terminal: last.map(|(t, _)| t),
-                    });
-                    return;
-                }
-                Err(e) => tracing::debug!(%pane, error = %e, "tmux status poll failed; will retry"),
-            }
-            tokio::time::sleep(self.inner.config.poll_interval).await;
-        }
-    }
 }
 
 impl Multiplexer for Tmux {
@@ -636,26 +548,6 @@ impl Multiplexer for Tmux {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn status_is_derived_from_title_command_and_screen() {
-        assert_eq!(
-            derive_status("⠙ working", "claude", None).1,
-            AgentStatus::Working
-        );
-        assert_eq!(
-            derive_status("host", "bash", None),
-            (None, AgentStatus::Unknown)
-        );
-        assert_eq!(
-            derive_status("claude", "node", Some("❯ ")).1,
-            AgentStatus::Idle
-        );
-        assert_eq!(
-            derive_status("claude", "node", Some("Do you want to proceed?\n❯ 1. Yes")).1,
-            AgentStatus::Blocked
-        );
-    }
 
     #[test]
     fn pane_lines_parse_with_titles_containing_anything() {

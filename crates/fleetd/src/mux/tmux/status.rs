@@ -1,0 +1,74 @@
+//! tmux status derivation: what tmux knows (pane title, foreground command, screen text) turned
+//! into an agent status. Weaker than herdr's detection by design; pure, no tmux calls.
+
+use fleetd_core::AgentStatus;
+
+/// Foreground commands that mean "no agent here".
+pub(super) const SHELLS: &[&str] = &[
+    "sh", "bash", "dash", "zsh", "fish", "ksh", "mksh", "csh", "tcsh", "nu", "elvish", "xonsh",
+];
+
+/// Status from what tmux knows: title, foreground command and (optionally) the screen.
+pub fn derive_status(
+    title: &str,
+    command: &str,
+    screen: Option<&str>,
+) -> (Option<String>, AgentStatus) {
+    let spinner = title
+        .chars()
+        .next()
+        .is_some_and(|c| ('\u{2800}'..='\u{28FF}').contains(&c));
+    let is_shell = SHELLS.contains(&command);
+    let agent = (!is_shell && !command.is_empty()).then(|| command.to_owned());
+    if spinner {
+        return (agent, AgentStatus::Working);
+    }
+    if agent.is_none() {
+        return (None, AgentStatus::Unknown);
+    }
+    let blocked = screen.is_some_and(|s| {
+        let bottom: Vec<String> = s
+            .lines()
+            .rev()
+            .filter(|l| !l.trim().is_empty())
+            .take(5)
+            .map(str::to_lowercase)
+            .collect();
+        let has = |n: &str| bottom.iter().any(|l| l.contains(n));
+        (has("esc to cancel") && (has("enter to confirm") || has("enter to select")))
+            || has("do you want to proceed?")
+    });
+    (
+        agent,
+        if blocked {
+            AgentStatus::Blocked
+        } else {
+            AgentStatus::Idle
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_is_derived_from_title_command_and_screen() {
+        assert_eq!(
+            derive_status("⠙ working", "claude", None).1,
+            AgentStatus::Working
+        );
+        assert_eq!(
+            derive_status("host", "bash", None),
+            (None, AgentStatus::Unknown)
+        );
+        assert_eq!(
+            derive_status("claude", "node", Some("❯ ")).1,
+            AgentStatus::Idle
+        );
+        assert_eq!(
+            derive_status("claude", "node", Some("Do you want to proceed?\n❯ 1. Yes")).1,
+            AgentStatus::Blocked
+        );
+    }
+}
