@@ -373,9 +373,10 @@ mod tests {
         }
         store.close().await.expect("close");
         let mut bytes = std::fs::read(&path).expect("read");
-        assert!(bytes.len() > 8 * 4096, "the file spans many pages");
         // Smash every page after the first: the header stays valid, every b-tree page is garbage.
-        for byte in &mut bytes[4096..] {
+        let page_size = usize::from(u16::from_be_bytes([bytes[16], bytes[17]]));
+        assert!(bytes.len() > 8 * page_size, "the file spans many pages");
+        for byte in &mut bytes[page_size..] {
             *byte = 0xA5;
         }
         std::fs::write(&path, &bytes).expect("write damaged");

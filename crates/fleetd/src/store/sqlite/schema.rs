@@ -19,14 +19,19 @@ pub(crate) const APPLICATION_ID: i64 = 0x666c_7464;
 /// state lock guarantees it), so waits are short; the timeout only guards against surprises.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Page size of a new inbox file, in bytes. See [`open_writer`].
+const PAGE_SIZE: i64 = 1024;
+
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`, inside one transaction.
 const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
     // v1: pending messages in arrival order, plus the ids acknowledged recently (for dedup).
-    // `seq` is AUTOINCREMENT so it never goes backwards, even after the newest rows are deleted.
+    // `seq` is the rowid: a new row gets max(rowid) + 1, so it sorts after every pending message.
+    // (A rowid freed by acking the newest row may be reused, which cannot reorder pending rows;
+    // AUTOINCREMENT would prevent that at the cost of a sqlite_sequence page in every commit.)
     "CREATE TABLE schema_version (version INTEGER NOT NULL);
      INSERT INTO schema_version (version) VALUES (0);
      CREATE TABLE messages (
-         seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+         seq        INTEGER PRIMARY KEY,
          msg_id     TEXT    NOT NULL UNIQUE,
          target     TEXT    NOT NULL,
          ticket     TEXT,
@@ -37,7 +42,7 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
      );
      CREATE INDEX messages_by_target ON messages (target, seq);
      CREATE TABLE acked (
-         seq    INTEGER PRIMARY KEY AUTOINCREMENT,
+         seq    INTEGER PRIMARY KEY,
          msg_id TEXT    NOT NULL UNIQUE
      );",
 ];
@@ -59,6 +64,12 @@ pub(crate) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
             found: version,
             supported: SCHEMA_VERSION,
         });
+    }
+    if version == 0 {
+        // Small pages: a one-message commit appends a few KiB to the WAL instead of 16 KiB. Only
+        // possible before the first table exists and before WAL mode is on.
+        conn.pragma_update(None, "page_size", PAGE_SIZE)
+            .map_err(|err| classify(path, "set the page size of the embedded inbox", err))?;
     }
     let mode: String = conn
         .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
