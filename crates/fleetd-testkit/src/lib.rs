@@ -303,6 +303,13 @@ pub mod daemon {
         fn drop(&mut self) {
             let _ = self.child.kill();
             let _ = self.child.wait();
+            // A failing test shows what the daemon said: the first thing anyone needs.
+            if std::thread::panicking() {
+                eprintln!("---- fleetd log ----");
+                while let Ok(line) = self.logs.try_recv() {
+                    eprintln!("{line}");
+                }
+            }
         }
     }
 
@@ -312,5 +319,6 @@ pub mod daemon {
     }
 }
 pub mod fake_herdr;
+pub mod rig;
 pub mod sim_agent;
 pub mod tmux;

@@ -34,6 +34,10 @@ pub enum Command {
     /// Work with configuration files.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Speak MCP on stdin/stdout by relaying to the running daemon's unix socket: the MCP
+    /// server command for agents that only speak stdio MCP. The daemon identifies the calling
+    /// agent by this process (SO_PEERCRED), exactly as over HTTP.
+    Mcp,
 }
 
 /// Flags of `fleetd serve`.

@@ -6,11 +6,14 @@
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod engine;
 pub mod health;
 pub mod http;
 pub mod locate;
 pub mod logging;
+pub mod mcp;
 pub mod mux;
 pub mod secrets;
 pub mod serve;
+pub mod shim;
 pub mod store;

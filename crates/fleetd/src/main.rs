@@ -14,6 +14,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve(cli.config.as_deref(), &env, &args),
         Command::Config(ConfigCommand::Check { file }) => config_check(&file, &env),
+        Command::Mcp => mcp_shim(cli.config.as_deref(), &env),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -29,6 +30,12 @@ fn config_check(file: &std::path::Path, env: &Environment) -> anyhow::Result<()>
     print!("{}", config.to_yaml());
     eprintln!("{}: configuration is valid", file.display());
     Ok(())
+}
+
+fn mcp_shim(config_path: Option<&std::path::Path>, env: &Environment) -> anyhow::Result<()> {
+    let config = Config::load(config_path, env)?;
+    let runtime = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
+    runtime.block_on(fleetd::shim::relay(&config.state_dir))
 }
 
 fn serve(

@@ -120,21 +120,31 @@ impl Daemon {
         HealthReport::from_parts(store, lead, member)
     }
 
-    /// Serves HTTP on `listener` until `shutdown` completes, then finishes in-flight requests
-    /// and closes the store.
+    /// Serves HTTP (and the stdio shim's unix socket) until `shutdown` completes, then finishes
+    /// in-flight requests and closes the store.
     pub async fn run(
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        let local = listener
+            .local_addr()
+            .context("the listener has no address")?;
+        let fleet = Arc::new(self.fleet(local)?);
+        let mcp =
+            crate::mcp::http_service(Arc::clone(&fleet), self.inner.config.listen_is_loopback());
+        let shim = crate::shim::listen(&self.inner.config.state_dir, Arc::clone(&fleet))
+            .await
+            .context("failed to open the stdio shim's socket")?;
         let store = Arc::clone(&self.inner.store);
-        let app = crate::http::router(self);
+        let app = crate::http::router(self, fleet, mcp);
         let served = axum::serve(
             listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
+            app.into_make_service_with_connect_info::<crate::mcp::ConnInfo>(),
         )
         .with_graceful_shutdown(shutdown)
         .await;
+        shim.stop();
         // Close the store even when serving failed, so every acknowledged write is flushed and
         // the lock is released before the process exits.
         let closed = store.close().await;
@@ -142,6 +152,47 @@ impl Daemon {
         closed.map_err(|e| anyhow::anyhow!("failed to {e}"))?;
         tracing::info!("fleetd stopped");
         Ok(())
+    }
+
+    /// The tools' view of the daemon, with its engine started.
+    fn fleet(&self, local: SocketAddr) -> anyhow::Result<crate::mcp::Fleet> {
+        let config = Arc::new(self.inner.config.clone());
+        let api_token = match &config.api_token {
+            Some(name) => Some(
+                Secrets::new(&config.secrets, &env_lookup)
+                    .resolve(name)
+                    .context("failed to resolve apiToken")?
+                    .expose()
+                    .to_owned(),
+            ),
+            None => None,
+        };
+        let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
+        let engine = crate::engine::spawn(crate::engine::EngineParts {
+            config: Arc::clone(&config),
+            clock: Arc::clone(&clock),
+            store: Arc::clone(&self.inner.store),
+            mux: self.inner.mux.clone(),
+        });
+        let locator = crate::locate::Locator::new(
+            self.inner.mux.clone(),
+            crate::locate::LocatorConfig::default(),
+        );
+        let host = if local.ip().is_unspecified() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            local.ip()
+        };
+        Ok(crate::mcp::Fleet {
+            engine,
+            store: Arc::clone(&self.inner.store),
+            mux: self.inner.mux.clone(),
+            locator,
+            config,
+            clock,
+            api_token,
+            url: format!("http://{}", SocketAddr::new(host, local.port())),
+        })
     }
 }
 

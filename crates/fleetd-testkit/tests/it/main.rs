@@ -1,6 +1,7 @@
 //! fleetd's one integration-test binary: the built `fleetd` binary, the stores against real disks and
 //! the real RabbitMQ, the multiplexer backends against real tmux and fake-herdr.
 
+mod bridge;
 mod cli;
 mod config;
 mod crash;

@@ -294,6 +294,9 @@ pub trait Multiplexer: Send + Sync + fmt::Debug {
     /// Types `text` into the pane's agent and submits it (Enter). The caller sanitises `text`.
     fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted>;
 
+    /// Presses Enter once in the pane (the retry of a submit the agent did not pick up).
+    fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()>;
+
     /// The last `lines` lines of the pane's output, as plain text.
     fn read_tail<'a>(&'a self, pane: &'a PaneId, lines: u32) -> MuxFuture<'a, String>;
 

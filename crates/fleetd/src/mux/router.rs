@@ -229,6 +229,11 @@ impl MuxRouter {
         self.daemon(id.daemon)?.submit(&id.pane, text).await
     }
 
+    /// Presses Enter once in a pane.
+    pub async fn press_enter(&self, id: &QualifiedPaneId) -> Result<(), MuxError> {
+        self.daemon(id.daemon)?.press_enter(&id.pane).await
+    }
+
     /// The tail of a pane's output.
     pub async fn read_tail(&self, id: &QualifiedPaneId, lines: u32) -> Result<String, MuxError> {
         self.daemon(id.daemon)?.read_tail(&id.pane, lines).await
@@ -336,6 +341,9 @@ mod tests {
             unsupported()
         }
         fn submit<'a>(&'a self, _: &'a PaneId, _: &'a str) -> MuxFuture<'a, Submitted> {
+            unsupported()
+        }
+        fn press_enter<'a>(&'a self, _: &'a PaneId) -> MuxFuture<'a, ()> {
             unsupported()
         }
         fn read_tail<'a>(&'a self, _: &'a PaneId, _: u32) -> MuxFuture<'a, String> {

@@ -495,6 +495,32 @@ impl Multiplexer for Herdr {
         Box::pin(self.submit_inner(pane, text))
     }
 
+    fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
+        Box::pin(async move {
+            let info = self.pane_inner(pane).await?;
+            let what = format!("pane {pane}");
+            let known = info
+                .agent
+                .as_deref()
+                .is_some_and(|a| KNOWN_AGENT_KINDS.contains(&a));
+            // An agent target takes logical keys; a plain pane takes input with keys.
+            let (method, params) = if known {
+                (
+                    "agent.send_keys",
+                    json!({ "target": pane.as_str(), "keys": ["enter"] }),
+                )
+            } else {
+                (
+                    "pane.send_input",
+                    json!({ "pane_id": pane.as_str(), "text": "", "keys": ["enter"] }),
+                )
+            };
+            self.request(method, params, &["ok"], &what)
+                .await
+                .map(|_| ())
+        })
+    }
+
     fn read_tail<'a>(&'a self, pane: &'a PaneId, lines: u32) -> MuxFuture<'a, String> {
         Box::pin(self.read_tail_inner(pane, lines))
     }

@@ -501,6 +501,23 @@ impl Multiplexer for Tmux {
         Box::pin(self.open_pane_inner(req))
     }
 
+    fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
+        Box::pin(async move {
+            let what = format!("pane {pane}");
+            self.run(
+                &[
+                    "send-keys".into(),
+                    "-t".into(),
+                    pane.to_string(),
+                    "Enter".into(),
+                ],
+                &what,
+            )
+            .await
+            .map(|_| ())
+        })
+    }
+
     fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted> {
         Box::pin(self.submit_inner(pane, text))
     }

@@ -1,0 +1,198 @@
+//! An end-to-end rig: a private tmux server, a `fleetd` process configured for it, and a lead
+//! pane (a shell) from which MCP calls are made with `mcp-call`, so fleetd identifies them as the
+//! lead's. Members are spawned through `fleet_spawn` like a user would. Used by the end-to-end
+//! tests and the demo; never by the daemon.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::daemon::{Daemon, write_config};
+use crate::tmux::TmuxServer;
+use crate::{bin_path, wait_until};
+
+/// The tmux target of the lead pane.
+pub const LEAD: &str = "base:lead";
+
+/// A running rig.
+#[derive(Debug)]
+pub struct Rig {
+    /// The private tmux server.
+    pub tmux: TmuxServer,
+    /// The daemon.
+    pub daemon: Daemon,
+    home: tempfile::TempDir,
+    calls: AtomicUsize,
+}
+
+/// A profile for a `sim-agent` member with the given extra environment.
+pub fn sim_profile(name: &str, env: &[(&str, &str)]) -> String {
+    let mut yaml = format!(
+        "  {name}:\n    agent: custom\n    command: {}\n    env:\n",
+        bin_path("sim-agent").display()
+    );
+    for (k, v) in env {
+        yaml.push_str(&format!("      {k}: \"{v}\"\n"));
+    }
+    if env.is_empty() {
+        yaml.push_str("      SIM_AGENT_WORK_MS: \"300\"\n");
+    }
+    yaml
+}
+
+impl Rig {
+    /// Starts tmux, fleetd with `extra` config appended (e.g. a `profiles:` block), and the lead
+    /// pane.
+    pub fn start(extra: &str) -> Self {
+        let tmux = TmuxServer::start().expect("private tmux server");
+        let home = tempfile::tempdir().expect("tempdir");
+        let config = format!(
+            "multiplexer: tmux\ntmuxSocket: {}\nmembersWorkspace: fleet\n{extra}",
+            tmux.socket().display()
+        );
+        write_config(home.path(), &config);
+        let daemon = Daemon::start(home.path(), &[]);
+        let url = format!("FLEETD_URL=http://{}", daemon.addr);
+        let out = tmux
+            .run(&[
+                "new-window",
+                "-d",
+                "-t",
+                "base",
+                "-n",
+                "lead",
+                "-e",
+                &url,
+                "bash",
+                "--norc",
+                "--noprofile",
+            ])
+            .expect("tmux runs");
+        assert!(
+            out.status.success(),
+            "lead window: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self {
+            tmux,
+            daemon,
+            home,
+            calls: AtomicUsize::new(0),
+        }
+    }
+
+    /// The rig's scratch directory.
+    pub fn dir(&self) -> &Path {
+        self.home.path()
+    }
+
+    /// Calls `tool` with `args` from the lead pane and returns the JSON-RPC result (a
+    /// `CallToolResult`); panics with the output when the call itself failed.
+    pub fn lead(&self, tool: &str, args: &Value) -> Value {
+        self.call_from(LEAD, tool, args, Duration::from_secs(120))
+    }
+
+    /// Calls `tool` from the shell in tmux target `pane`.
+    pub fn call_from(&self, pane: &str, tool: &str, args: &Value, timeout: Duration) -> Value {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let args_file = self.dir().join(format!("args-{n}.json"));
+        let out_file = self.dir().join(format!("out-{n}.json"));
+        std::fs::write(&args_file, args.to_string()).expect("write args");
+        self.type_line(
+            pane,
+            &format!(
+                "{} {tool} {} {}",
+                bin_path("mcp-call").display(),
+                args_file.display(),
+                out_file.display()
+            ),
+        );
+        let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_until(&format!("{tool} from {pane}"), timeout, || {
+                out_file.exists()
+            });
+        }));
+        if let Err(panic) = waited {
+            eprintln!("---- lead pane ----\n{}", self.screen(pane));
+            eprintln!("---- members ----\n{}", self.screen("fleet:"));
+            std::panic::resume_unwind(panic);
+        }
+        let body: Value = serde_json::from_slice(&std::fs::read(&out_file).expect("read out"))
+            .expect("out is JSON");
+        match body.get("result") {
+            Some(result) => result.clone(),
+            None => panic!("{tool} failed: {body}"),
+        }
+    }
+
+    /// Starts a call from the lead pane without waiting; returns the file its result lands in.
+    pub fn lead_async(&self, tool: &str, args: &Value) -> PathBuf {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let args_file = self.dir().join(format!("args-{n}.json"));
+        let out_file = self.dir().join(format!("out-{n}.json"));
+        std::fs::write(&args_file, args.to_string()).expect("write args");
+        self.type_line(
+            LEAD,
+            &format!(
+                "{} {tool} {} {}",
+                bin_path("mcp-call").display(),
+                args_file.display(),
+                out_file.display()
+            ),
+        );
+        out_file
+    }
+
+    /// Types `line` into tmux target `pane` and presses Enter.
+    pub fn type_line(&self, pane: &str, line: &str) {
+        let out = self
+            .tmux
+            .run(&["send-keys", "-t", pane, "-l", line])
+            .expect("tmux runs");
+        assert!(
+            out.status.success(),
+            "send-keys: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = self
+            .tmux
+            .run(&["send-keys", "-t", pane, "Enter"])
+            .expect("tmux runs");
+        assert!(out.status.success());
+    }
+
+    /// What tmux target `pane` shows now.
+    pub fn screen(&self, pane: &str) -> String {
+        let out = self
+            .tmux
+            .run(&["capture-pane", "-p", "-t", pane])
+            .expect("tmux runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Spawns a member from `profile` named `name` and returns the tool's structured result.
+    pub fn spawn(&self, profile: &str, name: &str) -> Value {
+        let result = self.lead(
+            "fleet_spawn",
+            &serde_json::json!({ "profile": profile, "name": name }),
+        );
+        structured_ok(&result)
+    }
+}
+
+/// The `structuredContent` of a successful tool result; panics with the result otherwise.
+pub fn structured_ok(result: &Value) -> Value {
+    assert_eq!(result["isError"], false, "tool failed: {result}");
+    result["structuredContent"].clone()
+}
+
+/// The error code of a failed tool result; panics when it succeeded.
+pub fn error_code(result: &Value) -> String {
+    assert_eq!(result["isError"], true, "expected a tool error: {result}");
+    result["structuredContent"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}

@@ -1,0 +1,368 @@
+//! End-to-end tests of the MCP bridge (issue 5): the built `fleetd`, real tmux, `sim-agent`
+//! members spawned through `fleet_spawn`, and a lead pane calling tools over real HTTP.
+
+use std::time::Duration;
+
+use fleetd_testkit::rig::{Rig, error_code, sim_profile, structured_ok};
+use fleetd_testkit::{Service, http, require_tmux, wait_until};
+use serde_json::{Value, json};
+
+fn rig(profiles: &[(&str, &[(&str, &str)])]) -> Option<Rig> {
+    if require_tmux() == Service::Skip {
+        return None;
+    }
+    // The lead pane is a shell running mcp-call: it must never be nudged (typed-in text would
+    // corrupt the next command), so the push budget is zero here; push tests use agent leads.
+    let mut yaml = String::from("primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n");
+    for (name, env) in profiles {
+        yaml.push_str(&sim_profile(name, env));
+    }
+    Some(Rig::start(&yaml))
+}
+
+fn poll_until(rig: &Rig, args: &Value, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let mut last = Value::Null;
+    wait_until(what, Duration::from_secs(90), || {
+        last = structured_ok(&rig.lead("fleet_poll", args));
+        cond(&last)
+    });
+    last
+}
+
+#[test]
+fn e2e_send_waits_for_the_reply() {
+    let Some(rig) = rig(&[("sim", &[("SIM_AGENT_WORK_MS", "300")])]) else {
+        return;
+    };
+    let spawned = rig.spawn("sim", "alice");
+    assert_eq!(spawned["target"], "alice");
+    assert!(
+        spawned["paneId"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("lead:%")),
+        "{spawned}"
+    );
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "alice", "task": "count the files" }),
+    ));
+    assert_eq!(sent["status"], "replied", "{sent}");
+    assert_eq!(sent["reply"], "sim-agent did: count the files");
+    // The waiter acknowledged it: nothing left to read.
+    let inbox = structured_ok(&rig.lead("fleet_poll", &json!({ "target": "alice" })));
+    assert_eq!(inbox["replies"], json!([]), "{inbox}");
+    let list = structured_ok(&rig.lead("fleet_list", &json!({})));
+    assert_eq!(list["members"][0]["connected"], true, "{list}");
+}
+
+#[test]
+fn e2e_send_without_wait_then_poll_the_ticket() {
+    let Some(rig) = rig(&[("sim", &[])]) else {
+        return;
+    };
+    rig.spawn("sim", "bob");
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "bob", "task": "lint", "wait": false }),
+    ));
+    assert_eq!(sent["status"], "queued");
+    let ticket = sent["ticket"].as_str().expect("ticket").to_owned();
+    let polled = poll_until(&rig, &json!({ "ticket": ticket }), "ticket replied", |v| {
+        v["state"] == "replied"
+    });
+    assert_eq!(polled["reply"]["text"], "sim-agent did: lint");
+    let msg_id = polled["reply"]["msgId"].as_str().expect("msgId").to_owned();
+    let acked = structured_ok(&rig.lead("fleet_ack", &json!({ "target": "bob", "msgId": msg_id })));
+    assert_eq!(acked["acked"][0]["acked"], true);
+    let again = structured_ok(&rig.lead("fleet_ack", &json!({ "target": "bob", "msgId": msg_id })));
+    assert_eq!(
+        again["acked"][0]["acked"], false,
+        "acking twice is not an error"
+    );
+}
+
+#[test]
+fn e2e_busy_member_gets_queued_tasks_in_order() {
+    let Some(rig) = rig(&[("slow", &[("SIM_AGENT_WORK_MS", "1500")])]) else {
+        return;
+    };
+    rig.spawn("slow", "cy");
+    let tickets: Vec<String> = ["one", "two", "three"]
+        .iter()
+        .map(|task| {
+            let sent = structured_ok(&rig.lead(
+                "fleet_send",
+                &json!({ "target": "cy", "task": task, "wait": false }),
+            ));
+            sent["ticket"].as_str().expect("ticket").to_owned()
+        })
+        .collect();
+    let inbox = poll_until(&rig, &json!({ "target": "cy" }), "three replies", |v| {
+        v["replies"].as_array().is_some_and(|r| r.len() == 3)
+    });
+    let texts: Vec<&str> = inbox["replies"]
+        .as_array()
+        .expect("replies")
+        .iter()
+        .map(|r| r["text"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "sim-agent did: one",
+            "sim-agent did: two",
+            "sim-agent did: three"
+        ]
+    );
+    let answered: Vec<&str> = inbox["replies"]
+        .as_array()
+        .expect("replies")
+        .iter()
+        .map(|r| r["ticket"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(answered, tickets);
+}
+
+#[test]
+fn e2e_silent_turn_ends_without_reply_with_the_pane_tail() {
+    let Some(rig) = rig(&[(
+        "mute",
+        &[("SIM_AGENT_SCRIPT", "silent"), ("SIM_AGENT_WORK_MS", "300")],
+    )]) else {
+        return;
+    };
+    rig.spawn("mute", "dex");
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "dex", "task": "think quietly" }),
+    ));
+    assert_eq!(sent["status"], "ended_without_reply", "{sent}");
+    let tail = sent["reply"].as_str().expect("fallback text");
+    assert!(tail.contains("ended without fleet_reply"), "{tail}");
+    assert!(
+        tail.contains("think quietly"),
+        "the tail shows the pane: {tail}"
+    );
+}
+
+#[test]
+fn e2e_question_is_answered_by_the_lead() {
+    let Some(rig) = rig(&[(
+        "curious",
+        &[("SIM_AGENT_SCRIPT", "ask"), ("SIM_AGENT_WORK_MS", "200")],
+    )]) else {
+        return;
+    };
+    rig.spawn("curious", "eve");
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "eve", "task": "deploy", "wait": false }),
+    ));
+    let ticket = sent["ticket"].as_str().expect("ticket").to_owned();
+    let inbox = poll_until(&rig, &json!({ "target": "eve" }), "an open question", |v| {
+        v["questions"].as_array().is_some_and(|q| !q.is_empty())
+    });
+    let question = &inbox["questions"][0];
+    assert_eq!(question["question"], "sim-agent asks about: deploy");
+    let answered = structured_ok(&rig.lead(
+        "fleet_answer",
+        &json!({ "questionId": question["questionId"], "answer": "use staging" }),
+    ));
+    assert_eq!(answered["deliveredTo"], "waiter");
+    let polled = poll_until(
+        &rig,
+        &json!({ "ticket": ticket }),
+        "reply after the answer",
+        |v| v["state"] == "replied",
+    );
+    assert!(
+        polled["reply"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("use staging")),
+        "{polled}"
+    );
+}
+
+#[test]
+fn e2e_reply_outlives_its_waiter_until_acked() {
+    let Some(rig) = rig(&[("slow", &[("SIM_AGENT_WORK_MS", "4000")])]) else {
+        return;
+    };
+    rig.spawn("slow", "fay");
+    // The waiter gives up first: the reply must land in the inbox.
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "fay", "task": "a", "timeoutSecs": 1 }),
+    ));
+    assert!(
+        matches!(
+            sent["status"].as_str(),
+            Some("working" | "delivered" | "queued")
+        ),
+        "{sent}"
+    );
+    // A second waiter's connection is dropped (its process killed) mid-wait.
+    let out = rig.lead_async("fleet_send", &json!({ "target": "fay", "task": "b" }));
+    std::thread::sleep(Duration::from_millis(500));
+    rig.tmux
+        .run(&["send-keys", "-t", fleetd_testkit::rig::LEAD, "C-c", ""])
+        .expect("tmux");
+    let inbox = poll_until(
+        &rig,
+        &json!({ "target": "fay" }),
+        "both replies in the inbox",
+        |v| v["replies"].as_array().is_some_and(|r| r.len() == 2),
+    );
+    assert!(!out.exists(), "the killed call wrote nothing");
+    let ids: Vec<Value> = inbox["replies"]
+        .as_array()
+        .expect("replies")
+        .iter()
+        .map(|r| r["msgId"].clone())
+        .collect();
+    structured_ok(&rig.lead("fleet_ack", &json!({ "target": "fay", "msgIds": ids })));
+    let after = structured_ok(&rig.lead("fleet_poll", &json!({ "target": "fay" })));
+    assert_eq!(after["replies"], json!([]));
+}
+
+#[test]
+fn e2e_identity_is_decided_by_the_connection() {
+    let Some(rig) = rig(&[("sim", &[])]) else {
+        return;
+    };
+    rig.spawn("sim", "gus");
+    // The test process is in no pane: read-only tools work, the rest are refused.
+    let anon = mcp_http(
+        rig.daemon.addr,
+        "fleet_send",
+        json!({ "target": "gus", "task": "x" }),
+    );
+    assert_eq!(error_code(&anon), "anonymous_caller");
+    let anon_list = mcp_http(rig.daemon.addr, "fleet_list", json!({}));
+    assert_eq!(anon_list["isError"], false);
+    // A lead may not answer as a member, whatever it claims.
+    let as_member = rig.lead(
+        "fleet_reply",
+        &json!({ "text": "I am gus", "target": "gus" }),
+    );
+    assert_eq!(error_code(&as_member), "not_a_member");
+    let as_member = rig.lead("fleet_reply", &json!({ "text": "I am gus" }));
+    assert_eq!(error_code(&as_member), "not_a_member");
+    let inbox = structured_ok(&rig.lead("fleet_poll", &json!({ "target": "gus" })));
+    assert_eq!(
+        inbox["replies"],
+        json!([]),
+        "nothing was stored in gus's name"
+    );
+}
+
+#[test]
+fn e2e_hostile_input_gets_clear_errors_and_nothing_raw_reaches_a_pane() {
+    let Some(rig) = rig(&[("sim", &[])]) else {
+        return;
+    };
+    rig.spawn("sim", "hal");
+    let task = "title\u{1b}]0;pwned\u{7} and \u{1b}[31mred\u{1b}[0m\u{1b}[2J text";
+    let sent = structured_ok(&rig.lead("fleet_send", &json!({ "target": "hal", "task": task })));
+    assert_eq!(sent["reply"], "sim-agent did: title and red text", "{sent}");
+    let huge = "x".repeat(10 * 1024 * 1024);
+    let too_big = rig.lead("fleet_send", &json!({ "target": "hal", "task": huge }));
+    assert_eq!(error_code(&too_big), "task_too_large");
+    assert!(
+        too_big["structuredContent"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("1048576"))
+    );
+    assert_eq!(
+        error_code(&rig.lead("fleet_nope", &json!({}))),
+        "unknown_tool"
+    );
+    assert_eq!(
+        error_code(&rig.lead("fleet_send", &json!({ "target": 7, "task": [] }))),
+        "invalid_arguments"
+    );
+    assert_eq!(
+        error_code(&rig.lead("fleet_send", &json!({ "target": "Bad Name", "task": "x" }))),
+        "invalid_target"
+    );
+    assert_eq!(
+        error_code(&rig.lead("fleet_send", &json!({ "target": "nobody", "task": "x" }))),
+        "unknown_target"
+    );
+    let garbage =
+        http::request(rig.daemon.addr, "POST", "/mcp", Some("{not json")).expect("answers");
+    assert!(
+        garbage.status == 400 || garbage.body.contains("-32700"),
+        "{} {}",
+        garbage.status,
+        garbage.body
+    );
+    // The daemon is still fine.
+    assert_eq!(
+        mcp_http(rig.daemon.addr, "fleet_list", json!({}))["isError"],
+        false
+    );
+}
+
+#[test]
+fn e2e_rest_sessions_and_replies() {
+    let Some(rig) = rig(&[("sim", &[])]) else {
+        return;
+    };
+    rig.spawn("sim", "ivy");
+    structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "ivy", "task": "r1", "timeoutSecs": 0 }),
+    ));
+    wait_until("a pending reply over REST", Duration::from_secs(60), || {
+        http::get(rig.daemon.addr, "/sessions/ivy/replies")
+            .is_ok_and(|r| r.json()["replies"].as_array().is_some_and(|a| a.len() == 1))
+    });
+    let sessions = http::get(rig.daemon.addr, "/sessions")
+        .expect("sessions")
+        .json();
+    assert_eq!(sessions["members"][0]["target"], "ivy");
+    assert_eq!(sessions["members"][0]["inboxDepth"], 1);
+    let peek = http::get(rig.daemon.addr, "/sessions/ivy/replies")
+        .expect("peek")
+        .json();
+    let id = peek["replies"][0]["msgId"]
+        .as_str()
+        .expect("msgId")
+        .to_owned();
+    let again = http::get(rig.daemon.addr, "/sessions/ivy/replies")
+        .expect("peek")
+        .json();
+    assert_eq!(
+        again["replies"].as_array().map(Vec::len),
+        Some(1),
+        "peek is non-destructive"
+    );
+    let acked = http::request(
+        rig.daemon.addr,
+        "POST",
+        &format!("/sessions/ivy/replies/{id}/ack"),
+        None,
+    )
+    .expect("ack");
+    assert_eq!(acked.json()["acked"], true);
+    let drained = http::get(rig.daemon.addr, "/sessions/ivy/replies?drain=true")
+        .expect("drain")
+        .json();
+    assert_eq!(drained["replies"], json!([]));
+    assert_eq!(
+        http::get(rig.daemon.addr, "/sessions/nobody")
+            .expect("404")
+            .status,
+        404
+    );
+}
+
+/// A tool call over HTTP from the test process itself (no pane: anonymous).
+fn mcp_http(addr: std::net::SocketAddr, tool: &str, args: Value) -> Value {
+    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": { "name": tool, "arguments": args } });
+    let resp = http::request(addr, "POST", "/mcp", Some(&body.to_string())).expect("mcp answers");
+    let v: Value =
+        serde_json::from_str(&resp.body).unwrap_or_else(|e| panic!("{e}: {}", resp.body));
+    v["result"].clone()
+}

@@ -1,0 +1,442 @@
+//! The engine: the one task that owns the fleet's live state — members, tickets, task queues,
+//! questions, waiters, lead bindings — and runs the core's policies (`Injector`, `PushLoop`,
+//! `TicketBook`) against the multiplexer and the store. MCP and HTTP handlers talk to it only
+//! through [`EngineHandle`], which sends a closed [`Command`] with a oneshot reply; nothing else
+//! holds the state. Architecture invariant: the engine never blocks on I/O — every multiplexer or
+//! store call runs in a spawned task that reports back as an [`Event`].
+
+mod run;
+mod state;
+
+use std::sync::Arc;
+
+use fleetd_core::access::Refusal;
+use fleetd_core::{AgentStatus, Message, QualifiedPaneId, Target, TerminalId, Ticket, TicketState};
+use jiff::Timestamp;
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::clock::SharedClock;
+use crate::config::Config;
+use crate::mux::MuxRouter;
+use crate::store::InboxStore;
+
+pub use run::spawn;
+
+/// Capacity of the engine's inbox. Commands are small and handled in microseconds; 1024 absorbs
+/// a burst from every member of a large fleet replying at once without making callers wait.
+const ENGINE_QUEUE: usize = 1024;
+
+/// A member as tools show it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberView {
+    /// Its name.
+    pub target: Target,
+    /// The profile it was spawned from.
+    pub profile: String,
+    /// Its pane, daemon-qualified.
+    pub pane_id: QualifiedPaneId,
+    /// Its pane's incarnation.
+    pub terminal_id: TerminalId,
+    /// `idle`, `working`, `blocked`, `done`, `unknown` (or `gone` once released).
+    pub status: String,
+    /// Whether its agent has opened an MCP session with fleetd.
+    pub connected: bool,
+    /// Tasks waiting to be typed into its pane.
+    pub queued: usize,
+    /// Its tickets that are not finished.
+    pub open_tickets: Vec<Ticket>,
+    /// The lead that delegated to it, if any.
+    pub lead: Option<String>,
+    /// When it joined.
+    pub joined_at: Timestamp,
+}
+
+/// One ticket as tools show it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TicketView {
+    /// The ticket.
+    pub ticket: Ticket,
+    /// The member it went to.
+    pub target: Target,
+    /// Its state.
+    pub state: TicketState,
+    /// Why it failed or was cancelled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    /// When it was opened.
+    pub created_at: Timestamp,
+    /// When it finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Timestamp>,
+}
+
+/// An open question (`fleet_ask`).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QuestionView {
+    /// Its id.
+    pub question_id: String,
+    /// The asking member.
+    #[serde(skip)]
+    pub target: Option<Target>,
+    /// The question.
+    pub question: String,
+}
+
+/// How a ticket ended, for a waiting `fleet_send`.
+#[derive(Debug, Clone)]
+pub struct Settled {
+    /// The ticket's state.
+    pub state: TicketState,
+    /// The reply (or fallback) message, still pending in the inbox: the waiter acknowledges it.
+    pub reply: Option<Message>,
+}
+
+/// Where a reply went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Delivered {
+    /// A `fleet_send` was waiting for it.
+    Waiter,
+    /// It waits in the inbox for `fleet_poll`.
+    Inbox,
+}
+
+/// What `fleet_answer` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AnswerRoute {
+    /// The member was still waiting in `fleet_ask`.
+    Waiter,
+    /// The member had stopped waiting: the answer goes to it as a task.
+    Task,
+}
+
+/// A ticket lookup.
+#[derive(Debug, Clone)]
+pub enum TicketAnswer {
+    /// Known.
+    Live(TicketView),
+    /// Finished longer ago than the retention.
+    Expired,
+    /// Never seen.
+    Unknown,
+}
+
+/// A new member to register (the pane exists already).
+#[derive(Debug, Clone)]
+pub struct NewMember {
+    /// Its (reserved) name.
+    pub target: Target,
+    /// Its profile.
+    pub profile: String,
+    /// Its profile's agent kind.
+    pub agent: String,
+    /// Its pane.
+    pub pane: QualifiedPaneId,
+    /// The pane's incarnation.
+    pub terminal: TerminalId,
+    /// Its profile's `allowDelegation`.
+    pub allow_delegation: bool,
+    /// Its profile's `idleTimeoutSecs`.
+    pub idle_timeout_secs: Option<u64>,
+    /// The lead that spawned it.
+    pub lead: Option<LeadRef>,
+}
+
+/// A lead, by its pane and incarnation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeadRef {
+    /// Its pane.
+    pub pane: QualifiedPaneId,
+    /// The incarnation that called.
+    pub terminal: TerminalId,
+}
+
+/// Requests to the engine. Each carries its reply channel.
+#[derive(Debug)]
+pub(crate) enum Command {
+    MemberAt {
+        pane: QualifiedPaneId,
+        terminal: TerminalId,
+        reply: oneshot::Sender<Option<(Target, bool)>>,
+    },
+    Presence {
+        target: Target,
+    },
+    LeadSeen {
+        lead: LeadRef,
+    },
+    Submit {
+        lead: Option<LeadRef>,
+        target: Target,
+        task: String,
+        reply: oneshot::Sender<Result<Ticket, Refusal>>,
+    },
+    Wait {
+        ticket: Ticket,
+        reply: oneshot::Sender<Settled>,
+    },
+    Ticket {
+        ticket: Ticket,
+        reply: oneshot::Sender<TicketAnswer>,
+    },
+    TaskText {
+        ticket: Ticket,
+        reply: oneshot::Sender<Option<(Target, String)>>,
+    },
+    CurrentTicket {
+        target: Target,
+        reply: oneshot::Sender<Option<Ticket>>,
+    },
+    ReplyStored {
+        message: Message,
+        reply: oneshot::Sender<Delivered>,
+    },
+    InboxChanged {
+        target: Target,
+    },
+    Ask {
+        target: Target,
+        question: String,
+        reply: oneshot::Sender<(String, oneshot::Receiver<String>)>,
+    },
+    Answer {
+        question_id: String,
+        answer: String,
+        reply: oneshot::Sender<Result<AnswerRoute, Refusal>>,
+    },
+    Questions {
+        target: Option<Target>,
+        reply: oneshot::Sender<Vec<QuestionView>>,
+    },
+    List {
+        reply: oneshot::Sender<Vec<MemberView>>,
+    },
+    Recent {
+        target: Target,
+        reply: oneshot::Sender<Vec<TicketView>>,
+    },
+    Reserve {
+        name: Option<String>,
+        reply: oneshot::Sender<Result<Target, Refusal>>,
+    },
+    Unreserve {
+        target: Target,
+    },
+    AddMember {
+        member: Box<NewMember>,
+    },
+    Release {
+        target: Target,
+        cause: String,
+        reply: oneshot::Sender<Option<QualifiedPaneId>>,
+    },
+    SetStatus {
+        target: Target,
+        status: AgentStatus,
+    },
+}
+
+/// The handle every handler holds: cheap to clone, sends commands to the engine task.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<run::Msg>,
+}
+
+/// The engine stopped (daemon shutting down).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the fleet engine has stopped (fleetd is shutting down)")]
+pub struct EngineGone;
+
+impl EngineHandle {
+    async fn send(&self, command: Command) -> Result<(), EngineGone> {
+        self.tx
+            .send(run::Msg::Command(command))
+            .await
+            .map_err(|_| EngineGone)
+    }
+
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, EngineGone> {
+        let (tx, rx) = oneshot::channel();
+        self.send(make(tx)).await?;
+        rx.await.map_err(|_| EngineGone)
+    }
+
+    /// The member whose pane incarnation this is, with its `allowDelegation`.
+    pub async fn member_at(
+        &self,
+        pane: QualifiedPaneId,
+        terminal: TerminalId,
+    ) -> Result<Option<(Target, bool)>, EngineGone> {
+        self.ask(|reply| Command::MemberAt {
+            pane,
+            terminal,
+            reply,
+        })
+        .await
+    }
+
+    /// A process in `target`'s pane spoke MCP to fleetd.
+    pub async fn presence(&self, target: Target) -> Result<(), EngineGone> {
+        self.send(Command::Presence { target }).await
+    }
+
+    /// A lead called an orchestration tool.
+    pub async fn lead_seen(&self, lead: LeadRef) -> Result<(), EngineGone> {
+        self.send(Command::LeadSeen { lead }).await
+    }
+
+    /// Queues `task` for `target`; returns its ticket.
+    pub async fn submit(
+        &self,
+        lead: Option<LeadRef>,
+        target: Target,
+        task: String,
+    ) -> Result<Result<Ticket, Refusal>, EngineGone> {
+        self.ask(|reply| Command::Submit {
+            lead,
+            target,
+            task,
+            reply,
+        })
+        .await
+    }
+
+    /// A receiver that fires when `ticket` settles (at once if it already has).
+    pub async fn wait(&self, ticket: Ticket) -> Result<oneshot::Receiver<Settled>, EngineGone> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Wait { ticket, reply: tx }).await?;
+        Ok(rx)
+    }
+
+    /// Looks a ticket up.
+    pub async fn ticket(&self, ticket: Ticket) -> Result<TicketAnswer, EngineGone> {
+        self.ask(|reply| Command::Ticket { ticket, reply }).await
+    }
+
+    /// The task text of a ticket (for a member reading a long task), with its member.
+    pub async fn task_text(&self, ticket: Ticket) -> Result<Option<(Target, String)>, EngineGone> {
+        self.ask(|reply| Command::TaskText { ticket, reply }).await
+    }
+
+    /// The ticket `target` is working on, if any.
+    pub async fn current_ticket(&self, target: Target) -> Result<Option<Ticket>, EngineGone> {
+        self.ask(|reply| Command::CurrentTicket { target, reply })
+            .await
+    }
+
+    /// A reply was made durable: settle its ticket and tell its waiter or the push loop.
+    pub async fn reply_stored(&self, message: Message) -> Result<Delivered, EngineGone> {
+        self.ask(|reply| Command::ReplyStored { message, reply })
+            .await
+    }
+
+    /// `target`'s inbox changed (acks): re-read its depth.
+    pub async fn inbox_changed(&self, target: Target) -> Result<(), EngineGone> {
+        self.send(Command::InboxChanged { target }).await
+    }
+
+    /// Opens a question; returns its id and a receiver for the answer.
+    pub async fn ask_question(
+        &self,
+        target: Target,
+        question: String,
+    ) -> Result<(String, oneshot::Receiver<String>), EngineGone> {
+        self.ask(|reply| Command::Ask {
+            target,
+            question,
+            reply,
+        })
+        .await
+    }
+
+    /// Answers a question.
+    pub async fn answer(
+        &self,
+        question_id: String,
+        answer: String,
+    ) -> Result<Result<AnswerRoute, Refusal>, EngineGone> {
+        self.ask(|reply| Command::Answer {
+            question_id,
+            answer,
+            reply,
+        })
+        .await
+    }
+
+    /// Open questions, of one member or all.
+    pub async fn questions(&self, target: Option<Target>) -> Result<Vec<QuestionView>, EngineGone> {
+        self.ask(|reply| Command::Questions { target, reply }).await
+    }
+
+    /// Every member.
+    pub async fn list(&self) -> Result<Vec<MemberView>, EngineGone> {
+        self.ask(|reply| Command::List { reply }).await
+    }
+
+    /// `target`'s recent tickets, newest first.
+    pub async fn recent(&self, target: Target) -> Result<Vec<TicketView>, EngineGone> {
+        self.ask(|reply| Command::Recent { target, reply }).await
+    }
+
+    /// Reserves a member name (`name`, or a free readable one).
+    pub async fn reserve(
+        &self,
+        name: Option<String>,
+    ) -> Result<Result<Target, Refusal>, EngineGone> {
+        self.ask(|reply| Command::Reserve { name, reply }).await
+    }
+
+    /// Gives a reserved name back (its spawn failed).
+    pub async fn unreserve(&self, target: Target) -> Result<(), EngineGone> {
+        self.send(Command::Unreserve { target }).await
+    }
+
+    /// Registers a spawned member.
+    pub async fn add_member(&self, member: NewMember) -> Result<(), EngineGone> {
+        self.send(Command::AddMember {
+            member: Box::new(member),
+        })
+        .await
+    }
+
+    /// Releases a member: its open tickets fail with `cause`, its bindings go. Returns its pane
+    /// (for the caller to close), or `None` when no such member exists.
+    pub async fn release(
+        &self,
+        target: Target,
+        cause: String,
+    ) -> Result<Option<QualifiedPaneId>, EngineGone> {
+        self.ask(|reply| Command::Release {
+            target,
+            cause,
+            reply,
+        })
+        .await
+    }
+
+    /// Records a member's status read directly from the multiplexer (at spawn).
+    pub async fn set_status(&self, target: Target, status: AgentStatus) -> Result<(), EngineGone> {
+        self.send(Command::SetStatus { target, status }).await
+    }
+}
+
+/// What the engine needs to run.
+#[derive(Debug, Clone)]
+pub struct EngineParts {
+    /// The configuration.
+    pub config: Arc<Config>,
+    /// The clock.
+    pub clock: SharedClock,
+    /// The inbox store.
+    pub store: Arc<dyn InboxStore>,
+    /// The multiplexers.
+    pub mux: MuxRouter,
+}

@@ -1,0 +1,876 @@
+//! The engine's state and its synchronous handling of commands and events. Owns members,
+//! tickets, task texts, questions and waiters, and composes the core's `Injector`, `PushLoop`
+//! and `TicketBook`. Does no I/O: it returns [`Io`] requests that `run` performs in spawned tasks.
+
+use std::collections::{BTreeMap, HashMap};
+
+use fleetd_core::access::Refusal;
+use fleetd_core::injector::{Activity, Injector, InjectorEffect, InjectorInput};
+use fleetd_core::push::{InjectOutcome, LeadActivity, LeadId, PushEffect, PushInput, PushLoop};
+use fleetd_core::{
+    AgentStatus, Message, MessageKind, QualifiedPaneId, Target, TerminalId, Ticket, TicketBook,
+    TicketEvent, TicketLookup,
+};
+use jiff::{SignedDuration, Timestamp};
+use tokio::sync::oneshot;
+
+use super::{
+    AnswerRoute, Delivered, LeadRef, MemberView, NewMember, QuestionView, Settled, TicketAnswer,
+    TicketView,
+};
+
+/// I/O the engine wants done; `run` spawns a task per request and reports back as an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Io {
+    /// Type a task into a member's pane.
+    Type {
+        target: Target,
+        ticket: Ticket,
+        pane: QualifiedPaneId,
+        text: String,
+    },
+    /// Press Enter again in a member's pane.
+    Enter {
+        target: Target,
+        ticket: Ticket,
+        pane: QualifiedPaneId,
+    },
+    /// Capture the tail of a member's pane and publish it as the ticket's fallback.
+    Fallback {
+        target: Target,
+        ticket: Ticket,
+        pane: QualifiedPaneId,
+    },
+    /// Publish a notice to `target`'s inbox (stalled / failed tickets, late answers).
+    Notice {
+        target: Target,
+        ticket: Option<Ticket>,
+        kind: MessageKind,
+        text: String,
+    },
+    /// Type a nudge into a lead's pane, after checking its incarnation.
+    Nudge {
+        lead: LeadId,
+        pane: QualifiedPaneId,
+        terminal: TerminalId,
+        text: String,
+    },
+    /// Start watching a pane's status.
+    Watch { pane: QualifiedPaneId },
+    /// Stop watching a pane.
+    Unwatch { pane: QualifiedPaneId },
+    /// Re-read `target`'s inbox depth.
+    Depth { target: Target },
+    /// Close a released member's pane.
+    Close { pane: QualifiedPaneId },
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    profile: String,
+    pane: QualifiedPaneId,
+    terminal: TerminalId,
+    status: AgentStatus,
+    allow_delegation: bool,
+    lead: Option<LeadId>,
+    joined_at: Timestamp,
+    /// Since when the member has been at rest (for the idle reaper).
+    idle_since: Option<Timestamp>,
+    idle_timeout: Option<SignedDuration>,
+}
+
+#[derive(Debug)]
+struct Question {
+    target: Target,
+    text: String,
+    waiter: Option<oneshot::Sender<String>>,
+}
+
+#[derive(Debug, Clone)]
+struct Lead {
+    pane: QualifiedPaneId,
+    terminal: TerminalId,
+}
+
+/// Names handed out when `fleet_spawn` gets none: short, readable, distinct.
+const NAMES: &[&str] = &[
+    "ada", "bo", "cy", "dex", "eve", "fay", "gus", "hal", "ivy", "jo", "kit", "lux", "max", "ned",
+    "oz", "pia", "quin", "rex", "sky", "tam", "uma", "vic", "wes", "xan", "yui", "zed",
+];
+
+/// The engine's state.
+#[derive(Debug)]
+pub(super) struct State {
+    members: BTreeMap<Target, Member>,
+    reserved: BTreeMap<Target, Timestamp>,
+    by_pane: HashMap<QualifiedPaneId, Target>,
+    tickets: TicketBook,
+    tasks: HashMap<Ticket, String>,
+    replies: HashMap<Ticket, Message>,
+    waiters: HashMap<Ticket, Vec<oneshot::Sender<Settled>>>,
+    injector: Injector,
+    push: PushLoop,
+    questions: BTreeMap<String, Question>,
+    leads: BTreeMap<LeadId, Lead>,
+    max_inject: usize,
+}
+
+impl State {
+    pub(super) fn new(
+        ttl: SignedDuration,
+        grace: SignedDuration,
+        push: PushLoop,
+        max_inject: usize,
+    ) -> Self {
+        Self {
+            members: BTreeMap::new(),
+            reserved: BTreeMap::new(),
+            by_pane: HashMap::new(),
+            tickets: TicketBook::new(ttl),
+            tasks: HashMap::new(),
+            replies: HashMap::new(),
+            waiters: HashMap::new(),
+            injector: Injector::new(grace),
+            push,
+            questions: BTreeMap::new(),
+            leads: BTreeMap::new(),
+            max_inject,
+        }
+    }
+
+    /// The earliest time something is due.
+    pub(super) fn next_wake(&self) -> Option<Timestamp> {
+        let reap = self
+            .members
+            .values()
+            .filter_map(|m| m.idle_since?.checked_add(m.idle_timeout?).ok());
+        [
+            self.injector.next_wake(),
+            self.push.next_wake(),
+            self.tickets.next_expiry(),
+        ]
+        .into_iter()
+        .flatten()
+        .chain(reap)
+        .min()
+    }
+
+    pub(super) fn member_at(
+        &self,
+        pane: &QualifiedPaneId,
+        terminal: &TerminalId,
+    ) -> Option<(Target, bool)> {
+        let target = self.by_pane.get(pane)?;
+        let m = self.members.get(target)?;
+        (m.terminal == *terminal).then(|| (target.clone(), m.allow_delegation))
+    }
+
+    pub(super) fn lead_id(lead: &LeadRef) -> LeadId {
+        LeadId(lead.pane.to_string())
+    }
+
+    /// Records a lead and watches its status; the first lead seen becomes the primary unless one
+    /// is known.
+    pub(super) fn lead_seen(&mut self, lead: &LeadRef, now: Timestamp, io: &mut Vec<Io>) {
+        let id = Self::lead_id(lead);
+        let known = self
+            .leads
+            .get(&id)
+            .is_some_and(|l| l.terminal == lead.terminal);
+        if !known {
+            self.leads.insert(
+                id.clone(),
+                Lead {
+                    pane: lead.pane.clone(),
+                    terminal: lead.terminal.clone(),
+                },
+            );
+            io.push(Io::Watch {
+                pane: lead.pane.clone(),
+            });
+        }
+        if self.push.primary().is_none() {
+            let effects = self.push.handle_at(PushInput::Primary(Some(id)), now);
+            self.push_effects(effects, io);
+        }
+    }
+
+    pub(super) fn presence(&mut self, target: Target, now: Timestamp, io: &mut Vec<Io>) {
+        let effects = self
+            .injector
+            .handle_at(InjectorInput::PresenceSeen { target }, now);
+        self.injector_effects(effects, now, io);
+    }
+
+    pub(super) fn submit(
+        &mut self,
+        lead: Option<&LeadRef>,
+        target: Target,
+        task: String,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> Result<Ticket, Refusal> {
+        let Some(member) = self.members.get_mut(&target) else {
+            return Err(Refusal::new(
+                "unknown_target",
+                format!(
+                    "no member named {target}: call fleet_list to see members, or fleet_spawn to start one"
+                ),
+            ));
+        };
+        if let Some(lead) = lead {
+            let id = Self::lead_id(lead);
+            member.lead = Some(id.clone());
+            let effects = self.push.handle_at(
+                PushInput::Bound {
+                    target: target.clone(),
+                    lead: id,
+                },
+                now,
+            );
+            self.push_effects(effects, io);
+        }
+        let ticket = Ticket::from_uuid(uuid::Uuid::now_v7());
+        self.tickets.open_at(ticket, target.clone(), now);
+        self.tasks.insert(ticket, task);
+        let effects = self
+            .injector
+            .handle_at(InjectorInput::Enqueue { target, ticket }, now);
+        self.injector_effects(effects, now, io);
+        Ok(ticket)
+    }
+
+    pub(super) fn wait(&mut self, ticket: Ticket, reply: oneshot::Sender<Settled>, now: Timestamp) {
+        match self.tickets.get_at(ticket, now) {
+            TicketLookup::Live(r) if r.state.is_terminal() => {
+                let _ = reply.send(Settled {
+                    state: r.state,
+                    reply: self.replies.get(&ticket).cloned(),
+                });
+            }
+            TicketLookup::Live(_) => self.waiters.entry(ticket).or_default().push(reply),
+            // Unknown or expired: the sender is dropped; the waiter reads that as "no answer".
+            _ => {}
+        }
+    }
+
+    pub(super) fn ticket(&self, ticket: Ticket, now: Timestamp) -> TicketAnswer {
+        match self.tickets.get_at(ticket, now) {
+            TicketLookup::Live(r) => TicketAnswer::Live(view(r)),
+            TicketLookup::Expired => TicketAnswer::Expired,
+            TicketLookup::Unknown => TicketAnswer::Unknown,
+        }
+    }
+
+    pub(super) fn task_text(&self, ticket: Ticket, now: Timestamp) -> Option<(Target, String)> {
+        let TicketLookup::Live(r) = self.tickets.get_at(ticket, now) else {
+            return None;
+        };
+        Some((r.target.clone(), self.tasks.get(&ticket)?.clone()))
+    }
+
+    pub(super) fn current_ticket(&self, target: &Target) -> Option<Ticket> {
+        self.injector.current(target)
+    }
+
+    /// A durable reply (or fallback): settle its ticket, hand it to a waiter if one is alive.
+    pub(super) fn reply_stored(
+        &mut self,
+        message: Message,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> Delivered {
+        let target = message.target.clone();
+        let mut delivered = Delivered::Inbox;
+        if let Some(ticket) = message.ticket {
+            let event = match message.kind {
+                MessageKind::Fallback => TicketEvent::TurnEndedWithoutReply,
+                _ => TicketEvent::Replied,
+            };
+            if message.kind == MessageKind::Reply {
+                let effects = self.injector.handle_at(
+                    InjectorInput::Replied {
+                        target: target.clone(),
+                        ticket,
+                    },
+                    now,
+                );
+                self.injector_effects(effects, now, io);
+            }
+            self.replies.insert(ticket, message);
+            if self.apply(ticket, event, now) && self.settle(ticket, now) {
+                delivered = Delivered::Waiter;
+            }
+        }
+        // A reply handed to a waiter is acknowledged by it in a moment (and the depth re-read
+        // then); telling the push loop now would nudge the lead about mail it is receiving.
+        if delivered == Delivered::Inbox {
+            io.push(Io::Depth { target });
+        }
+        delivered
+    }
+
+    /// Applies a ticket event; true when it changed the ticket.
+    fn apply(&mut self, ticket: Ticket, event: TicketEvent, now: Timestamp) -> bool {
+        match self.tickets.apply_at(ticket, event, now) {
+            Ok(_) => true,
+            Err(refusal) => {
+                tracing::debug!(%refusal, "ticket event ignored");
+                false
+            }
+        }
+    }
+
+    /// Hands a settled ticket to its waiters; true when at least one was still listening.
+    fn settle(&mut self, ticket: Ticket, now: Timestamp) -> bool {
+        let TicketLookup::Live(record) = self.tickets.get_at(ticket, now) else {
+            return false;
+        };
+        if !record.state.is_terminal() {
+            return false;
+        }
+        let settled = Settled {
+            state: record.state,
+            reply: self.replies.get(&ticket).cloned(),
+        };
+        let mut taken = false;
+        for waiter in self.waiters.remove(&ticket).unwrap_or_default() {
+            taken |= waiter.send(settled.clone()).is_ok();
+        }
+        taken
+    }
+
+    pub(super) fn inbox_depth(
+        &mut self,
+        target: Target,
+        pending: u64,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        let effects = self
+            .push
+            .handle_at(PushInput::Inbox { target, pending }, now);
+        self.push_effects(effects, io);
+    }
+
+    pub(super) fn ask(
+        &mut self,
+        target: Target,
+        text: String,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> (String, oneshot::Receiver<String>) {
+        let id = uuid::Uuid::now_v7().to_string();
+        let (tx, rx) = oneshot::channel();
+        self.questions.insert(
+            id.clone(),
+            Question {
+                target: target.clone(),
+                text,
+                waiter: Some(tx),
+            },
+        );
+        let effects = self.push.handle_at(
+            PushInput::QuestionOpened {
+                target,
+                question_id: id.clone(),
+            },
+            now,
+        );
+        self.push_effects(effects, io);
+        (id, rx)
+    }
+
+    pub(super) fn answer(
+        &mut self,
+        id: &str,
+        answer: String,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> Result<AnswerRoute, Refusal> {
+        let Some(mut question) = self.questions.remove(id) else {
+            return Err(Refusal::new(
+                "unknown_question",
+                format!(
+                    "no open question {id}: it was answered already or never asked; fleet_poll(target=...) lists open questions"
+                ),
+            ));
+        };
+        let effects = self.push.handle_at(
+            PushInput::QuestionClosed {
+                question_id: id.to_owned(),
+            },
+            now,
+        );
+        self.push_effects(effects, io);
+        let answer = match question.waiter.take() {
+            Some(waiter) => match waiter.send(answer) {
+                Ok(()) => return Ok(AnswerRoute::Waiter),
+                Err(answer) => answer,
+            },
+            None => answer,
+        };
+        // The member stopped waiting: the answer reaches it as a task, in order with its others.
+        let task = format!("Answer to your question {id} ({}): {answer}", question.text);
+        match self.submit(None, question.target.clone(), task, now, io) {
+            Ok(_) => Ok(AnswerRoute::Task),
+            Err(refusal) => Err(refusal),
+        }
+    }
+
+    /// A question's asker stopped waiting: it stays open for `fleet_answer`.
+    pub(super) fn questions(&self, target: Option<&Target>) -> Vec<QuestionView> {
+        self.questions
+            .iter()
+            .filter(|(_, q)| target.is_none_or(|t| *t == q.target))
+            .map(|(id, q)| QuestionView {
+                question_id: id.clone(),
+                target: Some(q.target.clone()),
+                question: q.text.clone(),
+            })
+            .collect()
+    }
+
+    pub(super) fn list(&self) -> Vec<MemberView> {
+        self.members
+            .iter()
+            .map(|(target, m)| self.member_view(target, m))
+            .collect()
+    }
+
+    fn member_view(&self, target: &Target, m: &Member) -> MemberView {
+        MemberView {
+            target: target.clone(),
+            profile: m.profile.clone(),
+            pane_id: m.pane.clone(),
+            terminal_id: m.terminal.clone(),
+            status: m.status.as_str().to_owned(),
+            connected: self.injector.presence(target),
+            queued: self.injector.queued(target),
+            open_tickets: self
+                .tickets
+                .open_for(target)
+                .iter()
+                .map(|r| r.ticket)
+                .collect(),
+            lead: m.lead.as_ref().map(|l| l.0.clone()),
+            joined_at: m.joined_at,
+        }
+    }
+
+    pub(super) fn recent(&self, target: &Target) -> Vec<TicketView> {
+        self.tickets
+            .recent_for(target, 10)
+            .into_iter()
+            .map(view)
+            .collect()
+    }
+
+    pub(super) fn reserve(
+        &mut self,
+        name: Option<String>,
+        now: Timestamp,
+    ) -> Result<Target, Refusal> {
+        let taken = |t: &Target, s: &Self| s.members.contains_key(t) || s.reserved.contains_key(t);
+        let target = match name {
+            Some(name) => {
+                let target =
+                    Target::new(name).map_err(|e| Refusal::new("invalid_name", e.to_string()))?;
+                if taken(&target, self) {
+                    return Err(Refusal::new(
+                        "name_taken",
+                        format!(
+                            "a member named {target} exists already: pick another name, or omit `name` to get a free one"
+                        ),
+                    ));
+                }
+                target
+            }
+            None => (0..)
+                .flat_map(|round| {
+                    NAMES.iter().map(move |n| {
+                        if round == 0 {
+                            (*n).to_owned()
+                        } else {
+                            format!("{n}{round}")
+                        }
+                    })
+                })
+                .filter_map(|n| Target::new(n).ok())
+                .find(|t| !taken(t, self))
+                .ok_or_else(|| Refusal::new("no_name", "no free member name"))?,
+        };
+        self.reserved.insert(target.clone(), now);
+        Ok(target)
+    }
+
+    pub(super) fn unreserve(&mut self, target: &Target) {
+        self.reserved.remove(target);
+    }
+
+    pub(super) fn add_member(&mut self, new: NewMember, now: Timestamp, io: &mut Vec<Io>) {
+        self.reserved.remove(&new.target);
+        let lead = new.lead.as_ref().map(Self::lead_id);
+        self.by_pane.insert(new.pane.clone(), new.target.clone());
+        self.members.insert(
+            new.target.clone(),
+            Member {
+                profile: new.profile,
+                pane: new.pane.clone(),
+                terminal: new.terminal,
+                status: AgentStatus::Unknown,
+                allow_delegation: new.allow_delegation,
+                lead: lead.clone(),
+                joined_at: now,
+                idle_since: None,
+                idle_timeout: new
+                    .idle_timeout_secs
+                    .and_then(|s| i64::try_from(s).ok())
+                    .map(SignedDuration::from_secs),
+            },
+        );
+        let effects = self.injector.handle_at(
+            InjectorInput::MemberAdded {
+                target: new.target.clone(),
+            },
+            now,
+        );
+        self.injector_effects(effects, now, io);
+        if let Some(lead) = lead {
+            let effects = self.push.handle_at(
+                PushInput::Bound {
+                    target: new.target,
+                    lead,
+                },
+                now,
+            );
+            self.push_effects(effects, io);
+        }
+        io.push(Io::Watch { pane: new.pane });
+    }
+
+    /// The one release path: fails open tickets with `cause`, forgets bindings and the queue,
+    /// and tells the lead through the inbox. Returns the pane.
+    pub(super) fn release(
+        &mut self,
+        target: &Target,
+        cause: &str,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> Option<QualifiedPaneId> {
+        let member = self.members.remove(target)?;
+        self.by_pane.remove(&member.pane);
+        io.push(Io::Unwatch {
+            pane: member.pane.clone(),
+        });
+        let open: Vec<Ticket> = self
+            .tickets
+            .open_for(target)
+            .iter()
+            .map(|r| r.ticket)
+            .collect();
+        for ticket in &open {
+            self.apply(*ticket, TicketEvent::MemberGone(cause.to_owned()), now);
+            self.settle(*ticket, now);
+        }
+        if !open.is_empty() {
+            io.push(Io::Notice {
+                target: target.clone(),
+                ticket: open.first().copied(),
+                kind: MessageKind::Incident,
+                text: format!(
+                    "[fleet] member {target} was released ({cause}); its open tickets failed: {}",
+                    open.iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+        let effects = self.injector.handle_at(
+            InjectorInput::MemberRemoved {
+                target: target.clone(),
+            },
+            now,
+        );
+        self.injector_effects(effects, now, io);
+        let effects = self.push.handle_at(
+            PushInput::Unbound {
+                target: target.clone(),
+            },
+            now,
+        );
+        self.push_effects(effects, io);
+        // Questions of a released member can never be answered in its pane.
+        let asked: Vec<String> = self
+            .questions
+            .iter()
+            .filter(|(_, q)| q.target == *target)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in asked {
+            self.questions.remove(&id);
+            let effects = self
+                .push
+                .handle_at(PushInput::QuestionClosed { question_id: id }, now);
+            self.push_effects(effects, io);
+        }
+        Some(member.pane)
+    }
+
+    /// A status reading for a pane incarnation, from the multiplexer.
+    pub(super) fn pane_status(
+        &mut self,
+        pane: &QualifiedPaneId,
+        terminal: &TerminalId,
+        status: AgentStatus,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        if let Some(target) = self.by_pane.get(pane).cloned() {
+            self.set_status(&target, Some(terminal), status, now, io);
+        }
+        let lead = LeadId(pane.to_string());
+        if self
+            .leads
+            .get(&lead)
+            .is_some_and(|l| l.terminal == *terminal)
+        {
+            let activity = match status {
+                AgentStatus::Idle | AgentStatus::Done | AgentStatus::Blocked => {
+                    LeadActivity::Receptive
+                }
+                AgentStatus::Working => LeadActivity::Busy,
+                AgentStatus::Unknown => LeadActivity::Unknown,
+            };
+            let effects = self
+                .push
+                .handle_at(PushInput::LeadStatus { lead, activity }, now);
+            self.push_effects(effects, io);
+        }
+    }
+
+    pub(super) fn set_status(
+        &mut self,
+        target: &Target,
+        terminal: Option<&TerminalId>,
+        status: AgentStatus,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        let Some(member) = self.members.get_mut(target) else {
+            return;
+        };
+        if terminal.is_some_and(|t| *t != member.terminal) {
+            return; // A reading of another incarnation of the pane.
+        }
+        member.status = status;
+        member.idle_since = match (status.is_at_rest(), member.idle_since) {
+            (true, Some(since)) => Some(since),
+            (true, None) => Some(now),
+            (false, _) => None,
+        };
+        let activity = match status {
+            AgentStatus::Idle | AgentStatus::Done => Activity::AtRest,
+            AgentStatus::Working | AgentStatus::Blocked => Activity::Busy,
+            AgentStatus::Unknown => Activity::Unknown,
+        };
+        let effects = self.injector.handle_at(
+            InjectorInput::Activity {
+                target: target.clone(),
+                activity,
+            },
+            now,
+        );
+        self.injector_effects(effects, now, io);
+    }
+
+    /// A pane incarnation ended: a member there is released with cause `exited`.
+    pub(super) fn pane_gone(
+        &mut self,
+        pane: &QualifiedPaneId,
+        terminal: Option<&TerminalId>,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        if let Some(target) = self.by_pane.get(pane).cloned()
+            && let Some(member) = self.members.get(&target)
+            && terminal.is_none_or(|t| *t == member.terminal)
+        {
+            self.release(&target, "exited", now, io);
+        }
+    }
+
+    pub(super) fn typed(
+        &mut self,
+        target: Target,
+        ticket: Ticket,
+        ok: bool,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        let effects = self
+            .injector
+            .handle_at(InjectorInput::Typed { target, ticket, ok }, now);
+        self.injector_effects(effects, now, io);
+    }
+
+    pub(super) fn fallback_recorded(&mut self, target: Target, now: Timestamp, io: &mut Vec<Io>) {
+        let effects = self
+            .injector
+            .handle_at(InjectorInput::FallbackRecorded { target }, now);
+        self.injector_effects(effects, now, io);
+    }
+
+    pub(super) fn injected(
+        &mut self,
+        lead: LeadId,
+        outcome: InjectOutcome,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        if outcome == InjectOutcome::NotFound {
+            self.leads.remove(&lead);
+            for member in self.members.values_mut() {
+                if member.lead.as_ref() == Some(&lead) {
+                    member.lead = None;
+                }
+            }
+        }
+        let effects = self
+            .push
+            .handle_at(PushInput::Injected { lead, outcome }, now);
+        self.push_effects(effects, io);
+    }
+
+    /// Time passed: deadlines, retention, the idle reaper.
+    pub(super) fn tick(&mut self, now: Timestamp, io: &mut Vec<Io>) {
+        let effects = self.injector.handle_at(InjectorInput::Tick, now);
+        self.injector_effects(effects, now, io);
+        let effects = self.push.handle_at(PushInput::Tick, now);
+        self.push_effects(effects, io);
+        for ticket in self.tickets.prune_at(now) {
+            self.tasks.remove(&ticket);
+            self.replies.remove(&ticket);
+            self.waiters.remove(&ticket);
+        }
+        let idle: Vec<Target> = self
+            .members
+            .iter()
+            .filter(|(_, m)| {
+                m.idle_since
+                    .zip(m.idle_timeout)
+                    .and_then(|(s, t)| s.checked_add(t).ok())
+                    .is_some_and(|due| now >= due)
+            })
+            .map(|(t, _)| t.clone())
+            .collect();
+        for target in idle {
+            tracing::info!(%target, "releasing idle member");
+            if let Some(pane) = self.release(&target, "idle", now, io) {
+                io.push(Io::Close { pane });
+            }
+        }
+    }
+
+    fn injector_effects(&mut self, effects: Vec<InjectorEffect>, now: Timestamp, io: &mut Vec<Io>) {
+        for effect in effects {
+            match effect {
+                InjectorEffect::Type { target, ticket } => {
+                    let Some(pane) = self.members.get(&target).map(|m| m.pane.clone()) else {
+                        continue;
+                    };
+                    let task = self
+                        .tasks
+                        .get(&ticket)
+                        .map(String::as_str)
+                        .unwrap_or_default();
+                    let text = fleetd_core::plan_injection(task, ticket, self.max_inject)
+                        .text()
+                        .to_owned();
+                    io.push(Io::Type {
+                        target,
+                        ticket,
+                        pane,
+                        text,
+                    });
+                }
+                InjectorEffect::Resubmit { target, ticket } => {
+                    if let Some(pane) = self.members.get(&target).map(|m| m.pane.clone()) {
+                        io.push(Io::Enter {
+                            target,
+                            ticket,
+                            pane,
+                        });
+                    }
+                }
+                InjectorEffect::RecordFallback { target, ticket } => {
+                    match self.members.get(&target) {
+                        Some(m) => io.push(Io::Fallback {
+                            target,
+                            ticket,
+                            pane: m.pane.clone(),
+                        }),
+                        None => {
+                            let effects = self
+                                .injector
+                                .handle_at(InjectorInput::FallbackRecorded { target }, now);
+                            self.injector_effects(effects, now, io);
+                        }
+                    }
+                }
+                InjectorEffect::Ticket { ticket, event } => {
+                    let stalled = event == TicketEvent::Stalled;
+                    if self.apply(ticket, event, now) {
+                        let settled_waiter = self.settle(ticket, now);
+                        if stalled
+                            && !settled_waiter
+                            && let TicketLookup::Live(r) = self.tickets.get_at(ticket, now)
+                        {
+                            io.push(Io::Notice {
+                                target: r.target.clone(),
+                                ticket: Some(ticket),
+                                kind: MessageKind::Incident,
+                                text: format!("[fleet] ticket {ticket} to {} stalled: the member did not start working after the task was typed and Enter pressed again", r.target),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn push_effects(&mut self, effects: Vec<PushEffect>, io: &mut Vec<Io>) {
+        for effect in effects {
+            match effect {
+                PushEffect::Inject { lead, text } => match self.leads.get(&lead) {
+                    Some(l) => io.push(Io::Nudge {
+                        lead,
+                        pane: l.pane.clone(),
+                        terminal: l.terminal.clone(),
+                        text,
+                    }),
+                    None => tracing::debug!(%lead, "nudge for a lead with no known pane"),
+                },
+                PushEffect::ForgetBinding { target, lead } => {
+                    tracing::info!(%target, %lead, "forgot delegation binding: the lead is gone");
+                }
+                PushEffect::Count(metric) => tracing::debug!(?metric, "push decision"),
+                PushEffect::GaveUp { lead, reminders } => {
+                    tracing::warn!(%lead, reminders, "stopped nudging: the lead has not read its mail; it stays in the inbox");
+                }
+            }
+        }
+    }
+}
+
+fn view(r: &fleetd_core::TicketRecord) -> TicketView {
+    TicketView {
+        ticket: r.ticket,
+        target: r.target.clone(),
+        state: r.state,
+        cause: r.cause.clone(),
+        created_at: r.created_at,
+        finished_at: r.finished_at,
+    }
+}

@@ -1,0 +1,193 @@
+//! MCP: fleetd's tool contract (SPEC §3) served over streamable HTTP at `/mcp` and over the unix
+//! socket the `fleetd mcp` stdio shim relays to. Owns the MCP wire (rmcp), tool dispatch, error
+//! mapping and caller identity; the only module that knows MCP. Tools decide nothing themselves:
+//! they ask the engine, the store and the multiplexer.
+//!
+//! Identity comes from the connection only (SPEC §2): a loopback TCP peer is traced to its
+//! process and pane by the locator (cached for the life of the connection), a unix-socket peer by
+//! `SO_PEERCRED`. Tool arguments are never consulted.
+
+mod identity;
+pub(crate) mod tools;
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::Value;
+
+pub use identity::{Caller, ConnInfo, Peer};
+
+use crate::clock::SharedClock;
+use crate::config::Config;
+use crate::engine::EngineHandle;
+use crate::locate::Locator;
+use crate::mux::MuxRouter;
+use crate::store::InboxStore;
+
+/// The MCP endpoint as a tower service, mounted by `http` at `/mcp`.
+pub type HttpService = StreamableHttpService<FleetMcp, LocalSessionManager>;
+
+/// Room for a request body: enough for a task or reply at the configured limit to reach the
+/// tool (which refuses it with the limit named) rather than being cut off by the transport.
+const MIN_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// Builds the `/mcp` service: stateless JSON mode (identity comes from the connection, so no
+/// session is needed, and a daemon restart never strands a client's session).
+pub fn http_service(fleet: Arc<Fleet>, loopback_only: bool) -> HttpService {
+    let max_message = usize::try_from(fleet.config.inbox.max_message_bytes).unwrap_or(usize::MAX);
+    let mut config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_max_request_body_bytes(MIN_BODY_BYTES.max(max_message.saturating_mul(2)));
+    if !loopback_only {
+        // Remote callers reach fleetd by its own name; they are authenticated by token.
+        config = config.disable_allowed_hosts();
+    }
+    StreamableHttpService::new(
+        move || Ok(FleetMcp::new(Arc::clone(&fleet))),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    )
+}
+
+/// What tools work with.
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    /// The engine.
+    pub engine: EngineHandle,
+    /// The inbox.
+    pub store: Arc<dyn InboxStore>,
+    /// The multiplexers.
+    pub mux: MuxRouter,
+    /// The caller locator.
+    pub locator: Locator,
+    /// The configuration.
+    pub config: Arc<Config>,
+    /// The clock.
+    pub clock: SharedClock,
+    /// The API token's value, when configured (compared with a caller's bearer token).
+    pub api_token: Option<String>,
+    /// fleetd's own URL as members reach it (`FLEETD_URL`), e.g. `http://127.0.0.1:7797`.
+    pub url: String,
+}
+
+/// A tool's successful answer: structured JSON plus a one-line summary.
+#[derive(Debug, Clone)]
+pub struct ToolOutput {
+    /// `structuredContent`.
+    pub value: Value,
+    /// The one-line text content.
+    pub summary: String,
+}
+
+/// A refusal or failure with a stable code and what to do next.
+pub type ToolError = fleetd_core::access::Refusal;
+
+/// The MCP server for one transport. Cheap to clone; rmcp makes one per HTTP request.
+#[derive(Debug, Clone)]
+pub struct FleetMcp {
+    fleet: Arc<Fleet>,
+    /// The peer of a unix-socket connection, known before any request (the stdio shim).
+    fixed_peer: Option<Peer>,
+}
+
+const INSTRUCTIONS: &str = "fleetd connects a lead agent with member agents in other panes. \
+Leads: fleet_profiles / fleet_spawn to start members, fleet_send to delegate (waits for the reply \
+by default), fleet_poll to read replies and questions, fleet_ack once read, fleet_answer to answer \
+a member's question, fleet_stop to release a member. Members: answer your task with fleet_reply \
+(text you only print in your pane reaches nobody); ask the lead with fleet_ask.";
+
+impl FleetMcp {
+    /// A server for HTTP requests (identity from each request's connection).
+    pub fn new(fleet: Arc<Fleet>) -> Self {
+        Self {
+            fleet,
+            fixed_peer: None,
+        }
+    }
+
+    /// A server for one unix-socket connection whose peer is already known.
+    pub fn for_peer(fleet: Arc<Fleet>, peer: Peer) -> Self {
+        Self {
+            fleet,
+            fixed_peer: Some(peer),
+        }
+    }
+
+    async fn caller(&self, ctx: &RequestContext<RoleServer>) -> Caller {
+        let peer = match &self.fixed_peer {
+            Some(peer) => Some(peer.clone()),
+            None => identity::peer_of(ctx),
+        };
+        identity::resolve(&self.fleet, peer, ctx.ct.clone()).await
+    }
+}
+
+impl ServerHandler for FleetMcp {
+    fn get_info(&self) -> InitializeResult {
+        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("fleetd", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        // An agent connects to its MCP servers at start-up: that is a member's presence.
+        let caller = self.caller(&context).await;
+        identity::note_presence(&self.fleet, &caller).await;
+        context.peer.set_peer_info(request);
+        Ok(self.get_info())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult {
+            tools: tools::definitions(),
+            ..ListToolsResult::default()
+        })
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let caller = self.caller(&context).await;
+        identity::note_presence(&self.fleet, &caller).await;
+        let name = request.name.to_string();
+        let args = Value::Object(request.arguments.unwrap_or_default());
+        let outcome = tools::call(&self.fleet, &caller, &name, args).await;
+        let result = match outcome {
+            Ok(out) => {
+                tracing::debug!(tool = %name, caller = %caller, "tool call ok");
+                let mut result = CallToolResult::structured(out.value);
+                result.content = vec![ContentBlock::text(out.summary)];
+                result
+            }
+            Err(err) => {
+                tracing::info!(tool = %name, caller = %caller, code = err.code, "tool call refused");
+                let mut result = CallToolResult::structured_error(serde_json::json!({
+                    "code": err.code,
+                    "message": err.message,
+                }));
+                result.content = vec![ContentBlock::text(format!("{}: {}", err.code, err.message))];
+                result
+            }
+        };
+        Ok(result.into())
+    }
+}

@@ -1,0 +1,48 @@
+//! `fleet_answer`: answer a member's open question.
+
+use fleetd_core::access::ToolClass;
+use rmcp::schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{FleetTool, gone, output};
+use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
+
+/// Arguments of `fleet_answer`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct Args {
+    /// The question's id (from fleet_poll or fleet_status).
+    question_id: String,
+    /// Your answer.
+    answer: String,
+}
+
+pub(crate) struct Answer;
+
+impl FleetTool for Answer {
+    const NAME: &'static str = "fleet_answer";
+    const DESCRIPTION: &'static str = "Answer a member's question (from fleet_ask). If the member is still waiting it gets the answer at once (deliveredTo: waiter); otherwise the answer is delivered to it as a task (deliveredTo: task).";
+    const CLASS: ToolClass = ToolClass::Orchestration;
+    type Args = Args;
+
+    async fn call(fleet: &Fleet, _caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
+        let max = usize::try_from(fleet.config.inbox.max_message_bytes).unwrap_or(usize::MAX);
+        if args.answer.len() > max {
+            return Err(ToolError::new(
+                "answer_too_large",
+                format!("the answer is over {max} bytes (inbox.maxMessageBytes)"),
+            ));
+        }
+        let route = fleet
+            .engine
+            .answer(args.question_id.clone(), args.answer)
+            .await
+            .map_err(gone)??;
+        output(
+            json!({ "questionId": args.question_id, "deliveredTo": route }),
+            format!("answered question {}", args.question_id),
+        )
+    }
+}

@@ -1,0 +1,77 @@
+//! `fleet_ask`: a member asks its lead a question and waits for the answer.
+
+use std::time::Duration;
+
+use fleetd_core::access::{Role, ToolClass};
+use rmcp::schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{FleetTool, gone, output};
+use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
+
+/// Default and longest wait for an answer, in seconds.
+const DEFAULT_WAIT_SECS: u64 = 300;
+const MAX_WAIT_SECS: u64 = 3600;
+
+/// Arguments of `fleet_ask`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct Args {
+    /// The question for your lead.
+    question: String,
+    /// How long to wait for the answer, in seconds (default 300, at most 3600). If it passes
+    /// first, you get {status: pending, questionId} and the answer arrives later as a task.
+    wait_secs: Option<u64>,
+}
+
+pub(crate) struct Ask;
+
+impl FleetTool for Ask {
+    const NAME: &'static str = "fleet_ask";
+    const DESCRIPTION: &'static str = "Ask the lead who gave you your task a question and wait for the answer: returns {answer}. If no answer comes within waitSecs, returns {status: pending, questionId}; keep working if you can, the answer will arrive later as a task message.";
+    const CLASS: ToolClass = ToolClass::Worker;
+    type Args = Args;
+
+    async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
+        let Role::Member { target, .. } = &caller.role else {
+            return Err(ToolError::new("not_a_member", "fleet_ask is for members"));
+        };
+        if args.question.trim().is_empty() {
+            return Err(ToolError::new("empty_question", "the question is empty"));
+        }
+        let max = usize::try_from(fleet.config.inbox.max_message_bytes).unwrap_or(usize::MAX);
+        if args.question.len() > max {
+            return Err(ToolError::new(
+                "question_too_large",
+                format!("the question is over {max} bytes"),
+            ));
+        }
+        let (id, answer) = fleet
+            .engine
+            .ask_question(target.clone(), args.question)
+            .await
+            .map_err(gone)?;
+        let secs = args
+            .wait_secs
+            .unwrap_or(DEFAULT_WAIT_SECS)
+            .min(MAX_WAIT_SECS);
+        let answer = tokio::select! {
+            answer = tokio::time::timeout(Duration::from_secs(secs), answer) => answer,
+            () = caller.cancel.cancelled() => {
+                return Err(ToolError::new("cancelled", format!("the request was abandoned; question {id} stays open")));
+            }
+        };
+        match answer {
+            Ok(Ok(answer)) => output(
+                json!({ "questionId": id, "answer": answer }),
+                format!("answer to {id}"),
+            ),
+            _ => output(
+                json!({ "questionId": id, "status": "pending" }),
+                format!("question {id} pending; the answer will arrive as a task"),
+            ),
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The tool registry: every tool of SPEC §3, its JSON schema, and one dispatch path that checks
+//! the caller's role, parses arguments into the tool's struct (bad input is a tool error naming
+//! the problem, never a panic) and runs it. One file per tool below; none holds business logic.
+
+mod ack;
+mod answer;
+mod ask;
+mod list;
+mod poll;
+mod profiles;
+mod reply;
+mod send;
+pub(crate) mod spawn;
+mod status;
+mod stop;
+
+use std::future::Future;
+
+use fleetd_core::Target;
+use fleetd_core::access::{Role, ToolClass, authorize};
+use rmcp::handler::server::common::schema_for_type;
+use rmcp::model::Tool;
+use rmcp::schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::{Caller, Fleet, ToolError, ToolOutput};
+use crate::engine::EngineGone;
+
+/// One MCP tool: its name, description, who may call it, its arguments and its call.
+pub(crate) trait FleetTool {
+    /// The tool's name (SPEC §3).
+    const NAME: &'static str;
+    /// What an agent reads to decide to call it.
+    const DESCRIPTION: &'static str;
+    /// Who may call it.
+    const CLASS: ToolClass;
+    /// Its arguments.
+    type Args: DeserializeOwned + JsonSchema + Send + 'static;
+
+    /// Runs the tool for an authorized caller.
+    fn call(
+        fleet: &Fleet,
+        caller: &Caller,
+        args: Self::Args,
+    ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send;
+}
+
+fn definition<T: FleetTool>() -> Tool {
+    Tool::new(T::NAME, T::DESCRIPTION, schema_for_type::<T::Args>())
+}
+
+/// Every tool's definition, for `tools/list`.
+pub(crate) fn definitions() -> Vec<Tool> {
+    vec![
+        definition::<profiles::Profiles>(),
+        definition::<spawn::Spawn>(),
+        definition::<list::List>(),
+        definition::<status::Status>(),
+        definition::<send::Send>(),
+        definition::<poll::Poll>(),
+        definition::<ack::Ack>(),
+        definition::<answer::Answer>(),
+        definition::<stop::Stop>(),
+        definition::<reply::Reply>(),
+        definition::<ask::Ask>(),
+    ]
+}
+
+/// Runs tool `name` for `caller` with raw `args`.
+pub(crate) async fn call(
+    fleet: &Fleet,
+    caller: &Caller,
+    name: &str,
+    args: Value,
+) -> Result<ToolOutput, ToolError> {
+    match name {
+        profiles::Profiles::NAME => run::<profiles::Profiles>(fleet, caller, args).await,
+        spawn::Spawn::NAME => run::<spawn::Spawn>(fleet, caller, args).await,
+        list::List::NAME => run::<list::List>(fleet, caller, args).await,
+        status::Status::NAME => run::<status::Status>(fleet, caller, args).await,
+        send::Send::NAME => run::<send::Send>(fleet, caller, args).await,
+        poll::Poll::NAME => run::<poll::Poll>(fleet, caller, args).await,
+        ack::Ack::NAME => run::<ack::Ack>(fleet, caller, args).await,
+        answer::Answer::NAME => run::<answer::Answer>(fleet, caller, args).await,
+        stop::Stop::NAME => run::<stop::Stop>(fleet, caller, args).await,
+        reply::Reply::NAME => run::<reply::Reply>(fleet, caller, args).await,
+        ask::Ask::NAME => run::<ask::Ask>(fleet, caller, args).await,
+        other => Err(ToolError::new(
+            "unknown_tool",
+            format!(
+                "there is no tool {other:?}: fleetd's tools all start with fleet_ (see tools/list)"
+            ),
+        )),
+    }
+}
+
+async fn run<T: FleetTool>(
+    fleet: &Fleet,
+    caller: &Caller,
+    args: Value,
+) -> Result<ToolOutput, ToolError> {
+    // A member may read its own task through fleet_poll(ticket) — the pointer it is given for a
+    // task too long to type — even though fleet_poll is otherwise a lead's tool.
+    let own_task = T::NAME == poll::Poll::NAME
+        && matches!(caller.role, Role::Member { .. })
+        && args.get("ticket").is_some_and(|t| !t.is_null());
+    if !own_task {
+        authorize(&caller.role, T::CLASS, T::NAME)?;
+    }
+    let args: T::Args = serde_json::from_value(args).map_err(|e| {
+        ToolError::new(
+            "invalid_arguments",
+            format!(
+                "{} got arguments it cannot use: {e}; see its input schema in tools/list",
+                T::NAME
+            ),
+        )
+    })?;
+    T::call(fleet, caller, args).await
+}
+
+/// Every member with its inbox depth, as JSON (for `fleet_list` and `GET /sessions`).
+pub(crate) async fn members(fleet: &Fleet) -> Result<Vec<Value>, ToolError> {
+    list::members_json(fleet).await
+}
+
+/// Builds a successful output.
+pub(crate) fn output(value: Value, summary: impl Into<String>) -> Result<ToolOutput, ToolError> {
+    Ok(ToolOutput {
+        value,
+        summary: summary.into(),
+    })
+}
+
+/// Parses a member name from a tool argument.
+pub(crate) fn target(name: &str) -> Result<Target, ToolError> {
+    Target::new(name).map_err(|e| ToolError::new("invalid_target", e.to_string()))
+}
+
+/// The engine stopped under a call: the daemon is shutting down.
+pub(crate) fn gone(e: EngineGone) -> ToolError {
+    ToolError::new("shutting_down", format!("{e}; retry once it is back"))
+}
+
+/// A store failure, as a tool error.
+pub(crate) fn store_error(e: &crate::store::StoreError) -> ToolError {
+    ToolError::new(
+        "store_unavailable",
+        format!("fleetd failed to {e}; retry shortly"),
+    )
+}

@@ -1,0 +1,46 @@
+//! `fleet_profiles`: the configured member profiles and whether each can be spawned now.
+
+use fleetd_core::access::ToolClass;
+use rmcp::schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{FleetTool, output};
+use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
+
+/// No arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Args {}
+
+pub(crate) struct Profiles;
+
+impl FleetTool for Profiles {
+    const NAME: &'static str = "fleet_profiles";
+    const DESCRIPTION: &'static str = "List the member profiles fleetd can spawn (fleet_spawn profile=...): name, agent kind, backend, model, and ready=false with the reason when a secret it needs does not resolve.";
+    const CLASS: ToolClass = ToolClass::ReadOnly;
+    type Args = Args;
+
+    async fn call(fleet: &Fleet, _caller: &Caller, _args: Args) -> Result<ToolOutput, ToolError> {
+        let profiles: Vec<_> = fleet
+            .config
+            .profiles
+            .iter()
+            .map(|(name, p)| {
+                let missing = super::spawn::missing_secret(&fleet.config, p);
+                json!({
+                    "name": name,
+                    "agent": p.agent,
+                    "backend": p.backend,
+                    "model": p.model,
+                    "ready": missing.is_none(),
+                    "notReadyBecause": missing,
+                })
+            })
+            .collect();
+        let ready = profiles.iter().filter(|p| p["ready"] == true).count();
+        let summary = format!("{} profiles, {ready} ready", profiles.len());
+        output(json!({ "profiles": profiles }), summary)
+    }
+}

@@ -1,0 +1,101 @@
+//! The stdio shim's two ends. In the daemon: a unix socket (`<state dir>/fleetd.sock`) where each
+//! connection is one MCP session whose caller is identified by `SO_PEERCRED`. In `fleetd mcp`: a
+//! relay that copies stdin to that socket and the socket to stdout, for agents that only speak
+//! stdio MCP. Owns the socket file; knows no MCP itself beyond handing the stream to `mcp`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rmcp::ServiceExt;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinHandle;
+
+use crate::mcp::{Fleet, FleetMcp, Peer};
+
+/// The socket's file name inside the state directory.
+pub const SOCKET_NAME: &str = "fleetd.sock";
+
+/// The running accept loop.
+#[derive(Debug)]
+pub struct ShimListener {
+    task: JoinHandle<()>,
+    path: PathBuf,
+}
+
+impl ShimListener {
+    /// Stops accepting and removes the socket file.
+    pub fn stop(self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The shim socket's path for a state directory.
+pub fn socket_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(SOCKET_NAME)
+}
+
+/// Binds the shim socket (replacing a stale file: the store lock already made this daemon the
+/// state directory's only owner) and serves each connection as one MCP session.
+pub async fn listen(state_dir: &Path, fleet: Arc<Fleet>) -> std::io::Result<ShimListener> {
+    std::fs::create_dir_all(state_dir)?;
+    let path = socket_path(state_dir);
+    if path.exists() {
+        std::fs::remove_file(&path)?;
+    }
+    let listener = UnixListener::bind(&path)?;
+    let task = tokio::spawn(async move {
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    tracing::warn!(error = %e, "shim socket accept failed");
+                    continue;
+                }
+            };
+            let fleet = Arc::clone(&fleet);
+            tokio::spawn(async move {
+                let located = match fleet.locator.locate_unix(&stream).await {
+                    Ok(located) => Some(located),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "shim caller not located");
+                        None
+                    }
+                };
+                let server = FleetMcp::for_peer(fleet, Peer::Unix(located));
+                match server.serve(stream).await {
+                    Ok(running) => {
+                        let _ = running.waiting().await;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "shim session ended during start"),
+                }
+            });
+        }
+    });
+    Ok(ShimListener { task, path })
+}
+
+/// `fleetd mcp`: relays this process's stdin/stdout to the daemon's shim socket until either
+/// side closes.
+pub async fn relay(state_dir: &Path) -> anyhow::Result<()> {
+    let path = socket_path(state_dir);
+    let stream = UnixStream::connect(&path).await.map_err(|e| {
+        anyhow::anyhow!(
+            "failed to reach fleetd at {}: {e}; start it with `fleetd serve` (same config and state directory)",
+            path.display()
+        )
+    })?;
+    let (mut from_daemon, mut to_daemon) = stream.into_split();
+    let up = tokio::spawn(async move {
+        let mut stdin = tokio::io::stdin();
+        let _ = tokio::io::copy(&mut stdin, &mut to_daemon).await;
+        // The client closed stdin: tell the daemon no more requests are coming; answers to the
+        // requests already sent still flow down until the daemon closes its side.
+        let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_daemon).await;
+    });
+    let mut stdout = tokio::io::stdout();
+    let down = tokio::io::copy(&mut from_daemon, &mut stdout).await;
+    up.abort();
+    down?;
+    Ok(())
+}
