@@ -198,6 +198,8 @@ pub mod daemon {
         pub addr: SocketAddr,
         /// Log lines (stderr) received so far are forwarded here.
         pub logs: mpsc::Receiver<String>,
+        /// Lines read while waiting for the daemon to listen.
+        early: Vec<String>,
     }
 
     /// A `fleetd` command isolated in `home`: HOME and XDG dirs point inside it, and the
@@ -275,7 +277,12 @@ pub mod daemon {
                 }
                 seen.push(line);
             };
-            Self { child, addr, logs }
+            Self {
+                child,
+                addr,
+                logs,
+                early: seen,
+            }
         }
 
         /// Sends `signal` (e.g. "TERM") to the process.
@@ -306,6 +313,9 @@ pub mod daemon {
             // A failing test shows what the daemon said: the first thing anyone needs.
             if std::thread::panicking() {
                 eprintln!("---- fleetd log ----");
+                for line in &self.early {
+                    eprintln!("{line}");
+                }
                 while let Ok(line) = self.logs.try_recv() {
                     eprintln!("{line}");
                 }

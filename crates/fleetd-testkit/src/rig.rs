@@ -49,7 +49,7 @@ impl Rig {
         let tmux = TmuxServer::start().expect("private tmux server");
         let home = tempfile::tempdir().expect("tempdir");
         let config = format!(
-            "multiplexer: tmux\ntmuxSocket: {}\nmembersWorkspace: fleet\n{extra}",
+            "multiplexer: tmux\ntmuxSocket: {}\nmembersWorkspace: fleet\nlog:\n  level: fleetd=debug,info\n{extra}",
             tmux.socket().display()
         );
         write_config(home.path(), &config);

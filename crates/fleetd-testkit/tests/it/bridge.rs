@@ -203,7 +203,17 @@ fn e2e_reply_outlives_its_waiter_until_acked() {
     );
     // A second waiter's connection is dropped (its process killed) mid-wait.
     let out = rig.lead_async("fleet_send", &json!({ "target": "fay", "task": "b" }));
-    std::thread::sleep(Duration::from_millis(500));
+    wait_until(
+        "the second task to be submitted",
+        Duration::from_secs(60),
+        || {
+            http::get(rig.daemon.addr, "/sessions/fay").is_ok_and(|r| {
+                r.json()["openTickets"]
+                    .as_array()
+                    .is_some_and(|t| t.len() == 2)
+            })
+        },
+    );
     rig.tmux
         .run(&["send-keys", "-t", fleetd_testkit::rig::LEAD, "C-c", ""])
         .expect("tmux");
@@ -235,10 +245,10 @@ fn e2e_identity_is_decided_by_the_connection() {
     let anon = mcp_http(
         rig.daemon.addr,
         "fleet_send",
-        json!({ "target": "gus", "task": "x" }),
+        &json!({ "target": "gus", "task": "x" }),
     );
     assert_eq!(error_code(&anon), "anonymous_caller");
-    let anon_list = mcp_http(rig.daemon.addr, "fleet_list", json!({}));
+    let anon_list = mcp_http(rig.daemon.addr, "fleet_list", &json!({}));
     assert_eq!(anon_list["isError"], false);
     // A lead may not answer as a member, whatever it claims.
     let as_member = rig.lead(
@@ -292,14 +302,14 @@ fn e2e_hostile_input_gets_clear_errors_and_nothing_raw_reaches_a_pane() {
     let garbage =
         http::request(rig.daemon.addr, "POST", "/mcp", Some("{not json")).expect("answers");
     assert!(
-        garbage.status == 400 || garbage.body.contains("-32700"),
+        (400..500).contains(&garbage.status) && garbage.body.contains("deserialize"),
         "{} {}",
         garbage.status,
         garbage.body
     );
     // The daemon is still fine.
     assert_eq!(
-        mcp_http(rig.daemon.addr, "fleet_list", json!({}))["isError"],
+        mcp_http(rig.daemon.addr, "fleet_list", &json!({}))["isError"],
         false
     );
 }
@@ -359,7 +369,7 @@ fn e2e_rest_sessions_and_replies() {
 }
 
 /// A tool call over HTTP from the test process itself (no pane: anonymous).
-fn mcp_http(addr: std::net::SocketAddr, tool: &str, args: Value) -> Value {
+fn mcp_http(addr: std::net::SocketAddr, tool: &str, args: &Value) -> Value {
     let body = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": { "name": tool, "arguments": args } });
     let resp = http::request(addr, "POST", "/mcp", Some(&body.to_string())).expect("mcp answers");
     let v: Value =

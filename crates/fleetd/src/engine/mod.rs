@@ -167,6 +167,10 @@ pub(crate) enum Command {
     Presence {
         target: Target,
     },
+    PaneSeen {
+        pane: QualifiedPaneId,
+        terminal: TerminalId,
+    },
     LeadSeen {
         lead: LeadRef,
     },
@@ -286,6 +290,16 @@ impl EngineHandle {
     /// A process in `target`'s pane spoke MCP to fleetd.
     pub async fn presence(&self, target: Target) -> Result<(), EngineGone> {
         self.send(Command::Presence { target }).await
+    }
+
+    /// A process in a pane that is no member (yet) spoke MCP: remembered, so a member spawned
+    /// into that pane incarnation counts as present even if its agent connected first.
+    pub async fn pane_seen(
+        &self,
+        pane: QualifiedPaneId,
+        terminal: TerminalId,
+    ) -> Result<(), EngineGone> {
+        self.send(Command::PaneSeen { pane, terminal }).await
     }
 
     /// A lead called an orchestration tool.

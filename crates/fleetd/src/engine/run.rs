@@ -159,6 +159,7 @@ impl Engine {
                 let _ = reply.send(s.member_at(&pane, &terminal));
             }
             Command::Presence { target } => s.presence(target, now, io),
+            Command::PaneSeen { pane, terminal } => s.pane_seen(pane, terminal, now, io),
             Command::LeadSeen { lead } => s.lead_seen(&lead, now, io),
             Command::Submit {
                 lead,

@@ -112,8 +112,15 @@ pub(super) struct State {
     push: PushLoop,
     questions: BTreeMap<String, Question>,
     leads: BTreeMap<LeadId, Lead>,
+    /// Pane incarnations that spoke MCP before they held a member (newest last, bounded).
+    seen: std::collections::VecDeque<(QualifiedPaneId, TerminalId)>,
     max_inject: usize,
 }
+
+/// How many not-yet-member pane incarnations are remembered as having spoken MCP. Only the
+/// moments between a pane opening and its member being registered matter, so a few hundred is
+/// plenty even with many leads.
+const SEEN_PANES: usize = 256;
 
 impl State {
     pub(super) fn new(
@@ -134,6 +141,7 @@ impl State {
             push,
             questions: BTreeMap::new(),
             leads: BTreeMap::new(),
+            seen: std::collections::VecDeque::new(),
             max_inject,
         }
     }
@@ -200,6 +208,28 @@ impl State {
             .injector
             .handle_at(InjectorInput::PresenceSeen { target }, now);
         self.injector_effects(effects, now, io);
+    }
+
+    pub(super) fn pane_seen(
+        &mut self,
+        pane: QualifiedPaneId,
+        terminal: TerminalId,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        // The member may have been registered between the caller's lookup and this message.
+        if let Some((target, _)) = self.member_at(&pane, &terminal) {
+            self.presence(target, now, io);
+            return;
+        }
+        tracing::debug!(%pane, %terminal, "MCP seen from a pane that holds no member yet");
+        let key = (pane, terminal);
+        if !self.seen.contains(&key) {
+            self.seen.push_back(key);
+            if self.seen.len() > SEEN_PANES {
+                self.seen.pop_front();
+            }
+        }
     }
 
     pub(super) fn submit(
@@ -536,6 +566,12 @@ impl State {
             now,
         );
         self.injector_effects(effects, now, io);
+        let incarnation = (new.pane.clone(), self.members[&new.target].terminal.clone());
+        if let Some(i) = self.seen.iter().position(|k| *k == incarnation) {
+            // Its agent connected before the member was registered: that was its presence.
+            self.seen.remove(i);
+            self.presence(new.target.clone(), now, io);
+        }
         if let Some(lead) = lead {
             let effects = self.push.handle_at(
                 PushInput::Bound {

@@ -27,7 +27,7 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     /// Our address it connected to.
     pub local: SocketAddr,
-    located: Arc<OnceCell<Option<Located>>>,
+    located: Arc<OnceCell<Located>>,
 }
 
 impl Connected<IncomingStream<'_, TcpListener>> for ConnInfo {
@@ -118,19 +118,23 @@ pub(super) async fn resolve(
 ) -> Caller {
     let (located, bearer) = match peer {
         Some(Peer::Http { conn, bearer }) => {
-            let located = conn
-                .located
-                .get_or_init(|| async {
-                    match fleet.locator.locate_tcp(conn.peer, conn.local).await {
-                        Ok(located) => Some(located),
-                        Err(e) => {
-                            tracing::debug!(peer = %conn.peer, error = %e, "caller not located");
-                            None
+            // A caller found in a pane is cached for the connection's life; one found in no
+            // pane is looked up again next time (its pane may be moments old).
+            let located = match conn.located.get() {
+                Some(located) => Some(located.clone()),
+                None => match fleet.locator.locate_tcp(conn.peer, conn.local).await {
+                    Ok(located) => {
+                        if located.pane.is_some() {
+                            let _ = conn.located.set(located.clone());
                         }
+                        Some(located)
                     }
-                })
-                .await
-                .clone();
+                    Err(e) => {
+                        tracing::debug!(peer = %conn.peer, error = %e, "caller not located");
+                        None
+                    }
+                },
+            };
             (located, bearer)
         }
         Some(Peer::Unix(located)) => (located, None),
@@ -160,8 +164,17 @@ pub(super) async fn resolve(
 
 /// A member that speaks MCP is present; a lead that does is remembered.
 pub(super) async fn note_presence(fleet: &Fleet, caller: &Caller) {
-    if let Role::Member { target, .. } = &caller.role {
-        let _ = fleet.engine.presence(target.clone()).await;
+    match (&caller.role, &caller.pane) {
+        (Role::Member { target, .. }, _) => {
+            let _ = fleet.engine.presence(target.clone()).await;
+        }
+        (_, Some(pane)) => {
+            let _ = fleet
+                .engine
+                .pane_seen(pane.pane.clone(), pane.terminal.clone())
+                .await;
+        }
+        _ => {}
     }
 }
 

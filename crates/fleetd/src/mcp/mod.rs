@@ -145,6 +145,7 @@ impl ServerHandler for FleetMcp {
     ) -> Result<InitializeResult, ErrorData> {
         // An agent connects to its MCP servers at start-up: that is a member's presence.
         let caller = self.caller(&context).await;
+        tracing::debug!(caller = %caller, pane = ?caller.pane.as_ref().map(|p| p.pane.to_string()), "MCP initialize");
         identity::note_presence(&self.fleet, &caller).await;
         context.peer.set_peer_info(request);
         Ok(self.get_info())
