@@ -19,7 +19,8 @@ pub fn is_ci() -> bool {
 ///
 /// Integration tests run from `target/<profile>/deps/`; workspace binaries sit one level up. Cargo
 /// only exports `CARGO_BIN_EXE_*` for a package's own binaries, so the daemon's binary is found by
-/// this path. Panics with a build hint when the binary is missing, since nothing can be tested then.
+/// this path (it must be built first: `cargo build --workspace --bins`, as `.ci/run` does). Panics
+/// with a build hint when the binary is missing, since nothing can be tested then.
 pub fn bin_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary knows its own path");
     let dir = exe
@@ -29,7 +30,7 @@ pub fn bin_path(name: &str) -> PathBuf {
     let path = dir.join(name);
     assert!(
         path.exists(),
-        "{} is not built; run `cargo build --workspace` (nextest --workspace builds it)",
+        "{} is not built; run `cargo build --workspace --bins` first (.ci/run does)",
         path.display()
     );
     path
