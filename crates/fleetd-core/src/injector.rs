@@ -259,12 +259,22 @@ impl Injector {
                 self.pump(&target, now, &mut out);
             }
             InjectorInput::Replied { target, ticket } => {
-                if let Some(lane) = self.lanes.get_mut(&target)
-                    && let Some((current, answered)) = &mut lane.current
-                    && *current == ticket
-                {
-                    *answered = true;
+                if let Some(lane) = self.lanes.get_mut(&target) {
+                    if let Some((current, answered)) = &mut lane.current
+                        && *current == ticket
+                    {
+                        *answered = true;
+                    }
+                    // A reply to the task being verified proves it arrived, even when the turn
+                    // was too short for a status reading to see it working.
+                    if lane.in_flight.as_ref().is_some_and(|f| f.ticket == ticket) {
+                        lane.in_flight = None;
+                        if lane.activity != Activity::AtRest {
+                            lane.current = Some((ticket, true));
+                        }
+                    }
                 }
+                self.pump(&target, now, &mut out);
             }
             InjectorInput::FallbackRecorded { target } => {
                 if let Some(lane) = self.lanes.get_mut(&target) {

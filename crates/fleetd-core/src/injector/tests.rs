@@ -272,3 +272,27 @@ fn next_wake_is_the_verify_deadline() {
     assert_eq!(inj.current(&a), Some(ticket(1)));
     assert_eq!(inj.queued(&a), 0);
 }
+
+#[test]
+fn a_reply_verifies_delivery_even_when_working_was_never_seen() {
+    check(
+        vec![
+            Step(0, status(Activity::AtRest)),
+            Step(0, presence()),
+            Step(0, enqueue(1)),
+            Step(0, enqueue(2)),
+            Step(0, typed(1, true)),
+            // The turn was shorter than the status poll: only the reply shows it happened.
+            Step(1, replied(1)),
+            Step(1, typed(2, true)),
+            Step(20, InjectorInput::Tick),
+        ],
+        &[
+            "@0 type a T1",
+            "@0 T1 Delivered",
+            "@1 type a T2",
+            "@1 T2 Delivered",
+            "@20 enter a T2",
+        ],
+    );
+}

@@ -6,7 +6,8 @@
 //!
 //! Knobs (argument, else environment variable):
 //! - `--script a,b,..` / `SIM_AGENT_SCRIPT`: one action per turn — `reply`, `ask`, `silent`,
-//!   `hang`, `block`, `exit`; the last one repeats (default `reply`);
+//!   `hang`, `block`, `exit`, `call` (the task is `TOOL {json}`: call it, reply with the result);
+//!   the last one repeats (default `reply`);
 //! - `--work-ms N` / `SIM_AGENT_WORK_MS`: how long a turn shows working (default 1500);
 //! - `--reply T` / `SIM_AGENT_REPLY`: reply text, `{prompt}` replaced (default `sim-agent did: {prompt}`);
 //! - `--question Q` / `SIM_AGENT_QUESTION`: the `fleet_ask` question (default `sim-agent asks about: {prompt}`);
@@ -49,6 +50,9 @@ pub enum Action {
     Block,
     /// Exit the process.
     Exit,
+    /// Treat the task as `TOOL {json args}`: call that tool, then reply with its result (lets a
+    /// test make a member call any tool, e.g. a lead's, and read what fleetd answered).
+    Call,
 }
 
 impl std::str::FromStr for Action {
@@ -61,6 +65,7 @@ impl std::str::FromStr for Action {
             "hang" => Action::Hang,
             "block" => Action::Block,
             "exit" => Action::Exit,
+            "call" => Action::Call,
             other => anyhow::bail!("unknown sim-agent action {other:?}"),
         })
     }
@@ -282,6 +287,14 @@ impl Agent {
                         .tool("fleet_ask", json!({ "question": question }))
                         .await;
                     let text = format!("answer was: {}", answer.unwrap_or(Value::Null));
+                    self.tool("fleet_reply", json!({ "text": text })).await;
+                }
+                Action::Call => {
+                    let (name, args) = prompt.split_once(' ').unwrap_or((prompt.as_str(), "{}"));
+                    let args: Value = serde_json::from_str(args).unwrap_or(Value::Null);
+                    let result = self.tool(name, args).await;
+                    let text =
+                        serde_json::to_string(&result.unwrap_or(Value::Null)).unwrap_or_default();
                     self.tool("fleet_reply", json!({ "text": text })).await;
                 }
                 Action::Silent | Action::Hang => {}

@@ -376,3 +376,114 @@ fn mcp_http(addr: std::net::SocketAddr, tool: &str, args: &Value) -> Value {
         serde_json::from_str(&resp.body).unwrap_or_else(|e| panic!("{e}: {}", resp.body));
     v["result"].clone()
 }
+
+/// What fleetd answered a member that called `tool` with `args` (the member replies with it).
+fn member_calls(rig: &Rig, member: &str, tool: &str, args: &Value) -> Value {
+    let task = format!("{tool} {args}");
+    let sent = structured_ok(&rig.lead("fleet_send", &json!({ "target": member, "task": task })));
+    assert_eq!(sent["status"], "replied", "{sent}");
+    serde_json::from_str(sent["reply"].as_str().expect("reply text")).expect("a tool result")
+}
+
+#[test]
+fn e2e_a_member_can_act_neither_as_lead_nor_as_another_member() {
+    let Some(rig) = rig(&[
+        (
+            "caller",
+            &[("SIM_AGENT_SCRIPT", "call"), ("SIM_AGENT_WORK_MS", "100")],
+        ),
+        ("sim", &[]),
+    ]) else {
+        return;
+    };
+    rig.spawn("caller", "kit");
+    rig.spawn("sim", "lux");
+    // Lead tools are refused to a member whose profile does not allow delegation.
+    let send = member_calls(
+        &rig,
+        "kit",
+        "fleet_send",
+        &json!({ "target": "lux", "task": "x" }),
+    );
+    assert_eq!(error_code(&send), "not_a_lead");
+    let stop = member_calls(&rig, "kit", "fleet_stop", &json!({ "target": "lux" }));
+    assert_eq!(error_code(&stop), "not_a_lead");
+    // Naming another member changes nothing: there is no such argument, and another member's
+    // ticket is refused.
+    let named = member_calls(
+        &rig,
+        "kit",
+        "fleet_reply",
+        &json!({ "text": "forged", "target": "lux" }),
+    );
+    assert_eq!(error_code(&named), "invalid_arguments");
+    let lux = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "lux", "task": "own work" }),
+    ));
+    let ticket = lux["ticket"].clone();
+    let forged = member_calls(
+        &rig,
+        "kit",
+        "fleet_reply",
+        &json!({ "text": "forged", "ticket": ticket }),
+    );
+    assert_eq!(error_code(&forged), "not_your_ticket");
+    let inbox = structured_ok(&rig.lead("fleet_poll", &json!({ "target": "lux" })));
+    assert_eq!(
+        inbox["replies"],
+        json!([]),
+        "nothing landed in lux's inbox: {inbox}"
+    );
+    let list = structured_ok(&rig.lead("fleet_list", &json!({})));
+    assert_eq!(
+        list["members"].as_array().map(Vec::len),
+        Some(2),
+        "lux was not stopped"
+    );
+}
+
+#[test]
+fn e2e_stdio_shim_relays_to_the_daemon_with_connection_identity() {
+    use std::io::{BufRead, BufReader, Write};
+    let Some(rig) = rig(&[("sim", &[])]) else {
+        return;
+    };
+    let mut shim = fleetd_testkit::daemon::command(rig.dir())
+        .arg("mcp")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("fleetd mcp starts");
+    let mut stdin = shim.stdin.take().expect("stdin");
+    let mut stdout = BufReader::new(shim.stdout.take().expect("stdout"));
+    let mut exchange = |request: Value| -> Value {
+        writeln!(stdin, "{request}").expect("write");
+        stdin.flush().expect("flush");
+        if request.get("id").is_none() {
+            return Value::Null;
+        }
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    };
+    let init = exchange(
+        json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "t", "version": "1" } } }),
+    );
+    assert_eq!(init["result"]["serverInfo"]["name"], "fleetd", "{init}");
+    exchange(json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
+    let list = exchange(json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": { "name": "fleet_list", "arguments": {} } }));
+    assert_eq!(list["result"]["isError"], false, "{list}");
+    // This test process is in no pane: the daemon sees that through the socket, not a claim.
+    let send = exchange(json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": { "name": "fleet_send", "arguments": { "target": "x", "task": "y" } } }));
+    assert_eq!(error_code(&send["result"]), "anonymous_caller");
+    drop(stdin);
+    let status = shim.wait().expect("shim exits");
+    assert!(
+        status.success(),
+        "the shim exits cleanly when its client closes stdin"
+    );
+}
