@@ -1,4 +1,4 @@
-//! `fleetd-bench [inbox|locate|all] [args...]`: the benchmark suite's one command. Prints tables; the
+//! `fleetd-bench [inbox|locate|bridge|all] [args...]`: the benchmark suite's one command. Prints tables; the
 //! numbers are reported, never asserted.
 
 fn main() -> anyhow::Result<()> {
@@ -8,10 +8,12 @@ fn main() -> anyhow::Result<()> {
     match which.as_str() {
         "inbox" => fleetd_testkit::bench::inbox::run(&rest),
         "locate" => fleetd_testkit::bench::locate::run(&rest),
+        "bridge" => fleetd_testkit::bench::bridge::run(&rest),
         "all" => {
             fleetd_testkit::bench::inbox::run(&rest)?;
-            fleetd_testkit::bench::locate::run(&rest)
+            fleetd_testkit::bench::locate::run(&rest)?;
+            fleetd_testkit::bench::bridge::run(&rest)
         }
-        other => anyhow::bail!("unknown benchmark {other:?}: use inbox, locate or all"),
+        other => anyhow::bail!("unknown benchmark {other:?}: use inbox, locate, bridge or all"),
     }
 }

@@ -13,11 +13,13 @@ use fleetd_core::access::Role;
 use rmcp::RoleServer;
 use rmcp::service::RequestContext;
 use tokio::net::TcpListener;
-use tokio::sync::OnceCell;
 
 use super::Fleet;
 use crate::engine::LeadRef;
 use crate::locate::{CallerPane, Located};
+
+/// How long a connection found in no pane keeps that answer before it is looked up again.
+const ANONYMOUS_RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// One accepted HTTP connection: its addresses and, once looked up, who holds it. axum makes one
 /// per connection and clones it into every request on that connection, so the lookup runs once.
@@ -27,7 +29,7 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     /// Our address it connected to.
     pub local: SocketAddr,
-    located: Arc<OnceCell<Located>>,
+    located: Arc<std::sync::Mutex<Option<(Located, tokio::time::Instant)>>>,
 }
 
 impl Connected<IncomingStream<'_, TcpListener>> for ConnInfo {
@@ -37,7 +39,7 @@ impl Connected<IncomingStream<'_, TcpListener>> for ConnInfo {
         Self {
             peer,
             local,
-            located: Arc::new(OnceCell::new()),
+            located: Arc::default(),
         }
     }
 }
@@ -119,14 +121,23 @@ pub(super) async fn resolve(
     let (located, bearer) = match peer {
         Some(Peer::Http { conn, bearer }) => {
             // A caller found in a pane is cached for the connection's life; one found in no
-            // pane is looked up again next time (its pane may be moments old).
-            let located = match conn.located.get() {
-                Some(located) => Some(located.clone()),
+            // pane is looked up again after a moment (its pane may be brand new).
+            let cached = conn
+                .located
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+                .filter(|(l, at)| l.pane.is_some() || at.elapsed() < ANONYMOUS_RECHECK)
+                .map(|(l, _)| l);
+            let located = match cached {
+                Some(located) => Some(located),
                 None => match fleet.locator.locate_tcp(conn.peer, conn.local).await {
                     Ok(located) => {
-                        if located.pane.is_some() {
-                            let _ = conn.located.set(located.clone());
-                        }
+                        *conn
+                            .located
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                            Some((located.clone(), tokio::time::Instant::now()));
                         Some(located)
                     }
                     Err(e) => {

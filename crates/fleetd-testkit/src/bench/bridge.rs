@@ -1,0 +1,273 @@
+//! MCP-bridge benchmark (issue 5): fleetd's own overhead from `fleet_send` reaching the engine to
+//! the multiplexer's submit call (measured in-process against a recording multiplexer, so the
+//! number excludes the multiplexer itself), and the MCP round trip of `fleet_list` over a
+//! keep-alive HTTP connection to an in-process daemon. Prints p50/p99; never asserts.
+//!
+//! `fleetd-bench bridge [--rounds N]`.
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use fleetd::engine::{EngineParts, NewMember};
+use fleetd::mux::{
+    BackendKind, Multiplexer, MuxError, MuxFuture, MuxRouter, OpenPane, PaneEvent, PaneInfo,
+    ProcessInfo, ServerInfo, SubmitPath, Submitted, TabInfo,
+};
+use fleetd_core::{
+    AgentStatus, Message, MessageKind, MsgId, MuxDaemon, PaneId, QualifiedPaneId, Target,
+    TerminalId,
+};
+use tokio::sync::{broadcast, mpsc};
+use tokio::time::Instant;
+
+const DEFAULT_ROUNDS: usize = 2000;
+
+/// Runs the benchmark and prints its table.
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    let rounds = match args.iter().position(|a| a == "--rounds") {
+        Some(i) => args
+            .get(i + 1)
+            .context("--rounds needs a number")?
+            .parse()
+            .context("--rounds takes a number")?,
+        None => DEFAULT_ROUNDS,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let overhead = runtime.block_on(send_overhead(rounds))?;
+    let rtt = runtime.block_on(list_round_trip(rounds))?;
+    println!("\nMCP bridge ({rounds} rounds each)\n");
+    println!("| measurement | p50 | p99 | target | met |");
+    println!("|---|---|---|---|---|");
+    row(
+        "fleet_send → multiplexer submit, fleetd's own overhead",
+        &overhead,
+        "p99 ≤ 5 ms",
+        overhead.p99 <= Duration::from_millis(5),
+    );
+    row(
+        "fleet_list MCP round trip (keep-alive HTTP)",
+        &rtt,
+        "p50 ≤ 1 ms",
+        rtt.p50 <= Duration::from_millis(1),
+    );
+    Ok(())
+}
+
+struct Stats {
+    p50: Duration,
+    p99: Duration,
+}
+
+fn stats(mut samples: Vec<Duration>) -> Stats {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
+    Stats {
+        p50: at(0.50),
+        p99: at(0.99),
+    }
+}
+
+fn row(name: &str, s: &Stats, target: &str, met: bool) {
+    let ms = |d: Duration| format!("{:.3} ms", d.as_secs_f64() * 1000.0);
+    println!(
+        "| {name} | {} | {} | {target} | {} |",
+        ms(s.p50),
+        ms(s.p99),
+        if met { "yes" } else { "no" }
+    );
+}
+
+/// A multiplexer whose `submit` reports the moment it was called and does nothing else.
+#[derive(Debug)]
+struct Recording {
+    submitted: mpsc::UnboundedSender<Instant>,
+    events: broadcast::Sender<PaneEvent>,
+}
+
+fn unsupported<'a, T: Send + 'a>() -> MuxFuture<'a, T> {
+    Box::pin(async { Err(MuxError::Unsupported("bench".to_owned())) })
+}
+
+impl Multiplexer for Recording {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Tmux
+    }
+    fn ping(&self) -> MuxFuture<'_, ServerInfo> {
+        unsupported()
+    }
+    fn list_panes(&self) -> MuxFuture<'_, Vec<PaneInfo>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    fn list_tabs(&self) -> MuxFuture<'_, Vec<TabInfo>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    fn pane<'a>(&'a self, _: &'a PaneId) -> MuxFuture<'a, PaneInfo> {
+        unsupported()
+    }
+    fn process_info<'a>(&'a self, _: &'a PaneId) -> MuxFuture<'a, ProcessInfo> {
+        unsupported()
+    }
+    fn open_pane(&self, _: OpenPane) -> MuxFuture<'_, PaneInfo> {
+        unsupported()
+    }
+    fn submit<'a>(&'a self, _: &'a PaneId, _: &'a str) -> MuxFuture<'a, Submitted> {
+        let _ = self.submitted.send(Instant::now());
+        Box::pin(async {
+            Ok(Submitted {
+                path: SubmitPath::TmuxKeys,
+                started: None,
+                retried_enter: false,
+            })
+        })
+    }
+    fn press_enter<'a>(&'a self, _: &'a PaneId) -> MuxFuture<'a, ()> {
+        Box::pin(async { Ok(()) })
+    }
+    fn read_tail<'a>(&'a self, _: &'a PaneId, _: u32) -> MuxFuture<'a, String> {
+        Box::pin(async { Ok(String::new()) })
+    }
+    fn close_pane<'a>(&'a self, _: &'a PaneId) -> MuxFuture<'a, ()> {
+        Box::pin(async { Ok(()) })
+    }
+    fn watch<'a>(&'a self, _: &'a PaneId) -> MuxFuture<'a, ()> {
+        Box::pin(async { Ok(()) })
+    }
+    fn unwatch(&self, _: &PaneId) {}
+    fn events(&self) -> broadcast::Receiver<PaneEvent> {
+        self.events.subscribe()
+    }
+}
+
+fn bench_config() -> anyhow::Result<fleetd::config::Config> {
+    let env = fleetd::config::Environment {
+        home: Some(std::env::temp_dir()),
+        ..Default::default()
+    };
+    Ok(fleetd::config::Config::parse("", "bench", &env)?)
+}
+
+async fn send_overhead(rounds: usize) -> anyhow::Result<Stats> {
+    let (tx, mut submitted) = mpsc::unbounded_channel();
+    let (events, _) = broadcast::channel(16);
+    let mux = MuxRouter::new(
+        Arc::new(Recording {
+            submitted: tx,
+            events,
+        }),
+        None,
+    );
+    let store: Arc<dyn fleetd::store::InboxStore> = Arc::new(fleetd::store::MemoryStore::default());
+    let engine = fleetd::engine::spawn(EngineParts {
+        config: Arc::new(bench_config()?),
+        clock: Arc::new(fleetd::clock::SystemClock),
+        store,
+        mux,
+    });
+    let target = Target::new("bench")?;
+    let pane = QualifiedPaneId::new(MuxDaemon::Lead, PaneId::new("%1")?);
+    engine
+        .add_member(NewMember {
+            target: target.clone(),
+            profile: "bench".to_owned(),
+            agent: "custom".to_owned(),
+            pane,
+            terminal: TerminalId::new("%1@1")?,
+            allow_delegation: false,
+            idle_timeout_secs: None,
+            lead: None,
+        })
+        .await?;
+    engine.presence(target.clone()).await?;
+    engine.set_status(target.clone(), AgentStatus::Idle).await?;
+    let mut samples = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let ticket = engine
+            .submit(None, target.clone(), "do the thing".to_owned())
+            .await??;
+        let at = submitted
+            .recv()
+            .await
+            .context("the engine never submitted")?;
+        samples.push(at.duration_since(start));
+        // The member "replies": that verifies delivery and frees the lane for the next task.
+        let reply = Message {
+            msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
+            target: target.clone(),
+            ticket: Some(ticket),
+            kind: MessageKind::Reply,
+            text: "done".to_owned(),
+            from: "bench".to_owned(),
+            created_at: jiff::Timestamp::UNIX_EPOCH,
+        };
+        engine.reply_stored(reply).await?;
+    }
+    Ok(stats(samples))
+}
+
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a benchmark measures wall-clock round trips"
+)]
+async fn list_round_trip(rounds: usize) -> anyhow::Result<Stats> {
+    let home = tempfile::tempdir()?;
+    let env = fleetd::config::Environment {
+        home: Some(home.path().to_path_buf()),
+        ..Default::default()
+    };
+    let yaml = format!(
+        "multiplexer: tmux\ntmuxSocket: {}\n",
+        home.path().join("none.sock").display()
+    );
+    let config = fleetd::config::Config::parse(&yaml, "bench", &env)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(fleetd::serve::run(config, listener, async move {
+        let _ = stopped.await;
+    }));
+    let samples = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<Duration>> {
+        let mut stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"fleet_list","arguments":{}}}"#;
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut samples = Vec::with_capacity(rounds);
+        // The first call pays the caller lookup; the connection's answer is cached after it.
+        for i in 0..=rounds {
+            let start = std::time::Instant::now();
+            stream.write_all(request.as_bytes())?;
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line)?;
+                if line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse()?;
+                }
+            }
+            let mut buf = vec![0; length];
+            reader.read_exact(&mut buf)?;
+            anyhow::ensure!(String::from_utf8_lossy(&buf).contains("\"isError\":false"), "fleet_list failed");
+            if i > 0 {
+                samples.push(start.elapsed());
+            }
+        }
+        Ok(samples)
+    })
+    .await??;
+    let _ = stop.send(());
+    server.await??;
+    Ok(stats(samples))
+}
