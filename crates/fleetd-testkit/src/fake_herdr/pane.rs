@@ -24,29 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
 /// Agent kinds herdr recognises by argv0 or `HERDR_AGENT`.
-pub(crate) const KNOWN_AGENTS: &[&str] = &[
-    "pi",
-    "claude",
-    "codex",
-    "gemini",
-    "cursor",
-    "devin",
-    "agy",
-    "cline",
-    "omp",
-    "mastracode",
-    "opencode",
-    "copilot",
-    "kimi",
-    "kiro",
-    "droid",
-    "amp",
-    "grok",
-    "hermes",
-    "kilo",
-    "qodercli",
-    "maki",
-];
+pub(crate) use fleetd_core::pane::KNOWN_AGENT_KINDS as KNOWN_AGENTS;
 
 /// Screen size of every fake pane (herdr sizes headless panes from its estimate; fixed here).
 const ROWS: u16 = 40;

@@ -8,12 +8,16 @@ use fleetd_testkit::{Service, http, require_tmux, wait_until};
 use serde_json::{Value, json};
 
 fn rig(profiles: &[(&str, &[(&str, &str)])]) -> Option<Rig> {
+    rig_with("", profiles)
+}
+
+fn rig_with(extra: &str, profiles: &[(&str, &[(&str, &str)])]) -> Option<Rig> {
     if require_tmux() == Service::Skip {
         return None;
     }
     // The lead pane is a shell running mcp-call: it must never be nudged (typed-in text would
     // corrupt the next command), so the push budget is zero here; push tests use agent leads.
-    let mut yaml = String::from("primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n");
+    let mut yaml = format!("primary:\n  tab: base:lead\n  pushReminders: 0\n{extra}profiles:\n");
     for (name, env) in profiles {
         yaml.push_str(&sim_profile(name, env));
     }
@@ -486,4 +490,26 @@ fn e2e_stdio_shim_relays_to_the_daemon_with_connection_identity() {
         status.success(),
         "the shim exits cleanly when its client closes stdin"
     );
+}
+
+#[test]
+fn e2e_a_swallowed_submit_is_retried_once_with_enter() {
+    // The member keeps its first submitted line as an unsent draft, as agent TUIs do when the
+    // Enter glued to a paste is lost; only fleetd's one Enter retry gets the turn started.
+    let Some(rig) = rig_with(
+        "delivery:\n  verifyGraceMs: 1500\n",
+        &[(
+            "sticky",
+            &[("SIM_AGENT_SWALLOW", "1"), ("SIM_AGENT_WORK_MS", "300")],
+        )],
+    ) else {
+        return;
+    };
+    rig.spawn("sticky", "max");
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "max", "task": "stuck in the composer" }),
+    ));
+    assert_eq!(sent["status"], "replied", "{sent}");
+    assert_eq!(sent["reply"], "sim-agent did: stuck in the composer");
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 pub use raw::{LogFormat, MultiplexerChoice, StoreKind};
-pub use validate::KNOWN_AGENTS;
+pub use validate::is_known_agent;
 
 /// Default listener (SPEC §10).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7797";

@@ -13,31 +13,16 @@ use super::{
     Position, Primary, Profile, SecretSource, Store, Tickets,
 };
 
-/// Agent kinds herdr knows (PROTOCOL.md §3) plus `custom` for anything else.
-pub const KNOWN_AGENTS: &[&str] = &[
-    "pi",
-    "claude",
-    "codex",
-    "gemini",
-    "cursor",
-    "devin",
-    "agy",
-    "cline",
-    "omp",
-    "mastracode",
-    "opencode",
-    "copilot",
-    "kimi",
-    "kiro",
-    "droid",
-    "amp",
-    "grok",
-    "hermes",
-    "kilo",
-    "qodercli",
-    "maki",
-    "custom",
-];
+/// Whether `agent` is a kind a profile may name: one herdr knows, or `custom` for anything else.
+pub fn is_known_agent(agent: &str) -> bool {
+    agent == "custom" || fleetd_core::pane::KNOWN_AGENT_KINDS.contains(&agent)
+}
+
+fn agent_kinds() -> String {
+    let mut kinds = fleetd_core::pane::KNOWN_AGENT_KINDS.to_vec();
+    kinds.push("custom");
+    kinds.join(", ")
+}
 
 const DEFAULT_PUSH_REMINDERS: u32 = 5;
 const DEFAULT_PUSH_BACKOFF_MS: u64 = 30_000;
@@ -478,13 +463,13 @@ fn profiles(
                 return Err(judge.at(&key, &p, "a profile name is lowercase letters, digits, '_' or '-', starting with a letter"));
             }
             let Some(agent) = p.value.agent.clone() else {
-                return Err(judge.at(&format!("{key}.agent"), &p, format!("is required: one of {}", KNOWN_AGENTS.join(", "))));
+                return Err(judge.at(&format!("{key}.agent"), &p, format!("is required: one of {}", agent_kinds())));
             };
-            if !KNOWN_AGENTS.contains(&agent.as_str()) {
+            if !is_known_agent(&agent) {
                 return Err(judge.at(
                     &format!("{key}.agent"),
                     &p,
-                    format!("{agent:?} is not a known agent kind: use one of {} (custom needs `command:`)", KNOWN_AGENTS.join(", ")),
+                    format!("{agent:?} is not a known agent kind: use one of {} (custom needs `command:`)", agent_kinds()),
                 ));
             }
             if agent == "custom" && p.value.command.is_none() {

@@ -25,31 +25,9 @@ use wire::{
     first_layout_pane_id,
 };
 
-/// Agent kinds herdr knows (`detect::lookup_agent`); `agent.prompt` only works for these, so
-/// anything else is submitted with `pane.send_input`.
-pub const KNOWN_AGENT_KINDS: &[&str] = &[
-    "pi",
-    "claude",
-    "codex",
-    "gemini",
-    "cursor",
-    "devin",
-    "agy",
-    "cline",
-    "omp",
-    "mastracode",
-    "opencode",
-    "copilot",
-    "kimi",
-    "kiro",
-    "droid",
-    "amp",
-    "grok",
-    "hermes",
-    "kilo",
-    "qodercli",
-    "maki",
-];
+/// Agent kinds herdr knows: `agent.prompt` only works for these, so anything else is submitted
+/// with `pane.send_input`.
+pub use fleetd_core::pane::KNOWN_AGENT_KINDS;
 
 /// How to reach one herdr daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
