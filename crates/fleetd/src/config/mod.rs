@@ -123,19 +123,21 @@ impl Environment {
             .join("fleetd")
     }
 
-    /// herdr's own socket discovery (PROTOCOL.md §1): `HERDR_SOCKET_PATH`, then `HERDR_SESSION`,
-    /// then `<config>/herdr.sock` with `<config>` = `$XDG_CONFIG_HOME/herdr` or `~/.config/herdr`.
+    /// herdr's own socket discovery (PROTOCOL.md §1), the same function the herdr client uses:
+    /// `HERDR_SOCKET_PATH`, then `HERDR_SESSION`, then `<config>/herdr.sock` with `<config>` =
+    /// `$XDG_CONFIG_HOME/herdr` or `~/.config/herdr`.
     pub fn default_herdr_socket(&self) -> PathBuf {
-        if let Some(path) = &self.herdr_socket_path {
-            return path.clone();
-        }
-        let dir = self
-            .xdg_dir(self.xdg_config_home.as_ref(), ".config")
-            .join("herdr");
-        match self.herdr_session.as_deref() {
-            Some(name) if name != "default" => dir.join("sessions").join(name).join("herdr.sock"),
-            _ => dir.join("herdr.sock"),
-        }
+        let text = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        let lookup = |key: &str| match key {
+            "HERDR_SOCKET_PATH" => text(&self.herdr_socket_path),
+            "HERDR_SESSION" => self.herdr_session.clone(),
+            "XDG_CONFIG_HOME" => text(&self.xdg_config_home),
+            "HOME" => text(&self.home),
+            _ => None,
+        };
+        crate::mux::herdr::HerdrConfig::discover_socket(lookup)
+            // No HOME at all (a bare service environment): relative to the working directory.
+            .unwrap_or_else(|| PathBuf::from(".config/herdr/herdr.sock"))
     }
 }
 
