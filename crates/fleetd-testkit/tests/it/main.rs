@@ -8,6 +8,7 @@ mod crash;
 mod locate;
 mod mux_herdr;
 mod mux_tmux;
+mod push;
 mod serve;
 mod store;
 mod tidy;
