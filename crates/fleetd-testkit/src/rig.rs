@@ -96,19 +96,7 @@ impl Rig {
 
     /// Calls `tool` from the shell in tmux target `pane`.
     pub fn call_from(&self, pane: &str, tool: &str, args: &Value, timeout: Duration) -> Value {
-        let n = self.calls.fetch_add(1, Ordering::Relaxed);
-        let args_file = self.dir().join(format!("args-{n}.json"));
-        let out_file = self.dir().join(format!("out-{n}.json"));
-        std::fs::write(&args_file, args.to_string()).expect("write args");
-        self.type_line(
-            pane,
-            &format!(
-                "{} {tool} {} {}",
-                bin_path("mcp-call").display(),
-                args_file.display(),
-                out_file.display()
-            ),
-        );
+        let out_file = self.start_call(pane, tool, args);
         let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             wait_until(&format!("{tool} from {pane}"), timeout, || {
                 out_file.exists()
@@ -129,12 +117,17 @@ impl Rig {
 
     /// Starts a call from the lead pane without waiting; returns the file its result lands in.
     pub fn lead_async(&self, tool: &str, args: &Value) -> PathBuf {
+        self.start_call(LEAD, tool, args)
+    }
+
+    /// Types an `mcp-call` command line into `pane`; returns the file its result lands in.
+    fn start_call(&self, pane: &str, tool: &str, args: &Value) -> PathBuf {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         let args_file = self.dir().join(format!("args-{n}.json"));
         let out_file = self.dir().join(format!("out-{n}.json"));
         std::fs::write(&args_file, args.to_string()).expect("write args");
         self.type_line(
-            LEAD,
+            pane,
             &format!(
                 "{} {tool} {} {}",
                 bin_path("mcp-call").display(),

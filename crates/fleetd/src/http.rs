@@ -103,26 +103,13 @@ async fn sessions(State(app): State<App>) -> ApiResult {
 
 async fn session(State(app): State<App>, Path(name): Path<String>) -> ApiResult {
     let target = parse_target(&name)?;
-    let members = crate::mcp::tools::members(&app.fleet)
-        .await
-        .map_err(ApiError::tool)?;
-    let mut member = members
-        .into_iter()
-        .find(|m| m["target"] == target.as_str())
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "unknown_target",
-                format!("no member named {target}"),
-            )
-        })?;
-    if let Ok(tickets) = app.fleet.engine.recent(target.clone()).await {
-        member["tickets"] = json!(tickets);
+    match crate::mcp::tools::status::detail(&app.fleet, &target).await {
+        Ok(member) => Ok(Json(member)),
+        Err(e) if e.code == "unknown_target" => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, e.code, e.message))
+        }
+        Err(e) => Err(ApiError::tool(e)),
     }
-    if let Ok(questions) = app.fleet.engine.questions(Some(target)).await {
-        member["questions"] = json!(questions);
-    }
-    Ok(Json(member))
 }
 
 /// `?drain=true` asks for the destructive read.

@@ -11,7 +11,7 @@ mod profiles;
 mod reply;
 mod send;
 pub(crate) mod spawn;
-mod status;
+pub(crate) mod status;
 mod stop;
 
 use std::future::Future;

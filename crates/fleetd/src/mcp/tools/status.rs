@@ -1,5 +1,6 @@
 //! `fleet_status`: one member in detail, with its recent tickets and open questions.
 
+use fleetd_core::Target;
 use fleetd_core::access::ToolClass;
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
@@ -27,27 +28,34 @@ impl FleetTool for Status {
 
     async fn call(fleet: &Fleet, _caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
         let target = target(&args.target)?;
-        let members = super::list::members_json(fleet).await?;
-        let Some(mut member) = members.into_iter().find(|m| m["target"] == target.as_str()) else {
-            return Err(ToolError::new(
-                "unknown_target",
-                format!("no member named {target}: call fleet_list to see members"),
-            ));
-        };
-        let tickets = fleet.engine.recent(target.clone()).await.map_err(gone)?;
-        let questions = fleet
-            .engine
-            .questions(Some(target.clone()))
-            .await
-            .map_err(gone)?;
-        member["tickets"] = json!(tickets);
-        member["questions"] = json!(questions);
+        let member = detail(fleet, &target).await?;
         let summary = format!(
             "{target}: {}, {} recent tickets, {} open questions",
             member["status"].as_str().unwrap_or("unknown"),
-            tickets.len(),
-            questions.len()
+            member["tickets"].as_array().map_or(0, Vec::len),
+            member["questions"].as_array().map_or(0, Vec::len)
         );
         output(member, summary)
     }
+}
+
+/// One member with its inbox depth, recent tickets and open questions (for `fleet_status` and
+/// `GET /sessions/{target}`).
+pub(crate) async fn detail(fleet: &Fleet, target: &Target) -> Result<serde_json::Value, ToolError> {
+    let members = super::list::members_json(fleet).await?;
+    let Some(mut member) = members.into_iter().find(|m| m["target"] == target.as_str()) else {
+        return Err(ToolError::new(
+            "unknown_target",
+            format!("no member named {target}: call fleet_list to see members"),
+        ));
+    };
+    let tickets = fleet.engine.recent(target.clone()).await.map_err(gone)?;
+    let questions = fleet
+        .engine
+        .questions(Some(target.clone()))
+        .await
+        .map_err(gone)?;
+    member["tickets"] = json!(tickets);
+    member["questions"] = json!(questions);
+    Ok(member)
 }

@@ -76,6 +76,14 @@ impl HerdrConfig {
     }
 }
 
+/// Whether the pane runs an agent herdr knows (then it takes `agent.*` calls; other panes take
+/// `pane.send_input`).
+fn runs_known_agent(info: &PaneInfo) -> bool {
+    info.agent
+        .as_deref()
+        .is_some_and(|a| KNOWN_AGENT_KINDS.contains(&a))
+}
+
 /// The herdr backend. Cheap to clone (shares its watch table and event channel).
 #[derive(Debug, Clone)]
 pub struct Herdr {
@@ -335,10 +343,7 @@ impl Herdr {
     async fn submit_inner(&self, pane: &PaneId, text: &str) -> Result<Submitted, MuxError> {
         let info = self.pane_inner(pane).await?;
         let what = format!("pane {pane}");
-        let known = info
-            .agent
-            .as_deref()
-            .is_some_and(|a| KNOWN_AGENT_KINDS.contains(&a));
+        let known = runs_known_agent(&info);
         if !known {
             self.request(
                 "pane.send_input",
@@ -477,10 +482,7 @@ impl Multiplexer for Herdr {
         Box::pin(async move {
             let info = self.pane_inner(pane).await?;
             let what = format!("pane {pane}");
-            let known = info
-                .agent
-                .as_deref()
-                .is_some_and(|a| KNOWN_AGENT_KINDS.contains(&a));
+            let known = runs_known_agent(&info);
             // An agent target takes logical keys; a plain pane takes input with keys.
             let (method, params) = if known {
                 (
