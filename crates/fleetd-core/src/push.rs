@@ -99,6 +99,12 @@ pub enum PushInput {
         /// Its activity.
         activity: LeadActivity,
     },
+    /// The multiplexer affirmatively said `lead` is gone (its pane closed, or a new incarnation
+    /// took the pane): its bindings, and the primary if it was that lead, are forgotten.
+    LeadGone {
+        /// The lead.
+        lead: LeadId,
+    },
     /// The driver finished an injection it was asked for.
     Injected {
         /// The lead.
@@ -125,6 +131,21 @@ pub enum PushMetric {
     BindingForgotten,
     /// An injection failed transiently; the lead is kept and retried later.
     InjectFailed,
+}
+
+impl PushMetric {
+    /// The metric label: `nudged`, `deferred_busy`, `exhausted`, `no_lead`,
+    /// `binding_forgotten`, `inject_failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Nudged => "nudged",
+            Self::DeferredBusy => "deferred_busy",
+            Self::Exhausted => "exhausted",
+            Self::NoLead => "no_lead",
+            Self::BindingForgotten => "binding_forgotten",
+            Self::InjectFailed => "inject_failed",
+        }
+    }
 }
 
 /// What the driver must do.
@@ -284,6 +305,7 @@ impl PushLoop {
                     state.deferred = false;
                 }
             }
+            PushInput::LeadGone { lead } => self.forget_lead(&lead, &mut out),
             PushInput::Injected { lead, outcome } => self.injected(&lead, outcome, now, &mut out),
             PushInput::Tick => {}
         }
@@ -314,27 +336,31 @@ impl PushLoop {
                     state.next_at = now.checked_add(backoff).ok();
                 }
             }
-            InjectOutcome::NotFound => {
-                self.leads.remove(lead);
-                let gone: Vec<Target> = self
-                    .bindings
-                    .iter()
-                    .filter(|(_, l)| *l == lead)
-                    .map(|(t, _)| t.clone())
-                    .collect();
-                for target in gone {
-                    self.bindings.remove(&target);
-                    out.push(PushEffect::ForgetBinding {
-                        target,
-                        lead: lead.clone(),
-                    });
-                    out.push(PushEffect::Count(PushMetric::BindingForgotten));
-                }
-                if self.primary.as_ref() == Some(lead) {
-                    self.primary = None;
-                    out.push(PushEffect::Count(PushMetric::BindingForgotten));
-                }
-            }
+            InjectOutcome::NotFound => self.forget_lead(lead, out),
+        }
+    }
+
+    /// Forgets a lead that is affirmatively gone: its state, its bindings, and the primary if it
+    /// was that lead. Its members' mail falls back to the primary (or to pull only).
+    fn forget_lead(&mut self, lead: &LeadId, out: &mut Vec<PushEffect>) {
+        self.leads.remove(lead);
+        let gone: Vec<Target> = self
+            .bindings
+            .iter()
+            .filter(|(_, l)| *l == lead)
+            .map(|(t, _)| t.clone())
+            .collect();
+        for target in gone {
+            self.bindings.remove(&target);
+            out.push(PushEffect::ForgetBinding {
+                target,
+                lead: lead.clone(),
+            });
+            out.push(PushEffect::Count(PushMetric::BindingForgotten));
+        }
+        if self.primary.as_ref() == Some(lead) {
+            self.primary = None;
+            out.push(PushEffect::Count(PushMetric::BindingForgotten));
         }
     }
 

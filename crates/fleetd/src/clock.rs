@@ -50,6 +50,34 @@ impl Clock for ManualClock {
     }
 }
 
+/// A clock that follows tokio's timer, so a test on paused time (`start_paused`) sees the
+/// engine's sleeps and its `now` agree, and time jumps as soon as every task waits.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TokioClock {
+    start: Timestamp,
+    base: tokio::time::Instant,
+}
+
+#[cfg(test)]
+impl TokioClock {
+    /// A clock reading `start` now.
+    pub(crate) fn new(start: Timestamp) -> Self {
+        Self {
+            start,
+            base: tokio::time::Instant::now(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        let elapsed = SignedDuration::try_from(self.base.elapsed()).unwrap_or(SignedDuration::MAX);
+        self.start.saturating_add(elapsed).unwrap_or(self.start)
+    }
+}
+
 /// Shared handle to whichever clock the daemon runs on.
 pub type SharedClock = Arc<dyn Clock>;
 

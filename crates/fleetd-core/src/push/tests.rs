@@ -285,7 +285,7 @@ fn any_input() -> impl Strategy<Value = PushInput> {
         )
             .prop_map(|(l, a)| status(l, a)),
         (
-            leads,
+            leads.clone(),
             prop_oneof![
                 Just(InjectOutcome::Delivered),
                 Just(InjectOutcome::NotFound),
@@ -296,6 +296,7 @@ fn any_input() -> impl Strategy<Value = PushInput> {
                 lead: lead(l),
                 outcome
             }),
+        leads.prop_map(|l| PushInput::LeadGone { lead: lead(l) }),
         Just(PushInput::Tick),
     ]
 }
@@ -314,6 +315,7 @@ proptest! {
             let bindings_before = push.bindings.clone();
             let failure = match &input {
                 PushInput::Injected { lead, outcome } => Some((lead.clone(), *outcome)),
+                PushInput::LeadGone { lead } => Some((lead.clone(), InjectOutcome::NotFound)),
                 _ => None,
             };
             if let PushInput::LeadStatus { lead, activity: a } = &input {
@@ -344,6 +346,7 @@ proptest! {
             match failure {
                 Some((lead, InjectOutcome::NotFound)) => {
                     prop_assert!(push.bindings.values().all(|l| *l != lead));
+                    prop_assert!(push.primary.as_ref() != Some(&lead));
                 }
                 Some((_, _)) => prop_assert_eq!(&push.bindings, &bindings_before),
                 None => {}

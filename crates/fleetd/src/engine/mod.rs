@@ -5,8 +5,11 @@
 //! holds the state. Architecture invariant: the engine never blocks on I/O — every multiplexer or
 //! store call runs in a spawned task that reports back as an [`Event`].
 
+mod leads;
 mod run;
 mod state;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 

@@ -10,6 +10,7 @@ use fleetd_core::{Message, MessageKind, MsgId, QualifiedPaneId, Target, Ticket};
 use jiff::SignedDuration;
 use tokio::sync::{broadcast, mpsc};
 
+use super::leads::{LeadTabs, ScanPane};
 use super::state::{Io, State};
 use super::{Command, ENGINE_QUEUE, EngineHandle, EngineParts};
 use crate::mux::{MuxError, PaneEvent, RoutedEvent};
@@ -48,6 +49,13 @@ pub(super) enum Event {
         target: Target,
         pending: u64,
     },
+    /// Watching a pane failed: `gone` when the multiplexer says it does not exist.
+    WatchFailed {
+        pane: QualifiedPaneId,
+        gone: bool,
+    },
+    /// The lead-tab scanner's listing; `None` when it could not be read.
+    LeadsScanned(Option<Vec<ScanPane>>),
 }
 
 /// Starts the engine task; returns its handle. The task ends when every handle is dropped.
@@ -62,6 +70,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
             i64::try_from(config.delivery.verify_grace_ms).unwrap_or(i64::MAX),
         ),
         push,
+        LeadTabs::from_config(config),
         usize::try_from(config.delivery.max_inject_bytes).unwrap_or(4096),
     );
     let events = parts.mux.events();
@@ -98,6 +107,7 @@ impl Engine {
         mut rx: mpsc::Receiver<Msg>,
         mut events: broadcast::Receiver<RoutedEvent>,
     ) {
+        self.perform(Io::DepthAll);
         loop {
             let sleep = self.sleep_for();
             let mut io = Vec::new();
@@ -244,6 +254,14 @@ impl Engine {
             }
             Event::Injected { lead, outcome } => self.state.injected(lead, outcome, now, io),
             Event::Depth { target, pending } => self.state.inbox_depth(target, pending, now, io),
+            Event::WatchFailed { pane, gone } => {
+                if gone {
+                    self.state.pane_gone(&pane, None, now, io);
+                } else {
+                    self.state.watch_failed(pane, now);
+                }
+            }
+            Event::LeadsScanned(panes) => self.state.leads_scanned(panes, now, io),
         }
     }
 
@@ -343,7 +361,9 @@ impl Engine {
                 }
                 Io::Watch { pane } => {
                     if let Err(e) = mux.watch(&pane).await {
-                        tracing::warn!(%pane, error = %e, "cannot watch pane status");
+                        tracing::warn!(%pane, error = %e, "cannot watch pane status; will retry");
+                        let gone = e.is_not_found();
+                        report(Event::WatchFailed { pane, gone }).await;
                     }
                 }
                 Io::Unwatch { pane } => mux.unwatch(&pane),
@@ -351,6 +371,31 @@ impl Engine {
                     Ok(pending) => report(Event::Depth { target, pending }).await,
                     Err(e) => tracing::warn!(%target, error = %e, "cannot read inbox depth"),
                 },
+                Io::DepthAll => match store.targets().await {
+                    Ok(targets) => {
+                        for target in targets {
+                            match store.depth(&target).await {
+                                Ok(pending) => report(Event::Depth { target, pending }).await,
+                                Err(e) => {
+                                    tracing::warn!(%target, error = %e, "cannot read inbox depth");
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot list inboxes; mail from before the start is found by fleet_poll")
+                    }
+                },
+                Io::ScanLeads => {
+                    let panes = match mux.list_panes().await {
+                        Ok(panes) => Some(scan_panes(&mux, panes)),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "lead-tab scan failed; keeping the last answer");
+                            None
+                        }
+                    };
+                    report(Event::LeadsScanned(panes)).await;
+                }
                 Io::Close { pane } => {
                     if let Err(e) = mux.close_pane(&pane).await {
                         tracing::warn!(%pane, error = %e, "cannot close a released member's pane");
@@ -386,6 +431,32 @@ async fn publish(
             None
         }
     }
+}
+
+/// A listing reduced to what the lead-tab scanner needs. On tmux a window may be named by its
+/// name as well as its index (`base:boss` as well as `base:3`).
+fn scan_panes(mux: &crate::mux::MuxRouter, panes: Vec<crate::mux::RoutedPane>) -> Vec<ScanPane> {
+    panes
+        .into_iter()
+        .map(|p| {
+            let tmux = mux
+                .daemon(p.id.daemon)
+                .is_ok_and(|d| d.kind() == crate::mux::BackendKind::Tmux);
+            let tab_by_name = p
+                .info
+                .label
+                .as_ref()
+                .filter(|_| tmux)
+                .map(|label| format!("{}:{label}", p.info.workspace));
+            ScanPane {
+                tab: p.info.tab.to_string(),
+                tab_by_name,
+                agent: p.info.agent.is_some(),
+                terminal: p.info.terminal,
+                pane: p.id,
+            }
+        })
+        .collect()
 }
 
 /// Types a nudge into a lead's pane if it still holds the same incarnation.

@@ -14,6 +14,7 @@ use fleetd_core::{
 use jiff::{SignedDuration, Timestamp};
 use tokio::sync::oneshot;
 
+use super::leads::{LeadTabs, ScanChange, ScanPane};
 use super::{
     AnswerRoute, Delivered, LeadRef, MemberView, NewMember, QuestionView, Settled, TicketAnswer,
     TicketView,
@@ -63,6 +64,10 @@ pub(super) enum Io {
     Depth { target: Target },
     /// Close a released member's pane.
     Close { pane: QualifiedPaneId },
+    /// List every pane for the lead-tab scanner.
+    ScanLeads,
+    /// Re-read every target's inbox depth (at start: mail from before a restart is nudged too).
+    DepthAll,
 }
 
 #[derive(Debug, Clone)]
@@ -90,6 +95,8 @@ struct Question {
 struct Lead {
     pane: QualifiedPaneId,
     terminal: TerminalId,
+    /// When it last called a lead tool or was resolved by the scanner.
+    seen_at: Timestamp,
 }
 
 /// Names handed out when `fleet_spawn` gets none: short, readable, distinct.
@@ -112,6 +119,9 @@ pub(super) struct State {
     push: PushLoop,
     questions: BTreeMap<String, Question>,
     leads: BTreeMap<LeadId, Lead>,
+    lead_tabs: LeadTabs,
+    /// Panes whose status watch failed transiently, with when to try again.
+    rewatch: BTreeMap<QualifiedPaneId, Timestamp>,
     /// Pane incarnations that spoke MCP before they held a member (newest last, bounded).
     seen: std::collections::VecDeque<(QualifiedPaneId, TerminalId)>,
     max_inject: usize,
@@ -122,11 +132,16 @@ pub(super) struct State {
 /// plenty even with many leads.
 const SEEN_PANES: usize = 256;
 
+/// How long after a failed status watch it is tried again. Without a watch a lead is never seen
+/// idle (so never nudged) and a member never at rest, so this retries until the pane is gone.
+const REWATCH_AFTER: SignedDuration = SignedDuration::from_secs(2);
+
 impl State {
     pub(super) fn new(
         ttl: SignedDuration,
         grace: SignedDuration,
         push: PushLoop,
+        lead_tabs: LeadTabs,
         max_inject: usize,
     ) -> Self {
         Self {
@@ -141,6 +156,8 @@ impl State {
             push,
             questions: BTreeMap::new(),
             leads: BTreeMap::new(),
+            lead_tabs,
+            rewatch: BTreeMap::new(),
             seen: std::collections::VecDeque::new(),
             max_inject,
         }
@@ -156,6 +173,8 @@ impl State {
             self.injector.next_wake(),
             self.push.next_wake(),
             self.tickets.next_expiry(),
+            self.lead_tabs.next_scan(!self.leads.is_empty()),
+            self.rewatch.values().min().copied(),
         ]
         .into_iter()
         .flatten()
@@ -177,29 +196,158 @@ impl State {
         LeadId(lead.pane.to_string())
     }
 
-    /// Records a lead and watches its status; the first lead seen becomes the primary unless one
-    /// is known.
+    /// A lead called a lead tool. Without a pinned primary tab the first lead seen becomes the
+    /// primary; with one, a scan decides whether this caller is in it.
     pub(super) fn lead_seen(&mut self, lead: &LeadRef, now: Timestamp, io: &mut Vec<Io>) {
-        let id = Self::lead_id(lead);
-        let known = self
-            .leads
-            .get(&id)
-            .is_some_and(|l| l.terminal == lead.terminal);
-        if !known {
-            self.leads.insert(
-                id.clone(),
-                Lead {
-                    pane: lead.pane.clone(),
-                    terminal: lead.terminal.clone(),
-                },
-            );
-            io.push(Io::Watch {
-                pane: lead.pane.clone(),
-            });
+        let new = self.register_lead(lead, now, io);
+        if self.lead_tabs.primary_pinned() {
+            if new {
+                self.lead_tabs.expire();
+            }
+        } else if self.push.primary().is_none() {
+            self.set_primary(Some(Self::lead_id(lead)), now, io);
         }
+    }
+
+    /// Records a lead incarnation and watches its status; a different incarnation in the same
+    /// pane is forgotten first. Returns whether it was new.
+    fn register_lead(&mut self, lead: &LeadRef, now: Timestamp, io: &mut Vec<Io>) -> bool {
+        let id = Self::lead_id(lead);
+        match self.leads.get_mut(&id) {
+            Some(known) if known.terminal == lead.terminal => {
+                known.seen_at = now;
+                return false;
+            }
+            Some(_) => self.lead_gone(&id, now, io),
+            None => {}
+        }
+        tracing::info!(lead = %id, "lead registered");
+        self.leads.insert(
+            id,
+            Lead {
+                pane: lead.pane.clone(),
+                terminal: lead.terminal.clone(),
+                seen_at: now,
+            },
+        );
+        io.push(Io::Watch {
+            pane: lead.pane.clone(),
+        });
+        true
+    }
+
+    fn set_primary(&mut self, lead: Option<LeadId>, now: Timestamp, io: &mut Vec<Io>) {
+        if self.push.primary() == lead.as_ref() {
+            return;
+        }
+        match &lead {
+            Some(l) => tracing::info!(lead = %l, "primary lead"),
+            None => tracing::info!(
+                "no primary lead: mail without a delegating lead waits for fleet_poll"
+            ),
+        }
+        let effects = self.push.handle_at(PushInput::Primary(lead), now);
+        self.push_effects(effects, io);
+    }
+
+    /// A lead is affirmatively gone (pane closed, new incarnation, not-found answer): its
+    /// bindings go, and mail falls back to the primary; a lost primary is replaced by the pinned
+    /// tab's next lead (a scan is due at once) or, unpinned, by the lead seen most recently.
+    fn lead_gone(&mut self, lead: &LeadId, now: Timestamp, io: &mut Vec<Io>) {
+        if self.leads.remove(lead).is_some() {
+            tracing::info!(%lead, "lead gone");
+        }
+        for member in self.members.values_mut() {
+            if member.lead.as_ref() == Some(lead) {
+                member.lead = None;
+            }
+        }
+        let effects = self
+            .push
+            .handle_at(PushInput::LeadGone { lead: lead.clone() }, now);
+        self.push_effects(effects, io);
         if self.push.primary().is_none() {
-            let effects = self.push.handle_at(PushInput::Primary(Some(id)), now);
-            self.push_effects(effects, io);
+            if self.lead_tabs.primary_pinned() {
+                self.lead_tabs.expire();
+            } else {
+                let next = self
+                    .leads
+                    .iter()
+                    .max_by_key(|(_, l)| l.seen_at)
+                    .map(|(id, _)| id.clone());
+                self.set_primary(next, now, io);
+            }
+        }
+    }
+
+    /// Watching `pane` failed transiently: try again shortly while a lead or member is there.
+    pub(super) fn watch_failed(&mut self, pane: QualifiedPaneId, now: Timestamp) {
+        if let Ok(at) = now.checked_add(REWATCH_AFTER) {
+            self.rewatch.insert(pane, at);
+        }
+    }
+
+    fn rewatch_due(&mut self, now: Timestamp, io: &mut Vec<Io>) {
+        let due: Vec<QualifiedPaneId> = self
+            .rewatch
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for pane in due {
+            self.rewatch.remove(&pane);
+            let wanted =
+                self.by_pane.contains_key(&pane) || self.leads.values().any(|l| l.pane == pane);
+            if wanted {
+                io.push(Io::Watch { pane });
+            }
+        }
+    }
+
+    /// Starts a lead-tab scan when one is due.
+    fn scan_if_due(&mut self, now: Timestamp, io: &mut Vec<Io>) {
+        let due = self
+            .lead_tabs
+            .next_scan(!self.leads.is_empty())
+            .is_some_and(|at| at <= now);
+        if due && self.lead_tabs.start() {
+            io.push(Io::ScanLeads);
+        }
+    }
+
+    /// The scanner's listing arrived (`None`: the reading failed, every answer stands).
+    pub(super) fn leads_scanned(
+        &mut self,
+        panes: Option<Vec<ScanPane>>,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        let Some(panes) = panes else {
+            self.lead_tabs.failed(now);
+            return;
+        };
+        let callers = self
+            .leads
+            .iter()
+            .map(|(id, l)| (id.clone(), l.terminal.clone()))
+            .collect();
+        for change in self.lead_tabs.scanned(&panes, &callers, now) {
+            match change {
+                ScanChange::Gone { lead } => self.lead_gone(&lead, now, io),
+                ScanChange::Resolved {
+                    lead,
+                    primary,
+                    name,
+                } => {
+                    if let Some(name) = &name {
+                        tracing::info!(lead = %lead.pane, %name, "lead tab resolved");
+                    }
+                    self.register_lead(&lead, now, io);
+                    if primary {
+                        self.set_primary(Some(Self::lead_id(&lead)), now, io);
+                    }
+                }
+            }
         }
     }
 
@@ -735,6 +883,14 @@ impl State {
         {
             self.release(&target, "exited", now, io);
         }
+        let lead = LeadId(pane.to_string());
+        if self
+            .leads
+            .get(&lead)
+            .is_some_and(|l| terminal.is_none_or(|t| *t == l.terminal))
+        {
+            self.lead_gone(&lead, now, io);
+        }
     }
 
     pub(super) fn typed(
@@ -766,12 +922,8 @@ impl State {
         io: &mut Vec<Io>,
     ) {
         if outcome == InjectOutcome::NotFound {
-            self.leads.remove(&lead);
-            for member in self.members.values_mut() {
-                if member.lead.as_ref() == Some(&lead) {
-                    member.lead = None;
-                }
-            }
+            self.lead_gone(&lead, now, io);
+            return;
         }
         let effects = self
             .push
@@ -785,6 +937,8 @@ impl State {
         self.injector_effects(effects, now, io);
         let effects = self.push.handle_at(PushInput::Tick, now);
         self.push_effects(effects, io);
+        self.scan_if_due(now, io);
+        self.rewatch_due(now, io);
         for ticket in self.tickets.prune_at(now) {
             self.tasks.remove(&ticket);
             self.replies.remove(&ticket);
@@ -891,7 +1045,11 @@ impl State {
                 PushEffect::ForgetBinding { target, lead } => {
                     tracing::info!(%target, %lead, "forgot delegation binding: the lead is gone");
                 }
-                PushEffect::Count(metric) => tracing::debug!(?metric, "push decision"),
+                PushEffect::Count(metric) => {
+                    tracing::debug!(?metric, "push decision");
+                    metrics::counter!("fleetd_nudges_total", "outcome" => metric.as_str())
+                        .increment(1);
+                }
                 PushEffect::GaveUp { lead, reminders } => {
                     tracing::warn!(%lead, reminders, "stopped nudging: the lead has not read its mail; it stays in the inbox");
                 }

@@ -12,6 +12,8 @@ use std::pin::Pin;
 use fleetd_core::{AgentStatus, PaneId, TabId, TerminalId, WorkspaceId};
 use tokio::sync::broadcast;
 
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod herdr;
 pub mod router;
 pub mod tmux;

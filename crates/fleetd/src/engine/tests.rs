@@ -1,0 +1,268 @@
+//! Driver tests of the engine on paused tokio time against the in-process fake multiplexer and
+//! the memory store: the push loop's spacing and give-up as the real task schedules them, the
+//! status gate, liveness self-heal of bindings, and the lead-tab scanner.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetd_core::{AgentStatus, Message, MessageKind, MessageLimits, MsgId, Target};
+use jiff::Timestamp;
+use tokio::time::{Instant, sleep};
+
+use super::{EngineHandle, EngineParts, LeadRef, NewMember, spawn};
+use crate::clock::TokioClock;
+use crate::config::{Config, Environment};
+use crate::mux::MuxRouter;
+use crate::mux::fake::{FakeMux, Fault, Typed};
+use crate::store::{InboxStore, MemoryStore};
+
+struct Rig {
+    engine: EngineHandle,
+    store: Arc<MemoryStore>,
+    fake: FakeMux,
+    router: MuxRouter,
+}
+
+/// Primary tab `w1:t1`; three reminders spaced 1 s, 2 s (cap 3 s).
+const CONFIG: &str =
+    "primary:\n  tab: w1:t1\n  pushReminders: 3\n  pushBackoffMs: 1000\n  pushBackoffMaxMs: 3000\n";
+
+fn rig(fake: &FakeMux) -> Rig {
+    let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
+    let store = Arc::new(MemoryStore::new(MessageLimits {
+        max_message_bytes: 1 << 20,
+    }));
+    let router = MuxRouter::new(Arc::new(fake.clone()), None);
+    let engine = spawn(EngineParts {
+        config: Arc::new(config),
+        clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
+        store: Arc::clone(&store) as Arc<dyn InboxStore>,
+        mux: router.clone(),
+    });
+    Rig {
+        engine,
+        store,
+        fake: fake.clone(),
+        router,
+    }
+}
+
+impl Rig {
+    async fn mail(&self, target: &str) -> MsgId {
+        let target = Target::new(target).expect("target");
+        let message = Message {
+            msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
+            target: target.clone(),
+            ticket: None,
+            kind: MessageKind::Reply,
+            text: "the secret payload".to_owned(),
+            from: target.to_string(),
+            created_at: Timestamp::UNIX_EPOCH,
+        };
+        let id = message.msg_id;
+        self.store.publish(message).await.expect("publish");
+        self.engine.inbox_changed(target).await.expect("engine");
+        id
+    }
+
+    async fn ack(&self, target: &str, id: MsgId) {
+        let target = Target::new(target).expect("target");
+        assert!(self.store.ack(&target, id).await.expect("ack"));
+        self.engine.inbox_changed(target).await.expect("engine");
+        sleep(Duration::from_millis(10)).await; // the depth re-read lands
+    }
+
+    fn nudges_into(&self, pane: &str) -> Vec<Typed> {
+        self.fake
+            .typed()
+            .into_iter()
+            .filter(|t| t.pane.as_str() == pane)
+            .collect()
+    }
+
+    async fn lead(&self, pane: &str, terminal: &str) -> LeadRef {
+        let lead = LeadRef {
+            pane: self.router.resolve(pane).await.expect("pane"),
+            terminal: fleetd_core::TerminalId::new(terminal).expect("terminal"),
+        };
+        self.engine.lead_seen(lead.clone()).await.expect("engine");
+        lead
+    }
+}
+
+fn spacing(typed: &[Typed]) -> Vec<u64> {
+    typed
+        .windows(2)
+        .map(|w| {
+            let gap = w[1].at - w[0].at;
+            u64::try_from(gap.as_millis()).unwrap_or(u64::MAX)
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn reminders_back_off_then_give_up_and_the_mail_stays() {
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    let rig = rig(&fake);
+    sleep(Duration::from_millis(100)).await; // the first scan resolves the pinned primary
+    rig.mail("alice").await;
+    sleep(Duration::from_secs(120)).await;
+    let nudges = rig.nudges_into("w1:p1");
+    assert_eq!(nudges.len(), 3, "the budget is three: {nudges:?}");
+    // 1 s, then 2 s (doubling; the 3 s cap is not reached).
+    assert_eq!(spacing(&nudges), [1000, 2000]);
+    assert!(nudges.iter().all(|n| !n.text.contains("payload")));
+    assert!(nudges[0].text.contains("1 message from alice"));
+    let alice = Target::new("alice").expect("target");
+    assert_eq!(
+        rig.store.depth(&alice).await.expect("depth"),
+        1,
+        "given up, kept"
+    );
+    // New mail after giving up starts a new batch.
+    rig.mail("alice").await;
+    sleep(Duration::from_millis(10)).await;
+    assert_eq!(rig.nudges_into("w1:p1").len(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_working_lead_is_nudged_the_moment_it_goes_idle_and_reading_stops_it() {
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Working);
+    let rig = rig(&fake);
+    sleep(Duration::from_millis(100)).await;
+    let id = rig.mail("alice").await;
+    sleep(Duration::from_secs(600)).await;
+    assert!(rig.nudges_into("w1:p1").is_empty(), "never while working");
+    let idle_at = Instant::now();
+    fake.set_status("w1:p1", AgentStatus::Idle);
+    sleep(Duration::from_millis(50)).await;
+    let nudges = rig.nudges_into("w1:p1");
+    assert_eq!(nudges.len(), 1);
+    assert!(
+        nudges[0].at - idle_at < Duration::from_millis(5),
+        "event-driven, not the next tick: {:?}",
+        nudges[0].at - idle_at
+    );
+    // Busy again, then the mail is read: nothing more, even when idle later.
+    fake.set_status("w1:p1", AgentStatus::Working);
+    rig.ack("alice", id).await;
+    fake.set_status("w1:p1", AgentStatus::Idle);
+    sleep(Duration::from_secs(600)).await;
+    assert_eq!(rig.nudges_into("w1:p1").len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_blip_keeps_the_delegating_lead_and_a_closed_one_falls_back_to_the_primary() {
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-primary", "w1:t1", AgentStatus::Idle);
+    fake.add_pane("w1:p5", "t-delegator", "w1:t9", AgentStatus::Idle);
+    fake.add_pane("w2:p1", "t-alice", "w2:t1", AgentStatus::Idle);
+    let rig = rig(&fake);
+    sleep(Duration::from_millis(100)).await;
+    let delegator = rig.lead("w1:p5", "t-delegator").await;
+    rig.engine
+        .add_member(NewMember {
+            target: Target::new("alice").expect("target"),
+            profile: "p".to_owned(),
+            agent: "claude".to_owned(),
+            pane: rig.router.resolve("w2:p1").await.expect("pane"),
+            terminal: fleetd_core::TerminalId::new("t-alice").expect("terminal"),
+            allow_delegation: false,
+            idle_timeout_secs: None,
+            lead: Some(delegator),
+        })
+        .await
+        .expect("engine");
+    // The delegating lead's pane cannot be read for a while: the binding holds.
+    fake.fault("w1:p5", Some(Fault::Transient));
+    let id = rig.mail("alice").await;
+    sleep(Duration::from_secs(10)).await;
+    assert!(rig.nudges_into("w1:p5").is_empty());
+    assert!(
+        rig.nudges_into("w1:p1").is_empty(),
+        "a blip never moves mail to the primary"
+    );
+    fake.fault("w1:p5", None);
+    sleep(Duration::from_secs(2)).await;
+    let answered = rig.nudges_into("w1:p5").len();
+    assert!(answered >= 1, "retried once it answers");
+    rig.ack("alice", id).await;
+    // The delegating lead's pane closes: its binding is forgotten, the primary gets the mail.
+    fake.close("w1:p5");
+    sleep(Duration::from_millis(10)).await;
+    rig.mail("alice").await;
+    sleep(Duration::from_millis(10)).await;
+    assert_eq!(rig.nudges_into("w1:p1").len(), 1);
+    assert_eq!(rig.nudges_into("w1:p5").len(), answered);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_scans_keep_the_primary_and_a_vanished_one_is_replaced() {
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-first", "w1:t1", AgentStatus::Idle);
+    let rig = rig(&fake);
+    sleep(Duration::from_millis(100)).await;
+    fake.listing_fails(true);
+    sleep(Duration::from_secs(10)).await; // several failed readings
+    let id = rig.mail("alice").await;
+    sleep(Duration::from_millis(10)).await;
+    assert_eq!(rig.nudges_into("w1:p1").len(), 1, "the primary was kept");
+    rig.ack("alice", id).await;
+    // The primary's pane disappears without an event; a new agent opens in the tab.
+    fake.listing_fails(false);
+    fake.vanish("w1:p1");
+    fake.add_pane("w1:p2", "t-second", "w1:t1", AgentStatus::Idle);
+    sleep(Duration::from_secs(3)).await; // one TTL
+    rig.mail("bob").await;
+    sleep(Duration::from_millis(10)).await;
+    assert_eq!(rig.nudges_into("w1:p2").len(), 1, "the tab's new lead");
+    assert_eq!(rig.nudges_into("w1:p1").len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_no_lead_the_mail_waits_for_a_poll() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-x", "w2:t1", AgentStatus::Idle); // not a lead tab
+    let rig = rig(&fake);
+    rig.mail("alice").await;
+    sleep(Duration::from_secs(60)).await;
+    assert!(fake.typed().is_empty());
+    let alice = Target::new("alice").expect("target");
+    assert_eq!(rig.store.depth(&alice).await.expect("depth"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn mail_from_before_a_restart_is_nudged_once_the_lead_is_known() {
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    let store = Arc::new(MemoryStore::new(MessageLimits {
+        max_message_bytes: 1 << 20,
+    }));
+    // The mail is in the store before the engine starts (a daemon restarted).
+    let target = Target::new("alice").expect("target");
+    store
+        .publish(Message {
+            msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
+            target: target.clone(),
+            ticket: None,
+            kind: MessageKind::Reply,
+            text: "done".to_owned(),
+            from: "alice".to_owned(),
+            created_at: Timestamp::UNIX_EPOCH,
+        })
+        .await
+        .expect("publish");
+    let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
+    let _engine = spawn(EngineParts {
+        config: Arc::new(config),
+        clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
+        store: Arc::clone(&store) as Arc<dyn InboxStore>,
+        mux: MuxRouter::new(Arc::new(fake.clone()), None),
+    });
+    sleep(Duration::from_millis(100)).await;
+    let nudges: Vec<Typed> = fake.typed();
+    assert_eq!(nudges.len(), 1, "{nudges:?}");
+    assert!(nudges[0].text.contains("1 message from alice"));
+}

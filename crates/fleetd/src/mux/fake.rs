@@ -1,0 +1,254 @@
+//! An in-process multiplexer for the engine's driver tests: panes with a status the test sets,
+//! every submit recorded with its (tokio, pausable) time, and scripted failures. It keeps the
+//! trait's contract — `NotFound` only for a pane that is affirmatively gone, `watch` reports the
+//! current status first, a status change is one event, a closed pane is a `Gone` event — so the
+//! engine sees what it would see from herdr or tmux, minus the terminal.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use fleetd_core::{AgentStatus, PaneId, TabId, TerminalId, WorkspaceId};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use super::{
+    BackendKind, Multiplexer, MuxError, MuxFuture, OpenPane, PaneEvent, PaneInfo, ProcessInfo,
+    ServerInfo, SubmitPath, Submitted, TabInfo,
+};
+
+/// A scripted failure of the next calls touching a pane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// Socket blip: `Transient`.
+    Transient,
+}
+
+/// One submit the fake received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Typed {
+    /// When (tokio time).
+    pub at: Instant,
+    /// Into which pane.
+    pub pane: PaneId,
+    /// What.
+    pub text: String,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    panes: BTreeMap<PaneId, PaneInfo>,
+    watched: std::collections::BTreeSet<PaneId>,
+    faults: BTreeMap<PaneId, Fault>,
+    list_fails: bool,
+    typed: Vec<Typed>,
+}
+
+/// The fake. Cheap to clone; clones share state.
+#[derive(Debug, Clone)]
+pub(crate) struct FakeMux {
+    inner: Arc<Mutex<Inner>>,
+    events: broadcast::Sender<PaneEvent>,
+}
+
+impl FakeMux {
+    pub(crate) fn new() -> Self {
+        Self {
+            inner: Arc::default(),
+            events: broadcast::channel(super::PANE_EVENT_CAPACITY).0,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Opens a pane `id` (incarnation `terminal`) in `tab`, holding an agent with `status`.
+    pub(crate) fn add_pane(&self, id: &str, terminal: &str, tab: &str, status: AgentStatus) {
+        let pane = PaneId::new(id).expect("pane id");
+        let info = PaneInfo {
+            pane: pane.clone(),
+            terminal: TerminalId::new(terminal).expect("terminal id"),
+            tab: TabId::new(tab).expect("tab id"),
+            workspace: WorkspaceId::new(tab.split(':').next().unwrap_or("w1")).expect("ws"),
+            label: None,
+            title: None,
+            agent: Some("claude".to_owned()),
+            status,
+            shell_pid: None,
+        };
+        self.lock().panes.insert(pane, info);
+    }
+
+    /// Sets a pane's status; a watched pane reports the change.
+    pub(crate) fn set_status(&self, id: &str, status: AgentStatus) {
+        let pane = PaneId::new(id).expect("pane id");
+        let mut inner = self.lock();
+        let Some(info) = inner.panes.get_mut(&pane) else {
+            return;
+        };
+        if info.status == status {
+            return;
+        }
+        info.status = status;
+        let event = PaneEvent::StatusChanged {
+            pane: pane.clone(),
+            terminal: info.terminal.clone(),
+            status,
+        };
+        if inner.watched.contains(&pane) {
+            let _ = self.events.send(event);
+        }
+    }
+
+    /// Closes a pane: later calls answer `NotFound`; a watched pane reports `Gone`.
+    pub(crate) fn close(&self, id: &str) {
+        let pane = PaneId::new(id).expect("pane id");
+        let mut inner = self.lock();
+        if let Some(info) = inner.panes.remove(&pane)
+            && inner.watched.remove(&pane)
+        {
+            let _ = self.events.send(PaneEvent::Gone {
+                pane,
+                terminal: Some(info.terminal),
+            });
+        }
+    }
+
+    /// Removes a pane without any event, as if its close was never reported (only a listing or
+    /// a call can find out).
+    pub(crate) fn vanish(&self, id: &str) {
+        let pane = PaneId::new(id).expect("pane id");
+        let mut inner = self.lock();
+        inner.panes.remove(&pane);
+        inner.watched.remove(&pane);
+    }
+
+    /// Scripts (or clears) a fault for calls touching pane `id`.
+    pub(crate) fn fault(&self, id: &str, fault: Option<Fault>) {
+        let pane = PaneId::new(id).expect("pane id");
+        match fault {
+            Some(f) => self.lock().faults.insert(pane, f),
+            None => self.lock().faults.remove(&pane),
+        };
+    }
+
+    /// Makes `list_panes` fail transiently (or work again).
+    pub(crate) fn listing_fails(&self, fails: bool) {
+        self.lock().list_fails = fails;
+    }
+
+    /// Every submit so far.
+    pub(crate) fn typed(&self) -> Vec<Typed> {
+        self.lock().typed.clone()
+    }
+
+    fn get(&self, pane: &PaneId, op: &str) -> Result<PaneInfo, MuxError> {
+        let inner = self.lock();
+        if inner.faults.get(pane) == Some(&Fault::Transient) {
+            return Err(MuxError::transient(op, "scripted socket blip"));
+        }
+        inner
+            .panes
+            .get(pane)
+            .cloned()
+            .ok_or_else(|| MuxError::NotFound {
+                what: format!("pane {pane}"),
+                code: "pane_not_found".to_owned(),
+                message: format!("pane {pane} not found"),
+            })
+    }
+}
+
+fn ready<'a, T: Send + 'a>(value: Result<T, MuxError>) -> MuxFuture<'a, T> {
+    Box::pin(async move { value })
+}
+
+impl Multiplexer for FakeMux {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Herdr
+    }
+
+    fn ping(&self) -> MuxFuture<'_, ServerInfo> {
+        ready(Ok(ServerInfo {
+            backend: BackendKind::Herdr,
+            version: "fake".to_owned(),
+            protocol: Some(20),
+        }))
+    }
+
+    fn list_panes(&self) -> MuxFuture<'_, Vec<PaneInfo>> {
+        let inner = self.lock();
+        let out = if inner.list_fails {
+            Err(MuxError::transient("pane.list", "scripted socket blip"))
+        } else {
+            Ok(inner.panes.values().cloned().collect())
+        };
+        ready(out)
+    }
+
+    fn list_tabs(&self) -> MuxFuture<'_, Vec<TabInfo>> {
+        ready(Err(MuxError::Unsupported("list_tabs".to_owned())))
+    }
+
+    fn pane<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, PaneInfo> {
+        ready(self.get(pane, "pane.get"))
+    }
+
+    fn process_info<'a>(&'a self, _pane: &'a PaneId) -> MuxFuture<'a, ProcessInfo> {
+        ready(Err(MuxError::Unsupported("process_info".to_owned())))
+    }
+
+    fn open_pane(&self, _req: OpenPane) -> MuxFuture<'_, PaneInfo> {
+        ready(Err(MuxError::Unsupported("open_pane".to_owned())))
+    }
+
+    fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted> {
+        let result = self.get(pane, "agent.prompt").map(|_| {
+            self.lock().typed.push(Typed {
+                at: Instant::now(),
+                pane: pane.clone(),
+                text: text.to_owned(),
+            });
+            Submitted {
+                path: SubmitPath::AgentPrompt,
+                started: None,
+                retried_enter: false,
+            }
+        });
+        ready(result)
+    }
+
+    fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
+        ready(self.get(pane, "agent.send_keys").map(|_| ()))
+    }
+
+    fn read_tail<'a>(&'a self, pane: &'a PaneId, _lines: u32) -> MuxFuture<'a, String> {
+        ready(self.get(pane, "pane.read").map(|_| String::new()))
+    }
+
+    fn close_pane<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
+        self.close(pane.as_str());
+        ready(Ok(()))
+    }
+
+    fn watch<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
+        let result = self.get(pane, "events.subscribe").map(|info| {
+            if self.lock().watched.insert(pane.clone()) {
+                let _ = self.events.send(PaneEvent::StatusChanged {
+                    pane: pane.clone(),
+                    terminal: info.terminal,
+                    status: info.status,
+                });
+            }
+        });
+        ready(result)
+    }
+
+    fn unwatch(&self, pane: &PaneId) {
+        self.lock().watched.remove(pane);
+    }
+
+    fn events(&self) -> broadcast::Receiver<PaneEvent> {
+        self.events.subscribe()
+    }
+}
