@@ -165,6 +165,50 @@ impl Rig {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Everything tmux target `pane` printed, scrollback included, wrapped lines joined.
+    pub fn history(&self, pane: &str) -> String {
+        let out = self
+            .tmux
+            .run(&["capture-pane", "-p", "-J", "-S", "-", "-t", pane])
+            .expect("tmux runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Opens window `name` in the `base` session running a `sim-agent` lead in `call` mode (each
+    /// line typed into it is `TOOL {json}`, which it calls over MCP, so fleetd sees an agent lead
+    /// with a real status in that pane); returns its tmux target once the agent is ready.
+    pub fn agent_lead(&self, name: &str) -> String {
+        let url = format!("FLEETD_URL=http://{}", self.daemon.addr);
+        let out = self
+            .tmux
+            .run(&[
+                "new-window",
+                "-d",
+                "-t",
+                "base",
+                "-n",
+                name,
+                "-e",
+                &url,
+                "-e",
+                "SIM_AGENT_SCRIPT=call",
+                "-e",
+                "SIM_AGENT_WORK_MS=100",
+                &bin_path("sim-agent").display().to_string(),
+            ])
+            .expect("tmux runs");
+        assert!(
+            out.status.success(),
+            "agent lead window: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let target = format!("base:{name}");
+        wait_until("the agent lead to start", Duration::from_secs(30), || {
+            self.screen(&target).contains("sim-agent ready")
+        });
+        target
+    }
+
     /// Spawns a member from `profile` named `name` and returns the tool's structured result.
     pub fn spawn(&self, profile: &str, name: &str) -> Value {
         let result = self.lead(
