@@ -331,5 +331,6 @@ pub mod daemon {
 }
 pub mod fake_herdr;
 pub mod rig;
+pub mod rig_herdr;
 pub mod sim_agent;
 pub mod tmux;

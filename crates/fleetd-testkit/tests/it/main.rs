@@ -9,6 +9,7 @@ mod locate;
 mod mux_herdr;
 mod mux_tmux;
 mod push;
+mod push_herdr;
 mod serve;
 mod store;
 mod tidy;

@@ -49,6 +49,12 @@ pub(super) enum Event {
         target: Target,
         pending: u64,
     },
+    /// A pane's status, read directly (after a watch starts).
+    Status {
+        pane: QualifiedPaneId,
+        terminal: fleetd_core::TerminalId,
+        status: fleetd_core::AgentStatus,
+    },
     /// Watching a pane failed: `gone` when the multiplexer says it does not exist.
     WatchFailed {
         pane: QualifiedPaneId,
@@ -254,6 +260,11 @@ impl Engine {
             }
             Event::Injected { lead, outcome } => self.state.injected(lead, outcome, now, io),
             Event::Depth { target, pending } => self.state.inbox_depth(target, pending, now, io),
+            Event::Status {
+                pane,
+                terminal,
+                status,
+            } => self.state.pane_status(&pane, &terminal, status, now, io),
             Event::WatchFailed { pane, gone } => {
                 if gone {
                     self.state.pane_gone(&pane, None, now, io);
@@ -360,10 +371,26 @@ impl Engine {
                     report(Event::Injected { lead, outcome }).await;
                 }
                 Io::Watch { pane } => {
-                    if let Err(e) = mux.watch(&pane).await {
-                        tracing::warn!(%pane, error = %e, "cannot watch pane status; will retry");
-                        let gone = e.is_not_found();
-                        report(Event::WatchFailed { pane, gone }).await;
+                    // Watching a pane already watched is a no-op that reports nothing, and the
+                    // incarnation may be new: read the status once so it is never missed.
+                    let watched = match mux.watch(&pane).await {
+                        Ok(()) => mux.pane(&pane).await,
+                        Err(e) => Err(e),
+                    };
+                    match watched {
+                        Ok(current) => {
+                            report(Event::Status {
+                                pane,
+                                terminal: current.info.terminal,
+                                status: current.info.status,
+                            })
+                            .await;
+                        }
+                        Err(e) => {
+                            tracing::warn!(%pane, error = %e, "cannot watch pane status; will retry");
+                            let gone = e.is_not_found();
+                            report(Event::WatchFailed { pane, gone }).await;
+                        }
                     }
                 }
                 Io::Unwatch { pane } => mux.unwatch(&pane),

@@ -811,6 +811,7 @@ impl State {
         now: Timestamp,
         io: &mut Vec<Io>,
     ) {
+        tracing::debug!(%pane, %terminal, ?status, "pane status");
         if let Some(target) = self.by_pane.get(pane).cloned() {
             self.set_status(&target, Some(terminal), status, now, io);
         }

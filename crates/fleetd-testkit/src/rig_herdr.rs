@@ -1,0 +1,134 @@
+//! The end-to-end rig on herdr: a `fake-herdr` process (real PTY panes, herdr's protocol and
+//! agent detection, fault injection), a `fleetd` configured for it, and lead agents opened the
+//! way a user would — a tab with a shell, then the agent started in it. Members are spawned
+//! through `fleet_spawn` typed into a lead. Used by the end-to-end tests; never by the daemon.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::daemon::{Daemon, write_config};
+use crate::fake_herdr::process::FakeHerdrProcess;
+use crate::{bin_path, wait_until};
+
+/// A running herdr rig.
+#[derive(Debug)]
+pub struct HerdrRig {
+    /// The daemon (dropped first: it talks to the fake).
+    pub daemon: Daemon,
+    /// The fake herdr server.
+    pub herdr: FakeHerdrProcess,
+    home: tempfile::TempDir,
+}
+
+/// A `sim-agent` profile for herdr: `HERDR_AGENT=claude` makes herdr detect it as an agent.
+pub fn sim_profile(name: &str, work_ms: u32) -> String {
+    format!(
+        "  {name}:\n    agent: custom\n    command: {}\n    env:\n      HERDR_AGENT: claude\n      SIM_AGENT_WORK_MS: \"{work_ms}\"\n",
+        bin_path("sim-agent").display()
+    )
+}
+
+impl HerdrRig {
+    /// Starts fake-herdr and fleetd on it with `extra` config appended.
+    pub fn start(extra: &str) -> Self {
+        let home = tempfile::tempdir().expect("tempdir");
+        let socket = home.path().join("herdr.sock");
+        let herdr =
+            FakeHerdrProcess::start(&bin_path("fake-herdr"), &socket).expect("fake-herdr starts");
+        let config = format!(
+            "multiplexer: herdr\nherdrSocket: {}\nmembersWorkspace: fleet\nlog:\n  level: fleetd=debug,info\n{extra}",
+            socket.display()
+        );
+        write_config(home.path(), &config);
+        let daemon = Daemon::start(home.path(), &[]);
+        Self {
+            daemon,
+            herdr,
+            home,
+        }
+    }
+
+    /// One API call that must succeed; returns its `result`.
+    pub fn call(&self, method: &str, params: &Value) -> Value {
+        let reply = self.herdr.call(method, params).expect("fake-herdr answers");
+        match reply.get("result") {
+            Some(result) => result.clone(),
+            None => panic!("{method} failed: {reply}"),
+        }
+    }
+
+    /// Opens a tab labelled `label` (the first one in a new workspace `main`) and starts a
+    /// `sim-agent` lead in `call` mode in it; returns `(tab id, pane id)`.
+    pub fn agent_lead(&self, label: &str) -> (String, String) {
+        let workspaces = self.call("workspace.list", &json!({}));
+        let main = workspaces["workspaces"]
+            .as_array()
+            .and_then(|ws| ws.iter().find(|w| w["label"] == "main"))
+            .and_then(|w| w["workspace_id"].as_str())
+            .map(str::to_owned);
+        let created = match main {
+            Some(ws) => self.call("tab.create", &json!({ "workspace_id": ws, "label": label })),
+            None => self.call("workspace.create", &json!({ "label": "main" })),
+        };
+        let pane = created["root_pane"]["pane_id"]
+            .as_str()
+            .expect("root pane id")
+            .to_owned();
+        let tab = created["root_pane"]["tab_id"]
+            .as_str()
+            .expect("tab id")
+            .to_owned();
+        self.start_agent(&pane);
+        (tab, pane)
+    }
+
+    /// Starts a `sim-agent` lead in the shell of `pane` and waits until it is ready.
+    pub fn start_agent(&self, pane: &str) {
+        let before = self.history(pane).matches("sim-agent ready").count();
+        let line = format!(
+            "exec env HERDR_AGENT=claude SIM_AGENT_SCRIPT=call SIM_AGENT_WORK_MS=100 FLEETD_URL=http://{} {}",
+            self.daemon.addr,
+            bin_path("sim-agent").display()
+        );
+        self.type_line(pane, &line);
+        wait_until("the lead agent to start", Duration::from_secs(30), || {
+            self.history(pane).matches("sim-agent ready").count() > before
+        });
+    }
+
+    /// Types `line` into `pane` and presses Enter.
+    pub fn type_line(&self, pane: &str, line: &str) {
+        self.call(
+            "pane.send_input",
+            &json!({ "pane_id": pane, "text": line, "keys": ["Enter"] }),
+        );
+    }
+
+    /// Everything `pane` printed (its recent scrollback).
+    pub fn history(&self, pane: &str) -> String {
+        self.call(
+            "pane.read",
+            &json!({ "pane_id": pane, "source": "recent", "lines": 2000 }),
+        )["read"]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// Types a tool call into an agent lead and waits until the turn that made it ends.
+    pub fn call_from(&self, pane: &str, line: &str) {
+        let done = self.history(pane).matches("turn done").count();
+        self.type_line(pane, line);
+        wait_until(
+            &format!("the lead's turn `{line}` to end"),
+            Duration::from_secs(60),
+            || self.history(pane).matches("turn done").count() > done,
+        );
+    }
+
+    /// The rig's scratch directory.
+    pub fn dir(&self) -> &std::path::Path {
+        self.home.path()
+    }
+}

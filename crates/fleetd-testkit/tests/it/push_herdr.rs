@@ -1,0 +1,150 @@
+//! End-to-end tests of the push loop on herdr (the `fake-herdr` server: real PTYs, herdr's
+//! protocol, status detection and restart behaviour): a late reply nudges the idle lead, a working
+//! lead is nudged only after its turn, a closed delegating lead's mail goes to the primary, and a
+//! herdr restart between reply and nudge loses nothing — the nudge reaches the agent started again
+//! in the primary tab.
+
+use std::time::Duration;
+
+use fleetd_testkit::rig_herdr::{HerdrRig, sim_profile};
+use fleetd_testkit::{http, wait_until};
+use serde_json::json;
+
+/// A rig whose primary tab is the first lead tab (`w1:t1`), with members `slow` (2.5 s turns)
+/// and `slower` (8 s).
+fn rig() -> HerdrRig {
+    HerdrRig::start(&format!(
+        "primary:\n  tab: w1:t1\n  pushReminders: 3\n  pushBackoffMs: 1000\n  pushBackoffMaxMs: 2000\nprofiles:\n{}{}",
+        sim_profile("slow", 2500),
+        sim_profile("slower", 8000)
+    ))
+}
+
+fn nudge(target: &str) -> String {
+    format!("[fleet] 1 message from {target}")
+}
+
+fn spawn(rig: &HerdrRig, lead: &str, profile: &str, name: &str) {
+    rig.call_from(
+        lead,
+        &format!(r#"fleet_spawn {{"profile":"{profile}","name":"{name}"}}"#),
+    );
+    wait_until(
+        &format!("{name} to be listed"),
+        Duration::from_secs(60),
+        || http::get(rig.daemon.addr, &format!("/sessions/{name}")).is_ok_and(|r| r.status == 200),
+    );
+}
+
+fn send(rig: &HerdrRig, lead: &str, target: &str, timeout_secs: u32) {
+    rig.call_from(
+        lead,
+        &format!(r#"fleet_send {{"target":"{target}","task":"job for {target}","timeoutSecs":{timeout_secs}}}"#),
+    );
+}
+
+fn reply_waiting(rig: &HerdrRig, target: &str) -> bool {
+    http::get(rig.daemon.addr, &format!("/sessions/{target}/replies"))
+        .is_ok_and(|r| r.json()["replies"][0]["msgId"].is_string())
+}
+
+#[test]
+fn e2e_herdr_late_reply_nudges_the_idle_lead() {
+    let rig = rig();
+    let (_, lead) = rig.agent_lead("boss");
+    spawn(&rig, &lead, "slow", "nia");
+    send(&rig, &lead, "nia", 1);
+    wait_until(
+        "the nudge in the lead's pane",
+        Duration::from_secs(60),
+        || rig.history(&lead).contains(&nudge("nia")),
+    );
+    assert!(
+        !rig.history(&lead).contains("sim-agent did: job"),
+        "no payload"
+    );
+}
+
+#[test]
+fn e2e_herdr_closing_the_delegating_lead_sends_the_nudge_to_the_primary() {
+    let rig = rig();
+    let (_, primary) = rig.agent_lead("boss");
+    let (_, delegator) = rig.agent_lead("helper");
+    spawn(&rig, &delegator, "slow", "nia");
+    send(&rig, &delegator, "nia", 1);
+    rig.call("pane.close", &json!({ "pane_id": delegator }));
+    wait_until(
+        "the nudge in the primary's pane",
+        Duration::from_secs(60),
+        || rig.history(&primary).contains(&nudge("nia")),
+    );
+}
+
+#[test]
+fn e2e_herdr_restart_between_reply_and_nudge_loses_nothing() {
+    let rig = rig();
+    let (_, lead) = rig.agent_lead("boss");
+    spawn(&rig, &lead, "slow", "nia");
+    spawn(&rig, &lead, "slower", "zed");
+    send(&rig, &lead, "nia", 1);
+    // The lead now waits on zed's long turn: it is working when nia's reply lands.
+    rig.type_line(
+        &lead,
+        r#"fleet_send {"target":"zed","task":"long job","timeoutSecs":30}"#,
+    );
+    wait_until("nia's reply in the inbox", Duration::from_secs(60), || {
+        reply_waiting(&rig, "nia")
+    });
+    assert!(
+        !rig.history(&lead).contains(&nudge("nia")),
+        "no nudge while the lead works"
+    );
+    // herdr restarts: every pane comes back with a new terminal and a fresh shell.
+    rig.herdr
+        .fault(&json!({ "fault": "restart", "down_ms": 800 }))
+        .expect("restart");
+    wait_until("herdr to answer again", Duration::from_secs(30), || {
+        rig.herdr.call("ping", &json!({})).is_ok()
+    });
+    // The user starts the lead agent again in the primary tab: fleetd finds it and nudges it.
+    rig.start_agent(&lead);
+    wait_until(
+        "the nudge in the restarted lead",
+        Duration::from_secs(60),
+        || rig.history(&lead).contains(&nudge("nia")),
+    );
+    assert!(
+        reply_waiting(&rig, "nia"),
+        "the reply is still in the inbox"
+    );
+}
+
+#[test]
+fn e2e_herdr_a_working_lead_is_nudged_only_after_its_turn() {
+    let rig = rig();
+    let (_, lead) = rig.agent_lead("boss");
+    spawn(&rig, &lead, "slow", "nia");
+    spawn(&rig, &lead, "slower", "zed");
+    send(&rig, &lead, "nia", 1);
+    rig.type_line(
+        &lead,
+        r#"fleet_send {"target":"zed","task":"long job","timeoutSecs":30}"#,
+    );
+    wait_until("nia's reply in the inbox", Duration::from_secs(60), || {
+        reply_waiting(&rig, "nia")
+    });
+    assert!(!rig.history(&lead).contains(&nudge("nia")));
+    wait_until("the nudge after the turn", Duration::from_secs(60), || {
+        rig.history(&lead).contains(&nudge("nia"))
+    });
+    let screen = rig.history(&lead);
+    let turn_end = screen
+        .match_indices("turn done")
+        .nth(3) // spawn, spawn, send nia, send zed
+        .map(|(i, _)| i)
+        .expect("zed's turn ended");
+    assert!(
+        screen.find(&nudge("nia")).expect("nudge") > turn_end,
+        "typed only after the working turn:\n{screen}"
+    );
+}
