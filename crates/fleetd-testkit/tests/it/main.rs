@@ -9,6 +9,7 @@ mod locate;
 mod mux_herdr;
 mod mux_tmux;
 mod push;
+mod reload;
 mod serve;
 mod store;
 mod tidy;
