@@ -199,7 +199,8 @@ pub mod daemon {
         pub addr: SocketAddr,
         /// Log lines (stderr) received so far are forwarded here.
         pub logs: mpsc::Receiver<String>,
-        /// Lines read while waiting for the daemon to listen.
+        /// Lines already read (while waiting for the daemon to listen, or by
+        /// [`Daemon::wait_for_log`]), kept for the log printed when a test fails.
         early: Vec<String>,
     }
 
@@ -293,6 +294,35 @@ pub mod daemon {
                 .status()
                 .expect("kill runs");
             assert!(status.success(), "kill -{signal} failed");
+        }
+
+        /// Waits up to `timeout` for a log line (stderr) that `matches` and returns it; lines
+        /// read on the way are kept for the failure print-out. Panics naming `what` on timeout.
+        pub fn wait_for_log(
+            &mut self,
+            what: &str,
+            timeout: Duration,
+            mut matches: impl FnMut(&str) -> bool,
+        ) -> String {
+            let Self { logs, early, .. } = self;
+            let mut found = None;
+            crate::wait_until(what, timeout, || {
+                while let Ok(line) = logs.try_recv() {
+                    let hit = matches(&line);
+                    early.push(line);
+                    if hit {
+                        found = early.last().cloned();
+                        return true;
+                    }
+                }
+                false
+            });
+            found.expect("wait_until returned, so a line matched")
+        }
+
+        /// Every log line read so far by [`Daemon::wait_for_log`] or while starting.
+        pub fn seen_logs(&self) -> &[String] {
+            &self.early
         }
 
         /// Waits up to `timeout` for the process to exit and returns its exit code.

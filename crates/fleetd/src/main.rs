@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use fleetd::cli::{Cli, Command, ConfigCommand, ServeArgs};
-use fleetd::config::{Config, Environment};
+use fleetd::config::{Config, Environment, Overrides};
+use fleetd::reload::ReloadSource;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -43,13 +44,12 @@ fn serve(
     env: &Environment,
     args: &ServeArgs,
 ) -> anyhow::Result<()> {
+    let overrides = Overrides {
+        listen: args.listen,
+        log_format: args.log_format,
+    };
     let mut config = Config::load(config_path, env)?;
-    if let Some(listen) = args.listen {
-        config.listen = listen;
-    }
-    if let Some(format) = args.log_format {
-        config.log.format = format;
-    }
+    overrides.apply(&mut config);
     anyhow::ensure!(
         config.listen_is_loopback() || config.api_token.is_some(),
         "--listen {} is not loopback: set `apiToken` in the config to listen there",
@@ -59,6 +59,15 @@ fn serve(
     let runtime = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
     runtime.block_on(async move {
         let daemon = fleetd::serve::Daemon::open(config).await?;
+        // Before the listener: once "listening" is logged, a SIGHUP must reload, not kill.
+        let _reload = fleetd::reload::start(
+            &daemon,
+            ReloadSource {
+                path: config_path.map_or_else(|| env.default_config_path(), ToOwned::to_owned),
+                env: env.clone(),
+                overrides,
+            },
+        )?;
         let addr = daemon.config().listen;
         let listener = tokio::net::TcpListener::bind(addr)
             .await

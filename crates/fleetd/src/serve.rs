@@ -11,7 +11,7 @@ use anyhow::Context;
 use fleetd_core::{MessageLimits, MuxDaemon};
 use tokio::net::TcpListener;
 
-use crate::config::{AmqpUrl, Config, MultiplexerChoice, Store};
+use crate::config::{AmqpUrl, Config, Live, MultiplexerChoice, Publisher, Store};
 use crate::health::{DaemonHealth, HealthReport, PartHealth};
 use crate::mux::herdr::{Herdr, HerdrConfig};
 use crate::mux::tmux::{Tmux, TmuxConfig, TmuxSocket};
@@ -27,7 +27,8 @@ pub struct Daemon {
 
 #[derive(Debug)]
 struct Inner {
-    config: Config,
+    /// The running configuration; `reload` publishes through it, everything else reads it.
+    config: Arc<Publisher>,
     store: Arc<dyn InboxStore>,
     mux: MuxRouter,
     /// What each daemon is reached through, for `/healthz` (socket path or tmux server).
@@ -49,7 +50,7 @@ impl Daemon {
         );
         Ok(Self {
             inner: Arc::new(Inner {
-                config,
+                config: Arc::new(crate::config::channel(config).0),
                 store,
                 mux,
                 endpoints,
@@ -57,9 +58,19 @@ impl Daemon {
         })
     }
 
-    /// The configuration the daemon runs on.
-    pub fn config(&self) -> &Config {
-        &self.inner.config
+    /// The configuration the daemon runs on now.
+    pub fn config(&self) -> Arc<Config> {
+        self.inner.config.current()
+    }
+
+    /// A reader of the running configuration; [`Live::subscribe`] wakes on each applied reload.
+    pub fn live_config(&self) -> Live {
+        self.inner.config.live()
+    }
+
+    /// The configuration's one writer, for the reloader.
+    pub(crate) fn publisher(&self) -> Arc<Publisher> {
+        Arc::clone(&self.inner.config)
     }
 
     /// The inbox store.
@@ -131,9 +142,9 @@ impl Daemon {
             .local_addr()
             .context("the listener has no address")?;
         let fleet = Arc::new(self.fleet(local)?);
-        let mcp =
-            crate::mcp::http_service(Arc::clone(&fleet), self.inner.config.listen_is_loopback());
-        let shim = crate::shim::listen(&self.inner.config.state_dir, Arc::clone(&fleet))
+        let config = self.config();
+        let mcp = crate::mcp::http_service(Arc::clone(&fleet), config.listen_is_loopback());
+        let shim = crate::shim::listen(&config.state_dir, Arc::clone(&fleet))
             .await
             .context("failed to open the stdio shim's socket")?;
         let store = Arc::clone(&self.inner.store);
@@ -156,7 +167,7 @@ impl Daemon {
 
     /// The tools' view of the daemon, with its engine started.
     fn fleet(&self, local: SocketAddr) -> anyhow::Result<crate::mcp::Fleet> {
-        let config = Arc::new(self.inner.config.clone());
+        let config = self.config();
         let api_token = match &config.api_token {
             Some(name) => Some(
                 Secrets::new(&config.secrets, &env_lookup)
@@ -188,7 +199,7 @@ impl Daemon {
             store: Arc::clone(&self.inner.store),
             mux: self.inner.mux.clone(),
             locator,
-            config,
+            config: self.live_config(),
             clock,
             api_token,
             url: format!("http://{}", SocketAddr::new(host, local.port())),

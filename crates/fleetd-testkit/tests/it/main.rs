@@ -10,6 +10,7 @@ mod mux_herdr;
 mod mux_tmux;
 mod push;
 mod push_herdr;
+mod reload;
 mod serve;
 mod store;
 mod tidy;

@@ -2,6 +2,8 @@
 //! the `Config` the daemon runs on, with every default applied. Owns parsing and judging the file;
 //! must not open sockets or stores, and never reads a secret's value.
 
+mod diff;
+mod live;
 mod raw;
 mod validate;
 
@@ -11,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+pub use diff::{Change, ConfigDiff, KeyClass};
+pub use live::{Live, Publisher, channel};
 pub use raw::{LogFormat, MultiplexerChoice, StoreKind};
 pub use validate::is_known_agent;
 
@@ -138,6 +142,28 @@ impl Environment {
         crate::mux::herdr::HerdrConfig::discover_socket(lookup)
             // No HOME at all (a bare service environment): relative to the working directory.
             .unwrap_or_else(|| PathBuf::from(".config/herdr/herdr.sock"))
+    }
+}
+
+/// What the command line sets over the file (`fleetd serve --listen`, `--log-format`). Kept so a
+/// reload re-applies them: the file alone would otherwise look like a change to those keys.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--listen`.
+    pub listen: Option<SocketAddr>,
+    /// `--log-format`.
+    pub log_format: Option<LogFormat>,
+}
+
+impl Overrides {
+    /// Sets the overridden keys in `config`.
+    pub fn apply(&self, config: &mut Config) {
+        if let Some(listen) = self.listen {
+            config.listen = listen;
+        }
+        if let Some(format) = self.log_format {
+            config.log.format = format;
+        }
     }
 }
 

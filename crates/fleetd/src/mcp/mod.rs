@@ -26,7 +26,7 @@ use serde_json::Value;
 pub use identity::{Caller, ConnInfo, Peer};
 
 use crate::clock::SharedClock;
-use crate::config::Config;
+use crate::config::Live;
 use crate::engine::EngineHandle;
 use crate::locate::Locator;
 use crate::mux::MuxRouter;
@@ -42,7 +42,9 @@ const MIN_BODY_BYTES: usize = 16 * 1024 * 1024;
 /// Builds the `/mcp` service: stateless JSON mode (identity comes from the connection, so no
 /// session is needed, and a daemon restart never strands a client's session).
 pub fn http_service(fleet: Arc<Fleet>, loopback_only: bool) -> HttpService {
-    let max_message = usize::try_from(fleet.config.inbox.max_message_bytes).unwrap_or(usize::MAX);
+    // `inbox` is boot-only, so the limit read at start holds for the daemon's life.
+    let max_message =
+        usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
     let mut config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
@@ -69,8 +71,8 @@ pub struct Fleet {
     pub mux: MuxRouter,
     /// The caller locator.
     pub locator: Locator,
-    /// The configuration.
-    pub config: Arc<Config>,
+    /// The running configuration: read `current()` once per tool call (a reload swaps it).
+    pub config: Live,
     /// The clock.
     pub clock: SharedClock,
     /// The API token's value, when configured (compared with a caller's bearer token).

@@ -28,7 +28,8 @@ impl FleetTool for Answer {
     type Args = Args;
 
     async fn call(fleet: &Fleet, _caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
-        let max = usize::try_from(fleet.config.inbox.max_message_bytes).unwrap_or(usize::MAX);
+        let max =
+            usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
         if args.answer.len() > max {
             return Err(ToolError::new(
                 "answer_too_large",

@@ -41,7 +41,8 @@ impl FleetTool for Ask {
         if args.question.trim().is_empty() {
             return Err(ToolError::new("empty_question", "the question is empty"));
         }
-        let max = usize::try_from(fleet.config.inbox.max_message_bytes).unwrap_or(usize::MAX);
+        let max =
+            usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
         if args.question.len() > max {
             return Err(ToolError::new(
                 "question_too_large",

@@ -23,12 +23,12 @@ impl FleetTool for Profiles {
     type Args = Args;
 
     async fn call(fleet: &Fleet, _caller: &Caller, _args: Args) -> Result<ToolOutput, ToolError> {
-        let profiles: Vec<_> = fleet
-            .config
+        let config = fleet.config.current();
+        let profiles: Vec<_> = config
             .profiles
             .iter()
             .map(|(name, p)| {
-                let missing = super::spawn::missing_secret(&fleet.config, p);
+                let missing = super::spawn::missing_secret(&config, p);
                 json!({
                     "name": name,
                     "agent": p.agent,

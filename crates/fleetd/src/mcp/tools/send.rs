@@ -55,7 +55,8 @@ impl FleetTool for Send {
 
     async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
         let target = target(&args.target)?;
-        let max = usize::try_from(fleet.config.inbox.max_message_bytes).unwrap_or(usize::MAX);
+        let max =
+            usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
         if args.task.len() > max {
             return Err(ToolError::new(
                 "task_too_large",

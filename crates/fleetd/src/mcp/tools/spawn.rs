@@ -60,15 +60,17 @@ fn backend_vars(agent: &str) -> (&'static str, &'static str) {
 }
 
 /// The member's environment: profile env, backend URL and token (members only), its name and
-/// fleetd's URL.
+/// fleetd's URL. Backends and secrets come from `config`, the snapshot the call started with, so a
+/// profile added by a reload resolves its secrets from the same reload.
 fn member_env(
     fleet: &Fleet,
+    config: &Config,
     profile: &Profile,
     target: &str,
 ) -> Result<BTreeMap<String, String>, ToolError> {
     let mut env = profile.env.clone();
     if let Some(name) = &profile.backend {
-        let backend = fleet.config.backends.get(name).ok_or_else(|| {
+        let backend = config.backends.get(name).ok_or_else(|| {
             ToolError::new(
                 "unknown_backend",
                 format!("the profile names backend {name}, which is not configured"),
@@ -77,7 +79,7 @@ fn member_env(
         let (url_var, token_var) = backend_vars(&profile.agent);
         env.insert(url_var.to_owned(), backend.base_url.clone());
         if let Some(secret) = &backend.auth_token_secret {
-            let value = Secrets::new(&fleet.config.secrets, &env_lookup)
+            let value = Secrets::new(&config.secrets, &env_lookup)
                 .resolve(secret)
                 .map_err(|e| ToolError::new("profile_not_ready", e.to_string()))?;
             env.insert(token_var.to_owned(), value.expose().to_owned());
@@ -101,7 +103,9 @@ impl FleetTool for Spawn {
     type Args = Args;
 
     async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
-        let Some(profile) = fleet.config.profiles.get(&args.profile) else {
+        // One snapshot for the whole call: a reload meanwhile does not mix two configurations.
+        let config = fleet.config.current();
+        let Some(profile) = config.profiles.get(&args.profile) else {
             return Err(ToolError::new(
                 "unknown_profile",
                 format!("no profile {:?}: fleet_profiles lists them", args.profile),
@@ -112,7 +116,17 @@ impl FleetTool for Spawn {
             fleet.engine.lead_seen(lead.clone()).await.map_err(gone)?;
         }
         let target = fleet.engine.reserve(args.name).await.map_err(gone)??;
-        let opened = open(fleet, profile, &args.profile, &target, args.cwd).await;
+        let opened = open(
+            fleet,
+            &config,
+            Member {
+                profile,
+                profile_name: &args.profile,
+                target: &target,
+            },
+            args.cwd,
+        )
+        .await;
         let pane = match opened {
             Ok(pane) => pane,
             Err(e) => {
@@ -169,14 +183,25 @@ impl FleetTool for Spawn {
     }
 }
 
+/// The member being opened.
+struct Member<'a> {
+    profile: &'a Profile,
+    profile_name: &'a str,
+    target: &'a fleetd_core::Target,
+}
+
 async fn open(
     fleet: &Fleet,
-    profile: &Profile,
-    profile_name: &str,
-    target: &fleetd_core::Target,
+    config: &Config,
+    member: Member<'_>,
     cwd: Option<String>,
 ) -> Result<crate::mux::RoutedPane, ToolError> {
-    let env = member_env(fleet, profile, target.as_str())?;
+    let Member {
+        profile,
+        profile_name,
+        target,
+    } = member;
+    let env = member_env(fleet, config, profile, target.as_str())?;
     let mut command = vec![
         profile
             .command
@@ -186,7 +211,7 @@ async fn open(
     command.extend(profile.args.iter().cloned());
     let request = OpenPane {
         placement: Placement::NewTab {
-            workspace: fleet.config.members_workspace.clone(),
+            workspace: config.members_workspace.clone(),
         },
         label: Some(target.to_string()),
         cwd: cwd.map(Into::into).or_else(|| profile.cwd.clone()),
