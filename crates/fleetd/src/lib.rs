@@ -13,6 +13,7 @@ pub mod locate;
 pub mod logging;
 pub mod mcp;
 pub mod mux;
+pub mod notify;
 pub mod secrets;
 pub mod serve;
 pub mod shim;

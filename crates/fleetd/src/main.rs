@@ -56,6 +56,10 @@ fn serve(
         config.listen
     );
     fleetd::logging::init(config.log.format, &config.log.level);
+    // Under systemd (Type=notify) READY=1 goes out once the store is open and the listener
+    // bound, STOPPING=1 when a signal starts the shutdown.
+    let notifier =
+        fleetd::notify::Notifier::from_socket_var(std::env::var_os("NOTIFY_SOCKET").as_deref());
     let runtime = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
     runtime.block_on(async move {
         let daemon = fleetd::serve::Daemon::open(config).await?;
@@ -64,6 +68,13 @@ fn serve(
             .await
             .with_context(|| format!("failed to listen on {addr}"))?;
         tracing::info!(listen = %listener.local_addr()?, "fleetd listening");
-        daemon.run(listener, fleetd::serve::shutdown_signal()).await
+        let stopping = notifier.clone();
+        let shutdown = async move {
+            fleetd::serve::shutdown_signal().await;
+            stopping.stopping();
+        };
+        daemon
+            .run_with_ready(listener, shutdown, move || notifier.ready())
+            .await
     })
 }

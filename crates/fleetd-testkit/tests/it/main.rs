@@ -10,5 +10,6 @@ mod mux_herdr;
 mod mux_tmux;
 mod push;
 mod serve;
+mod service;
 mod store;
 mod tidy;
