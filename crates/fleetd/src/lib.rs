@@ -4,6 +4,7 @@
 #![warn(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod cli;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod engine;

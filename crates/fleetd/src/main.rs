@@ -5,24 +5,79 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use fleetd::cli::{Cli, Command, ConfigCommand, ServeArgs};
+use fleetd::cli::{Cli, ClientArgs, Command, ConfigCommand, SendArgs, ServeArgs};
+use fleetd::client::Request;
 use fleetd::config::{Config, Environment};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let env = Environment::from_process();
+    let config = cli.config.as_deref();
     let result = match cli.command {
-        Command::Serve(args) => serve(cli.config.as_deref(), &env, &args),
-        Command::Config(ConfigCommand::Check { file }) => config_check(&file, &env),
-        Command::Mcp => mcp_shim(cli.config.as_deref(), &env),
+        Command::Serve(args) => serve(config, &env, &args).map(|()| true),
+        Command::Config(ConfigCommand::Check { file }) => config_check(&file, &env).map(|()| true),
+        Command::Mcp => mcp_shim(config, &env).map(|()| true),
+        Command::Status(client) => ask(config, &env, &client, &Request::Status),
+        Command::Inbox { target, client } => ask(config, &env, &client, &Request::Inbox { target }),
+        Command::Ack {
+            target,
+            msg_id,
+            client,
+        } => ask(config, &env, &client, &Request::Ack { target, msg_id }),
+        Command::Send(args) => send(config, &env, args),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("fleetd: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+fn env_lookup(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
+/// Runs one client command against the daemon; false when it did not achieve what was asked.
+fn ask(
+    config_path: Option<&std::path::Path>,
+    env: &Environment,
+    client: &ClientArgs,
+    request: &Request,
+) -> anyhow::Result<bool> {
+    let conn = fleetd::client::connect(
+        client.daemon.as_deref(),
+        client.token.clone(),
+        Config::load(config_path, env),
+        &env_lookup,
+    )?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")?;
+    let mut out = std::io::stdout().lock();
+    Ok(runtime.block_on(fleetd::client::run(&conn, request, client.json, &mut out))?)
+}
+
+fn send(
+    config_path: Option<&std::path::Path>,
+    env: &Environment,
+    args: SendArgs,
+) -> anyhow::Result<bool> {
+    let task = if args.text == ["-"] {
+        std::io::read_to_string(std::io::stdin()).context("failed to read the task from stdin")?
+    } else {
+        args.text.join(" ")
+    };
+    let request = Request::Send {
+        target: args.target,
+        task,
+        wait: args.wait,
+        timeout_secs: args.timeout,
+    };
+    ask(config_path, env, &args.client, &request)
 }
 
 fn config_check(file: &std::path::Path, env: &Environment) -> anyhow::Result<()> {

@@ -1,8 +1,10 @@
-//! fleetd's one integration-test binary: the built `fleetd` binary, the stores against real disks and
-//! the real RabbitMQ, the multiplexer backends against real tmux and fake-herdr.
+//! fleetd's one integration-test binary: the built `fleetd` binary (daemon, CLI, installer,
+//! service readiness), the stores against real disks and the real RabbitMQ, the multiplexer
+//! backends against real tmux and fake-herdr.
 
 mod bridge;
 mod cli;
+mod client;
 mod config;
 mod crash;
 mod locate;
