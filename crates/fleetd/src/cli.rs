@@ -63,6 +63,9 @@ pub enum Command {
     /// Hand a task to a member, as a lead's fleet_send does. Without --wait prints the ticket at
     /// once; the reply lands in the member's inbox (and the primary lead is nudged).
     Send(SendArgs),
+    /// Configure an agent to use fleetd.
+    #[command(subcommand)]
+    Install(InstallCommand),
 }
 
 /// How the client commands find the daemon and print its answers.
@@ -104,6 +107,40 @@ pub struct SendArgs {
     /// How to reach the daemon.
     #[command(flatten)]
     pub client: ClientArgs,
+}
+
+/// `fleetd install ...`.
+#[derive(Debug, Subcommand)]
+pub enum InstallCommand {
+    /// Add fleetd to Claude Code: its MCP server entry (`.mcp.json` in this directory, or
+    /// `~/.claude.json` with --scope user; other entries and keys are kept) and the fleet
+    /// charter block in CLAUDE.md (replaced between its markers when present, else appended).
+    /// Running it again changes nothing.
+    Claude(InstallClaudeArgs),
+}
+
+/// Where `fleetd install claude` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum InstallScope {
+    /// `.mcp.json` and `CLAUDE.md` in the current directory.
+    Project,
+    /// `~/.claude.json` and `~/.claude/CLAUDE.md`.
+    User,
+}
+
+/// Flags of `fleetd install claude`.
+#[derive(Debug, Args)]
+pub struct InstallClaudeArgs {
+    /// Which Claude Code configuration to change.
+    #[arg(long, value_enum, default_value_t = InstallScope::Project)]
+    pub scope: InstallScope,
+    /// Print what would be written instead of writing it.
+    #[arg(long)]
+    pub print: bool,
+    /// Use the stdio shim (`fleetd mcp`) instead of the HTTP endpoint, for agents that only
+    /// speak stdio MCP.
+    #[arg(long)]
+    pub stdio: bool,
 }
 
 /// Flags of `fleetd serve`.

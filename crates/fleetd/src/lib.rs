@@ -10,6 +10,7 @@ pub mod config;
 pub mod engine;
 pub mod health;
 pub mod http;
+pub mod install;
 pub mod locate;
 pub mod logging;
 pub mod mcp;

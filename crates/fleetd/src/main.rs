@@ -5,9 +5,13 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use fleetd::cli::{Cli, ClientArgs, Command, ConfigCommand, SendArgs, ServeArgs};
+use fleetd::cli::{
+    Cli, ClientArgs, Command, ConfigCommand, InstallClaudeArgs, InstallCommand, InstallScope,
+    SendArgs, ServeArgs,
+};
 use fleetd::client::Request;
 use fleetd::config::{Config, Environment};
+use fleetd::install::{ClaudePaths, McpServer, Outcome};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -25,6 +29,9 @@ fn main() -> ExitCode {
             client,
         } => ask(config, &env, &client, &Request::Ack { target, msg_id }),
         Command::Send(args) => send(config, &env, args),
+        Command::Install(InstallCommand::Claude(args)) => {
+            install_claude(config, &env, &args).map(|()| true)
+        }
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -78,6 +85,69 @@ fn send(
         timeout_secs: args.timeout,
     };
     ask(config_path, env, &args.client, &request)
+}
+
+fn install_claude(
+    config_path: Option<&std::path::Path>,
+    env: &Environment,
+    args: &InstallClaudeArgs,
+) -> anyhow::Result<()> {
+    let server = if args.stdio {
+        // The shim must find the same daemon: pass the config along when one was named.
+        let mut shim_args = Vec::new();
+        if let Some(path) = config_path {
+            let path = std::path::absolute(path).context("failed to resolve --config")?;
+            shim_args.extend(["--config".to_owned(), path.display().to_string()]);
+        }
+        shim_args.push("mcp".to_owned());
+        McpServer::Stdio {
+            command: "fleetd".to_owned(),
+            args: shim_args,
+        }
+    } else {
+        let config = Config::load(config_path, env)?;
+        McpServer::Http {
+            url: format!(
+                "{}/mcp",
+                fleetd::client::DaemonUrl::from_listen(config.listen)
+            ),
+        }
+    };
+    let paths =
+        match args.scope {
+            InstallScope::Project => ClaudePaths::project(
+                &std::env::current_dir().context("failed to read the current directory")?,
+            ),
+            InstallScope::User => ClaudePaths::user(env.home.as_deref().context(
+                "failed to find the home directory: HOME is not set (use --scope project)",
+            )?),
+        };
+    if args.print {
+        let entry =
+            serde_json::json!({ "mcpServers": { fleetd::install::SERVER_NAME: server.entry() } });
+        println!(
+            "# merge into {}:\n{}\n",
+            paths.mcp_config.display(),
+            serde_json::to_string_pretty(&entry).context("failed to render the entry")?
+        );
+        print!(
+            "# add to {}:\n{}",
+            paths.memory.display(),
+            fleetd::install::CHARTER
+        );
+        return Ok(());
+    }
+    for outcome in fleetd::install::install_claude(&paths, &server)? {
+        match outcome {
+            Outcome::Written(path) => println!("wrote {}", path.display()),
+            Outcome::Unchanged(path) => println!("{} is up to date", path.display()),
+        }
+    }
+    println!(
+        "restart Claude Code (or run /mcp) to connect it to fleetd as `{}`",
+        fleetd::install::SERVER_NAME
+    );
+    Ok(())
 }
 
 fn config_check(file: &std::path::Path, env: &Environment) -> anyhow::Result<()> {
