@@ -97,8 +97,8 @@ pub struct SendArgs {
     /// The task, in plain words (several words are joined with spaces; `-` reads it from stdin).
     #[arg(required = true, num_args = 1.., value_name = "TEXT")]
     pub text: Vec<String>,
-    /// Wait for the ticket to settle and print the reply. Exit status 1 when the ticket stalled,
-    /// failed or was cancelled.
+    /// Wait for the ticket to settle and print the reply. Exit status 1 unless a reply came
+    /// back (the ticket stalled, failed or was cancelled, or the wait ran out first).
     #[arg(long)]
     pub wait: bool,
     /// How long --wait waits, in seconds; when it passes first the reply lands in the inbox.
