@@ -267,3 +267,43 @@ fn e2e_cli_send_from_a_member_pane_is_refused() {
         "{status}"
     );
 }
+
+#[test]
+fn e2e_cli_send_wait_that_runs_out_exits_1_and_the_reply_still_lands() {
+    let Some(rig) = rig(&sim_profile("slow", &[("SIM_AGENT_WORK_MS", "3000")])) else {
+        return;
+    };
+    rig.spawn("slow", "bob");
+    let url = format!("http://{}", rig.daemon.addr);
+    let out = fleetd(
+        rig.dir(),
+        &[
+            "send",
+            "bob",
+            "take",
+            "your",
+            "time",
+            "--wait",
+            "--timeout",
+            "1",
+            "--daemon",
+            &url,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = stdout(&out);
+    assert!(said.contains("the reply lands in its inbox"), "{said}");
+    let mut inbox = Value::Null;
+    wait_until(
+        "the late reply in the inbox",
+        Duration::from_secs(60),
+        || {
+            inbox = json(&fleetd(
+                rig.dir(),
+                &["inbox", "bob", "--json", "--daemon", &url],
+            ));
+            inbox["replies"].as_array().is_some_and(|r| !r.is_empty())
+        },
+    );
+    assert_eq!(inbox["replies"][0]["text"], "sim-agent did: take your time");
+}
