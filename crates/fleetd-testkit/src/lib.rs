@@ -205,7 +205,8 @@ pub mod daemon {
     }
 
     /// A `fleetd` command isolated in `home`: HOME and XDG dirs point inside it, and the
-    /// multiplexer variables of the developer's own session are removed.
+    /// multiplexer, daemon-URL, token and service-manager variables of the developer's own
+    /// session are removed.
     pub fn command(home: &Path) -> Command {
         let mut cmd = Command::new(crate::bin_path("fleetd"));
         cmd.env("HOME", home)
@@ -213,6 +214,9 @@ pub mod daemon {
             .env("XDG_STATE_HOME", home.join("state"))
             .env_remove("FLEETD_CONFIG")
             .env_remove("FLEETD_LOG")
+            .env_remove("FLEETD_URL")
+            .env_remove("FLEETD_TOKEN")
+            .env_remove("NOTIFY_SOCKET")
             .env_remove("TMUX")
             .env_remove("TMUX_PANE");
         for (key, _) in std::env::vars_os() {

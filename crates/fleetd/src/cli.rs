@@ -38,6 +38,109 @@ pub enum Command {
     /// server command for agents that only speak stdio MCP. The daemon identifies the calling
     /// agent by this process (SO_PEERCRED), exactly as over HTTP.
     Mcp,
+    /// Show the running daemon's members: target, profile, pane, status, inbox depth, open
+    /// tickets and delegating lead.
+    Status(ClientArgs),
+    /// Show the replies waiting in a member's inbox (non-destructive: `fleetd ack` removes one).
+    Inbox {
+        /// The member's name.
+        target: String,
+        /// How to reach the daemon.
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Acknowledge (remove) one reply from a member's inbox. Acknowledging an id that is not
+    /// there is not an error.
+    Ack {
+        /// The member's name.
+        target: String,
+        /// The reply's msgId (as `fleetd inbox` shows it).
+        msg_id: String,
+        /// How to reach the daemon.
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Hand a task to a member, as a lead's fleet_send does. Without --wait prints the ticket at
+    /// once; the reply lands in the member's inbox (and the primary lead is nudged).
+    Send(SendArgs),
+    /// Configure an agent to use fleetd.
+    #[command(subcommand)]
+    Install(InstallCommand),
+}
+
+/// How the client commands find the daemon and print its answers.
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// The daemon's URL, e.g. http://127.0.0.1:7797. Default: $FLEETD_URL, else the config's
+    /// `listen`.
+    #[arg(long, env = "FLEETD_URL", value_name = "URL")]
+    pub daemon: Option<String>,
+    /// The API token to present (needed from another host). Default: $FLEETD_TOKEN, else the
+    /// value of the config's `apiToken` secret when it resolves here.
+    #[arg(
+        long,
+        env = "FLEETD_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    /// Print the daemon's JSON answer instead of the human form.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `fleetd send`.
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The member's name.
+    pub target: String,
+    /// The task, in plain words (several words are joined with spaces; `-` reads it from stdin).
+    #[arg(required = true, num_args = 1.., value_name = "TEXT")]
+    pub text: Vec<String>,
+    /// Wait for the ticket to settle and print the reply. Exit status 1 unless a reply came
+    /// back (the ticket stalled, failed or was cancelled, or the wait ran out first).
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits, in seconds; when it passes first the reply lands in the inbox.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub timeout: u64,
+    /// How to reach the daemon.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `fleetd install ...`.
+#[derive(Debug, Subcommand)]
+pub enum InstallCommand {
+    /// Add fleetd to Claude Code: its MCP server entry (`.mcp.json` in this directory, or
+    /// `~/.claude.json` with --scope user; other entries and keys are kept) and the fleet
+    /// charter block in CLAUDE.md (replaced between its markers when present, else appended).
+    /// Running it again changes nothing.
+    Claude(InstallClaudeArgs),
+}
+
+/// Where `fleetd install claude` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum InstallScope {
+    /// `.mcp.json` and `CLAUDE.md` in the current directory.
+    Project,
+    /// `~/.claude.json` and `~/.claude/CLAUDE.md`.
+    User,
+}
+
+/// Flags of `fleetd install claude`.
+#[derive(Debug, Args)]
+pub struct InstallClaudeArgs {
+    /// Which Claude Code configuration to change.
+    #[arg(long, value_enum, default_value_t = InstallScope::Project)]
+    pub scope: InstallScope,
+    /// Print what would be written instead of writing it.
+    #[arg(long)]
+    pub print: bool,
+    /// Use the stdio shim (`fleetd mcp`) instead of the HTTP endpoint, for agents that only
+    /// speak stdio MCP.
+    #[arg(long)]
+    pub stdio: bool,
 }
 
 /// Flags of `fleetd serve`.

@@ -4,15 +4,18 @@
 #![warn(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod cli;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod health;
 pub mod http;
+pub mod install;
 pub mod locate;
 pub mod logging;
 pub mod mcp;
 pub mod mux;
+pub mod notify;
 pub mod reload;
 pub mod secrets;
 pub mod serve;

@@ -5,25 +5,150 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use fleetd::cli::{Cli, Command, ConfigCommand, ServeArgs};
+use fleetd::cli::{
+    Cli, ClientArgs, Command, ConfigCommand, InstallClaudeArgs, InstallCommand, InstallScope,
+    SendArgs, ServeArgs,
+};
+use fleetd::client::Request;
 use fleetd::config::{Config, Environment, Overrides};
+use fleetd::install::{ClaudePaths, McpServer, Outcome};
 use fleetd::reload::ReloadSource;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let env = Environment::from_process();
+    let config = cli.config.as_deref();
     let result = match cli.command {
-        Command::Serve(args) => serve(cli.config.as_deref(), &env, &args),
-        Command::Config(ConfigCommand::Check { file }) => config_check(&file, &env),
-        Command::Mcp => mcp_shim(cli.config.as_deref(), &env),
+        Command::Serve(args) => serve(config, &env, &args).map(|()| true),
+        Command::Config(ConfigCommand::Check { file }) => config_check(&file, &env).map(|()| true),
+        Command::Mcp => mcp_shim(config, &env).map(|()| true),
+        Command::Status(client) => ask(config, &env, &client, &Request::Status),
+        Command::Inbox { target, client } => ask(config, &env, &client, &Request::Inbox { target }),
+        Command::Ack {
+            target,
+            msg_id,
+            client,
+        } => ask(config, &env, &client, &Request::Ack { target, msg_id }),
+        Command::Send(args) => send(config, &env, args),
+        Command::Install(InstallCommand::Claude(args)) => {
+            install_claude(config, &env, &args).map(|()| true)
+        }
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("fleetd: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+fn env_lookup(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
+/// Runs one client command against the daemon; false when it did not achieve what was asked.
+fn ask(
+    config_path: Option<&std::path::Path>,
+    env: &Environment,
+    client: &ClientArgs,
+    request: &Request,
+) -> anyhow::Result<bool> {
+    let conn = fleetd::client::connect(
+        client.daemon.as_deref(),
+        client.token.clone(),
+        Config::load(config_path, env),
+        &env_lookup,
+    )?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")?;
+    let mut out = std::io::stdout().lock();
+    Ok(runtime.block_on(fleetd::client::run(&conn, request, client.json, &mut out))?)
+}
+
+fn send(
+    config_path: Option<&std::path::Path>,
+    env: &Environment,
+    args: SendArgs,
+) -> anyhow::Result<bool> {
+    let task = if args.text == ["-"] {
+        std::io::read_to_string(std::io::stdin()).context("failed to read the task from stdin")?
+    } else {
+        args.text.join(" ")
+    };
+    let request = Request::Send {
+        target: args.target,
+        task,
+        wait: args.wait,
+        timeout_secs: args.timeout,
+    };
+    ask(config_path, env, &args.client, &request)
+}
+
+fn install_claude(
+    config_path: Option<&std::path::Path>,
+    env: &Environment,
+    args: &InstallClaudeArgs,
+) -> anyhow::Result<()> {
+    let server = if args.stdio {
+        // The shim must find the same daemon: pass the config along when one was named.
+        let mut shim_args = Vec::new();
+        if let Some(path) = config_path {
+            let path = std::path::absolute(path).context("failed to resolve --config")?;
+            shim_args.extend(["--config".to_owned(), path.display().to_string()]);
+        }
+        shim_args.push("mcp".to_owned());
+        McpServer::Stdio {
+            command: "fleetd".to_owned(),
+            args: shim_args,
+        }
+    } else {
+        let config = Config::load(config_path, env)?;
+        McpServer::Http {
+            url: format!(
+                "{}/mcp",
+                fleetd::client::DaemonUrl::from_listen(config.listen)
+            ),
+        }
+    };
+    let paths =
+        match args.scope {
+            InstallScope::Project => ClaudePaths::project(
+                &std::env::current_dir().context("failed to read the current directory")?,
+            ),
+            InstallScope::User => ClaudePaths::user(env.home.as_deref().context(
+                "failed to find the home directory: HOME is not set (use --scope project)",
+            )?),
+        };
+    if args.print {
+        let entry =
+            serde_json::json!({ "mcpServers": { fleetd::install::SERVER_NAME: server.entry() } });
+        println!(
+            "# merge into {}:\n{}\n",
+            paths.mcp_config.display(),
+            serde_json::to_string_pretty(&entry).context("failed to render the entry")?
+        );
+        print!(
+            "# add to {}:\n{}",
+            paths.memory.display(),
+            fleetd::install::CHARTER
+        );
+        return Ok(());
+    }
+    for outcome in fleetd::install::install_claude(&paths, &server)? {
+        match outcome {
+            Outcome::Written(path) => println!("wrote {}", path.display()),
+            Outcome::Unchanged(path) => println!("{} is up to date", path.display()),
+        }
+    }
+    println!(
+        "restart Claude Code (or run /mcp) to connect it to fleetd as `{}`",
+        fleetd::install::SERVER_NAME
+    );
+    Ok(())
 }
 
 fn config_check(file: &std::path::Path, env: &Environment) -> anyhow::Result<()> {
@@ -56,6 +181,10 @@ fn serve(
         config.listen
     );
     fleetd::logging::init(config.log.format, &config.log.level);
+    // Under systemd (Type=notify) READY=1 goes out once the store is open and the listener
+    // bound, STOPPING=1 when a signal starts the shutdown.
+    let notifier =
+        fleetd::notify::Notifier::from_socket_var(std::env::var_os("NOTIFY_SOCKET").as_deref());
     let runtime = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
     runtime.block_on(async move {
         let daemon = fleetd::serve::Daemon::open(config).await?;
@@ -73,6 +202,13 @@ fn serve(
             .await
             .with_context(|| format!("failed to listen on {addr}"))?;
         tracing::info!(listen = %listener.local_addr()?, "fleetd listening");
-        daemon.run(listener, fleetd::serve::shutdown_signal()).await
+        let stopping = notifier.clone();
+        let shutdown = async move {
+            fleetd::serve::shutdown_signal().await;
+            stopping.stopping();
+        };
+        daemon
+            .run_with_ready(listener, shutdown, move || notifier.ready())
+            .await
     })
 }

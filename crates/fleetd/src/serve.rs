@@ -138,6 +138,19 @@ impl Daemon {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        self.run_with_ready(listener, shutdown, || {}).await
+    }
+
+    /// [`Daemon::run`], calling `ready` once the daemon serves: the store is open (it was in
+    /// [`Daemon::open`]), the listener is bound, the engine runs and the shim socket listens.
+    /// It is called just before the first `accept`; a connection made from then on waits in the
+    /// listener's backlog and is answered. `fleetd serve` sends `READY=1` to systemd here.
+    pub async fn run_with_ready(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        ready: impl FnOnce() + Send,
+    ) -> anyhow::Result<()> {
         let local = listener
             .local_addr()
             .context("the listener has no address")?;
@@ -149,6 +162,7 @@ impl Daemon {
             .context("failed to open the stdio shim's socket")?;
         let store = Arc::clone(&self.inner.store);
         let app = crate::http::router(self, fleet, mcp);
+        ready();
         let served = axum::serve(
             listener,
             app.into_make_service_with_connect_info::<crate::mcp::ConnInfo>(),

@@ -6,8 +6,9 @@
 //!
 //! Knobs (argument, else environment variable):
 //! - `--script a,b,..` / `SIM_AGENT_SCRIPT`: one action per turn — `reply`, `ask`, `silent`,
-//!   `hang`, `block`, `exit`, `call` (the task is `TOOL {json}`: call it, reply with the result);
-//!   the last one repeats (default `reply`);
+//!   `hang`, `block`, `exit`, `call` (the task is `TOOL {json}`: call it, reply with the result),
+//!   `shell` (run the task with `sh -c` in the agent's own session, as an agent's shell tool does,
+//!   and reply with its exit status and output); the last one repeats (default `reply`);
 //! - `--work-ms N` / `SIM_AGENT_WORK_MS`: how long a turn shows working (default 1500);
 //! - `--reply T` / `SIM_AGENT_REPLY`: reply text, `{prompt}` replaced (default `sim-agent did: {prompt}`);
 //! - `--question Q` / `SIM_AGENT_QUESTION`: the `fleet_ask` question (default `sim-agent asks about: {prompt}`);
@@ -53,6 +54,10 @@ pub enum Action {
     /// Treat the task as `TOOL {json args}`: call that tool, then reply with its result (lets a
     /// test make a member call any tool, e.g. a lead's, and read what fleetd answered).
     Call,
+    /// Run the task as a shell command line (a child in this process's session, like an agent's
+    /// shell tool), then reply with `exit N` and its output (lets a test make a member run a
+    /// program from its pane, e.g. the `fleetd` CLI).
+    Shell,
 }
 
 impl std::str::FromStr for Action {
@@ -66,6 +71,7 @@ impl std::str::FromStr for Action {
             "block" => Action::Block,
             "exit" => Action::Exit,
             "call" => Action::Call,
+            "shell" => Action::Shell,
             other => anyhow::bail!("unknown sim-agent action {other:?}"),
         })
     }
@@ -295,6 +301,23 @@ impl Agent {
                     let result = self.tool(name, args).await;
                     let text =
                         serde_json::to_string(&result.unwrap_or(Value::Null)).unwrap_or_default();
+                    self.tool("fleet_reply", json!({ "text": text })).await;
+                }
+                Action::Shell => {
+                    let text = match tokio::process::Command::new("sh")
+                        .args(["-c", &prompt])
+                        .stdin(std::process::Stdio::null())
+                        .output()
+                        .await
+                    {
+                        Ok(out) => format!(
+                            "exit {}\n{}{}",
+                            out.status.code().unwrap_or(-1),
+                            String::from_utf8_lossy(&out.stdout),
+                            String::from_utf8_lossy(&out.stderr)
+                        ),
+                        Err(e) => format!("sim-agent could not run sh: {e}"),
+                    };
                     self.tool("fleet_reply", json!({ "text": text })).await;
                 }
                 Action::Silent | Action::Hang => {}

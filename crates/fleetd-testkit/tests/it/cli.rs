@@ -11,7 +11,9 @@ fn help_describes_every_subcommand() {
         .expect("fleetd runs");
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
-    for sub in ["serve", "config", "mcp"] {
+    for sub in [
+        "serve", "config", "mcp", "status", "inbox", "ack", "send", "install",
+    ] {
         let line = help
             .lines()
             .find(|l| l.trim_start().starts_with(sub))

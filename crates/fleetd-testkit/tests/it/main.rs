@@ -1,10 +1,13 @@
-//! fleetd's one integration-test binary: the built `fleetd` binary, the stores against real disks and
-//! the real RabbitMQ, the multiplexer backends against real tmux and fake-herdr.
+//! fleetd's one integration-test binary: the built `fleetd` binary (daemon, CLI, installer,
+//! service readiness), the stores against real disks and the real RabbitMQ, the multiplexer
+//! backends against real tmux and fake-herdr.
 
 mod bridge;
 mod cli;
+mod client;
 mod config;
 mod crash;
+mod install;
 mod locate;
 mod mux_herdr;
 mod mux_tmux;
@@ -12,5 +15,6 @@ mod push;
 mod push_herdr;
 mod reload;
 mod serve;
+mod service;
 mod store;
 mod tidy;

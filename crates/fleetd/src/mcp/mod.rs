@@ -81,6 +81,28 @@ pub struct Fleet {
     pub url: String,
 }
 
+impl Fleet {
+    /// Whether `given` is the configured API token (false when none is configured). Compared
+    /// in constant time.
+    pub fn token_matches(&self, given: &str) -> bool {
+        self.api_token.as_ref().is_some_and(|expected| {
+            identity::constant_time_eq(expected.as_bytes(), given.as_bytes())
+        })
+    }
+}
+
+/// Who holds an HTTP connection, decided exactly as for an MCP call (connection → process →
+/// pane → role), for REST endpoints that change the fleet: a member's pane is refused there as
+/// it is by `fleet_send`. The request is never cancelled from here; dropping it is enough.
+pub(crate) async fn http_caller(fleet: &Fleet, conn: ConnInfo, bearer: Option<String>) -> Caller {
+    identity::resolve(
+        fleet,
+        Some(Peer::Http { conn, bearer }),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+}
+
 /// A tool's successful answer: structured JSON plus a one-line summary.
 #[derive(Debug, Clone)]
 pub struct ToolOutput {

@@ -9,7 +9,7 @@ mod list;
 mod poll;
 mod profiles;
 mod reply;
-mod send;
+pub(crate) mod send;
 pub(crate) mod spawn;
 pub(crate) mod status;
 mod stop;

@@ -7,9 +7,10 @@ use fleetd_core::{Message, TicketState};
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use super::{FleetTool, gone, output, target};
-use crate::engine::TicketAnswer;
+use crate::engine::{LeadRef, TicketAnswer};
 use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
 
 /// Longest wait a caller may ask for: an hour. A longer wait only ties up a connection; the
@@ -22,16 +23,16 @@ const MAX_WAIT_SECS: u64 = 3600;
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct Args {
     /// The member's name (see fleet_list).
-    target: String,
+    pub(crate) target: String,
     /// The task, in plain words. It is typed into the member's pane when the member is ready
     /// (a long task is handed over as a pointer the member reads with fleet_poll).
-    task: String,
+    pub(crate) task: String,
     /// Wait for the reply (default true). With false, returns the ticket at once; read the
     /// reply later with fleet_poll.
-    wait: Option<bool>,
+    pub(crate) wait: Option<bool>,
     /// How long to wait, in seconds (default 120, at most 3600). When it passes first, the
     /// ticket is returned with its current state and the reply lands in the inbox.
-    timeout_secs: Option<u64>,
+    pub(crate) timeout_secs: Option<u64>,
 }
 
 pub(crate) struct Send;
@@ -54,77 +55,89 @@ impl FleetTool for Send {
     type Args = Args;
 
     async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
-        let target = target(&args.target)?;
-        let max =
-            usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
-        if args.task.len() > max {
-            return Err(ToolError::new(
-                "task_too_large",
-                format!(
-                    "the task is {} bytes; the limit is {max} (inbox.maxMessageBytes): put the details in a file and send its path",
-                    args.task.len()
-                ),
-            ));
-        }
-        if args.task.trim().is_empty() {
-            return Err(ToolError::new(
-                "empty_task",
-                "the task is empty: say what the member should do",
-            ));
-        }
         let lead = caller.lead();
         if let Some(lead) = &lead {
             fleet.engine.lead_seen(lead.clone()).await.map_err(gone)?;
         }
-        let ticket = fleet
-            .engine
-            .submit(lead, target.clone(), args.task)
-            .await
-            .map_err(gone)??;
-        if !args.wait.unwrap_or(true) {
-            return output(
-                json!({ "ticket": ticket, "status": "queued" }),
-                format!("ticket {ticket} queued for {target}; fleet_poll(ticket) reads the reply"),
-            );
+        delegate(fleet, lead, &caller.cancel, args).await
+    }
+}
+
+/// Submits `args.task` to its target on behalf of `lead` (bound as the target's delegating lead
+/// when there is one; with none, nudges go to the primary) and, with wait, waits for the ticket
+/// to settle. The one path for `fleet_send` and the REST API's `POST /sessions/{target}/tasks`.
+/// When `cancel` fires the wait stops and the reply stays in the inbox.
+pub(crate) async fn delegate(
+    fleet: &Fleet,
+    lead: Option<LeadRef>,
+    cancel: &CancellationToken,
+    args: Args,
+) -> Result<ToolOutput, ToolError> {
+    let target = target(&args.target)?;
+    let max = usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
+    if args.task.len() > max {
+        return Err(ToolError::new(
+            "task_too_large",
+            format!(
+                "the task is {} bytes; the limit is {max} (inbox.maxMessageBytes): put the details in a file and send its path",
+                args.task.len()
+            ),
+        ));
+    }
+    if args.task.trim().is_empty() {
+        return Err(ToolError::new(
+            "empty_task",
+            "the task is empty: say what the member should do",
+        ));
+    }
+    let ticket = fleet
+        .engine
+        .submit(lead, target.clone(), args.task)
+        .await
+        .map_err(gone)??;
+    if !args.wait.unwrap_or(true) {
+        return output(
+            json!({ "ticket": ticket, "status": "queued" }),
+            format!("ticket {ticket} queued for {target}; fleet_poll(ticket) reads the reply"),
+        );
+    }
+    let secs = args.timeout_secs.unwrap_or(120).min(MAX_WAIT_SECS);
+    let waiter = fleet.engine.wait(ticket).await.map_err(gone)?;
+    let settled = tokio::select! {
+        settled = tokio::time::timeout(Duration::from_secs(secs), waiter) => settled,
+        () = cancel.cancelled() => {
+            // Nobody will read an answer: drop the waiter so the reply stays in the inbox.
+            return Err(ToolError::new("cancelled", "the request was abandoned; the reply will land in the inbox"));
         }
-        let secs = args.timeout_secs.unwrap_or(120).min(MAX_WAIT_SECS);
-        let waiter = fleet.engine.wait(ticket).await.map_err(gone)?;
-        let settled = tokio::select! {
-            settled = tokio::time::timeout(Duration::from_secs(secs), waiter) => settled,
-            () = caller.cancel.cancelled() => {
-                // Nobody will read an answer: drop the waiter so the reply stays in the inbox.
-                return Err(ToolError::new("cancelled", "the request was abandoned; the reply will land in the inbox"));
-            }
-        };
-        match settled {
-            Ok(Ok(settled)) => {
-                let mut value = json!({ "ticket": ticket, "status": settled.state });
-                let mut summary = format!("ticket {ticket}: {}", settled.state.as_str());
-                if let Some(reply) = &settled.reply {
-                    // The waiter's answer acknowledges the reply: it was durable before we saw it.
-                    value["reply"] = json!(reply.text);
-                    value["msgId"] = json!(reply.msg_id);
-                    if let Err(e) = fleet.store.ack(&reply.target, reply.msg_id).await {
-                        tracing::warn!(error = %e, "could not acknowledge a delivered reply; it stays in the inbox");
-                    }
-                    let _ = fleet.engine.inbox_changed(reply.target.clone()).await;
-                    summary = format!("{target} replied ({} bytes)", reply.text.len());
+    };
+    match settled {
+        Ok(Ok(settled)) => {
+            let mut value = json!({ "ticket": ticket, "status": settled.state });
+            let mut summary = format!("ticket {ticket}: {}", settled.state.as_str());
+            if let Some(reply) = &settled.reply {
+                // The waiter's answer acknowledges the reply: it was durable before we saw it.
+                value["reply"] = json!(reply.text);
+                value["msgId"] = json!(reply.msg_id);
+                if let Err(e) = fleet.store.ack(&reply.target, reply.msg_id).await {
+                    tracing::warn!(error = %e, "could not acknowledge a delivered reply; it stays in the inbox");
                 }
-                output(value, summary)
+                let _ = fleet.engine.inbox_changed(reply.target.clone()).await;
+                summary = format!("{target} replied ({} bytes)", reply.text.len());
             }
-            _ => {
-                let state = match fleet.engine.ticket(ticket).await.map_err(gone)? {
-                    TicketAnswer::Live(view) => view.state,
-                    _ => TicketState::Queued,
-                };
-                output(
-                    json!({ "ticket": ticket, "status": state }),
-                    format!(
-                        "ticket {ticket} still {}; the reply will land in the inbox",
-                        state.as_str()
-                    ),
-                )
-            }
+            output(value, summary)
+        }
+        _ => {
+            let state = match fleet.engine.ticket(ticket).await.map_err(gone)? {
+                TicketAnswer::Live(view) => view.state,
+                _ => TicketState::Queued,
+            };
+            output(
+                json!({ "ticket": ticket, "status": state }),
+                format!(
+                    "ticket {ticket} still {}; the reply will land in the inbox",
+                    state.as_str()
+                ),
+            )
         }
     }
 }

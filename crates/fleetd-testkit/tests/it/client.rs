@@ -1,0 +1,309 @@
+//! Integration tests: the human CLI (`fleetd status`, `inbox`, `ack`, `send`) run as the built
+//! binary against a running daemon, in human and `--json` form; how it finds the daemon (flag,
+//! `FLEETD_URL`, the config's `listen`) and what it says when none answers; the API token; and
+//! end to end with sim-agent members in a private tmux, including a member pane being refused.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use fleetd_testkit::daemon::{Daemon, command, isolated_config, write_config};
+use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
+use fleetd_testkit::{Service, bin_path, require_tmux, wait_until};
+use serde_json::Value;
+
+/// Runs `fleetd args...` isolated in `home`.
+fn fleetd(home: &Path, args: &[&str]) -> Output {
+    command(home).args(args).output().expect("fleetd runs")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts a zero exit and returns stdout.
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        stdout(out),
+        stderr(out)
+    );
+    stdout(out)
+}
+
+fn json(out: &Output) -> Value {
+    let text = ok(out);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// A port nothing listens on (bound, then released).
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+#[test]
+fn client_without_a_daemon_exits_1_naming_the_url_it_tried() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let port = closed_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let check = |out: &Output, how: &str| {
+        assert_eq!(out.status.code(), Some(1), "{how}: {}", stderr(out));
+        let err = stderr(out);
+        assert!(err.contains(&url), "{how}: names the URL: {err}");
+        assert!(
+            err.contains("fleetd serve"),
+            "{how}: says how to start: {err}"
+        );
+        assert!(stdout(out).is_empty(), "{how}: {}", stdout(out));
+    };
+    check(
+        &fleetd(home.path(), &["status", "--daemon", &url]),
+        "--daemon",
+    );
+    let out = command(home.path())
+        .env("FLEETD_URL", &url)
+        .args(["inbox", "alice", "--json"])
+        .output()
+        .expect("fleetd runs");
+    check(&out, "FLEETD_URL");
+    // Neither: the config's `listen` says where the daemon should be.
+    write_config(home.path(), &format!("listen: 127.0.0.1:{port}\n"));
+    check(
+        &fleetd(home.path(), &["send", "alice", "hello"]),
+        "config listen",
+    );
+}
+
+#[test]
+fn client_status_of_a_daemon_without_members() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let daemon = Daemon::start(home.path(), &[]);
+    let url = format!("http://{}", daemon.addr);
+    let text = ok(&fleetd(home.path(), &["status", "--daemon", &url]));
+    assert!(text.starts_with("no members"), "{text}");
+    let v = json(&fleetd(
+        home.path(),
+        &["status", "--daemon", &url, "--json"],
+    ));
+    assert_eq!(v, serde_json::json!({ "members": [] }));
+    let text = ok(&fleetd(home.path(), &["inbox", "alice", "--daemon", &url]));
+    assert_eq!(text, "alice: no replies waiting\n");
+}
+
+#[test]
+fn client_refusals_exit_1_with_the_daemon_s_reason() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let daemon = Daemon::start(home.path(), &[]);
+    let url = format!("http://{}", daemon.addr);
+    let out = fleetd(home.path(), &["send", "nosuch", "do it", "--daemon", &url]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("no member named nosuch"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("unknown_target"), "{}", stderr(&out));
+    // --json prints the daemon's error body as it came, and still fails.
+    let out = fleetd(
+        home.path(),
+        &["send", "nosuch", "x", "--json", "--daemon", &url],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let body: Value = serde_json::from_str(&stdout(&out)).expect("error body is JSON");
+    assert_eq!(body["error"], "unknown_target");
+    // Bad ids never reach the daemon.
+    let out = fleetd(
+        home.path(),
+        &["ack", "alice", "not-a-uuid", "--daemon", &url],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("not-a-uuid"), "{}", stderr(&out));
+}
+
+#[test]
+fn client_presents_the_api_token_from_the_config() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let token = home.path().join("token");
+    std::fs::write(&token, "s3cret-token\n").expect("write token");
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    write_config(
+        home.path(),
+        &format!(
+            "{}apiToken: api\nsecrets:\n  api:\n    file: {}\n",
+            isolated_config(home.path()),
+            token.display()
+        ),
+    );
+    let daemon = Daemon::start(home.path(), &[]);
+    let url = format!("http://{}", daemon.addr);
+    // The CLI resolves the config's token itself and the daemon accepts it.
+    ok(&fleetd(home.path(), &["status", "--daemon", &url]));
+    // A wrong token is refused even from loopback, with what to do.
+    let out = command(home.path())
+        .env("FLEETD_TOKEN", "wrong")
+        .args(["status", "--daemon", &url])
+        .output()
+        .expect("fleetd runs");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("bad_token"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("HTTP 401"), "{}", stderr(&out));
+}
+
+fn rig(profiles: &str) -> Option<Rig> {
+    if require_tmux() == Service::Skip {
+        return None;
+    }
+    // No nudges: the lead pane is a shell (see bridge.rs).
+    Some(Rig::start(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{profiles}"
+    )))
+}
+
+#[test]
+fn e2e_cli_sends_reads_and_acknowledges() {
+    let Some(rig) = rig(&sim_profile("sim", &[("SIM_AGENT_WORK_MS", "300")])) else {
+        return;
+    };
+    rig.spawn("sim", "alice");
+    let url = format!("http://{}", rig.daemon.addr);
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--daemon", &url]);
+        fleetd(rig.dir(), &all)
+    };
+
+    // send --wait prints the reply itself.
+    let text = ok(&run(&["send", "alice", "count", "the", "files", "--wait"]));
+    assert_eq!(text, "sim-agent did: count the files\n");
+
+    // Without --wait: the ticket, then the reply lands in the inbox.
+    let sent = json(&run(&["send", "alice", "lint", "--json"]));
+    assert_eq!(sent["status"], "queued", "{sent}");
+    let ticket = sent["ticket"].as_str().expect("ticket").to_owned();
+    let mut inbox = Value::Null;
+    wait_until("the reply in the inbox", Duration::from_secs(90), || {
+        inbox = json(&run(&["inbox", "alice", "--json"]));
+        inbox["replies"].as_array().is_some_and(|r| !r.is_empty())
+    });
+    let reply = &inbox["replies"][0];
+    assert_eq!(reply["text"], "sim-agent did: lint", "{inbox}");
+    assert_eq!(reply["ticket"], ticket.as_str());
+    let msg_id = reply["msgId"].as_str().expect("msgId").to_owned();
+    let human = ok(&run(&["inbox", "alice"]));
+    assert!(human.starts_with("alice: 1 reply waiting"), "{human}");
+    assert!(
+        human.contains(&msg_id) && human.contains("    sim-agent did: lint"),
+        "{human}"
+    );
+
+    // status: the table and the JSON agree on the member and its inbox depth.
+    let table = ok(&run(&["status"]));
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().expect("header").split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "TARGET", "PROFILE", "PANE", "STATUS", "INBOX", "OPEN", "LEAD"
+        ]
+    );
+    let row: Vec<&str> = lines.next().expect("a row").split_whitespace().collect();
+    let status = json(&run(&["status", "--json"]));
+    let member = &status["members"][0];
+    assert_eq!(row[0], "alice");
+    assert_eq!(row[1], "sim");
+    assert_eq!(row[2], member["paneId"].as_str().expect("paneId"));
+    assert_eq!(row[4], "1", "{table}");
+    assert_eq!(member["inboxDepth"], 1, "{status}");
+    // The lead column is the lead that spawned it (a CLI send binds no lead of its own).
+    assert_eq!(row[6], member["lead"].as_str().unwrap_or("-"), "{table}");
+
+    // ack removes it; a second ack is not an error.
+    let text = ok(&run(&["ack", "alice", &msg_id]));
+    assert!(
+        text.starts_with(&format!("acknowledged {msg_id}")),
+        "{text}"
+    );
+    let again = json(&run(&["ack", "alice", &msg_id, "--json"]));
+    assert_eq!(again["acked"], false, "{again}");
+    assert_eq!(ok(&run(&["inbox", "alice"])), "alice: no replies waiting\n");
+}
+
+#[test]
+fn e2e_cli_send_from_a_member_pane_is_refused() {
+    // The member runs the CLI the way an agent's shell tool would: a child in its pane's
+    // session, finding the daemon through the FLEETD_URL fleetd gave it.
+    let Some(rig) = rig(&sim_profile(
+        "shell",
+        &[("SIM_AGENT_SCRIPT", "shell"), ("SIM_AGENT_WORK_MS", "100")],
+    )) else {
+        return;
+    };
+    rig.spawn("shell", "mallory");
+    let line = format!("{} send mallory do-my-work", bin_path("fleetd").display());
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &serde_json::json!({ "target": "mallory", "task": line }),
+    ));
+    let said = sent["reply"].as_str().unwrap_or_default();
+    assert!(said.starts_with("exit 1\n"), "{sent}");
+    assert!(said.contains("not_a_lead"), "{said}");
+    assert!(said.contains("fleet_reply"), "{said}");
+    // Nothing was queued by its own hand: the lead's ticket is its only one.
+    let status =
+        structured_ok(&rig.lead("fleet_status", &serde_json::json!({ "target": "mallory" })));
+    assert_eq!(
+        status["tickets"].as_array().map_or(0, Vec::len),
+        1,
+        "{status}"
+    );
+}
+
+#[test]
+fn e2e_cli_send_wait_that_runs_out_exits_1_and_the_reply_still_lands() {
+    let Some(rig) = rig(&sim_profile("slow", &[("SIM_AGENT_WORK_MS", "3000")])) else {
+        return;
+    };
+    rig.spawn("slow", "bob");
+    let url = format!("http://{}", rig.daemon.addr);
+    let out = fleetd(
+        rig.dir(),
+        &[
+            "send",
+            "bob",
+            "take",
+            "your",
+            "time",
+            "--wait",
+            "--timeout",
+            "1",
+            "--daemon",
+            &url,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = stdout(&out);
+    assert!(said.contains("the reply lands in its inbox"), "{said}");
+    let mut inbox = Value::Null;
+    wait_until(
+        "the late reply in the inbox",
+        Duration::from_secs(60),
+        || {
+            inbox = json(&fleetd(
+                rig.dir(),
+                &["inbox", "bob", "--json", "--daemon", &url],
+            ));
+            inbox["replies"].as_array().is_some_and(|r| !r.is_empty())
+        },
+    );
+    assert_eq!(inbox["replies"][0]["text"], "sim-agent did: take your time");
+}

@@ -1,0 +1,141 @@
+//! Integration tests: `fleetd install claude` run as the built binary — the charter block it
+//! writes into CLAUDE.md is byte-identical to `docs/charter.md`, other content and other MCP
+//! servers are kept, a second run changes nothing, and `--print` writes nothing.
+
+use std::path::Path;
+use std::process::Output;
+
+use fleetd_testkit::daemon::command;
+use serde_json::{Value, json};
+
+const START: &str = "<!-- fleetd:charter:start -->";
+const END: &str = "<!-- fleetd:charter:end -->";
+
+fn charter_doc() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/charter.md");
+    std::fs::read_to_string(path).expect("docs/charter.md")
+}
+
+/// Runs `fleetd install claude args...` in `cwd` with HOME isolated in `home`.
+fn install(home: &Path, cwd: &Path, args: &[&str]) -> Output {
+    let out = command(home)
+        .current_dir(cwd)
+        .args(["install", "claude"])
+        .args(args)
+        .output()
+        .expect("fleetd runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The charter block in `text`, from its start marker through its end marker's line.
+fn block(text: &str) -> &str {
+    let start = text.find(START).expect("a start marker");
+    let end = text.find(END).expect("an end marker") + END.len() + 1;
+    &text[start..end]
+}
+
+#[test]
+fn install_claude_writes_the_charter_byte_identical_to_the_doc() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let project = tempfile::tempdir().expect("tempdir");
+    let memory = project.path().join("CLAUDE.md");
+    let mcp = project.path().join(".mcp.json");
+    std::fs::write(&memory, "# My project\n\nUse tabs.\n").expect("write");
+    std::fs::write(
+        &mcp,
+        r#"{"mcpServers": {"docs": {"type": "http", "url": "http://docs/mcp"}}}"#,
+    )
+    .expect("write");
+
+    install(home.path(), project.path(), &[]);
+    let written = std::fs::read_to_string(&memory).expect("CLAUDE.md");
+    assert_eq!(
+        block(&written),
+        charter_doc(),
+        "the block is the doc, byte for byte"
+    );
+    assert!(
+        written.starts_with("# My project\n\nUse tabs.\n\n"),
+        "{written}"
+    );
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&mcp).expect("read")).expect("JSON");
+    assert_eq!(
+        config["mcpServers"],
+        json!({
+            "docs": { "type": "http", "url": "http://docs/mcp" },
+            "fleet": { "type": "http", "url": "http://127.0.0.1:7797/mcp" },
+        })
+    );
+
+    // Twice changes nothing, and says so.
+    let before = (
+        std::fs::read(&memory).expect("read"),
+        std::fs::read(&mcp).expect("read"),
+    );
+    let out = install(home.path(), project.path(), &[]);
+    let after = (
+        std::fs::read(&memory).expect("read"),
+        std::fs::read(&mcp).expect("read"),
+    );
+    assert_eq!(before, after);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(said.matches("is up to date").count(), 2, "{said}");
+
+    // A stale block (an older charter) is replaced in place; text after it stays.
+    std::fs::write(
+        &memory,
+        format!("# P\n\n{START}\nold words\n{END}\n\n## Later\n"),
+    )
+    .expect("write");
+    install(home.path(), project.path(), &[]);
+    let replaced = std::fs::read_to_string(&memory).expect("read");
+    assert_eq!(replaced, format!("# P\n\n{}\n## Later\n", charter_doc()));
+}
+
+#[test]
+fn install_claude_user_scope_merges_into_claude_json() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let cwd = tempfile::tempdir().expect("tempdir");
+    let claude_json = home.path().join(".claude.json");
+    std::fs::write(
+        &claude_json,
+        r#"{"numStartups": 7, "mcpServers": {"other": {"command": "x", "args": []}}}"#,
+    )
+    .expect("write");
+
+    let out = install(
+        home.path(),
+        cwd.path(),
+        &["--scope", "user", "--stdio", "--print"],
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(printed.contains(r#""command": "fleetd""#), "{printed}");
+    assert!(printed.contains(&charter_doc()), "{printed}");
+    assert!(
+        !home.path().join(".claude").exists(),
+        "--print writes nothing"
+    );
+
+    install(home.path(), cwd.path(), &["--scope", "user", "--stdio"]);
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&claude_json).expect("read")).expect("JSON");
+    assert_eq!(config["numStartups"], 7);
+    assert_eq!(config["mcpServers"]["other"]["command"], "x");
+    assert_eq!(
+        config["mcpServers"]["fleet"],
+        json!({ "command": "fleetd", "args": ["mcp"] })
+    );
+    let memory =
+        std::fs::read_to_string(home.path().join(".claude/CLAUDE.md")).expect("user CLAUDE.md");
+    assert_eq!(memory, charter_doc());
+    assert!(
+        std::fs::read_dir(cwd.path()).expect("cwd").next().is_none(),
+        "user scope leaves the project alone"
+    );
+}

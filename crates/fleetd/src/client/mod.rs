@@ -1,0 +1,396 @@
+//! The human CLI's client commands (`fleetd status`, `inbox`, `ack`, `send`): find the running
+//! daemon, ask its REST API, and print the answer for a person or, with `--json`, the daemon's
+//! JSON as it came. Owns the commands' output and exit status; never decides anything about the
+//! fleet itself (the daemon does), and speaks HTTP only through `wire`.
+
+mod wire;
+
+use std::io::Write;
+use std::time::Duration;
+
+use fleetd_core::{MsgId, Target};
+use serde_json::{Value, json};
+
+use crate::config::{Config, ConfigError};
+
+pub use wire::{DaemonUrl, WireError};
+
+/// How long a command that does not wait for a member may take. The daemon answers these
+/// from memory or one store read.
+const QUICK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Slack on top of `send --wait`'s own timeout: the daemon answers when its window closes, and
+/// the answer needs a moment to arrive.
+const WAIT_SLACK: Duration = Duration::from_secs(30);
+
+/// A daemon to talk to and the token to present.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    /// Where it is.
+    pub url: DaemonUrl,
+    /// The API token, when one is known.
+    pub token: Option<String>,
+}
+
+/// What to ask the daemon.
+#[derive(Debug, Clone)]
+pub enum Request {
+    /// Every member.
+    Status,
+    /// A member's pending replies.
+    Inbox {
+        /// The member.
+        target: String,
+    },
+    /// Remove one reply.
+    Ack {
+        /// The member.
+        target: String,
+        /// The reply.
+        msg_id: String,
+    },
+    /// Hand a task to a member.
+    Send {
+        /// The member.
+        target: String,
+        /// The task.
+        task: String,
+        /// Wait for the ticket to settle.
+        wait: bool,
+        /// How long to wait, in seconds.
+        timeout_secs: u64,
+    },
+}
+
+/// Why a client command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// An argument is not what fleetd accepts.
+    #[error("{0}")]
+    Argument(String),
+    /// No usable answer.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// The daemon answered with an error.
+    #[error("the daemon refused: {message} ({code}, HTTP {status})")]
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// The daemon's stable error code.
+        code: String,
+        /// What to do.
+        message: String,
+    },
+    /// Writing the output failed (e.g. a closed pipe).
+    #[error("failed to write the output")]
+    Output(#[from] std::io::Error),
+}
+
+/// Finds the daemon and the token to present. `daemon` is `--daemon` or `FLEETD_URL` (clap
+/// folds the two); without it the config's `listen` says where the daemon is, so a config that
+/// does not load is an error only then. The token is `token` (`--token`/`FLEETD_TOKEN`), else the
+/// config's `apiToken` secret when it resolves in this environment (`env` looks variables up).
+pub fn connect(
+    daemon: Option<&str>,
+    token: Option<String>,
+    config: Result<Config, ConfigError>,
+    env: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<Connection, ClientError> {
+    let url = match (daemon, &config) {
+        (Some(given), _) => DaemonUrl::parse(given)?,
+        (None, Ok(config)) => DaemonUrl::from_listen(config.listen),
+        (None, Err(e)) => {
+            return Err(ClientError::Argument(format!(
+                "failed to find the daemon's address in the config ({e}); pass --daemon URL or set FLEETD_URL"
+            )));
+        }
+    };
+    let token = token.filter(|t| !t.is_empty()).or_else(|| {
+        let config = config.ok()?;
+        let name = config.api_token.as_ref()?;
+        crate::secrets::Secrets::new(&config.secrets, env)
+            .resolve(name)
+            .ok()
+            .map(|v| v.expose().to_owned())
+    });
+    Ok(Connection { url, token })
+}
+
+/// Asks the daemon and writes the answer to `out` (JSON when `json`). Returns whether the
+/// command achieved what was asked: false for `send --wait` when no reply came back.
+pub async fn run(
+    conn: &Connection,
+    request: &Request,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<bool, ClientError> {
+    let (method, path, body, timeout) = route(request)?;
+    let answer = wire::call(
+        &conn.url,
+        conn.token.as_deref(),
+        method,
+        &path,
+        body.as_ref(),
+        timeout,
+    )
+    .await?;
+    if !(200..300).contains(&answer.status) {
+        if json {
+            writeln!(out, "{}", answer.body)?;
+        }
+        return Err(ClientError::Refused {
+            status: answer.status,
+            code: answer.body["error"]
+                .as_str()
+                .unwrap_or("unknown")
+                .to_owned(),
+            message: answer.body["message"]
+                .as_str()
+                .unwrap_or("no reason given")
+                .to_owned(),
+        });
+    }
+    if json {
+        writeln!(out, "{}", answer.body)?;
+        return Ok(settled_ok(request, &answer.body));
+    }
+    match request {
+        Request::Status => render_status(&answer.body, out)?,
+        Request::Inbox { target } => render_inbox(target, &answer.body, out)?,
+        Request::Ack { target, .. } => render_ack(target, &answer.body, out)?,
+        Request::Send { target, .. } => render_send(target, &answer.body, out)?,
+    }
+    Ok(settled_ok(request, &answer.body))
+}
+
+fn route(
+    request: &Request,
+) -> Result<(http::Method, String, Option<Value>, Duration), ClientError> {
+    let target =
+        |name: &str| Target::new(name).map_err(|e| ClientError::Argument(format!("{name:?}: {e}")));
+    Ok(match request {
+        Request::Status => (http::Method::GET, "/sessions".into(), None, QUICK_TIMEOUT),
+        Request::Inbox { target: name } => {
+            let t = target(name)?;
+            let path = format!("/sessions/{t}/replies");
+            (http::Method::GET, path, None, QUICK_TIMEOUT)
+        }
+        Request::Ack {
+            target: name,
+            msg_id,
+        } => {
+            let t = target(name)?;
+            let id = MsgId::parse(msg_id)
+                .map_err(|e| ClientError::Argument(format!("{msg_id:?}: {e}")))?;
+            let path = format!("/sessions/{t}/replies/{id}/ack");
+            (http::Method::POST, path, None, QUICK_TIMEOUT)
+        }
+        Request::Send {
+            target: name,
+            task,
+            wait,
+            timeout_secs,
+        } => {
+            let t = target(name)?;
+            let body = json!({ "task": task, "wait": wait, "timeoutSecs": timeout_secs });
+            let timeout = if *wait {
+                Duration::from_secs(*timeout_secs) + WAIT_SLACK
+            } else {
+                QUICK_TIMEOUT
+            };
+            (
+                http::Method::POST,
+                format!("/sessions/{t}/tasks"),
+                Some(body),
+                timeout,
+            )
+        }
+    })
+}
+
+/// `send --wait` succeeded only when a reply (or the turn-end fallback) came back.
+fn settled_ok(request: &Request, body: &Value) -> bool {
+    match request {
+        Request::Send { wait: true, .. } => body.get("reply").is_some(),
+        _ => true,
+    }
+}
+
+fn text<'a>(v: &'a Value, key: &str) -> &'a str {
+    v[key].as_str().unwrap_or("-")
+}
+
+fn render_status(body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
+    let members = body["members"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    if members.is_empty() {
+        return writeln!(
+            out,
+            "no members (a lead starts them with fleet_spawn; profiles are in the config)"
+        );
+    }
+    let header = [
+        "TARGET", "PROFILE", "PANE", "STATUS", "INBOX", "OPEN", "LEAD",
+    ];
+    let rows: Vec<[String; 7]> = members
+        .iter()
+        .map(|m| {
+            [
+                text(m, "target").to_owned(),
+                text(m, "profile").to_owned(),
+                text(m, "paneId").to_owned(),
+                text(m, "status").to_owned(),
+                m["inboxDepth"]
+                    .as_u64()
+                    .map_or_else(|| "?".to_owned(), |d| d.to_string()),
+                m["openTickets"].as_array().map_or(0, Vec::len).to_string(),
+                text(m, "lead").to_owned(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[&str]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        padded.join("  ").trim_end().to_owned()
+    };
+    writeln!(out, "{}", line(&header))?;
+    for row in &rows {
+        writeln!(out, "{}", line(&row.each_ref().map(String::as_str)))?;
+    }
+    Ok(())
+}
+
+fn render_inbox(target: &str, body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
+    let replies = body["replies"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    if replies.is_empty() {
+        return writeln!(out, "{target}: no replies waiting");
+    }
+    let s = if replies.len() == 1 { "y" } else { "ies" };
+    writeln!(
+        out,
+        "{target}: {} repl{s} waiting (`fleetd ack {target} MSGID` removes one)",
+        replies.len()
+    )?;
+    for r in replies {
+        writeln!(
+            out,
+            "\n{}  {}  ticket {}  {}",
+            text(r, "msgId"),
+            text(r, "kind"),
+            text(r, "ticket"),
+            text(r, "createdAt"),
+        )?;
+        for l in text(r, "text").lines() {
+            writeln!(out, "    {l}")?;
+        }
+    }
+    Ok(())
+}
+
+fn render_ack(target: &str, body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
+    let id = text(body, "msgId");
+    if body["acked"] == true {
+        writeln!(out, "acknowledged {id} ({target}'s inbox)")
+    } else {
+        writeln!(
+            out,
+            "{id} was not in {target}'s inbox (already acknowledged?); nothing changed"
+        )
+    }
+}
+
+fn render_send(target: &str, body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
+    let ticket = text(body, "ticket");
+    let status = text(body, "status");
+    match body.get("reply").and_then(Value::as_str) {
+        Some(reply) if status == "ended_without_reply" => writeln!(
+            out,
+            "{target}'s turn ended without fleet_reply (ticket {ticket}); the end of its pane:\n{reply}"
+        ),
+        Some(reply) => writeln!(out, "{reply}"),
+        None if status == "queued" || status == "working" || status == "delivered" => writeln!(
+            out,
+            "ticket {ticket} {status} for {target}; the reply lands in its inbox (`fleetd inbox {target}`)"
+        ),
+        None => writeln!(
+            out,
+            "ticket {ticket} {status}: {target} did not take the task; `fleetd status` shows the member"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rendered(f: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> String {
+        let mut out = Vec::new();
+        f(&mut out).expect("writes");
+        String::from_utf8(out).expect("utf-8")
+    }
+
+    #[test]
+    fn status_is_an_aligned_table() {
+        let body = json!({ "members": [
+            { "target": "alice", "profile": "sim", "paneId": "lead:%3", "status": "idle",
+              "inboxDepth": 2, "openTickets": [], "lead": null },
+            { "target": "bo", "profile": "cheap-model", "paneId": "member:w1:p12", "status": "working",
+              "inboxDepth": 0, "openTickets": ["t1"], "lead": "lead:w1:p1" },
+        ]});
+        let text = rendered(|out| render_status(&body, out));
+        assert_eq!(
+            text,
+            "TARGET  PROFILE      PANE           STATUS   INBOX  OPEN  LEAD\n\
+             alice   sim          lead:%3        idle     2      0     -\n\
+             bo      cheap-model  member:w1:p12  working  0      1     lead:w1:p1\n"
+        );
+    }
+
+    #[test]
+    fn empty_answers_say_so() {
+        let text = rendered(|out| render_status(&json!({ "members": [] }), out));
+        assert!(text.starts_with("no members"), "{text}");
+        let text = rendered(|out| render_inbox("alice", &json!({ "replies": [] }), out));
+        assert_eq!(text, "alice: no replies waiting\n");
+    }
+
+    #[test]
+    fn send_without_a_reply_only_succeeds_without_wait() {
+        let send = |wait| Request::Send {
+            target: "alice".into(),
+            task: "x".into(),
+            wait,
+            timeout_secs: 1,
+        };
+        let queued = json!({ "ticket": "t", "status": "working" });
+        assert!(settled_ok(&send(false), &queued));
+        assert!(!settled_ok(&send(true), &queued));
+        assert!(settled_ok(
+            &send(true),
+            &json!({ "ticket": "t", "status": "replied", "reply": "done" })
+        ));
+    }
+
+    #[test]
+    fn bad_names_are_refused_before_any_request() {
+        let err = route(&Request::Inbox {
+            target: "../etc".into(),
+        })
+        .expect_err("refused");
+        assert!(matches!(err, ClientError::Argument(_)), "{err}");
+        let err = route(&Request::Ack {
+            target: "alice".into(),
+            msg_id: "nope".into(),
+        })
+        .expect_err("refused");
+        assert!(err.to_string().contains("nope"), "{err}");
+    }
+}

@@ -1,0 +1,285 @@
+//! The CLI's HTTP client: one HTTP/1.1 request per TCP connection to the daemon's REST API, over
+//! hyper's connection API (no pool, no TLS), answers parsed as JSON. Owns the daemon URL's shape
+//! and the "no daemon answers" error; knows nothing about what the endpoints mean.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+
+/// How long connecting may take before the daemon counts as not answering. A daemon on this
+/// machine accepts in microseconds; a remote one in well under this.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the daemon is: `http://HOST:PORT` plus an optional path prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonUrl {
+    host: String,
+    port: u16,
+    prefix: String,
+}
+
+impl DaemonUrl {
+    /// Parses `http://HOST[:PORT][/PREFIX]`, or a bare `HOST:PORT`.
+    pub fn parse(given: &str) -> Result<Self, WireError> {
+        let bad = |why: &str| WireError::BadUrl {
+            given: given.to_owned(),
+            why: why.to_owned(),
+        };
+        let text = if given.contains("://") {
+            given.to_owned()
+        } else {
+            format!("http://{given}")
+        };
+        let uri: http::Uri = text.parse().map_err(|_| bad("it is not a URL"))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(bad(
+                "fleetd's API is plain http (put a TLS proxy in front for https)",
+            ));
+        }
+        let host = uri.host().ok_or_else(|| bad("it names no host"))?;
+        Ok(Self {
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+            port: uri.port_u16().unwrap_or(80),
+            prefix: uri.path().trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// The URL of a daemon listening on `listen`; an unspecified address (`0.0.0.0`, `::`) is
+    /// reached on this machine's loopback.
+    pub fn from_listen(listen: SocketAddr) -> Self {
+        let ip = match listen.ip() {
+            ip if !ip.is_unspecified() => ip,
+            std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        };
+        Self {
+            host: ip.to_string(),
+            port: listen.port(),
+            prefix: String::new(),
+        }
+    }
+
+    fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl fmt::Display for DaemonUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}{}", self.authority(), self.prefix)
+    }
+}
+
+/// Why a request got no usable answer. Each message is a whole sentence saying what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The URL given cannot be used.
+    #[error("cannot use {given:?} as the daemon's URL: {why}")]
+    BadUrl {
+        /// What was given.
+        given: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// Nothing accepted the connection.
+    #[error(
+        "no fleetd daemon answers at {url} ({reason}). Start one with `fleetd serve` (or \
+         `systemctl --user start fleetd`), or point --daemon / FLEETD_URL at a running daemon"
+    )]
+    NoDaemon {
+        /// The URL tried.
+        url: String,
+        /// What the connection attempt said.
+        reason: String,
+    },
+    /// The daemon accepted but did not answer in time.
+    #[error(
+        "no answer from {url} within {secs} s: the daemon may be overloaded; `fleetd status` shows whether it answers at all"
+    )]
+    Timeout {
+        /// The URL tried.
+        url: String,
+        /// The limit.
+        secs: u64,
+    },
+    /// The HTTP exchange broke.
+    #[error("failed to talk HTTP with {url}")]
+    Http {
+        /// The URL tried.
+        url: String,
+        /// hyper's error.
+        source: hyper::Error,
+    },
+    /// The answer is not JSON, so whatever answered is not fleetd.
+    #[error(
+        "the answer from {url} (HTTP {status}) is not fleetd's JSON: is fleetd listening there? It said: {snippet}"
+    )]
+    NotJson {
+        /// The URL tried.
+        url: String,
+        /// The status it answered with.
+        status: u16,
+        /// The start of the body.
+        snippet: String,
+    },
+}
+
+/// A daemon's answer: the status code and the JSON body.
+#[derive(Debug, Clone)]
+pub(super) struct Answer {
+    /// The HTTP status code.
+    pub(super) status: u16,
+    /// The body.
+    pub(super) body: Value,
+}
+
+/// One request: `method path` (below the URL's prefix) with an optional JSON body and bearer
+/// token; the whole exchange must finish within `timeout`.
+pub(super) async fn call(
+    url: &DaemonUrl,
+    token: Option<&str>,
+    method: http::Method,
+    path: &str,
+    body: Option<&Value>,
+    timeout: Duration,
+) -> Result<Answer, WireError> {
+    let shown = format!("{url}{path}");
+    let exchange = exchange(url, token, method, path, body);
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(answer) => answer,
+        Err(_) => Err(WireError::Timeout {
+            url: shown,
+            secs: timeout.as_secs(),
+        }),
+    }
+}
+
+async fn exchange(
+    url: &DaemonUrl,
+    token: Option<&str>,
+    method: http::Method,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Answer, WireError> {
+    let no_daemon = |reason: String| WireError::NoDaemon {
+        url: url.to_string(),
+        reason,
+    };
+    let connect = tokio::net::TcpStream::connect((url.host.as_str(), url.port));
+    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return Err(no_daemon(e.to_string())),
+        Err(_) => return Err(no_daemon(format!("no answer within {CONNECT_TIMEOUT:?}"))),
+    };
+    let http_error = |source| WireError::Http {
+        url: url.to_string(),
+        source,
+    };
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(http_error)?;
+    // The connection task drives the socket; it ends when the exchange is done.
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "HTTP connection to the daemon ended with an error");
+        }
+    });
+    let payload = body.map(Value::to_string).unwrap_or_default();
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", url.prefix))
+        .header(http::header::HOST, url.authority())
+        .header(http::header::ACCEPT, "application/json");
+    if body.is_some() {
+        request = request.header(http::header::CONTENT_TYPE, "application/json");
+    }
+    if let Some(token) = token {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request
+        .body(Full::new(Bytes::from(payload)))
+        .map_err(|e| WireError::BadUrl {
+            given: format!("{url}{path}"),
+            why: e.to_string(),
+        })?;
+    let response = sender.send_request(request).await.map_err(http_error)?;
+    let status = response.status().as_u16();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(http_error)?
+        .to_bytes();
+    let body = serde_json::from_slice(&bytes).map_err(|_| WireError::NotJson {
+        url: format!("{url}{path}"),
+        status,
+        snippet: String::from_utf8_lossy(&bytes).chars().take(200).collect(),
+    })?;
+    Ok(Answer { status, body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_with_and_without_scheme() {
+        let url = DaemonUrl::parse("http://127.0.0.1:7797").expect("parses");
+        assert_eq!(url.to_string(), "http://127.0.0.1:7797");
+        let url = DaemonUrl::parse("localhost:9000/").expect("parses");
+        assert_eq!(url.to_string(), "http://localhost:9000");
+        let url = DaemonUrl::parse("http://[::1]:7797/fleet/").expect("parses");
+        assert_eq!(url.to_string(), "http://[::1]:7797/fleet");
+        assert_eq!(url.authority(), "[::1]:7797");
+    }
+
+    #[test]
+    fn https_and_junk_are_refused_with_the_reason() {
+        let err = DaemonUrl::parse("https://fleet.example:7797").expect_err("refused");
+        assert!(err.to_string().contains("plain http"), "{err}");
+        assert!(DaemonUrl::parse("http://").is_err());
+    }
+
+    #[test]
+    fn an_unspecified_listen_address_is_reached_on_loopback() {
+        let url = DaemonUrl::from_listen("0.0.0.0:7797".parse().expect("addr"));
+        assert_eq!(url.to_string(), "http://127.0.0.1:7797");
+        let url = DaemonUrl::from_listen("[::]:7797".parse().expect("addr"));
+        assert_eq!(url.to_string(), "http://[::1]:7797");
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_names_the_url_and_how_to_start_a_daemon() {
+        // Bind and drop a listener: nothing listens on that port afterwards.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let url = DaemonUrl::parse(&format!("127.0.0.1:{port}")).expect("parses");
+        let err = call(
+            &url,
+            None,
+            http::Method::GET,
+            "/sessions",
+            None,
+            Duration::from_secs(10),
+        )
+        .await
+        .expect_err("nothing listens");
+        let text = err.to_string();
+        assert!(text.contains(&format!("http://127.0.0.1:{port}")), "{text}");
+        assert!(text.contains("fleetd serve"), "{text}");
+    }
+}
