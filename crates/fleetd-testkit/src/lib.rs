@@ -17,16 +17,20 @@ pub fn is_ci() -> bool {
 
 /// Path of a binary built from this workspace (`fleetd`, `fake-herdr`, `sim-agent`, ...).
 ///
-/// Integration tests run from `target/<profile>/deps/`; workspace binaries sit one level up. Cargo
+/// Integration tests run from `target/<profile>/deps/`; workspace binaries sit one level up
+/// (the benchmark binary itself sits with them). Cargo
 /// only exports `CARGO_BIN_EXE_*` for a package's own binaries, so the daemon's binary is found by
 /// this path (it must be built first: `cargo build --workspace --bins`, as `.ci/run` does). Panics
 /// with a build hint when the binary is missing, since nothing can be tested then.
 pub fn bin_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary knows its own path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test binaries live in target/<profile>/deps");
+    let parent = exe.parent().expect("an executable lives in a directory");
+    // Test binaries run from target/<profile>/deps; the bench and demo from target/<profile>.
+    let dir = if parent.ends_with("deps") {
+        parent.parent().expect("deps has a parent")
+    } else {
+        parent
+    };
     let path = dir.join(name);
     assert!(
         path.exists(),

@@ -178,25 +178,32 @@ impl Rig {
     /// line typed into it is `TOOL {json}`, which it calls over MCP, so fleetd sees an agent lead
     /// with a real status in that pane); returns its tmux target once the agent is ready.
     pub fn agent_lead(&self, name: &str) -> String {
+        self.agent_lead_with(name, &[])
+    }
+
+    /// Like [`Rig::agent_lead`] with extra `KEY=value` environment (e.g. `SIM_AGENT_LOG=...`).
+    pub fn agent_lead_with(&self, name: &str, env: &[String]) -> String {
         let url = format!("FLEETD_URL=http://{}", self.daemon.addr);
-        let out = self
-            .tmux
-            .run(&[
-                "new-window",
-                "-d",
-                "-t",
-                "base",
-                "-n",
-                name,
-                "-e",
-                &url,
-                "-e",
-                "SIM_AGENT_SCRIPT=call",
-                "-e",
-                "SIM_AGENT_WORK_MS=100",
-                &bin_path("sim-agent").display().to_string(),
-            ])
-            .expect("tmux runs");
+        let sim = bin_path("sim-agent").display().to_string();
+        let mut args = vec![
+            "new-window",
+            "-d",
+            "-t",
+            "base",
+            "-n",
+            name,
+            "-e",
+            &url,
+            "-e",
+            "SIM_AGENT_SCRIPT=call",
+            "-e",
+            "SIM_AGENT_WORK_MS=100",
+        ];
+        for kv in env {
+            args.extend(["-e", kv.as_str()]);
+        }
+        args.push(&sim);
+        let out = self.tmux.run(&args).expect("tmux runs");
         assert!(
             out.status.success(),
             "agent lead window: {}",

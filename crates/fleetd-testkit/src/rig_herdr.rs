@@ -61,6 +61,11 @@ impl HerdrRig {
     /// Opens a tab labelled `label` (the first one in a new workspace `main`) and starts a
     /// `sim-agent` lead in `call` mode in it; returns `(tab id, pane id)`.
     pub fn agent_lead(&self, label: &str) -> (String, String) {
+        self.agent_lead_with(label, &[])
+    }
+
+    /// Like [`HerdrRig::agent_lead`] with extra `KEY=value` environment for the agent.
+    pub fn agent_lead_with(&self, label: &str, env: &[String]) -> (String, String) {
         let workspaces = self.call("workspace.list", &json!({}));
         let main = workspaces["workspaces"]
             .as_array()
@@ -79,16 +84,22 @@ impl HerdrRig {
             .as_str()
             .expect("tab id")
             .to_owned();
-        self.start_agent(&pane);
+        self.start_agent_with(&pane, env);
         (tab, pane)
     }
 
     /// Starts a `sim-agent` lead in the shell of `pane` and waits until it is ready.
     pub fn start_agent(&self, pane: &str) {
+        self.start_agent_with(pane, &[]);
+    }
+
+    /// Like [`HerdrRig::start_agent`] with extra `KEY=value` environment (no spaces or quotes).
+    pub fn start_agent_with(&self, pane: &str, env: &[String]) {
         let before = self.history(pane).matches("sim-agent ready").count();
         let line = format!(
-            "exec env HERDR_AGENT=claude SIM_AGENT_SCRIPT=call SIM_AGENT_WORK_MS=100 FLEETD_URL=http://{} {}",
+            "exec env HERDR_AGENT=claude SIM_AGENT_SCRIPT=call SIM_AGENT_WORK_MS=100 FLEETD_URL=http://{} {} {}",
             self.daemon.addr,
+            env.join(" "),
             bin_path("sim-agent").display()
         );
         self.type_line(pane, &line);

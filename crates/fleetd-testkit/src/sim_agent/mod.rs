@@ -222,6 +222,14 @@ impl Agent {
 
     fn log(&self, event: &Value) {
         let Some(path) = &self.config.log else { return };
+        // Every line carries when it happened (µs since the epoch), for latency measurements.
+        let mut event = event.clone();
+        if let Some(map) = event.as_object_mut() {
+            map.insert(
+                "at_us".to_owned(),
+                json!(jiff::Timestamp::now().as_microsecond()),
+            );
+        }
         let mut line = event.to_string();
         line.push('\n');
         let written = std::fs::OpenOptions::new()
@@ -387,6 +395,7 @@ impl Agent {
 
     async fn tool(&mut self, name: &str, arguments: Value) -> Option<Value> {
         self.ensure_mcp().await;
+        self.log(&json!({ "event": "tool_start", "name": name }));
         let Some(client) = self.mcp.as_mut() else {
             self.log(
                 &json!({ "event": "tool_skipped", "name": name, "reason": "FLEETD_URL not set" }),

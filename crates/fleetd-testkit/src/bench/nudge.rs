@@ -1,0 +1,221 @@
+//! Nudge-latency benchmark (issue 6): a member's `fleet_reply` lands in the inbox with no waiter
+//! → the nudge reaches the idle lead's pane, measured end to end on the built binary with a real
+//! tmux server and with fake-herdr. Both ends are `sim-agent`s that log each event with a
+//! microsecond timestamp. Two series: until the nudge text is visible in the lead's pane (the pane
+//! polled as fast as it can be read), and until the lead's agent starts the turn the nudge
+//! submitted (herdr's `agent.prompt` presses Enter 300 ms after the paste, by design). Prints
+//! p50/p99; never asserts.
+//!
+//! `fleetd-bench nudge [--rounds N]`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::Value;
+
+use super::Summary;
+use crate::{http, wait_until};
+
+const DEFAULT_ROUNDS: usize = 30;
+/// The member's turn: long enough that the lead is idle again (its own `fleet_send` turn over)
+/// before the reply lands, so what is measured is the idle-lead path.
+const MEMBER_WORK_MS: u32 = 900;
+/// The issue's target for the visible nudge.
+const TARGET: Duration = Duration::from_millis(50);
+
+/// One backend's two series.
+struct Measured {
+    visible: Summary,
+    submitted: Summary,
+}
+
+/// Runs the benchmark and prints its table.
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    let rounds = match args.iter().position(|a| a == "--rounds") {
+        Some(i) => args
+            .get(i + 1)
+            .context("--rounds needs a number")?
+            .parse()
+            .context("--rounds takes a number")?,
+        None => DEFAULT_ROUNDS,
+    };
+    let tmux = if crate::require_tmux() == crate::Service::Present {
+        Some(on_tmux(rounds)?)
+    } else {
+        println!("(tmux not found: the tmux rows are skipped)");
+        None
+    };
+    let herdr = on_herdr(rounds)?;
+    println!("\nReply published → nudge in the idle lead's pane ({rounds} rounds each)\n");
+    println!("| backend | until | p50 | p99 | max | target | met |");
+    println!("|---|---|---|---|---|---|---|");
+    for (name, m) in [("tmux", tmux.as_ref()), ("fake-herdr", Some(&herdr))] {
+        let Some(m) = m else { continue };
+        let met = if m.visible.p99 <= TARGET { "yes" } else { "no" };
+        println!(
+            "| {name} | nudge text visible | {} | {} | {} | p99 ≤ 50 ms | {met} |",
+            super::ms(m.visible.p50),
+            super::ms(m.visible.p99),
+            super::ms(m.visible.max),
+        );
+        println!(
+            "| {name} | submitted (turn starts) | {} | {} | {} | — | — |",
+            super::ms(m.submitted.p50),
+            super::ms(m.submitted.p99),
+            super::ms(m.submitted.max),
+        );
+    }
+    println!(
+        "\n(visible includes up to one pane read — tmux capture-pane, herdr pane.read; herdr's \
+         agent.prompt submits 300 ms after the paste by design; tmux sends Enter right after the text)"
+    );
+    Ok(())
+}
+
+fn config(primary_tab: &str, profile: &str) -> String {
+    format!(
+        "primary:\n  tab: {primary_tab}\n  pushReminders: 1\n  pushBackoffMs: 60000\nprofiles:\n{profile}"
+    )
+}
+
+fn on_tmux(rounds: usize) -> anyhow::Result<Measured> {
+    let dir = tempfile::tempdir()?;
+    let member_log = dir.path().join("member.log");
+    let lead_log = dir.path().join("lead.log");
+    let profile = crate::rig::sim_profile(
+        "bench",
+        &[
+            ("SIM_AGENT_WORK_MS", &MEMBER_WORK_MS.to_string()),
+            ("SIM_AGENT_LOG", &member_log.display().to_string()),
+        ],
+    );
+    let rig = crate::rig::Rig::start(&config("base:boss", &profile));
+    let lead = rig.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", lead_log.display())]);
+    rig.spawn("bench", "nia");
+    measure(
+        rounds,
+        rig.daemon.addr,
+        (&member_log, &lead_log),
+        |line| rig.type_line(&lead, line),
+        || rig.screen(&lead),
+    )
+}
+
+fn on_herdr(rounds: usize) -> anyhow::Result<Measured> {
+    let logs = tempfile::tempdir()?;
+    let member_log = logs.path().join("member.log");
+    let lead_log = logs.path().join("lead.log");
+    let profile = format!(
+        "{}      SIM_AGENT_LOG: \"{}\"\n",
+        crate::rig_herdr::sim_profile("bench", MEMBER_WORK_MS),
+        member_log.display()
+    );
+    let rig = crate::rig_herdr::HerdrRig::start(&config("w1:t1", &profile));
+    let (_, lead) = rig.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", lead_log.display())]);
+    rig.call_from(&lead, r#"fleet_spawn {"profile":"bench","name":"nia"}"#);
+    measure(
+        rounds,
+        rig.daemon.addr,
+        (&member_log, &lead_log),
+        |line| rig.type_line(&lead, line),
+        || rig.history(&lead),
+    )
+}
+
+/// Events of a sim-agent log from line `from` on.
+fn events(path: &Path, from: usize) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .skip(from)
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn line_count(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
+}
+
+fn now_us() -> i64 {
+    jiff::Timestamp::now().as_microsecond()
+}
+
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a benchmark polls and paces its rounds on the wall clock"
+)]
+fn measure(
+    rounds: usize,
+    addr: std::net::SocketAddr,
+    (member_log, lead_log): (&Path, &Path),
+    type_into_lead: impl Fn(&str),
+    screen: impl Fn() -> String,
+) -> anyhow::Result<Measured> {
+    let mut visible = Vec::with_capacity(rounds);
+    let mut submitted = Vec::with_capacity(rounds);
+    let nudges = |text: &str| text.matches("[fleet]").count();
+    for round in 0..rounds {
+        let (member_from, lead_from) = (line_count(member_log), line_count(lead_log));
+        let seen = nudges(&screen());
+        type_into_lead(&format!(
+            r#"fleet_send {{"target":"nia","task":"round {round}","wait":false}}"#
+        ));
+        // Poll the pane as fast as it can be read until the nudge text shows.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let visible_at = loop {
+            if nudges(&screen()) > seen {
+                break now_us();
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "no nudge in the lead's pane after 60 s"
+            );
+        };
+        let mut turn_at = None;
+        wait_until(
+            "the nudge's turn in the lead",
+            Duration::from_secs(60),
+            || {
+                turn_at = events(lead_log, lead_from).iter().find_map(|e| {
+                    let nudge = e["event"] == "turn"
+                        && e["prompt"]
+                            .as_str()
+                            .is_some_and(|p| p.starts_with("[fleet]"));
+                    nudge.then(|| e["at_us"].as_i64()).flatten()
+                });
+                turn_at.is_some()
+            },
+        );
+        let reply_at = events(member_log, member_from)
+            .iter()
+            .find_map(|e| {
+                (e["event"] == "tool_start" && e["name"] == "fleet_reply")
+                    .then(|| e["at_us"].as_i64())
+                    .flatten()
+            })
+            .context("the member's fleet_reply is not in its log")?;
+        let since_reply = |at: i64| {
+            Duration::from_micros(u64::try_from(at.saturating_sub(reply_at)).unwrap_or(0))
+        };
+        visible.push(since_reply(visible_at));
+        submitted.push(since_reply(turn_at.unwrap_or(reply_at)));
+        // Read the mail so the next round starts a fresh batch, and let the lead's turn end.
+        let replies = http::get(addr, "/sessions/nia/replies")?.json();
+        for reply in replies["replies"].as_array().into_iter().flatten() {
+            if let Some(id) = reply["msgId"].as_str() {
+                http::request(
+                    addr,
+                    "POST",
+                    &format!("/sessions/nia/replies/{id}/ack"),
+                    None,
+                )?;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    Ok(Measured {
+        visible: Summary::of(visible),
+        submitted: Summary::of(submitted),
+    })
+}
