@@ -164,14 +164,8 @@ async fn a_blip_keeps_the_delegating_lead_and_a_closed_one_falls_back_to_the_pri
     let delegator = rig.lead("w1:p5", "t-delegator").await;
     rig.engine
         .add_member(NewMember {
-            target: Target::new("alice").expect("target"),
-            profile: "p".to_owned(),
-            agent: "claude".to_owned(),
-            pane: rig.router.resolve("w2:p1").await.expect("pane"),
-            terminal: fleetd_core::TerminalId::new("t-alice").expect("terminal"),
-            allow_delegation: false,
-            idle_timeout_secs: None,
             lead: Some(delegator),
+            ..member("alice", "w2:p1", "t-alice", None)
         })
         .await
         .expect("engine");
@@ -265,4 +259,65 @@ async fn mail_from_before_a_restart_is_nudged_once_the_lead_is_known() {
     let nudges: Vec<Typed> = fake.typed();
     assert_eq!(nudges.len(), 1, "{nudges:?}");
     assert!(nudges[0].text.contains("1 message from alice"));
+}
+
+fn qualified(pane: &str) -> fleetd_core::QualifiedPaneId {
+    fleetd_core::QualifiedPaneId::new(
+        fleetd_core::MuxDaemon::Lead,
+        fleetd_core::PaneId::new(pane).expect("pane"),
+    )
+}
+
+fn member(name: &str, pane: &str, terminal: &str, idle_secs: Option<u64>) -> NewMember {
+    NewMember {
+        target: Target::new(name).expect("target"),
+        profile: "p".to_owned(),
+        agent: "claude".to_owned(),
+        pane: qualified(pane),
+        terminal: fleetd_core::TerminalId::new(terminal).expect("terminal"),
+        allow_delegation: false,
+        idle_timeout_secs: idle_secs,
+        lead: None,
+    }
+}
+
+async fn listed(rig: &Rig, name: &str) -> bool {
+    rig.engine
+        .list()
+        .await
+        .expect("engine")
+        .iter()
+        .any(|m| m.target.as_str() == name)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_idle_reaper_releases_exactly_after_the_timeout_and_never_while_working() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-idle", "w2:t1", AgentStatus::Idle);
+    fake.add_pane("w2:p2", "t-busy", "w2:t2", AgentStatus::Working);
+    let rig = rig(&fake);
+    for new in [
+        member("idler", "w2:p1", "t-idle", Some(60)),
+        member("worker", "w2:p2", "t-busy", Some(60)),
+    ] {
+        rig.engine.add_member(new).await.expect("engine");
+    }
+    sleep(Duration::from_millis(59_900)).await;
+    assert!(listed(&rig, "idler").await, "not before idleTimeoutSecs");
+    sleep(Duration::from_millis(200)).await;
+    assert!(!listed(&rig, "idler").await, "released at idleTimeoutSecs");
+    let closed = rig.router.pane(&qualified("w2:p1")).await;
+    assert!(
+        closed.is_err_and(|e| e.is_not_found()),
+        "the idle member's pane was closed"
+    );
+    // The working member is never reaped while it works, however long.
+    sleep(Duration::from_secs(600)).await;
+    assert!(listed(&rig, "worker").await, "never while working");
+    // Once at rest, its own idle clock starts.
+    fake.set_status("w2:p2", AgentStatus::Done);
+    sleep(Duration::from_secs(59)).await;
+    assert!(listed(&rig, "worker").await);
+    sleep(Duration::from_secs(2)).await;
+    assert!(!listed(&rig, "worker").await);
 }
