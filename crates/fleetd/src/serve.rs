@@ -48,6 +48,7 @@ impl Daemon {
             daemons = mux.daemons().len(),
             "fleetd opened its store and multiplexer"
         );
+        crate::mcp::log_secret_names(&config);
         Ok(Self {
             inner: Arc::new(Inner {
                 config: Arc::new(crate::config::channel(config).0),

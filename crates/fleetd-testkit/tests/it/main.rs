@@ -9,6 +9,7 @@ mod config;
 mod crash;
 mod install;
 mod locate;
+mod members;
 mod mux_herdr;
 mod mux_tmux;
 mod push;

@@ -24,6 +24,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
 
 pub use identity::{Caller, ConnInfo, Peer};
+pub(crate) use tools::spawn::log_secret_names;
 
 use crate::clock::SharedClock;
 use crate::config::Live;

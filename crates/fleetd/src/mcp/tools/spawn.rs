@@ -50,6 +50,28 @@ pub(crate) fn missing_secret(config: &Config, profile: &Profile) -> Option<Strin
     secrets.resolve(name).err().map(|e| e.to_string())
 }
 
+/// Logs, per profile, which secret names it needs and whether each resolved — names only, never
+/// a value (SPEC §7). Run at start and after each applied reload.
+pub(crate) fn log_secret_names(config: &Config) {
+    let secrets = Secrets::new(&config.secrets, &env_lookup);
+    for (name, profile) in &config.profiles {
+        let needed = profile
+            .backend
+            .as_deref()
+            .and_then(|b| config.backends.get(b))
+            .and_then(|b| b.auth_token_secret.as_deref());
+        match needed {
+            Some(secret) => match secrets.resolve(secret) {
+                Ok(_) => tracing::info!(profile = %name, secret, "profile secret resolved"),
+                Err(e) => {
+                    tracing::warn!(profile = %name, secret, reason = %e, "profile secret does not resolve: fleet_spawn of this profile will be refused");
+                }
+            },
+            None => tracing::info!(profile = %name, "profile needs no secret"),
+        }
+    }
+}
+
 /// The environment variables a backend is handed in, by agent kind.
 fn backend_vars(agent: &str) -> (&'static str, &'static str) {
     match agent {

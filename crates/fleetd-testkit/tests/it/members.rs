@@ -1,0 +1,202 @@
+//! End-to-end tests of members (issue 7) with real tmux: backend credentials reach the member's
+//! process and never the lead's, never a log line and never a tool result; `fleet_stop` and a
+//! member's process dying both go through the one release path with their cause; names.
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt as _;
+use std::time::Duration;
+
+use fleetd_testkit::rig::{LEAD, Rig, error_code, structured_ok};
+use fleetd_testkit::{Service, bin_path, require_tmux, wait_until};
+use serde_json::{Value, json};
+
+const SECRET: &str = "sk-fleetd-test-9f8e7d6c5b4a";
+
+/// A rig with backend `lab` whose token is a file secret, and profiles `sim` (claude kind, on
+/// `lab`) and `hang` (a member whose turns never end).
+fn rig() -> Option<Rig> {
+    if require_tmux() == Service::Skip {
+        return None;
+    }
+    let secrets = tempfile::tempdir().expect("tempdir").keep();
+    let token = secrets.join("lab-token");
+    std::fs::write(&token, format!("{SECRET}\n")).expect("write secret");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let sim = bin_path("sim-agent").display().to_string();
+    Some(Rig::start(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\n\
+         backends:\n  lab:\n    baseUrl: http://127.0.0.1:9/v1\n    authTokenSecret: lab-token\n\
+         secrets:\n  lab-token:\n    file: {}\n\
+         profiles:\n  sim:\n    agent: claude\n    command: {sim}\n    backend: lab\n    env:\n      SIM_AGENT_WORK_MS: \"300\"\n\
+         \x20 hang:\n    agent: custom\n    command: {sim}\n    env:\n      SIM_AGENT_SCRIPT: hang\n",
+        token.display()
+    )))
+}
+
+fn environ(pid: u32) -> HashMap<String, String> {
+    procfs::process::Process::new(i32::try_from(pid).expect("pid"))
+        .and_then(|p| p.environ())
+        .expect("environ readable")
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect()
+}
+
+fn pane_pid(rig: &Rig, target: &str) -> u32 {
+    let out = rig
+        .tmux
+        .run(&["list-panes", "-t", target, "-F", "#{pane_pid}"])
+        .expect("tmux");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no pane pid for {target}"))
+}
+
+fn window_exists(rig: &Rig, target: &str) -> bool {
+    rig.tmux
+        .run(&["list-panes", "-t", target])
+        .is_ok_and(|o| o.status.success())
+}
+
+fn poll_ticket(rig: &Rig, ticket: &Value, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let mut last = Value::Null;
+    wait_until(what, Duration::from_secs(60), || {
+        last = structured_ok(&rig.lead("fleet_poll", &json!({ "ticket": ticket })));
+        cond(&last)
+    });
+    last
+}
+
+#[test]
+fn e2e_backend_credentials_reach_the_member_only_and_are_never_shown() {
+    let Some(rig) = rig() else {
+        return;
+    };
+    let mut results = Vec::new();
+    results.push(rig.lead("fleet_profiles", &json!({})));
+    let spawned = rig.spawn("sim", "ann");
+    results.push(spawned.clone());
+    let member = environ(pane_pid(&rig, "fleet:ann"));
+    assert_eq!(
+        member.get("ANTHROPIC_AUTH_TOKEN").map(String::as_str),
+        Some(SECRET)
+    );
+    assert_eq!(
+        member.get("ANTHROPIC_BASE_URL").map(String::as_str),
+        Some("http://127.0.0.1:9/v1")
+    );
+    assert_eq!(member.get("FLEETD_TARGET").map(String::as_str), Some("ann"));
+    assert!(
+        member
+            .get("FLEETD_URL")
+            .is_some_and(|u| u.starts_with("http://127.0.0.1:"))
+    );
+    let lead = environ(pane_pid(&rig, LEAD));
+    assert!(
+        lead.keys().all(|k| !k.starts_with("ANTHROPIC_")) && lead.values().all(|v| v != SECRET),
+        "the lead never gets backend variables"
+    );
+    // It works, and nothing any tool returns carries the secret.
+    let sent = rig.lead(
+        "fleet_send",
+        &json!({ "target": "ann", "task": "say hi", "timeoutSecs": 60 }),
+    );
+    assert_eq!(structured_ok(&sent)["status"], "replied", "{sent}");
+    results.push(sent);
+    results.push(rig.lead("fleet_list", &json!({})));
+    results.push(rig.lead("fleet_status", &json!({ "target": "ann", "detail": true })));
+    for result in &results {
+        assert!(
+            !result.to_string().contains(SECRET),
+            "a tool result carries the secret: {result}"
+        );
+    }
+    let stop = rig.lead("fleet_stop", &json!({ "target": "ann" }));
+    assert!(!stop.to_string().contains(SECRET));
+    // The whole log of the run, at debug level, holds no secret value; it names the secret.
+    let mut log = rig.daemon.seen_logs().join("\n");
+    while let Ok(line) = rig.daemon.logs.recv_timeout(Duration::from_millis(200)) {
+        log.push('\n');
+        log.push_str(&line);
+    }
+    assert!(!log.contains(SECRET), "the log leaked the secret");
+    assert!(
+        log.contains("profile secret resolved") && log.contains("lab-token"),
+        "start-up names the resolved secret: {log}"
+    );
+}
+
+#[test]
+fn e2e_fleet_stop_closes_the_pane_and_fails_the_open_ticket_as_stopped() {
+    let Some(rig) = rig() else {
+        return;
+    };
+    rig.spawn("hang", "bo");
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "bo", "task": "never ends", "wait": false }),
+    ));
+    poll_ticket(&rig, &sent["ticket"], "the task to be working", |v| {
+        v["state"] == "delivered" || v["state"] == "working"
+    });
+    let stopped = structured_ok(&rig.lead("fleet_stop", &json!({ "target": "bo" })));
+    assert!(stopped.to_string().contains("bo"), "{stopped}");
+    wait_until("bo's window to close", Duration::from_secs(30), || {
+        !window_exists(&rig, "fleet:bo")
+    });
+    let ticket = poll_ticket(&rig, &sent["ticket"], "the ticket to fail", |v| {
+        v["state"] == "failed"
+    });
+    assert_eq!(ticket["cause"], "stopped", "{ticket}");
+    let list = structured_ok(&rig.lead("fleet_list", &json!({})));
+    assert!(!list.to_string().contains("\"bo\""), "{list}");
+}
+
+#[test]
+fn e2e_a_member_whose_process_dies_is_released_as_exited() {
+    let Some(rig) = rig() else {
+        return;
+    };
+    rig.spawn("hang", "cy");
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "cy", "task": "never ends", "wait": false }),
+    ));
+    poll_ticket(&rig, &sent["ticket"], "the task to be working", |v| {
+        v["state"] == "delivered" || v["state"] == "working"
+    });
+    let pid = pane_pid(&rig, "fleet:cy");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let ticket = poll_ticket(&rig, &sent["ticket"], "the ticket to fail", |v| {
+        v["state"] == "failed"
+    });
+    assert_eq!(ticket["cause"], "exited", "{ticket}");
+    wait_until("cy to leave the list", Duration::from_secs(30), || {
+        let list = structured_ok(&rig.lead("fleet_list", &json!({})));
+        !list.to_string().contains("\"cy\"")
+    });
+}
+
+#[test]
+fn e2e_spawn_picks_a_free_name_and_refuses_a_taken_one() {
+    let Some(rig) = rig() else {
+        return;
+    };
+    let first = structured_ok(&rig.lead("fleet_spawn", &json!({ "profile": "hang" })));
+    let name = first["target"].as_str().expect("a name").to_owned();
+    assert!(name.chars().all(|c| c.is_ascii_lowercase()), "{name}");
+    let taken = rig.lead("fleet_spawn", &json!({ "profile": "hang", "name": name }));
+    assert_eq!(error_code(&taken), "name_taken");
+    let second = structured_ok(&rig.lead("fleet_spawn", &json!({ "profile": "hang" })));
+    assert_ne!(second["target"], first["target"]);
+}
