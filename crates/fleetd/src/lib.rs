@@ -3,6 +3,7 @@
 
 #![warn(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod backends;
 pub mod cli;
 pub mod client;
 pub mod clock;

@@ -195,11 +195,12 @@ impl Daemon {
         };
         let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
         let engine = crate::engine::spawn(crate::engine::EngineParts {
-            config: Arc::clone(&config),
+            config: self.live_config(),
             clock: Arc::clone(&clock),
             store: Arc::clone(&self.inner.store),
             mux: self.inner.mux.clone(),
         });
+        crate::backends::spawn(self.live_config(), engine.downgrade());
         let locator = crate::locate::Locator::new(
             self.inner.mux.clone(),
             crate::locate::LocatorConfig::default(),

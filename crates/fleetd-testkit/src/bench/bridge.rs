@@ -164,7 +164,7 @@ async fn send_overhead(rounds: usize) -> anyhow::Result<Stats> {
     );
     let store: Arc<dyn fleetd::store::InboxStore> = Arc::new(fleetd::store::MemoryStore::default());
     let engine = fleetd::engine::spawn(EngineParts {
-        config: Arc::new(bench_config()?),
+        config: fleetd::config::Live::fixed(bench_config()?),
         clock: Arc::new(fleetd::clock::SystemClock),
         store,
         mux,
@@ -180,6 +180,7 @@ async fn send_overhead(rounds: usize) -> anyhow::Result<Stats> {
             terminal: TerminalId::new("%1@1")?,
             allow_delegation: false,
             idle_timeout_secs: None,
+            backend: None,
             lead: None,
         })
         .await?;

@@ -81,7 +81,7 @@ fn e2e_backend_credentials_reach_the_member_only_and_are_never_shown() {
     let mut results = Vec::new();
     results.push(rig.lead("fleet_profiles", &json!({})));
     let spawned = rig.spawn("sim", "ann");
-    results.push(spawned.clone());
+    results.push(spawned);
     let member = environ(pane_pid(&rig, "fleet:ann"));
     assert_eq!(
         member.get("ANTHROPIC_AUTH_TOKEN").map(String::as_str),
@@ -199,4 +199,94 @@ fn e2e_spawn_picks_a_free_name_and_refuses_a_taken_one() {
     assert_eq!(error_code(&taken), "name_taken");
     let second = structured_ok(&rig.lead("fleet_spawn", &json!({ "profile": "hang" })));
     assert_ne!(second["target"], first["target"]);
+}
+
+/// A health endpoint the test controls: 200 while `up`, else 503.
+fn health_server(up: std::sync::Arc<std::sync::atomic::AtomicBool>) -> String {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            let status = if up.load(std::sync::atomic::Ordering::SeqCst) {
+                "200 OK"
+            } else {
+                "503 Service Unavailable"
+            };
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+            );
+        }
+    });
+    format!("http://{addr}/health")
+}
+
+fn inbox_texts(rig: &Rig, target: &str) -> Vec<String> {
+    let replies =
+        fleetd_testkit::http::get(rig.daemon.addr, &format!("/sessions/{target}/replies"))
+            .expect("peek")
+            .json();
+    replies["replies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "proving that a steady state raises no second incident means letting probes run"
+)]
+fn e2e_a_backend_going_down_and_up_is_exactly_one_nudge_each() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let health = health_server(std::sync::Arc::clone(&up));
+    let rig = Rig::start(&format!(
+        "primary:\n  tab: base:boss\n  pushReminders: 1\n\
+         backends:\n  lab:\n    baseUrl: http://127.0.0.1:9/v1\n    healthUrl: {health}\n    healthIntervalSecs: 1\n\
+         profiles:\n  sim:\n    agent: custom\n    command: {}\n    backend: lab\n",
+        bin_path("sim-agent").display()
+    ));
+    let lead = rig.agent_lead("boss");
+    let done = rig.history(&lead).matches("turn done").count();
+    rig.type_line(&lead, r#"fleet_spawn {"profile":"sim","name":"ann"}"#);
+    wait_until("the spawn turn to end", Duration::from_secs(60), || {
+        rig.history(&lead).matches("turn done").count() > done
+    });
+    let nudges = |rig: &Rig| {
+        rig.history(&lead)
+            .matches("[fleet] 1 message from ann")
+            .count()
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(nudges(&rig), 0, "a healthy backend is no news");
+    up.store(false, std::sync::atomic::Ordering::SeqCst);
+    wait_until("the down incident's nudge", Duration::from_secs(30), || {
+        nudges(&rig) == 1
+    });
+    std::thread::sleep(Duration::from_secs(4)); // several more failing probes
+    assert_eq!(nudges(&rig), 1, "exactly one nudge while it stays down");
+    let texts = inbox_texts(&rig, "ann");
+    assert_eq!(texts.len(), 1, "{texts:?}");
+    assert!(texts[0].contains("backend lab is down"), "{texts:?}");
+    // Read it, then the backend recovers: one more incident, one more nudge.
+    let replies = fleetd_testkit::http::get(rig.daemon.addr, "/sessions/ann/replies?drain=true");
+    assert!(replies.is_ok());
+    up.store(true, std::sync::atomic::Ordering::SeqCst);
+    wait_until("the recovery nudge", Duration::from_secs(30), || {
+        nudges(&rig) == 2
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(nudges(&rig), 2);
+    let texts = inbox_texts(&rig, "ann");
+    assert_eq!(texts.len(), 1, "{texts:?}");
+    assert!(texts[0].contains("backend lab is up again"), "{texts:?}");
 }

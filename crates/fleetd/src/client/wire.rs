@@ -173,6 +173,36 @@ async fn exchange(
     path: &str,
     body: Option<&Value>,
 ) -> Result<Answer, WireError> {
+    let (status, bytes) = exchange_raw(url, token, method, path, body).await?;
+    let body = serde_json::from_slice(&bytes).map_err(|_| WireError::NotJson {
+        url: format!("{url}{path}"),
+        status,
+        snippet: String::from_utf8_lossy(&bytes).chars().take(200).collect(),
+    })?;
+    Ok(Answer { status, body })
+}
+
+/// The status code of `GET url` (any body), within `timeout`: the backend health probe.
+pub(crate) async fn get_status(url: &str, timeout: Duration) -> Result<u16, WireError> {
+    let url = DaemonUrl::parse(url)?;
+    let path = if url.prefix.is_empty() { "/" } else { "" };
+    let get = exchange_raw(&url, None, http::Method::GET, path, None);
+    match tokio::time::timeout(timeout, get).await {
+        Ok(answer) => answer.map(|(status, _)| status),
+        Err(_) => Err(WireError::Timeout {
+            url: url.to_string(),
+            secs: timeout.as_secs(),
+        }),
+    }
+}
+
+async fn exchange_raw(
+    url: &DaemonUrl,
+    token: Option<&str>,
+    method: http::Method,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<(u16, Bytes), WireError> {
     let no_daemon = |reason: String| WireError::NoDaemon {
         url: url.to_string(),
         reason,
@@ -222,12 +252,7 @@ async fn exchange(
         .await
         .map_err(http_error)?
         .to_bytes();
-    let body = serde_json::from_slice(&bytes).map_err(|_| WireError::NotJson {
-        url: format!("{url}{path}"),
-        status,
-        snippet: String::from_utf8_lossy(&bytes).chars().take(200).collect(),
-    })?;
-    Ok(Answer { status, body })
+    Ok((status, bytes))
 }
 
 #[cfg(test)]

@@ -20,7 +20,6 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::SharedClock;
-use crate::config::Config;
 use crate::mux::MuxRouter;
 use crate::store::InboxStore;
 
@@ -146,6 +145,8 @@ pub struct NewMember {
     pub allow_delegation: bool,
     /// Its profile's `idleTimeoutSecs`.
     pub idle_timeout_secs: Option<u64>,
+    /// Its profile's backend, if any (health incidents go to the members that use it).
+    pub backend: Option<String>,
     /// The lead that spawned it.
     pub lead: Option<LeadRef>,
 }
@@ -173,6 +174,10 @@ pub(crate) enum Command {
     PaneSeen {
         pane: QualifiedPaneId,
         terminal: TerminalId,
+    },
+    BackendHealth {
+        name: String,
+        down: Option<String>,
     },
     LeadSeen {
         lead: LeadRef,
@@ -254,6 +259,29 @@ pub struct EngineHandle {
     tx: mpsc::Sender<run::Msg>,
 }
 
+/// A handle that does not keep the engine alive (the engine ends when the last strong handle is
+/// dropped): for background tasks that should end with it.
+#[derive(Debug, Clone)]
+pub struct WeakEngineHandle {
+    tx: mpsc::WeakSender<run::Msg>,
+}
+
+impl WeakEngineHandle {
+    /// The engine, while it runs.
+    pub fn upgrade(&self) -> Option<EngineHandle> {
+        self.tx.upgrade().map(|tx| EngineHandle { tx })
+    }
+}
+
+impl EngineHandle {
+    /// A handle that does not keep the engine running.
+    pub fn downgrade(&self) -> WeakEngineHandle {
+        WeakEngineHandle {
+            tx: self.tx.downgrade(),
+        }
+    }
+}
+
 /// The engine stopped (daemon shutting down).
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("the fleet engine has stopped (fleetd is shutting down)")]
@@ -303,6 +331,15 @@ impl EngineHandle {
         terminal: TerminalId,
     ) -> Result<(), EngineGone> {
         self.send(Command::PaneSeen { pane, terminal }).await
+    }
+
+    /// The health prober's reading of backend `name`: up, or down with why.
+    pub async fn backend_health(
+        &self,
+        name: String,
+        down: Option<String>,
+    ) -> Result<(), EngineGone> {
+        self.send(Command::BackendHealth { name, down }).await
     }
 
     /// A lead called an orchestration tool.
@@ -448,8 +485,9 @@ impl EngineHandle {
 /// What the engine needs to run.
 #[derive(Debug, Clone)]
 pub struct EngineParts {
-    /// The configuration.
-    pub config: Arc<Config>,
+    /// The running configuration: read at start; applied reloads reach the engine through it
+    /// (members whose backend vanished get an `unmapped` incident).
+    pub config: crate::config::Live,
     /// The clock.
     pub clock: SharedClock,
     /// The inbox store.

@@ -68,7 +68,7 @@ pub(super) enum Event {
 pub fn spawn(parts: EngineParts) -> EngineHandle {
     let (tx, rx) = mpsc::channel(ENGINE_QUEUE);
     let handle = EngineHandle { tx: tx.clone() };
-    let config = &parts.config;
+    let config = &*parts.config.current();
     let push = PushLoop::new(push_config(config));
     let state = State::new(
         secs(config.tickets.ttl_after_finish_secs),
@@ -80,7 +80,8 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
         usize::try_from(config.delivery.max_inject_bytes).unwrap_or(4096),
     );
     let events = parts.mux.events();
-    tokio::spawn(Engine { parts, state, tx }.run(rx, events));
+    let reloads = parts.config.subscribe();
+    tokio::spawn(Engine { parts, state, tx }.run(rx, events, reloads));
     handle
 }
 
@@ -112,8 +113,11 @@ impl Engine {
         mut self,
         mut rx: mpsc::Receiver<Msg>,
         mut events: broadcast::Receiver<RoutedEvent>,
+        mut reloads: tokio::sync::watch::Receiver<Arc<crate::config::Config>>,
     ) {
         self.perform(Io::DepthAll);
+        // Without a reloader no new configuration ever comes: stop listening for one.
+        let mut reloading = true;
         loop {
             let sleep = self.sleep_for();
             let mut io = Vec::new();
@@ -142,6 +146,13 @@ impl Engine {
                     Err(broadcast::error::RecvError::Closed) => {
                         events = self.parts.mux.events();
                     }
+                },
+                changed = reloads.changed(), if reloading => match changed {
+                    Ok(()) => {
+                        let config = Arc::clone(&reloads.borrow_and_update());
+                        self.state.config_reloaded(&config, now, &mut io);
+                    }
+                    Err(_) => reloading = false,
                 },
                 () = tokio::time::sleep(sleep) => self.state.tick(now, &mut io),
             }
@@ -177,6 +188,7 @@ impl Engine {
             Command::Presence { target } => s.presence(target, now, io),
             Command::PaneSeen { pane, terminal } => s.pane_seen(pane, terminal, now, io),
             Command::LeadSeen { lead } => s.lead_seen(&lead, now, io),
+            Command::BackendHealth { name, down } => s.backend_health(&name, down, io),
             Command::Submit {
                 lead,
                 target,

@@ -78,6 +78,10 @@ struct Member {
     status: AgentStatus,
     allow_delegation: bool,
     lead: Option<LeadId>,
+    /// Its profile's backend.
+    backend: Option<String>,
+    /// An `unmapped` incident was raised for it (once per member).
+    unmapped: bool,
     joined_at: Timestamp,
     /// Since when the member has been at rest (for the idle reaper).
     idle_since: Option<Timestamp>,
@@ -120,6 +124,8 @@ pub(super) struct State {
     questions: BTreeMap<String, Question>,
     leads: BTreeMap<LeadId, Lead>,
     lead_tabs: LeadTabs,
+    /// Backends the prober last found down, with why.
+    backends_down: BTreeMap<String, String>,
     /// Panes whose status watch failed transiently, with when to try again.
     rewatch: BTreeMap<QualifiedPaneId, Timestamp>,
     /// Pane incarnations that spoke MCP before they held a member (newest last, bounded).
@@ -158,6 +164,7 @@ impl State {
             leads: BTreeMap::new(),
             lead_tabs,
             rewatch: BTreeMap::new(),
+            backends_down: BTreeMap::new(),
             seen: std::collections::VecDeque::new(),
             max_inject,
         }
@@ -277,6 +284,74 @@ impl State {
                     .map(|(id, _)| id.clone());
                 self.set_primary(next, now, io);
             }
+        }
+    }
+
+    /// A backend health reading. A transition (up → down, down → up) is an incident in the inbox
+    /// of every member on that backend, which nudges their leads; a repeated reading is nothing.
+    pub(super) fn backend_health(&mut self, name: &str, down: Option<String>, io: &mut Vec<Io>) {
+        let was_down = self.backends_down.contains_key(name);
+        let text = match (&down, was_down) {
+            (Some(why), false) => {
+                tracing::warn!(backend = name, reason = %why, "backend down");
+                format!(
+                    "[fleet] incident: backend {name} is down ({why}); members on it cannot reach their model"
+                )
+            }
+            (None, true) => {
+                tracing::info!(backend = name, "backend up again");
+                format!("[fleet] incident resolved: backend {name} is up again")
+            }
+            _ => return,
+        };
+        match down {
+            Some(why) => self.backends_down.insert(name.to_owned(), why),
+            None => self.backends_down.remove(name),
+        };
+        self.incident(|m| m.backend.as_deref() == Some(name), &text, io);
+    }
+
+    /// A reload was applied: members whose backend is no longer configured are `unmapped`.
+    pub(super) fn config_reloaded(
+        &mut self,
+        config: &crate::config::Config,
+        _now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        self.backends_down
+            .retain(|name, _| config.backends.contains_key(name));
+        let vanished: Vec<(Target, String)> = self
+            .members
+            .iter()
+            .filter(|(_, m)| !m.unmapped)
+            .filter_map(|(t, m)| {
+                let backend = m.backend.as_ref()?;
+                (!config.backends.contains_key(backend)).then(|| (t.clone(), backend.clone()))
+            })
+            .collect();
+        for (target, backend) in vanished {
+            tracing::warn!(%target, %backend, "member's backend is no longer configured");
+            if let Some(m) = self.members.get_mut(&target) {
+                m.unmapped = true;
+            }
+            io.push(Io::Notice {
+                target,
+                ticket: None,
+                kind: MessageKind::Incident,
+                text: format!("[fleet] incident: backend {backend} was removed from the configuration; this member keeps running on the settings it was started with — stop it or add the backend back"),
+            });
+        }
+    }
+
+    /// Publishes `text` as an incident to every member `which` selects.
+    fn incident(&self, which: impl Fn(&Member) -> bool, text: &str, io: &mut Vec<Io>) {
+        for (target, _) in self.members.iter().filter(|(_, m)| which(m)) {
+            io.push(Io::Notice {
+                target: target.clone(),
+                ticket: None,
+                kind: MessageKind::Incident,
+                text: text.to_owned(),
+            });
         }
     }
 
@@ -699,6 +774,8 @@ impl State {
                 status: AgentStatus::Unknown,
                 allow_delegation: new.allow_delegation,
                 lead: lead.clone(),
+                backend: new.backend.clone(),
+                unmapped: false,
                 joined_at: now,
                 idle_since: None,
                 idle_timeout: new

@@ -34,7 +34,7 @@ fn rig(fake: &FakeMux) -> Rig {
     }));
     let router = MuxRouter::new(Arc::new(fake.clone()), None);
     let engine = spawn(EngineParts {
-        config: Arc::new(config),
+        config: crate::config::Live::fixed(config),
         clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
         store: Arc::clone(&store) as Arc<dyn InboxStore>,
         mux: router.clone(),
@@ -250,7 +250,7 @@ async fn mail_from_before_a_restart_is_nudged_once_the_lead_is_known() {
         .expect("publish");
     let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
     let _engine = spawn(EngineParts {
-        config: Arc::new(config),
+        config: crate::config::Live::fixed(config),
         clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
         store: Arc::clone(&store) as Arc<dyn InboxStore>,
         mux: MuxRouter::new(Arc::new(fake.clone()), None),
@@ -277,6 +277,7 @@ fn member(name: &str, pane: &str, terminal: &str, idle_secs: Option<u64>) -> New
         terminal: fleetd_core::TerminalId::new(terminal).expect("terminal"),
         allow_delegation: false,
         idle_timeout_secs: idle_secs,
+        backend: None,
         lead: None,
     }
 }
@@ -320,4 +321,97 @@ async fn the_idle_reaper_releases_exactly_after_the_timeout_and_never_while_work
     assert!(listed(&rig, "worker").await);
     sleep(Duration::from_secs(2)).await;
     assert!(!listed(&rig, "worker").await);
+}
+
+async fn inbox(rig: &Rig, target: &str) -> Vec<Message> {
+    rig.store
+        .peek(&Target::new(target).expect("target"), 100)
+        .await
+        .expect("peek")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_going_down_and_up_is_one_incident_each_for_its_members_only() {
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    fake.add_pane("w2:p2", "t-b", "w2:t2", AgentStatus::Idle);
+    let rig = rig(&fake);
+    sleep(Duration::from_millis(100)).await;
+    rig.engine
+        .add_member(NewMember {
+            backend: Some("lab".to_owned()),
+            ..member("alice", "w2:p1", "t-a", None)
+        })
+        .await
+        .expect("engine");
+    rig.engine
+        .add_member(member("bob", "w2:p2", "t-b", None))
+        .await
+        .expect("engine");
+    for _ in 0..3 {
+        rig.engine
+            .backend_health("lab".to_owned(), Some("HTTP 503".to_owned()))
+            .await
+            .expect("engine");
+        sleep(Duration::from_millis(100)).await; // repeated readings, within one backoff step
+    }
+    let alice = inbox(&rig, "alice").await;
+    assert_eq!(alice.len(), 1, "one incident per transition: {alice:?}");
+    assert_eq!(alice[0].kind, MessageKind::Incident);
+    assert!(alice[0].text.contains("backend lab is down (HTTP 503)"));
+    assert!(inbox(&rig, "bob").await.is_empty(), "bob is not on lab");
+    let nudges = rig.nudges_into("w1:p1");
+    assert_eq!(nudges.len(), 1, "the lead is nudged once");
+    assert!(nudges[0].text.contains("1 message from alice"));
+    rig.engine
+        .backend_health("lab".to_owned(), None)
+        .await
+        .expect("engine");
+    rig.engine
+        .backend_health("lab".to_owned(), None)
+        .await
+        .expect("engine");
+    sleep(Duration::from_millis(10)).await;
+    let alice = inbox(&rig, "alice").await;
+    assert_eq!(alice.len(), 2);
+    assert!(alice[1].text.contains("backend lab is up again"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reload_that_removes_a_members_backend_raises_one_unmapped_incident() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let with_lab = format!("{CONFIG}backends:\n  lab:\n    baseUrl: http://127.0.0.1:9\n");
+    let env = Environment::default();
+    let (publisher, live) =
+        crate::config::channel(Config::parse(&with_lab, "test", &env).expect("config"));
+    let store = Arc::new(MemoryStore::new(MessageLimits {
+        max_message_bytes: 1 << 20,
+    }));
+    let engine = spawn(EngineParts {
+        config: live,
+        clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
+        store: Arc::clone(&store) as Arc<dyn InboxStore>,
+        mux: MuxRouter::new(Arc::new(fake.clone()), None),
+    });
+    engine
+        .add_member(NewMember {
+            backend: Some("lab".to_owned()),
+            ..member("alice", "w2:p1", "t-a", None)
+        })
+        .await
+        .expect("engine");
+    let alice = Target::new("alice").expect("target");
+    // A reload that keeps the backend changes nothing.
+    publisher.publish(Config::parse(&with_lab, "test", &env).expect("config"));
+    sleep(Duration::from_millis(10)).await;
+    assert!(store.peek(&alice, 10).await.expect("peek").is_empty());
+    for _ in 0..2 {
+        publisher.publish(Config::parse(CONFIG, "test", &env).expect("config"));
+        sleep(Duration::from_millis(10)).await;
+    }
+    let messages = store.peek(&alice, 10).await.expect("peek");
+    assert_eq!(messages.len(), 1, "once per member: {messages:?}");
+    assert!(messages[0].text.contains("backend lab was removed"));
 }

@@ -166,6 +166,7 @@ impl FleetTool for Spawn {
                 terminal: pane.info.terminal.clone(),
                 allow_delegation: profile.allow_delegation,
                 idle_timeout_secs: profile.idle_timeout_secs,
+                backend: profile.backend.clone(),
                 lead: lead.clone(),
             })
             .await
