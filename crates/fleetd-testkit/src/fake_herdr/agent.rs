@@ -1,12 +1,14 @@
-//! fake-herdr's agent methods that wait: `agent.prompt` (paste, Enter after 300 ms, then the
-//! optional wait with herdr's 5 s `agent_prompt_stalled` rule) and `agent.wait`. No socket code.
+//! fake-herdr's agent methods that wait or launch: `agent.prompt` (paste, Enter after 300 ms,
+//! then the optional wait with herdr's 5 s `agent_prompt_stalled` rule), `agent.wait`, and
+//! `agent.start` (the canonical executable typed into an idle shell pane, as herdr does: which
+//! program runs is whatever `kind` resolves to on that shell's PATH). No socket code.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use super::Server;
-use super::api::{Outcome, agent_info, agent_target, opt_str, paste_bytes};
+use super::api::{Outcome, agent_info, agent_target, find_pane, opt_str, paste_bytes, str_param};
 use super::pane::PaneRt;
 
 /// How long herdr lets a prompt go without any state change before `agent_prompt_stalled`.
@@ -129,4 +131,71 @@ pub(super) async fn wait(server: &Server, p: &Value) -> Outcome {
             "agent is no longer running in the target pane".to_owned(),
         )),
     }
+}
+
+/// `agent.start {name, kind, pane_id, args?, timeout_ms?}`: types `kind args…` and Enter into an
+/// idle shell pane (`agent_pane_busy` when an agent already runs there) and reports the launch
+/// as pending; detection picks the agent up like any other.
+pub(super) async fn start(server: &Server, p: &Value) -> Outcome {
+    let name = str_param(p, "name")?;
+    let valid_name = name.len() <= 32
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !valid_name {
+        return Err((
+            "invalid_agent_name",
+            format!("invalid agent name {name:?}: use [a-z][a-z0-9_-]{{0,31}}"),
+        ));
+    }
+    let kind = str_param(p, "kind")?;
+    if !super::pane::KNOWN_AGENTS.contains(&kind) {
+        return Err((
+            "unsupported_agent_kind",
+            format!("unsupported agent kind {kind:?}"),
+        ));
+    }
+    if let Some(t) = p.get("timeout_ms").and_then(Value::as_u64)
+        && !(3001..=300_000).contains(&t)
+    {
+        return Err((
+            "invalid_agent_timeout",
+            "timeout_ms must be greater than 3000 and at most 300000".to_owned(),
+        ));
+    }
+    let pane_id = str_param(p, "pane_id")?;
+    let pane = find_pane(server, pane_id)
+        .ok_or(("agent_pane_not_found", format!("pane {pane_id} not found")))?;
+    if pane.detected().agent.is_some() {
+        return Err((
+            "agent_pane_busy",
+            format!("pane {pane_id} already runs an agent"),
+        ));
+    }
+    let mut argv = vec![kind.to_owned()];
+    argv.extend(
+        p.get("args")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str().map(str::to_owned)),
+    );
+    let line = argv
+        .iter()
+        .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut bytes = paste_bytes(&pane, &line);
+    bytes.push(b'\r');
+    pane.write(&bytes).await.map_err(|e| {
+        (
+            "agent_start_input_failed",
+            format!("could not type into pane {pane_id}: {e}"),
+        )
+    })?;
+    let mut agent = agent_info(server, &pane);
+    agent["name"] = json!(name);
+    agent["launch_pending"] = json!(true);
+    Ok(json!({ "type": "agent_started", "agent": agent, "argv": argv }))
 }

@@ -171,6 +171,7 @@ pub(super) async fn dispatch(server: &Arc<Server>, req: Request) -> String {
             Err(e) => Err(e),
         },
         "agent.prompt" => agent::prompt(server, p).await,
+        "agent.start" => agent::start(server, p).await,
         "agent.wait" => agent::wait(server, p).await,
         other => Err((
             "invalid_request",

@@ -17,5 +17,6 @@ mod push_herdr;
 mod reload;
 mod serve;
 mod service;
+mod spawn_herdr;
 mod store;
 mod tidy;

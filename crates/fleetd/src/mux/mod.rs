@@ -299,6 +299,17 @@ pub trait Multiplexer: Send + Sync + fmt::Debug {
     /// Presses Enter once in the pane (the retry of a submit the agent did not pick up).
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()>;
 
+    /// Starts a known agent kind (`claude`, `codex`, ...) named `name` in the idle shell of
+    /// `pane`, the multiplexer's own way (herdr `agent.start`: its canonical executable plus
+    /// `args`). `Unsupported` where the backend has no such thing (tmux runs a command instead).
+    fn start_agent<'a>(
+        &'a self,
+        pane: &'a PaneId,
+        name: &'a str,
+        kind: &'a str,
+        args: &'a [String],
+    ) -> MuxFuture<'a, ()>;
+
     /// The last `lines` lines of the pane's output, as plain text.
     fn read_tail<'a>(&'a self, pane: &'a PaneId, lines: u32) -> MuxFuture<'a, String>;
 

@@ -478,6 +478,25 @@ impl Multiplexer for Herdr {
         Box::pin(self.submit_inner(pane, text))
     }
 
+    fn start_agent<'a>(
+        &'a self,
+        pane: &'a PaneId,
+        name: &'a str,
+        kind: &'a str,
+        args: &'a [String],
+    ) -> MuxFuture<'a, ()> {
+        Box::pin(async move {
+            self.request(
+                "agent.start",
+                json!({ "name": name, "kind": kind, "pane_id": pane.as_str(), "args": args }),
+                &["agent_started"],
+                &format!("pane {pane}"),
+            )
+            .await
+            .map(|_| ())
+        })
+    }
+
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
         Box::pin(async move {
             let info = self.pane_inner(pane).await?;

@@ -501,6 +501,20 @@ impl Multiplexer for Tmux {
         Box::pin(self.open_pane_inner(req))
     }
 
+    fn start_agent<'a>(
+        &'a self,
+        _pane: &'a PaneId,
+        _name: &'a str,
+        _kind: &'a str,
+        _args: &'a [String],
+    ) -> MuxFuture<'a, ()> {
+        Box::pin(async {
+            Err(MuxError::Unsupported(
+                "starting an agent by kind (tmux windows run the profile's command)".to_owned(),
+            ))
+        })
+    }
+
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
         Box::pin(async move {
             let what = format!("pane {pane}");

@@ -1,0 +1,59 @@
+//! `fleet_spawn` on herdr (fake-herdr): a profile of a known agent kind without its own command
+//! is started herdr's way — a tab with the member's environment, then `agent.start`, which types
+//! the kind's canonical executable into the tab's shell. Here `claude` on the member's PATH is a
+//! link to `sim-agent`, so the whole path runs for real: the shell resolves it, herdr detects a
+//! `claude` agent by argv0, the member connects and replies.
+
+use std::time::Duration;
+
+use fleetd_testkit::rig_herdr::HerdrRig;
+use fleetd_testkit::{bin_path, http, wait_until};
+use serde_json::json;
+
+#[test]
+fn e2e_herdr_spawn_starts_a_known_agent_kind_with_agent_start() {
+    let bin = tempfile::tempdir().expect("tempdir");
+    std::os::unix::fs::symlink(bin_path("sim-agent"), bin.path().join("claude")).expect("link");
+    let rig = HerdrRig::start(&format!(
+        "primary:\n  tab: w1:t1\n  pushReminders: 0\nprofiles:\n  cl:\n    agent: claude\n    env:\n      PATH: \"{}:/usr/bin:/bin\"\n      SIM_AGENT_WORK_MS: \"300\"\n",
+        bin.path().display()
+    ));
+    let (_, lead) = rig.agent_lead("boss");
+    rig.call_from(&lead, r#"fleet_spawn {"profile":"cl","name":"ann"}"#);
+    let member = http::get(rig.daemon.addr, "/sessions/ann").expect("session");
+    assert_eq!(member.status, 200, "ann was spawned and became ready");
+    let pane = member.json()["paneId"]
+        .as_str()
+        .and_then(|p| p.strip_prefix("lead:"))
+        .expect("a pane id")
+        .to_owned();
+    let info = rig.call("pane.process_info", &json!({ "pane_id": pane }));
+    let argv0 = info["process_info"]["foreground_processes"][0]["argv0"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(
+        argv0, "claude",
+        "herdr typed the canonical executable: {info}"
+    );
+    let agents = rig.call("agent.list", &json!({}));
+    assert!(
+        agents["agents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|a| a["pane_id"] == pane.as_str() && a["agent"] == "claude"),
+        "{agents}"
+    );
+    rig.call_from(
+        &lead,
+        r#"fleet_send {"target":"ann","task":"hello","wait":false}"#,
+    );
+    wait_until("ann's reply", Duration::from_secs(60), || {
+        http::get(rig.daemon.addr, "/sessions/ann/replies").is_ok_and(|r| {
+            r.json()["replies"][0]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("sim-agent did: hello"))
+        })
+    });
+}
