@@ -162,6 +162,7 @@ impl Daemon {
             .await
             .context("failed to open the stdio shim's socket")?;
         let store = Arc::clone(&self.inner.store);
+        let engine = fleet.engine.clone();
         let app = crate::http::router(self, fleet, mcp);
         ready();
         let served = axum::serve(
@@ -171,6 +172,11 @@ impl Daemon {
         .with_graceful_shutdown(shutdown)
         .await;
         shim.stop();
+        // Members are released (cause `shutdown`) and their notices stored before the store
+        // closes, so the lead learns after a restart which tickets did not finish.
+        if engine.shutdown().await.is_err() {
+            tracing::warn!("the engine had already stopped; members were not released");
+        }
         // Close the store even when serving failed, so every acknowledged write is flushed and
         // the lock is released before the process exits.
         let closed = store.close().await;

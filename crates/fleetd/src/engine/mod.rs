@@ -179,6 +179,9 @@ pub(crate) enum Command {
         name: String,
         down: Option<String>,
     },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
     LeadSeen {
         lead: LeadRef,
     },
@@ -331,6 +334,13 @@ impl EngineHandle {
         terminal: TerminalId,
     ) -> Result<(), EngineGone> {
         self.send(Command::PaneSeen { pane, terminal }).await
+    }
+
+    /// The daemon is stopping: every member is released with cause `shutdown` (its open tickets
+    /// fail, and a notice lands durably in its inbox for the lead to read after a restart; panes
+    /// are left running). Returns once those notices are stored; the engine then stops.
+    pub async fn shutdown(&self) -> Result<(), EngineGone> {
+        self.ask(|reply| Command::Shutdown { reply }).await
     }
 
     /// The health prober's reading of backend `name`: up, or down with why.

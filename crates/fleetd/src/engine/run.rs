@@ -124,6 +124,11 @@ impl Engine {
             let now = self.parts.clock.now();
             tokio::select! {
                 msg = rx.recv() => match msg {
+                    Some(Msg::Command(Command::Shutdown { reply })) => {
+                        self.shutdown(now).await;
+                        let _ = reply.send(());
+                        return;
+                    }
                     Some(Msg::Command(command)) => self.command(command, now, &mut io),
                     Some(Msg::Event(event)) => self.event(event, now, &mut io),
                     None => return,
@@ -189,6 +194,10 @@ impl Engine {
             Command::PaneSeen { pane, terminal } => s.pane_seen(pane, terminal, now, io),
             Command::LeadSeen { lead } => s.lead_seen(&lead, now, io),
             Command::BackendHealth { name, down } => s.backend_health(&name, down, io),
+            Command::Shutdown { reply } => {
+                // Handled in `run` (it awaits the store); reaching here means it was not.
+                let _ = reply.send(());
+            }
             Command::Submit {
                 lead,
                 target,
@@ -285,6 +294,32 @@ impl Engine {
                 }
             }
             Event::LeadsScanned(panes) => self.state.leads_scanned(panes, now, io),
+        }
+    }
+
+    /// Releases every member with cause `shutdown` and stores the resulting notices before
+    /// returning (the store is closed right after).
+    async fn shutdown(&mut self, now: jiff::Timestamp) {
+        let mut io = Vec::new();
+        self.state.release_all("shutdown", now, &mut io);
+        for request in io {
+            if let Io::Notice {
+                target,
+                ticket,
+                kind,
+                text,
+            } = request
+            {
+                publish(
+                    &*self.parts.store,
+                    &self.parts.clock,
+                    &target,
+                    ticket,
+                    kind,
+                    text,
+                )
+                .await;
+            }
         }
     }
 

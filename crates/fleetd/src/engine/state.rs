@@ -810,6 +810,14 @@ impl State {
         io.push(Io::Watch { pane: new.pane });
     }
 
+    /// Releases every member with `cause` (daemon shutdown).
+    pub(super) fn release_all(&mut self, cause: &str, now: Timestamp, io: &mut Vec<Io>) {
+        let targets: Vec<Target> = self.members.keys().cloned().collect();
+        for target in targets {
+            self.release(&target, cause, now, io);
+        }
+    }
+
     /// The one release path: fails open tickets with `cause`, forgets bindings and the queue,
     /// and tells the lead through the inbox. Returns the pane.
     pub(super) fn release(

@@ -415,3 +415,34 @@ async fn a_reload_that_removes_a_members_backend_raises_one_unmapped_incident() 
     assert_eq!(messages.len(), 1, "once per member: {messages:?}");
     assert!(messages[0].text.contains("backend lab was removed"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_releases_members_and_stores_their_failed_tickets_first() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let rig = rig(&fake);
+    rig.engine
+        .add_member(member("alice", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    let ticket = rig
+        .engine
+        .submit(
+            None,
+            Target::new("alice").expect("target"),
+            "job".to_owned(),
+        )
+        .await
+        .expect("engine")
+        .expect("queued");
+    rig.engine.shutdown().await.expect("engine");
+    let notices = inbox(&rig, "alice").await;
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0].ticket, Some(ticket));
+    assert!(notices[0].text.contains("released (shutdown)"));
+    assert!(rig.engine.list().await.is_err(), "the engine stopped");
+    assert!(
+        rig.router.pane(&qualified("w2:p1")).await.is_ok(),
+        "a member's pane keeps running across a daemon restart"
+    );
+}
