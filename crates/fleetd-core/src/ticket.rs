@@ -32,6 +32,18 @@ pub enum TicketState {
 }
 
 impl TicketState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [Self; 8] = [
+        Self::Queued,
+        Self::Delivered,
+        Self::Working,
+        Self::Replied,
+        Self::EndedWithoutReply,
+        Self::Stalled,
+        Self::Failed,
+        Self::Cancelled,
+    ];
+
     /// True once the ticket will not move on its own any more.
     pub fn is_terminal(self) -> bool {
         matches!(
@@ -146,6 +158,15 @@ impl TicketBook {
             ttl_after_finish,
             pruned: BTreeMap::new(),
         }
+    }
+
+    /// How many tickets the book holds in each state (finished ones until they are pruned).
+    pub fn count_by_state(&self) -> BTreeMap<TicketState, usize> {
+        let mut counts = BTreeMap::new();
+        for record in self.tickets.values() {
+            *counts.entry(record.state).or_insert(0) += 1;
+        }
+        counts
     }
 
     /// Opens a ticket in `Queued`.

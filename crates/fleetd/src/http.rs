@@ -43,7 +43,18 @@ pub fn router(daemon: Daemon, fleet: Arc<Fleet>, mcp: crate::mcp::HttpService) -
         .with_state(app)
 }
 
-/// The REST API under `/sessions`, behind the token rule.
+/// `GET /metrics`: every fleetd metric in Prometheus text (see `telemetry`).
+async fn metrics() -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::telemetry::render(),
+    )
+}
+
+/// The REST API under `/sessions` (and `/metrics`, which names members), behind the token rule.
 fn sessions_routes(app: App) -> Router<App> {
     Router::new()
         .route("/sessions", get(sessions))
@@ -51,6 +62,7 @@ fn sessions_routes(app: App) -> Router<App> {
         .route("/sessions/{target}/replies", get(replies))
         .route("/sessions/{target}/replies/{msg_id}/ack", post(ack))
         .route("/sessions/{target}/tasks", post(task))
+        .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(app, authenticate))
 }
 

@@ -22,3 +22,4 @@ pub mod secrets;
 pub mod serve;
 pub mod shim;
 pub mod store;
+pub mod telemetry;

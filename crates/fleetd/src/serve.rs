@@ -40,6 +40,8 @@ impl Daemon {
     /// multiplexer client(s). A multiplexer that does not answer yet is not fatal — `/healthz`
     /// reports it — but a herdr that answers with a too-old protocol is.
     pub async fn open(config: Config) -> anyhow::Result<Self> {
+        // The metrics recorder goes in first, so nothing recorded from here on is lost.
+        crate::telemetry::handle();
         let store = open_store(&config).await?;
         let (mux, endpoints) = open_mux(&config).await?;
         tracing::info!(

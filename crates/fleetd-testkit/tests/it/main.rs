@@ -10,6 +10,7 @@ mod crash;
 mod install;
 mod locate;
 mod members;
+mod metrics;
 mod mux_herdr;
 mod mux_tmux;
 mod push;

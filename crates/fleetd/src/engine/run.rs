@@ -414,7 +414,12 @@ impl Engine {
                     terminal,
                     text,
                 } => {
+                    let started = tokio::time::Instant::now();
                     let outcome = nudge(&mux, &pane, &terminal, &text).await;
+                    if outcome == InjectOutcome::Delivered {
+                        metrics::histogram!("fleetd_nudge_seconds")
+                            .record(started.elapsed().as_secs_f64());
+                    }
                     report(Event::Injected { lead, outcome }).await;
                 }
                 Io::Watch { pane } => {

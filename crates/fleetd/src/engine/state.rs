@@ -485,6 +485,7 @@ impl State {
         }
         let ticket = Ticket::from_uuid(uuid::Uuid::now_v7());
         self.tickets.open_at(ticket, target.clone(), now);
+        self.ticket_gauges();
         self.tasks.insert(ticket, task);
         let effects = self
             .injector
@@ -563,8 +564,33 @@ impl State {
         delivered
     }
 
+    /// Sets the `fleetd_tickets{state}` gauges from the book.
+    fn ticket_gauges(&self) {
+        let counts = self.tickets.count_by_state();
+        for state in fleetd_core::TicketState::ALL {
+            #[expect(
+                clippy::cast_precision_loss,
+                reason = "a gauge: ticket counts are far below 2^52"
+            )]
+            let n = counts.get(&state).copied().unwrap_or(0) as f64;
+            metrics::gauge!("fleetd_tickets", "state" => state.as_str()).set(n);
+        }
+    }
+
     /// Applies a ticket event; true when it changed the ticket.
     fn apply(&mut self, ticket: Ticket, event: TicketEvent, now: Timestamp) -> bool {
+        if event == TicketEvent::Delivered
+            && let TicketLookup::Live(r) = self.tickets.get_at(ticket, now)
+        {
+            let waited = now.duration_since(r.created_at).as_secs_f64();
+            metrics::histogram!("fleetd_delivery_seconds").record(waited.max(0.0));
+        }
+        let changed = self.apply_event(ticket, event, now);
+        self.ticket_gauges();
+        changed
+    }
+
+    fn apply_event(&mut self, ticket: Ticket, event: TicketEvent, now: Timestamp) -> bool {
         match self.tickets.apply_at(ticket, event, now) {
             Ok(_) => true,
             Err(refusal) => {
@@ -600,6 +626,11 @@ impl State {
         now: Timestamp,
         io: &mut Vec<Io>,
     ) {
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "a gauge: inbox depths are far below 2^52"
+        )]
+        metrics::gauge!("fleetd_inbox_depth", "target" => target.to_string()).set(pending as f64);
         let effects = self
             .push
             .handle_at(PushInput::Inbox { target, pending }, now);
@@ -1025,7 +1056,11 @@ impl State {
         self.push_effects(effects, io);
         self.scan_if_due(now, io);
         self.rewatch_due(now, io);
-        for ticket in self.tickets.prune_at(now) {
+        let pruned = self.tickets.prune_at(now);
+        if !pruned.is_empty() {
+            self.ticket_gauges();
+        }
+        for ticket in pruned {
             self.tasks.remove(&ticket);
             self.replies.remove(&ticket);
             self.waiters.remove(&ticket);

@@ -7,6 +7,7 @@
 mod amqp;
 mod lock;
 mod memory;
+mod metered;
 mod sqlite;
 
 use std::collections::{HashSet, VecDeque};
@@ -126,11 +127,11 @@ pub async fn open(
     match spec {
         StoreSpec::Embedded { path } => {
             let store = SqliteStore::open(path.clone(), *options).await?;
-            Ok(Arc::new(store))
+            Ok(Arc::new(metered::Metered(store)))
         }
         StoreSpec::Amqp { url } => {
             let store = AmqpStore::open(url, *options).await?;
-            Ok(Arc::new(store))
+            Ok(Arc::new(metered::Metered(store)))
         }
     }
 }

@@ -86,13 +86,29 @@ pub(crate) async fn call(
         stop::Stop::NAME => run::<stop::Stop>(fleet, caller, args).await,
         reply::Reply::NAME => run::<reply::Reply>(fleet, caller, args).await,
         ask::Ask::NAME => run::<ask::Ask>(fleet, caller, args).await,
-        other => Err(ToolError::new(
-            "unknown_tool",
-            format!(
-                "there is no tool {other:?}: fleetd's tools all start with fleet_ (see tools/list)"
-            ),
-        )),
+        other => counted(
+            "unknown",
+            Err(ToolError::new(
+                "unknown_tool",
+                format!(
+                    "there is no tool {other:?}: fleetd's tools all start with fleet_ (see tools/list)"
+                ),
+            )),
+        ),
     }
+}
+
+/// Counts a tool call by tool and outcome (`ok` or the refusal code) and passes it through.
+fn counted(
+    tool: &'static str,
+    outcome: Result<ToolOutput, ToolError>,
+) -> Result<ToolOutput, ToolError> {
+    let code = match &outcome {
+        Ok(_) => "ok",
+        Err(e) => e.code,
+    };
+    metrics::counter!("fleetd_tool_calls_total", "tool" => tool, "outcome" => code).increment(1);
+    outcome
 }
 
 async fn run<T: FleetTool>(
@@ -105,19 +121,23 @@ async fn run<T: FleetTool>(
     let own_task = T::NAME == poll::Poll::NAME
         && matches!(caller.role, Role::Member { .. })
         && args.get("ticket").is_some_and(|t| !t.is_null());
-    if !own_task {
-        authorize(&caller.role, T::CLASS, T::NAME)?;
+    let outcome = async {
+        if !own_task {
+            authorize(&caller.role, T::CLASS, T::NAME)?;
+        }
+        let args: T::Args = serde_json::from_value(args).map_err(|e| {
+            ToolError::new(
+                "invalid_arguments",
+                format!(
+                    "{} got arguments it cannot use: {e}; see its input schema in tools/list",
+                    T::NAME
+                ),
+            )
+        })?;
+        T::call(fleet, caller, args).await
     }
-    let args: T::Args = serde_json::from_value(args).map_err(|e| {
-        ToolError::new(
-            "invalid_arguments",
-            format!(
-                "{} got arguments it cannot use: {e}; see its input schema in tools/list",
-                T::NAME
-            ),
-        )
-    })?;
-    T::call(fleet, caller, args).await
+    .await;
+    counted(T::NAME, outcome)
 }
 
 /// Every member with its inbox depth, as JSON (for `fleet_list` and `GET /sessions`).

@@ -1,0 +1,93 @@
+//! `/metrics` (issue 8): the daemon's Prometheus text parses with a Prometheus text-format parser,
+//! and its counters, gauges and histograms move when tools are called and tasks flow.
+
+use std::time::Duration;
+
+use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
+use fleetd_testkit::{Service, http, require_tmux, wait_until};
+use prometheus_parse::{Scrape, Value as Metric};
+use serde_json::json;
+
+fn scrape(rig: &Rig) -> Scrape {
+    let response = http::get(rig.daemon.addr, "/metrics").expect("GET /metrics");
+    assert_eq!(response.status, 200);
+    let lines = response.body.lines().map(|l| Ok(l.to_owned()));
+    Scrape::parse(lines).expect("the Prometheus text parses")
+}
+
+/// The value of `metric` with exactly these labels (0 when absent); a histogram gives its count.
+fn value(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match &s.value {
+            Metric::Counter(v) | Metric::Gauge(v) | Metric::Untyped(v) => *v,
+            Metric::Histogram(buckets) => buckets.last().map_or(0.0, |b| b.count),
+            Metric::Summary(_) => 0.0,
+        })
+        .sum()
+}
+
+#[test]
+fn e2e_metrics_parse_and_move_when_tools_are_called() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let rig = Rig::start(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{}",
+        sim_profile("sim", &[("SIM_AGENT_WORK_MS", "200")])
+    ));
+    let before = scrape(&rig);
+    let list_ok = [("tool", "fleet_list"), ("outcome", "ok")];
+    for _ in 0..2 {
+        structured_ok(&rig.lead("fleet_list", &json!({})));
+    }
+    rig.lead("fleet_nonsense", &json!({}));
+    rig.spawn("sim", "alice");
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "alice", "task": "count me", "timeoutSecs": 60 }),
+    ));
+    assert_eq!(sent["status"], "replied", "{sent}");
+    // A reply nobody waits for sits in the inbox: depth and a push decision are recorded.
+    structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "alice", "task": "later", "wait": false }),
+    ));
+    wait_until(
+        "alice's inbox depth to read 1",
+        Duration::from_secs(60),
+        || value(&scrape(&rig), "fleetd_inbox_depth", &[("target", "alice")]) >= 1.0,
+    );
+    let after = scrape(&rig);
+    assert_eq!(
+        value(&after, "fleetd_tool_calls_total", &list_ok)
+            - value(&before, "fleetd_tool_calls_total", &list_ok),
+        2.0
+    );
+    assert_eq!(
+        value(
+            &after,
+            "fleetd_tool_calls_total",
+            &[("tool", "unknown"), ("outcome", "unknown_tool")]
+        ),
+        1.0
+    );
+    assert!(
+        value(
+            &after,
+            "fleetd_tool_calls_total",
+            &[("tool", "fleet_spawn"), ("outcome", "ok")]
+        ) >= 1.0
+    );
+    assert!(value(&after, "fleetd_tickets", &[("state", "replied")]) >= 1.0);
+    assert!(value(&after, "fleetd_delivery_seconds", &[]) >= 2.0);
+    assert!(value(&after, "fleetd_store_publish_seconds", &[]) >= 2.0);
+    assert!(value(&after, "fleetd_store_ack_seconds", &[]) >= 1.0);
+    assert!(
+        value(&after, "fleetd_nudges_total", &[]) >= 1.0,
+        "a push decision was counted"
+    );
+}
