@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use fleetd_testkit::rig::{Rig, sim_profile};
+use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
 use fleetd_testkit::{Service, http, require_tmux, wait_until};
 
 /// Primary pinned to the window named `boss` (an agent lead the test opens), three reminders 1 s then
@@ -67,21 +67,16 @@ fn e2e_late_reply_nudges_the_idle_lead_until_read() {
         !screen.contains("sim-agent did: long job"),
         "a nudge never carries the reply: {screen}"
     );
-    // Reading and acknowledging the mail stops the reminders.
-    let replies = http::get(rig.daemon.addr, "/sessions/nia/replies")
-        .expect("peek")
-        .json();
-    let id = replies["replies"][0]["msgId"]
+    // Reading (fleet_poll) and acknowledging (fleet_ack) the mail stops the reminders.
+    let inbox = structured_ok(&rig.lead("fleet_poll", &serde_json::json!({ "target": "nia" })));
+    let id = inbox["replies"][0]["msgId"]
         .as_str()
-        .expect("a pending reply")
+        .unwrap_or_else(|| panic!("a pending reply: {inbox}"))
         .to_owned();
-    http::request(
-        rig.daemon.addr,
-        "POST",
-        &format!("/sessions/nia/replies/{id}/ack"),
-        None,
-    )
-    .expect("ack");
+    structured_ok(&rig.lead(
+        "fleet_ack",
+        &serde_json::json!({ "target": "nia", "msgId": id }),
+    ));
     let count = |s: &str| s.matches(&nudge(1, "nia")).count();
     let after_ack = count(&rig.history(&lead));
     assert!(after_ack <= 3, "never over the budget of three");

@@ -148,3 +148,25 @@ fn e2e_herdr_a_working_lead_is_nudged_only_after_its_turn() {
         "typed only after the working turn:\n{screen}"
     );
 }
+
+#[test]
+fn e2e_herdr_with_no_lead_at_all_the_reply_waits_for_a_poll() {
+    // No primary: the only lead spawns and delegates, then its pane closes.
+    let rig = HerdrRig::start(&format!("profiles:\n{}", sim_profile("slow", 2500)));
+    let (_, lead) = rig.agent_lead("solo");
+    spawn(&rig, &lead, "slow", "nia");
+    send(&rig, &lead, "nia", 1);
+    rig.call("pane.close", &json!({ "pane_id": lead }));
+    wait_until("nia's reply in the inbox", Duration::from_secs(60), || {
+        reply_waiting(&rig, "nia")
+    });
+    let replies = http::get(rig.daemon.addr, "/sessions/nia/replies")
+        .expect("peek")
+        .json();
+    assert!(
+        replies["replies"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("sim-agent did: job for nia")),
+        "{replies}"
+    );
+}
