@@ -16,8 +16,10 @@ use crate::{bin_path, wait_until};
 pub struct HerdrRig {
     /// The daemon (dropped first: it talks to the fake).
     pub daemon: Daemon,
-    /// The fake herdr server.
+    /// The fake herdr server (the lead daemon).
     pub herdr: FakeHerdrProcess,
+    /// The members' fake herdr server, when the rig has two.
+    pub member: Option<FakeHerdrProcess>,
     home: tempfile::TempDir,
 }
 
@@ -32,19 +34,37 @@ pub fn sim_profile(name: &str, work_ms: u32) -> String {
 impl HerdrRig {
     /// Starts fake-herdr and fleetd on it with `extra` config appended.
     pub fn start(extra: &str) -> Self {
+        Self::start_with(extra, false)
+    }
+
+    /// Like [`HerdrRig::start`] with a second fake-herdr for members (`memberHerdrSocket`):
+    /// both number their panes from `w1:p1`, so pane ids collide and only the daemon-qualified
+    /// form (`lead:` / `member:`) tells them apart.
+    pub fn start_two(extra: &str) -> Self {
+        Self::start_with(extra, true)
+    }
+
+    fn start_with(extra: &str, two: bool) -> Self {
         let home = tempfile::tempdir().expect("tempdir");
         let socket = home.path().join("herdr.sock");
         let herdr =
             FakeHerdrProcess::start(&bin_path("fake-herdr"), &socket).expect("fake-herdr starts");
-        let config = format!(
+        let mut config = format!(
             "multiplexer: herdr\nherdrSocket: {}\nmembersWorkspace: fleet\nlog:\n  level: fleetd=debug,info\n{extra}",
             socket.display()
         );
+        let member = two.then(|| {
+            let socket = home.path().join("member-herdr.sock");
+            config.push_str(&format!("memberHerdrSocket: {}\n", socket.display()));
+            FakeHerdrProcess::start(&bin_path("fake-herdr"), &socket)
+                .expect("member fake-herdr starts")
+        });
         write_config(home.path(), &config);
         let daemon = Daemon::start(home.path(), &[]);
         Self {
             daemon,
             herdr,
+            member,
             home,
         }
     }

@@ -16,6 +16,7 @@ mod mux_tmux;
 mod push;
 mod push_herdr;
 mod reload;
+mod scenarios;
 mod serve;
 mod service;
 mod spawn_herdr;
