@@ -40,6 +40,21 @@ pub fn bin_path(name: &str) -> PathBuf {
     path
 }
 
+/// The environment of process `pid`, from `/proc` (what a spawned member or lead really got).
+pub fn environ(pid: u32) -> std::collections::HashMap<String, String> {
+    procfs::process::Process::new(i32::try_from(pid).expect("pid fits"))
+        .and_then(|p| p.environ())
+        .expect("environ readable")
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect()
+}
+
 /// Outcome of asking for an external service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Service {

@@ -2,7 +2,6 @@
 //! process and never the lead's, never a log line and never a tool result; `fleet_stop` and a
 //! member's process dying both go through the one release path with their cause; names.
 
-use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::time::Duration;
 
@@ -31,20 +30,6 @@ fn rig() -> Option<Rig> {
          \x20 hang:\n    agent: custom\n    command: {sim}\n    env:\n      SIM_AGENT_SCRIPT: hang\n",
         token.display()
     )))
-}
-
-fn environ(pid: u32) -> HashMap<String, String> {
-    procfs::process::Process::new(i32::try_from(pid).expect("pid"))
-        .and_then(|p| p.environ())
-        .expect("environ readable")
-        .into_iter()
-        .map(|(k, v)| {
-            (
-                k.to_string_lossy().into_owned(),
-                v.to_string_lossy().into_owned(),
-            )
-        })
-        .collect()
 }
 
 fn pane_pid(rig: &Rig, target: &str) -> u32 {
@@ -82,7 +67,7 @@ fn e2e_backend_credentials_reach_the_member_only_and_are_never_shown() {
     results.push(rig.lead("fleet_profiles", &json!({})));
     let spawned = rig.spawn("sim", "ann");
     results.push(spawned);
-    let member = environ(pane_pid(&rig, "fleet:ann"));
+    let member = fleetd_testkit::environ(pane_pid(&rig, "fleet:ann"));
     assert_eq!(
         member.get("ANTHROPIC_AUTH_TOKEN").map(String::as_str),
         Some(SECRET)
@@ -97,7 +82,7 @@ fn e2e_backend_credentials_reach_the_member_only_and_are_never_shown() {
             .get("FLEETD_URL")
             .is_some_and(|u| u.starts_with("http://127.0.0.1:"))
     );
-    let lead = environ(pane_pid(&rig, LEAD));
+    let lead = fleetd_testkit::environ(pane_pid(&rig, LEAD));
     assert!(
         lead.keys().all(|k| !k.starts_with("ANTHROPIC_")) && lead.values().all(|v| v != SECRET),
         "the lead never gets backend variables"

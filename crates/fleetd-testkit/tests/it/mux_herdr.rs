@@ -96,20 +96,6 @@ async fn wait_tail(herdr: &Herdr, pane: &PaneId, needle: &str) -> String {
     panic!("pane {pane} never showed {needle:?}; last read:\n{last}");
 }
 
-fn environ(pid: u32) -> std::collections::HashMap<String, String> {
-    procfs::process::Process::new(i32::try_from(pid).expect("pid fits"))
-        .and_then(|p| p.environ())
-        .expect("environ readable")
-        .into_iter()
-        .map(|(k, v)| {
-            (
-                k.to_string_lossy().into_owned(),
-                v.to_string_lossy().into_owned(),
-            )
-        })
-        .collect()
-}
-
 #[test]
 fn herdr_client_methods_exist_in_published_schema() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -214,7 +200,7 @@ async fn member_pane_gets_env_command_and_herdr_identity() {
         .await
         .expect("process info");
     let pid = info.shell_pid.expect("shell pid");
-    let env = environ(pid);
+    let env = fleetd_testkit::environ(pid);
     assert_eq!(
         env.get("FLEET_TEST_TOKEN").map(String::as_str),
         Some("s3cr3t")
@@ -271,7 +257,9 @@ async fn member_pane_gets_env_command_and_herdr_identity() {
         .shell_pid
         .expect("pid");
     assert_eq!(
-        environ(split_pid).get("SPLIT_VAR").map(String::as_str),
+        fleetd_testkit::environ(split_pid)
+            .get("SPLIT_VAR")
+            .map(String::as_str),
         Some("yes")
     );
 }

@@ -41,20 +41,6 @@ fn sim_agent(args: &[&str]) -> Vec<String> {
     argv
 }
 
-fn environ(pid: u32) -> std::collections::HashMap<String, String> {
-    procfs::process::Process::new(i32::try_from(pid).expect("pid fits"))
-        .and_then(|p| p.environ())
-        .expect("environ readable")
-        .into_iter()
-        .map(|(k, v)| {
-            (
-                k.to_string_lossy().into_owned(),
-                v.to_string_lossy().into_owned(),
-            )
-        })
-        .collect()
-}
-
 async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
     for _ in 0..300 {
         if let Some(value) = probe().await {
@@ -99,7 +85,7 @@ async fn member_env_reaches_the_process_and_fleetd_env_does_not() {
         .await
         .expect("open member");
     let info = tmux.process_info(&pane.pane).await.expect("process info");
-    let env = environ(info.shell_pid.expect("pid"));
+    let env = fleetd_testkit::environ(info.shell_pid.expect("pid"));
     assert_eq!(
         env.get("FLEET_TEST_TOKEN").map(String::as_str),
         Some("s3cr3t")

@@ -48,6 +48,27 @@ fn reply_waiting(rig: &HerdrRig, target: &str) -> bool {
         .is_ok_and(|r| r.json()["replies"][0]["msgId"].is_string())
 }
 
+/// Opens the lead `boss`, spawns nia (2.5 s turns) and zed (8 s), sends nia a task with a 1 s
+/// window, then keeps the lead working on zed's task while nia's reply lands (no nudge yet).
+fn lead_busy_when_nia_replies(rig: &HerdrRig) -> String {
+    let (_, lead) = rig.agent_lead("boss");
+    spawn(rig, &lead, "slow", "nia");
+    spawn(rig, &lead, "slower", "zed");
+    send(rig, &lead, "nia", 1);
+    rig.type_line(
+        &lead,
+        r#"fleet_send {"target":"zed","task":"long job","timeoutSecs":30}"#,
+    );
+    wait_until("nia's reply in the inbox", Duration::from_secs(60), || {
+        reply_waiting(rig, "nia")
+    });
+    assert!(
+        !rig.history(&lead).contains(&nudge("nia")),
+        "no nudge while the lead works"
+    );
+    lead
+}
+
 #[test]
 fn e2e_herdr_late_reply_nudges_the_idle_lead() {
     let rig = rig();
@@ -83,22 +104,7 @@ fn e2e_herdr_closing_the_delegating_lead_sends_the_nudge_to_the_primary() {
 #[test]
 fn e2e_herdr_restart_between_reply_and_nudge_loses_nothing() {
     let rig = rig();
-    let (_, lead) = rig.agent_lead("boss");
-    spawn(&rig, &lead, "slow", "nia");
-    spawn(&rig, &lead, "slower", "zed");
-    send(&rig, &lead, "nia", 1);
-    // The lead now waits on zed's long turn: it is working when nia's reply lands.
-    rig.type_line(
-        &lead,
-        r#"fleet_send {"target":"zed","task":"long job","timeoutSecs":30}"#,
-    );
-    wait_until("nia's reply in the inbox", Duration::from_secs(60), || {
-        reply_waiting(&rig, "nia")
-    });
-    assert!(
-        !rig.history(&lead).contains(&nudge("nia")),
-        "no nudge while the lead works"
-    );
+    let lead = lead_busy_when_nia_replies(&rig);
     // herdr restarts: every pane comes back with a new terminal and a fresh shell.
     rig.herdr
         .fault(&json!({ "fault": "restart", "down_ms": 800 }))
@@ -122,18 +128,7 @@ fn e2e_herdr_restart_between_reply_and_nudge_loses_nothing() {
 #[test]
 fn e2e_herdr_a_working_lead_is_nudged_only_after_its_turn() {
     let rig = rig();
-    let (_, lead) = rig.agent_lead("boss");
-    spawn(&rig, &lead, "slow", "nia");
-    spawn(&rig, &lead, "slower", "zed");
-    send(&rig, &lead, "nia", 1);
-    rig.type_line(
-        &lead,
-        r#"fleet_send {"target":"zed","task":"long job","timeoutSecs":30}"#,
-    );
-    wait_until("nia's reply in the inbox", Duration::from_secs(60), || {
-        reply_waiting(&rig, "nia")
-    });
-    assert!(!rig.history(&lead).contains(&nudge("nia")));
+    let lead = lead_busy_when_nia_replies(&rig);
     wait_until("the nudge after the turn", Duration::from_secs(60), || {
         rig.history(&lead).contains(&nudge("nia"))
     });
