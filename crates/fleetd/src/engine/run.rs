@@ -155,7 +155,7 @@ impl Engine {
                 changed = reloads.changed(), if reloading => match changed {
                     Ok(()) => {
                         let config = Arc::clone(&reloads.borrow_and_update());
-                        self.state.config_reloaded(&config, now, &mut io);
+                        self.state.config_reloaded(&config, &mut io);
                     }
                     Err(_) => reloading = false,
                 },

@@ -312,12 +312,7 @@ impl State {
     }
 
     /// A reload was applied: members whose backend is no longer configured are `unmapped`.
-    pub(super) fn config_reloaded(
-        &mut self,
-        config: &crate::config::Config,
-        _now: Timestamp,
-        io: &mut Vec<Io>,
-    ) {
+    pub(super) fn config_reloaded(&mut self, config: &crate::config::Config, io: &mut Vec<Io>) {
         self.backends_down
             .retain(|name, _| config.backends.contains_key(name));
         let vanished: Vec<(Target, String)> = self
