@@ -104,6 +104,7 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
 }
 
 pub mod bench;
+pub mod demo;
 
 /// A minimal HTTP/1.1 client for tests: one request per connection, `Connection: close`.
 pub mod http {
