@@ -96,9 +96,13 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
     if let Some(fleetd) = &options.fleetd {
         crate::daemon::use_fleetd_binary(fleetd.clone());
     }
+    let tmux_found = std::process::Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
     ensure!(
-        crate::require_tmux() == crate::Service::Present,
-        "fleetd demo needs tmux on PATH"
+        tmux_found,
+        "fleetd demo needs tmux on PATH (e.g. `apt-get install tmux`)"
     );
     let scratch = tempfile::Builder::new()
         .prefix("fleetd-demo-")
@@ -284,6 +288,7 @@ struct Facts {
     alice_msg: String,
     bob_send_mark: usize,
     unread_at_kill: Vec<String>,
+    restart_started: i64,
     restarted_at: i64,
     restart_mark: usize,
 }
@@ -667,10 +672,13 @@ impl Session {
     }
 
     fn restart(&mut self) -> anyhow::Result<String> {
+        // Marks taken before the new daemon exists, so even its fastest nudge is seen; a nudge
+        // is the new daemon's only if the lead got it after this moment.
+        self.facts.restart_mark = self.lead.log.mark();
         let started = now_us();
+        self.facts.restart_started = started;
         self.rig.restart_daemon();
         self.facts.restarted_at = now_us();
-        self.facts.restart_mark = self.lead.log.mark();
         cleanup::daemon_restarted(self.rig.daemon.child.id());
         let stored = replies(&self.rig, "bob")?;
         let still: Vec<&String> = self
@@ -698,7 +706,11 @@ impl Session {
         let (nudge_at, nudge) = self.lead.log.wait(
             "the restarted fleetd's nudge about bob's reply",
             self.facts.restart_mark,
-            |e| is_nudge(e) && e["prompt"].as_str().is_some_and(|p| p.contains("from bob")),
+            |e| {
+                is_nudge(e)
+                    && at_us(e) > self.facts.restart_started
+                    && e["prompt"].as_str().is_some_and(|p| p.contains("from bob"))
+            },
         )?;
         self.lead.log.wait_turn_done("the nudge's turn", nudge_at)?;
         let polled = self
@@ -725,11 +737,13 @@ impl Session {
         ensure!(all, "fleet_ack after the restart: {acked}");
         let latency = between(self.facts.restarted_at, at_us(&nudge));
         self.notes.push(format!(
-            "nudge after the restart: {} from fleetd listening again to the nudge's turn",
+            "nudge after the restart: {} from fleetd listening again to the nudge's turn \
+             (the mail was read back from the inbox at start)",
             human(latency)
         ));
         Ok(format!(
-            "nudged {} after the restart; fleet_poll returned bob's reply, fleet_ack removed it",
+            "nudged {} after fleetd listened again; fleet_poll returned bob's reply, fleet_ack \
+             removed it",
             human(latency)
         ))
     }
