@@ -119,6 +119,7 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
 }
 
 pub mod bench;
+pub mod demo;
 
 /// A minimal HTTP/1.1 client for tests: one request per connection, `Connection: close`.
 pub mod http {
@@ -206,8 +207,27 @@ pub mod daemon {
     use std::net::SocketAddr;
     use std::path::{Path, PathBuf};
     use std::process::{Child, Command, Stdio};
-    use std::sync::mpsc;
+    use std::sync::{OnceLock, mpsc};
     use std::time::Duration;
+
+    /// The `fleetd` binary [`command`] runs, when not the one built next to the current
+    /// executable.
+    static FLEETD_BINARY: OnceLock<PathBuf> = OnceLock::new();
+
+    /// Makes [`command`] run `path` rather than the `fleetd` next to the current executable: the
+    /// demo is handed the binary that launched it (`fleetd demo`). Only the first call counts;
+    /// false when a binary was already chosen.
+    pub fn use_fleetd_binary(path: PathBuf) -> bool {
+        FLEETD_BINARY.set(path).is_ok()
+    }
+
+    /// The `fleetd` binary [`command`] runs.
+    pub fn fleetd_binary() -> PathBuf {
+        FLEETD_BINARY
+            .get()
+            .cloned()
+            .unwrap_or_else(|| crate::bin_path("fleetd"))
+    }
 
     /// The running process and where it listens.
     #[derive(Debug)]
@@ -227,7 +247,7 @@ pub mod daemon {
     /// multiplexer, daemon-URL, token and service-manager variables of the developer's own
     /// session are removed.
     pub fn command(home: &Path) -> Command {
-        let mut cmd = Command::new(crate::bin_path("fleetd"));
+        let mut cmd = Command::new(fleetd_binary());
         cmd.env("HOME", home)
             .env("XDG_CONFIG_HOME", home.join("config"))
             .env("XDG_STATE_HOME", home.join("state"))
@@ -268,11 +288,17 @@ pub mod daemon {
         /// Starts `fleetd serve --listen 127.0.0.1:0` plus `args` and waits until it listens.
         /// Without a config file in `home`, [`isolated_config`] is written first.
         pub fn start(home: &Path, args: &[&str]) -> Self {
+            Self::start_on(home, "127.0.0.1:0", args)
+        }
+
+        /// Like [`Daemon::start`], listening on `listen` (e.g. the address of a daemon that was
+        /// killed, so clients holding its URL reach the restarted one).
+        pub fn start_on(home: &Path, listen: &str, args: &[&str]) -> Self {
             if !home.join("config/fleetd/fleetd.yaml").exists() {
                 write_config(home, &isolated_config(home));
             }
             let mut cmd = command(home);
-            cmd.args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+            cmd.args(["serve", "--listen", listen, "--log-format", "json"])
                 .args(args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())

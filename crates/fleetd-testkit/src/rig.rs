@@ -46,6 +46,11 @@ impl Rig {
     /// Starts tmux, fleetd with `extra` config appended (e.g. a `profiles:` block), and the lead
     /// pane.
     pub fn start(extra: &str) -> Self {
+        Self::start_on(extra, "127.0.0.1:0")
+    }
+
+    /// Like [`Rig::start`], with fleetd listening on `listen`.
+    pub fn start_on(extra: &str, listen: &str) -> Self {
         let tmux = TmuxServer::start().expect("private tmux server");
         let home = tempfile::tempdir().expect("tempdir");
         let config = format!(
@@ -53,7 +58,7 @@ impl Rig {
             tmux.socket().display()
         );
         write_config(home.path(), &config);
-        let daemon = Daemon::start(home.path(), &[]);
+        let daemon = Daemon::start_on(home.path(), listen, &[]);
         let url = format!("FLEETD_URL=http://{}", daemon.addr);
         let out = tmux
             .run(&[
@@ -81,6 +86,21 @@ impl Rig {
             home,
             calls: AtomicUsize::new(0),
         }
+    }
+
+    /// Kills the daemon with SIGKILL (no clean shutdown) and waits until it is gone.
+    pub fn kill_daemon(&mut self) {
+        self.daemon.signal("KILL");
+        self.daemon.wait_exit(Duration::from_secs(30));
+    }
+
+    /// Starts a new daemon on the same HOME — the same config file and state directory, so the
+    /// embedded inbox is the one the previous daemon wrote — and the same address, so every
+    /// pane's `FLEETD_URL` reaches it. The previous daemon must have exited
+    /// ([`Rig::kill_daemon`]).
+    pub fn restart_daemon(&mut self) {
+        let listen = self.daemon.addr.to_string();
+        self.daemon = Daemon::start_on(self.home.path(), &listen, &[]);
     }
 
     /// The rig's scratch directory.

@@ -66,6 +66,20 @@ pub enum Command {
     /// Configure an agent to use fleetd.
     #[command(subcommand)]
     Install(InstallCommand),
+    /// Watch fleetd work: a scripted session in a private tmux server (a lead agent, two
+    /// members, a reply while the lead is busy, a nudge, a question, a stop, a SIGKILL and
+    /// restart) that ends with a report of what happened and how many replies were lost. Needs
+    /// tmux and the fleetd-demo program built next to fleetd.
+    Demo(DemoArgs),
+}
+
+/// Flags of `fleetd demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Start at once instead of pausing for you to attach to the tmux server, and do not pace
+    /// the steps.
+    #[arg(long)]
+    pub no_pause: bool,
 }
 
 /// How the client commands find the daemon and print its answers.

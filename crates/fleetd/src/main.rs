@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use fleetd::cli::{
-    Cli, ClientArgs, Command, ConfigCommand, InstallClaudeArgs, InstallCommand, InstallScope,
-    SendArgs, ServeArgs,
+    Cli, ClientArgs, Command, ConfigCommand, DemoArgs, InstallClaudeArgs, InstallCommand,
+    InstallScope, SendArgs, ServeArgs,
 };
 use fleetd::client::Request;
 use fleetd::config::{Config, Environment, Overrides};
@@ -33,6 +33,7 @@ fn main() -> ExitCode {
         Command::Install(InstallCommand::Claude(args)) => {
             install_claude(config, &env, &args).map(|()| true)
         }
+        Command::Demo(DemoArgs { no_pause }) => Err(fleetd::demo::exec(no_pause).into()),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

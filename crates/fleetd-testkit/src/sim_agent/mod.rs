@@ -14,7 +14,8 @@
 //! - `--question Q` / `SIM_AGENT_QUESTION`: the `fleet_ask` question (default `sim-agent asks about: {prompt}`);
 //! - `--swallow N` / `SIM_AGENT_SWALLOW`: the first N submitted lines stay in the composer as a
 //!   draft (as when a TUI swallows the Enter glued to a paste); a later empty Enter submits it;
-//! - `--log PATH` / `SIM_AGENT_LOG`: append one JSON line per event (ready, turn, tool call);
+//! - `--log PATH` / `SIM_AGENT_LOG`: append one JSON line per event (ready, turn, tool call,
+//!   turn done);
 //! - `--connect ADDR` / `SIM_AGENT_CONNECT`: open a TCP connection to ADDR at start and hold it
 //!   (writes `hello <pid> <tag>\n`, the tag from `--connect-tag` / `SIM_AGENT_CONNECT_TAG`);
 //!   `--connect-depth N` / `SIM_AGENT_CONNECT_DEPTH`: make a descendant N
@@ -343,6 +344,7 @@ impl Agent {
                 }
             }
             self.title("sim-agent").await;
+            self.log(&json!({ "event": "turn_done" }));
             self.say("sim-agent: turn done\r\n").await;
         }
     }

@@ -12,7 +12,7 @@ fn help_describes_every_subcommand() {
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
     for sub in [
-        "serve", "config", "mcp", "status", "inbox", "ack", "send", "install",
+        "serve", "config", "mcp", "status", "inbox", "ack", "send", "install", "demo",
     ] {
         let line = help
             .lines()

@@ -7,6 +7,7 @@ mod cli;
 mod client;
 mod config;
 mod crash;
+mod demo;
 mod install;
 mod locate;
 mod members;
