@@ -203,6 +203,7 @@ impl Daemon {
         };
         let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
         let engine = crate::engine::spawn(crate::engine::EngineParts {
+            members_file: Some(config.state_dir.join("members.json")),
             config: self.live_config(),
             clock: Arc::clone(&clock),
             store: Arc::clone(&self.inner.store),

@@ -31,6 +31,7 @@
 //! | §5 delegating lead gone → primary | push::e2e_closing_the_delegating_lead_sends_the_next_nudge_to_the_primary |
 //! | §5 no lead → pull only | push::e2e_with_no_lead_at_all_the_reply_waits_for_a_poll |
 //! | §5 the same on herdr | push_herdr::e2e_herdr_late_reply_nudges_the_idle_lead |
+//! | §4 a member mid-turn across a daemon kill -9 | scenarios::e2e_scenario_a_member_mid_turn_across_kill_9_still_delivers_its_reply |
 //! | §5 kill -9 between reply and nudge | scenarios::e2e_scenario_kill_9_between_reply_and_nudge_loses_nothing |
 //! | §6 herdr restart: bindings re-resolved | push_herdr::e2e_herdr_restart_between_reply_and_nudge_loses_nothing |
 //! | §6 primary.tab pinning and the lead-tab scanner | push::e2e_closing_the_delegating_lead_sends_the_next_nudge_to_the_primary |
@@ -51,7 +52,6 @@
 
 use std::time::Duration;
 
-use fleetd_testkit::daemon::Daemon;
 use fleetd_testkit::rig::{Rig, sim_profile};
 use fleetd_testkit::rig_herdr::HerdrRig;
 use fleetd_testkit::{Service, http, require_rabbitmq, require_tmux, wait_until};
@@ -63,11 +63,10 @@ fn reply_waiting(addr: std::net::SocketAddr, target: &str) -> bool {
 }
 
 /// Kills the rig's daemon with SIGKILL and starts it again on the same HOME (same config, same
-/// state directory); the agents in their panes keep running.
+/// state directory) and address; the agents in their panes keep running.
 fn kill_9_and_restart(rig: &mut Rig) {
-    rig.daemon.child.kill().expect("SIGKILL");
-    rig.daemon.child.wait().expect("reaped");
-    rig.daemon = Daemon::start(rig.dir(), &[]);
+    rig.kill_daemon();
+    rig.restart_daemon();
 }
 
 #[test]
@@ -140,8 +139,7 @@ fn e2e_scenario_amqp_inbox_survives_a_daemon_kill_9() {
         reply_waiting(rig.daemon.addr, &name)
     });
     kill_9_and_restart(&mut rig);
-    // The restarted daemon listens on a new port (the lead pane's FLEETD_URL names the old
-    // one): read and acknowledge through the REST API, on the same broker queue.
+    // Read and acknowledge through the REST API, on the same broker queue.
     let addr = rig.daemon.addr;
     let inbox = http::get(addr, &format!("/sessions/{name}/replies"))
         .expect("peek")
@@ -243,4 +241,40 @@ fn every_scenario_in_the_table_exists() {
         missing.is_empty(),
         "scenarios named in the table but not found: {missing:#?}"
     );
+}
+
+#[test]
+fn e2e_scenario_a_member_mid_turn_across_kill_9_still_delivers_its_reply() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let mut rig = Rig::start(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{}",
+        sim_profile("slow", &[("SIM_AGENT_WORK_MS", "4000")])
+    ));
+    rig.spawn("slow", "nia");
+    let sent = rig.lead(
+        "fleet_send",
+        &json!({ "target": "nia", "task": "across the restart", "wait": false }),
+    );
+    assert_eq!(sent["isError"], false, "{sent}");
+    wait_until("nia to be working", Duration::from_secs(30), || {
+        http::get(rig.daemon.addr, "/sessions/nia").is_ok_and(|r| r.json()["status"] == "working")
+    });
+    // fleetd dies mid-turn and comes back: it re-adopts nia from its registry, so her reply,
+    // sent to the restarted daemon, is hers and lands in her inbox.
+    kill_9_and_restart(&mut rig);
+    wait_until(
+        "nia's reply after the restart",
+        Duration::from_secs(60),
+        || {
+            http::get(rig.daemon.addr, "/sessions/nia/replies").is_ok_and(|r| {
+                r.json()["replies"][0]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("sim-agent did: across the restart"))
+            })
+        },
+    );
+    let member = http::get(rig.daemon.addr, "/sessions/nia").expect("session");
+    assert_eq!(member.status, 200, "nia is a member again: {}", member.body);
 }

@@ -6,6 +6,7 @@
 //! store call runs in a spawned task that reports back as an [`Event`].
 
 mod leads;
+mod registry;
 mod run;
 mod state;
 #[cfg(test)]
@@ -128,8 +129,10 @@ pub enum TicketAnswer {
     Unknown,
 }
 
-/// A new member to register (the pane exists already).
-#[derive(Debug, Clone)]
+/// A new member to register (the pane exists already). Also the record kept in
+/// `<state dir>/members.json`, from which a restarted daemon re-adopts the members still running.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct NewMember {
     /// Its (reserved) name.
     pub target: Target,
@@ -152,7 +155,7 @@ pub struct NewMember {
 }
 
 /// A lead, by its pane and incarnation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LeadRef {
     /// Its pane.
     pub pane: QualifiedPaneId,
@@ -495,6 +498,9 @@ impl EngineHandle {
 /// What the engine needs to run.
 #[derive(Debug, Clone)]
 pub struct EngineParts {
+    /// Where the member registry is kept across restarts (`<state dir>/members.json`); `None`
+    /// keeps it in memory only.
+    pub members_file: Option<std::path::PathBuf>,
     /// The running configuration: read at start; applied reloads reach the engine through it
     /// (members whose backend vanished get an `unmapped` incident).
     pub config: crate::config::Live,

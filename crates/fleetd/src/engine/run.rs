@@ -55,6 +55,11 @@ pub(super) enum Event {
         terminal: fleetd_core::TerminalId,
         status: fleetd_core::AgentStatus,
     },
+    /// A member from before a restart was checked: `alive` when its incarnation still runs.
+    Adopted {
+        member: Box<crate::engine::NewMember>,
+        alive: bool,
+    },
     /// Watching a pane failed: `gone` when the multiplexer says it does not exist.
     WatchFailed {
         pane: QualifiedPaneId,
@@ -81,7 +86,25 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
     );
     let events = parts.mux.events();
     let reloads = parts.config.subscribe();
-    tokio::spawn(Engine { parts, state, tx }.run(rx, events, reloads));
+    let adopt = parts
+        .members_file
+        .as_deref()
+        .map(super::registry::load)
+        .unwrap_or_default();
+    let saver = parts
+        .members_file
+        .clone()
+        .map(|path| super::registry::writer(path, adopt.clone()));
+    tokio::spawn(
+        Engine {
+            parts,
+            state,
+            tx,
+            saver,
+            adopt,
+        }
+        .run(rx, events, reloads),
+    );
     handle
 }
 
@@ -106,6 +129,10 @@ struct Engine {
     parts: EngineParts,
     state: State,
     tx: mpsc::Sender<Msg>,
+    /// The member registry's writer, when it is kept on disk.
+    saver: Option<tokio::sync::watch::Sender<Vec<crate::engine::NewMember>>>,
+    /// Members from before a restart, to check and re-adopt at start.
+    adopt: Vec<crate::engine::NewMember>,
 }
 
 impl Engine {
@@ -116,6 +143,9 @@ impl Engine {
         mut reloads: tokio::sync::watch::Receiver<Arc<crate::config::Config>>,
     ) {
         self.perform(Io::DepthAll);
+        for member in std::mem::take(&mut self.adopt) {
+            self.perform(Io::Adopt(Box::new(member)));
+        }
         // Without a reloader no new configuration ever comes: stop listening for one.
         let mut reloading = true;
         loop {
@@ -286,6 +316,13 @@ impl Engine {
                 terminal,
                 status,
             } => self.state.pane_status(&pane, &terminal, status, now, io),
+            Event::Adopted { member, alive } => {
+                if alive {
+                    self.state.adopt(*member, now, io);
+                } else {
+                    self.state.adoption_failed(&member.target, io);
+                }
+            }
             Event::WatchFailed { pane, gone } => {
                 if gone {
                     self.state.pane_gone(&pane, None, now, io);
@@ -325,6 +362,16 @@ impl Engine {
 
     /// Runs one I/O request in its own task; its result comes back as an event.
     fn perform(&self, request: Io) {
+        let request = match request {
+            Io::SaveMembers(members) => {
+                // In order, on the engine task: the writer keeps only the latest list.
+                if let Some(saver) = &self.saver {
+                    saver.send_replace(members);
+                }
+                return;
+            }
+            other => other,
+        };
         let mux = self.parts.mux.clone();
         let store = Arc::clone(&self.parts.store);
         let clock = Arc::clone(&self.parts.clock);
@@ -465,6 +512,15 @@ impl Engine {
                         tracing::warn!(error = %e, "cannot list inboxes; mail from before the start is found by fleet_poll")
                     }
                 },
+                Io::SaveMembers(_) => {}
+                Io::Adopt(member) => {
+                    // Only an affirmative answer drops it: gone, or another incarnation there.
+                    let alive = match mux.pane(&member.pane).await {
+                        Ok(current) => current.info.terminal == member.terminal,
+                        Err(e) => !e.is_not_found(),
+                    };
+                    report(Event::Adopted { member, alive }).await;
+                }
                 Io::ScanLeads => {
                     let panes = match mux.list_panes().await {
                         Ok(panes) => Some(scan_panes(&mux, panes)),

@@ -68,6 +68,10 @@ pub(super) enum Io {
     ScanLeads,
     /// Re-read every target's inbox depth (at start: mail from before a restart is nudged too).
     DepthAll,
+    /// Keep this member list on disk (the registry a restarted daemon re-adopts from).
+    SaveMembers(Vec<NewMember>),
+    /// Check that a member from before a restart still runs in its pane incarnation.
+    Adopt(Box<NewMember>),
 }
 
 #[derive(Debug, Clone)]
@@ -124,6 +128,8 @@ pub(super) struct State {
     questions: BTreeMap<String, Question>,
     leads: BTreeMap<LeadId, Lead>,
     lead_tabs: LeadTabs,
+    /// What `members.json` holds: every registered member as it was added.
+    registry: BTreeMap<Target, NewMember>,
     /// Backends the prober last found down, with why.
     backends_down: BTreeMap<String, String>,
     /// Panes whose status watch failed transiently, with when to try again.
@@ -165,6 +171,7 @@ impl State {
             lead_tabs,
             rewatch: BTreeMap::new(),
             backends_down: BTreeMap::new(),
+            registry: BTreeMap::new(),
             seen: std::collections::VecDeque::new(),
             max_inject,
         }
@@ -254,7 +261,7 @@ impl State {
             ),
         }
         let effects = self.push.handle_at(PushInput::Primary(lead), now);
-        self.push_effects(effects, io);
+        self.push_effects(effects, now, io);
     }
 
     /// A lead is affirmatively gone (pane closed, new incarnation, not-found answer): its
@@ -272,7 +279,7 @@ impl State {
         let effects = self
             .push
             .handle_at(PushInput::LeadGone { lead: lead.clone() }, now);
-        self.push_effects(effects, io);
+        self.push_effects(effects, now, io);
         if self.push.primary().is_none() {
             if self.lead_tabs.primary_pinned() {
                 self.lead_tabs.expire();
@@ -476,7 +483,7 @@ impl State {
                 },
                 now,
             );
-            self.push_effects(effects, io);
+            self.push_effects(effects, now, io);
         }
         let ticket = Ticket::from_uuid(uuid::Uuid::now_v7());
         self.tickets.open_at(ticket, target.clone(), now);
@@ -629,7 +636,7 @@ impl State {
         let effects = self
             .push
             .handle_at(PushInput::Inbox { target, pending }, now);
-        self.push_effects(effects, io);
+        self.push_effects(effects, now, io);
     }
 
     pub(super) fn ask(
@@ -656,7 +663,7 @@ impl State {
             },
             now,
         );
-        self.push_effects(effects, io);
+        self.push_effects(effects, now, io);
         (id, rx)
     }
 
@@ -681,7 +688,7 @@ impl State {
             },
             now,
         );
-        self.push_effects(effects, io);
+        self.push_effects(effects, now, io);
         let answer = match question.waiter.take() {
             Some(waiter) => match waiter.send(answer) {
                 Ok(()) => return Ok(AnswerRoute::Waiter),
@@ -789,6 +796,8 @@ impl State {
 
     pub(super) fn add_member(&mut self, new: NewMember, now: Timestamp, io: &mut Vec<Io>) {
         self.reserved.remove(&new.target);
+        self.registry.insert(new.target.clone(), new.clone());
+        io.push(Io::SaveMembers(self.registry.values().cloned().collect()));
         let lead = new.lead.as_ref().map(Self::lead_id);
         self.by_pane.insert(new.pane.clone(), new.target.clone());
         self.members.insert(
@@ -831,9 +840,37 @@ impl State {
                 },
                 now,
             );
-            self.push_effects(effects, io);
+            self.push_effects(effects, now, io);
         }
         io.push(Io::Watch { pane: new.pane });
+    }
+
+    /// A member from before a restart still runs in its pane: it is a member again (present,
+    /// since it was connected when it was spawned; its delegating lead is not known any more, so
+    /// its mail goes to the primary).
+    pub(super) fn adopt(&mut self, member: NewMember, now: Timestamp, io: &mut Vec<Io>) {
+        if self.members.contains_key(&member.target) {
+            return;
+        }
+        tracing::info!(target = %member.target, pane = %member.pane, "re-adopted a member from before the restart");
+        let target = member.target.clone();
+        self.add_member(
+            NewMember {
+                lead: None,
+                ..member
+            },
+            now,
+            io,
+        );
+        self.presence(target, now, io);
+    }
+
+    /// A member from before a restart is gone (its pane closed or holds another incarnation).
+    pub(super) fn adoption_failed(&mut self, target: &Target, io: &mut Vec<Io>) {
+        tracing::info!(%target, "a member from before the restart is gone");
+        if self.registry.remove(target).is_some() {
+            io.push(Io::SaveMembers(self.registry.values().cloned().collect()));
+        }
     }
 
     /// Releases every member with `cause` (daemon shutdown).
@@ -855,6 +892,11 @@ impl State {
     ) -> Option<QualifiedPaneId> {
         let member = self.members.remove(target)?;
         self.by_pane.remove(&member.pane);
+        if self.registry.remove(target).is_some() && cause != "shutdown" {
+            // A member released by a shutdown stays in the registry: it keeps running, and the
+            // next daemon re-adopts it.
+            io.push(Io::SaveMembers(self.registry.values().cloned().collect()));
+        }
         io.push(Io::Unwatch {
             pane: member.pane.clone(),
         });
@@ -895,7 +937,7 @@ impl State {
             },
             now,
         );
-        self.push_effects(effects, io);
+        self.push_effects(effects, now, io);
         // Questions of a released member can never be answered in its pane.
         let asked: Vec<String> = self
             .questions
@@ -908,7 +950,7 @@ impl State {
             let effects = self
                 .push
                 .handle_at(PushInput::QuestionClosed { question_id: id }, now);
-            self.push_effects(effects, io);
+            self.push_effects(effects, now, io);
         }
         Some(member.pane)
     }
@@ -942,7 +984,7 @@ impl State {
             let effects = self
                 .push
                 .handle_at(PushInput::LeadStatus { lead, activity }, now);
-            self.push_effects(effects, io);
+            self.push_effects(effects, now, io);
         }
     }
 
@@ -1040,7 +1082,7 @@ impl State {
         let effects = self
             .push
             .handle_at(PushInput::Injected { lead, outcome }, now);
-        self.push_effects(effects, io);
+        self.push_effects(effects, now, io);
     }
 
     /// Time passed: deadlines, retention, the idle reaper.
@@ -1048,7 +1090,7 @@ impl State {
         let effects = self.injector.handle_at(InjectorInput::Tick, now);
         self.injector_effects(effects, now, io);
         let effects = self.push.handle_at(PushInput::Tick, now);
-        self.push_effects(effects, io);
+        self.push_effects(effects, now, io);
         self.scan_if_due(now, io);
         self.rewatch_due(now, io);
         let pruned = self.tickets.prune_at(now);
@@ -1146,7 +1188,8 @@ impl State {
         }
     }
 
-    fn push_effects(&mut self, effects: Vec<PushEffect>, io: &mut Vec<Io>) {
+    fn push_effects(&mut self, effects: Vec<PushEffect>, now: Timestamp, io: &mut Vec<Io>) {
+        let mut pending_gone = Vec::new();
         for effect in effects {
             match effect {
                 PushEffect::Inject { lead, text } => match self.leads.get(&lead) {
@@ -1156,7 +1199,12 @@ impl State {
                         terminal: l.terminal.clone(),
                         text,
                     }),
-                    None => tracing::debug!(%lead, "nudge for a lead with no known pane"),
+                    None => {
+                        // No pane is known for it (never seen, or forgotten): as good as gone,
+                        // and the push loop must hear so or it waits on this nudge forever.
+                        tracing::debug!(%lead, "nudge for a lead with no known pane");
+                        pending_gone.push(lead);
+                    }
                 },
                 PushEffect::ForgetBinding { target, lead } => {
                     tracing::info!(%target, %lead, "forgot delegation binding: the lead is gone");
@@ -1170,6 +1218,9 @@ impl State {
                     tracing::warn!(%lead, reminders, "stopped nudging: the lead has not read its mail; it stays in the inbox");
                 }
             }
+        }
+        for lead in pending_gone {
+            self.lead_gone(&lead, now, io);
         }
     }
 }
