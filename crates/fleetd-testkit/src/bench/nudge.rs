@@ -41,24 +41,28 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
         None => DEFAULT_ROUNDS,
     };
     let tmux = if crate::require_tmux() == crate::Service::Present {
-        Some(on_tmux(rounds)?)
+        guarded(|| on_tmux(rounds))
     } else {
         println!("(tmux not found: the tmux rows are skipped)");
-        None
+        Err("not measured: tmux not found".to_owned())
     };
-    let herdr = on_herdr(rounds)?;
+    let herdr = guarded(|| on_herdr(rounds));
     let mut rows = Vec::new();
     println!("\nReply published → nudge in the idle lead's pane ({rounds} rounds each)\n");
     println!("| backend | until | p50 | p99 | max | target | met |");
     println!("|---|---|---|---|---|---|---|");
-    for (name, m) in [("tmux", tmux.as_ref()), ("fake-herdr", Some(&herdr))] {
-        let Some(m) = m else {
-            rows.push(Row::new(
-                "push",
-                format!("reply → nudge text visible in an idle lead pane, {name}"),
-                "not measured: tmux not found",
-            ));
-            continue;
+    for (name, m) in [("tmux", &tmux), ("fake-herdr", &herdr)] {
+        let m = match m {
+            Ok(m) => m,
+            Err(why) => {
+                println!("| {name} | {why} | | | | | |");
+                rows.push(Row::new(
+                    "push",
+                    format!("reply → nudge text visible in an idle lead pane, {name}"),
+                    why.clone(),
+                ));
+                continue;
+            }
         };
         let met = if m.visible.p99 <= TARGET { "yes" } else { "no" };
         rows.push(
@@ -92,6 +96,16 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
          agent.prompt submits 300 ms after the paste by design; tmux sends Enter right after the text)"
     );
     Ok(rows)
+}
+
+/// One backend's run; a failure (or a rig's panic) becomes that backend's cell, so the other
+/// backend is still measured.
+fn guarded(run: impl FnOnce() -> anyhow::Result<Measured>) -> Result<Measured, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(Ok(m)) => Ok(m),
+        Ok(Err(e)) => Err(format!("failed: {e:#}")),
+        Err(_) => Err("failed: the rig panicked (see stderr)".to_owned()),
+    }
 }
 
 fn config(primary_tab: &str, profile: &str) -> String {
