@@ -213,7 +213,7 @@ mod tests {
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 4);
         assert!(lines[2].contains("**no**"));
-        assert!(lines[3].ends_with("| —   |"), "{}", lines[3]);
+        assert!(lines[3].ends_with("| —      |"), "{}", lines[3]);
         let widths: Vec<usize> = lines.iter().map(|l| l.chars().count()).collect();
         assert!(widths.windows(2).all(|w| w[0] == w[1]), "{table}");
     }
