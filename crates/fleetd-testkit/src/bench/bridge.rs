@@ -23,10 +23,12 @@ use fleetd_core::{
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 
+use super::{Met, Row};
+
 const DEFAULT_ROUNDS: usize = 2000;
 
-/// Runs the benchmark and prints its table.
-pub fn run(args: &[String]) -> anyhow::Result<()> {
+/// Runs the benchmark, prints its table and returns its rows.
+pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
     let rounds = match args.iter().position(|a| a == "--rounds") {
         Some(i) => args
             .get(i + 1)
@@ -56,7 +58,27 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         "p50 ≤ 1 ms",
         rtt.p50 <= Duration::from_millis(1),
     );
-    Ok(())
+    let cell = |s: &Stats| format!("p50 {} / p99 {}", super::ms(s.p50), super::ms(s.p99));
+    Ok(vec![
+        Row::new(
+            "bridge",
+            "fleet_send → multiplexer submit, fleetd's own overhead",
+            cell(&overhead),
+        )
+        .target(
+            "p99 ≤ 5 ms (#5)",
+            Met::from_bool(overhead.p99 <= Duration::from_millis(5)),
+        ),
+        Row::new(
+            "bridge",
+            "fleet_list MCP round trip (keep-alive HTTP)",
+            cell(&rtt),
+        )
+        .target(
+            "p50 ≤ 1 ms (#5)",
+            Met::from_bool(rtt.p50 <= Duration::from_millis(1)),
+        ),
+    ])
 }
 
 struct Stats {

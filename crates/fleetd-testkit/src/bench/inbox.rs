@@ -1,5 +1,6 @@
-//! Inbox benchmark: raw fdatasync baseline vs the embedded and AMQP stores, printed as one table.
-//! Measures and reports; never asserts. Run it with
+//! Inbox benchmark: raw fdatasync baseline vs fleetd's embedded and AMQP stores vs RabbitMQ
+//! alone (lapin with publisher confirms on the same durable quorum queues, no fleetd code), printed
+//! as one table. Measures and reports; never asserts. Run it with
 //! `cargo run --release -p fleetd-testkit --bin fleetd-bench -- inbox [--quick] [--no-amqp] [--dir DIR]`.
 //!
 //! Every embedded and AMQP publish counted here is durable before it is acknowledged (SQLite WAL +
@@ -17,6 +18,8 @@ use fleetd::store::{AmqpStore, InboxStore, SqliteStore, StoreOptions};
 use fleetd_core::{Message, MessageKind, MsgId, Target};
 use tokio::time::Instant;
 
+use super::{Met, Row, progress};
+
 /// How many inbox targets the messages are spread over (like the measurements in DEPENDENCIES.md).
 const TARGETS: usize = 8;
 /// The size of each message's text: a typical short reply.
@@ -24,11 +27,11 @@ const TEXT_BYTES: usize = 200;
 
 /// Sizes of one run. `--quick` divides the counts so a smoke run takes seconds.
 #[derive(Debug, Clone, Copy)]
-struct Sizes {
+pub(super) struct Sizes {
     single: usize,
     per_publisher: [(usize, usize); 3],
-    amqp_single: usize,
-    amqp_per_publisher: [(usize, usize); 3],
+    pub(super) amqp_single: usize,
+    pub(super) amqp_per_publisher: [(usize, usize); 3],
 }
 
 impl Sizes {
@@ -46,13 +49,13 @@ impl Sizes {
 
 /// Latency percentiles of one sequential series.
 #[derive(Debug, Clone, Copy)]
-struct Latency {
+pub(super) struct Latency {
     p50: Duration,
     p99: Duration,
 }
 
 impl Latency {
-    fn of(mut samples: Vec<Duration>) -> Self {
+    pub(super) fn of(mut samples: Vec<Duration>) -> Self {
         samples.sort_unstable();
         let at = |pct: usize| samples[(samples.len() * pct / 100).min(samples.len() - 1)];
         Self {
@@ -64,17 +67,17 @@ impl Latency {
 
 /// What one backend measured.
 #[derive(Debug, Default)]
-struct Column {
-    single: Option<Latency>,
+pub(super) struct Column {
+    pub(super) single: Option<Latency>,
     /// msg/s per publisher count, in the order of `Sizes::per_publisher`, with the average number
     /// of operations per commit where the backend reports it.
-    throughput: Vec<(f64, Option<f64>)>,
-    acks: Option<f64>,
-    note: Option<String>,
+    pub(super) throughput: Vec<(f64, Option<f64>)>,
+    pub(super) acks: Option<f64>,
+    pub(super) note: Option<String>,
 }
 
-/// Runs the benchmark and prints its table.
-pub fn run(args: &[String]) -> anyhow::Result<()> {
+/// Runs the benchmark, prints its table and returns its rows for the combined table.
+pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
     let mut quick = false;
     let mut amqp = true;
     let mut dir: Option<PathBuf> = None;
@@ -103,21 +106,89 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let mut raw = RawLog::create(&scratch.path().join("raw.log"))?;
     let (raw, embedded) =
         runtime.block_on(embedded(&mut raw, &scratch.path().join("inbox.db"), sizes))?;
-    let broker = if amqp {
-        runtime.block_on(amqp_column(sizes))
-    } else {
-        Column {
-            note: Some("skipped (--no-amqp)".to_owned()),
-            ..Column::default()
-        }
+    let skipped = || Column {
+        note: Some("skipped (--no-amqp)".to_owned()),
+        ..Column::default()
     };
-    print!("{}", table(&raw, &embedded, &broker, sizes));
-    Ok(())
+    let (broker, rabbit) = if amqp {
+        (
+            runtime.block_on(amqp_column(sizes)),
+            runtime.block_on(super::rabbit::column(sizes)),
+        )
+    } else {
+        (skipped(), skipped())
+    };
+    print!("{}", table(&raw, [&embedded, &broker, &rabbit], sizes));
+    Ok(rows(&raw, [&embedded, &broker, &rabbit], sizes))
 }
 
-fn progress(line: &str) {
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "{line}");
+/// The combined table's inbox rows.
+fn rows(raw: &Latency, [embedded, amqp, rabbit]: [&Column; 3], sizes: Sizes) -> Vec<Row> {
+    let na = |column: &Column| column.note.clone().unwrap_or_else(|| "–".to_owned());
+    let single = |column: &Column| {
+        column.single.map_or_else(
+            || na(column),
+            |l| format!("p50 {} / p99 {}", micros(l.p50), micros(l.p99)),
+        )
+    };
+    let ratio = embedded
+        .single
+        .map(|l| l.p50.as_secs_f64() / raw.p50.as_secs_f64());
+    let last = sizes.per_publisher.len() - 1;
+    let busiest = |column: &Column| {
+        column
+            .throughput
+            .get(last)
+            .map_or_else(|| na(column), |(r, _)| rate(*r))
+    };
+    let acks = |column: &Column| column.acks.map_or_else(|| na(column), rate);
+    let embedded_rate = embedded.throughput.get(last).map(|(r, _)| *r);
+    vec![
+        Row::new(
+            "inbox",
+            "durable publish, one at a time",
+            format!(
+                "embedded {}{}",
+                single(embedded),
+                ratio.map_or_else(String::new, |r| format!(" ({r:.2}× raw)"))
+            ),
+        )
+        .alternatives(format!(
+            "fleetd AMQP {}; RabbitMQ alone {}; raw fdatasync p50 {} / p99 {}",
+            single(amqp),
+            single(rabbit),
+            micros(raw.p50),
+            micros(raw.p99)
+        ))
+        .target(
+            "embedded p50 ≤ 1.5× raw fdatasync (#3)",
+            ratio.map_or(Met::NotApplicable, |r| Met::from_bool(r <= 1.5)),
+        ),
+        Row::new(
+            "inbox",
+            "durable publish throughput, 64 publishers",
+            format!("embedded {}", busiest(embedded)),
+        )
+        .alternatives(format!(
+            "fleetd AMQP {}; RabbitMQ alone {}",
+            busiest(amqp),
+            busiest(rabbit)
+        ))
+        .target(
+            "embedded ≥ 50,000 msg/s (#3)",
+            embedded_rate.map_or(Met::NotApplicable, |r| Met::from_bool(r >= 50_000.0)),
+        ),
+        Row::new(
+            "inbox",
+            "ack throughput, 64 ackers",
+            format!("embedded {}", acks(embedded)),
+        )
+        .alternatives(format!(
+            "fleetd AMQP {}; RabbitMQ alone {}",
+            acks(amqp),
+            acks(rabbit)
+        )),
+    ]
 }
 
 /// The device's floor: appends one ~200 B record to a file and `fdatasync`s it.
@@ -147,13 +218,14 @@ impl RawLog {
     }
 }
 
-fn targets(prefix: &str) -> Vec<Target> {
+pub(super) fn targets(prefix: &str) -> Vec<Target> {
     (0..TARGETS)
         .map(|n| Target::new(format!("{prefix}{n}")).expect("bench target names are valid"))
         .collect()
 }
 
-fn message(target: &Target, n: usize) -> Message {
+/// A ~200 B reply to `target`, numbered `n`.
+pub(super) fn message(target: &Target, n: usize) -> Message {
     let mut text = format!("benchmark reply {n} ");
     text.extend(std::iter::repeat_n(
         'x',
@@ -371,10 +443,10 @@ fn rate(r: f64) -> String {
     format!("{grouped} msg/s")
 }
 
-fn table(raw: &Latency, embedded: &Column, amqp: &Column, sizes: Sizes) -> String {
+fn table(raw: &Latency, [embedded, amqp, rabbit]: [&Column; 3], sizes: Sizes) -> String {
     let raw_rate = 1.0 / raw.p50.as_secs_f64();
     let na = |column: &Column| column.note.clone().unwrap_or_else(|| "–".to_owned());
-    let mut rows: Vec<[String; 5]> = Vec::new();
+    let mut rows: Vec<[String; 6]> = Vec::new();
     let lat = |column: &Column, pick: fn(&Latency) -> Duration, ratio: bool| match column.single {
         Some(l) if ratio => format!(
             "{} ({:.2}× raw)",
@@ -389,6 +461,7 @@ fn table(raw: &Latency, embedded: &Column, amqp: &Column, sizes: Sizes) -> Strin
         micros(raw.p50),
         lat(embedded, |l| l.p50, true),
         lat(amqp, |l| l.p50, false),
+        lat(rabbit, |l| l.p50, false),
         "embedded ≤ 1.5× raw".to_owned(),
     ]);
     rows.push([
@@ -396,6 +469,7 @@ fn table(raw: &Latency, embedded: &Column, amqp: &Column, sizes: Sizes) -> Strin
         micros(raw.p99),
         lat(embedded, |l| l.p99, true),
         lat(amqp, |l| l.p99, false),
+        lat(rabbit, |l| l.p99, false),
         String::new(),
     ]);
     for (n, (publishers, each)) in sizes.per_publisher.iter().enumerate() {
@@ -414,6 +488,7 @@ fn table(raw: &Latency, embedded: &Column, amqp: &Column, sizes: Sizes) -> Strin
             },
             cell(embedded),
             cell(amqp),
+            cell(rabbit),
             if *publishers == 64 {
                 "embedded ≥ 50,000 msg/s".to_owned()
             } else {
@@ -427,28 +502,30 @@ fn table(raw: &Latency, embedded: &Column, amqp: &Column, sizes: Sizes) -> Strin
         "–".to_owned(),
         acks(embedded),
         acks(amqp),
+        acks(rabbit),
         String::new(),
     ]);
     render(
         &[
             "workload",
             "raw fdatasync",
-            "embedded (SQLite)",
-            "AMQP (RabbitMQ)",
+            "fleetd embedded (SQLite)",
+            "fleetd AMQP (RabbitMQ)",
+            "RabbitMQ alone (lapin)",
             "target (reported, not asserted)",
         ],
         &rows,
     )
 }
 
-fn render(header: &[&str; 5], rows: &[[String; 5]]) -> String {
+fn render(header: &[&str; 6], rows: &[[String; 6]]) -> String {
     let mut widths = header.map(|h| h.chars().count());
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let line = |cells: [&str; 5]| {
+    let line = |cells: [&str; 6]| {
         let mut out = String::from("|");
         for (cell, w) in cells.iter().zip(widths) {
             let pad = w - cell.chars().count();
@@ -459,9 +536,13 @@ fn render(header: &[&str; 5], rows: &[[String; 5]]) -> String {
     };
     let mut out = line(*header);
     let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
-    out.push_str(&line([&rule[0], &rule[1], &rule[2], &rule[3], &rule[4]]));
+    out.push_str(&line([
+        &rule[0], &rule[1], &rule[2], &rule[3], &rule[4], &rule[5],
+    ]));
     for row in rows {
-        out.push_str(&line([&row[0], &row[1], &row[2], &row[3], &row[4]]));
+        out.push_str(&line([
+            &row[0], &row[1], &row[2], &row[3], &row[4], &row[5],
+        ]));
     }
     out
 }

@@ -1,11 +1,18 @@
-//! Benchmarks that print tables (never assert timings). Each submodule measures one area and prints
-//! its rows side by side with the baseline the issue that introduced it names.
+//! Benchmarks that print tables (never assert timings). Each submodule measures one area, prints
+//! its own table, and returns [`Row`]s; `fleetd-bench all` runs every one and prints the rows as
+//! one side-by-side table ([`render`]) with the target of the issue that introduced each row.
 
 pub mod bridge;
+pub mod footprint;
 pub mod inbox;
+pub mod keepalive;
 pub mod locate;
+pub mod mailbox;
 pub mod nudge;
+pub mod pane_client;
+mod rabbit;
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 /// Percentiles of one series of latencies.
@@ -35,9 +42,185 @@ impl Summary {
             max: samples.last().copied().unwrap_or_default(),
         }
     }
+
+    /// `p50 X / p99 Y` in milliseconds, for a table cell.
+    pub fn cell(&self) -> String {
+        format!("p50 {} / p99 {}", ms(self.p50), ms(self.p99))
+    }
 }
 
 /// Milliseconds with three decimals, for tables.
 pub fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Whether a row met the target of the issue that introduced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Met {
+    /// Measured, and within the target.
+    Yes,
+    /// Measured, and outside the target.
+    No,
+    /// No target exists for this row, or nothing was measured.
+    NotApplicable,
+}
+
+impl Met {
+    /// `Yes` when `ok`, else `No`.
+    pub fn from_bool(ok: bool) -> Self {
+        if ok { Self::Yes } else { Self::No }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Yes => "yes",
+            Self::No => "**no**",
+            Self::NotApplicable => "—",
+        }
+    }
+}
+
+/// One line of the combined table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// The area measured (`inbox`, `locate`, ...).
+    pub area: String,
+    /// What was measured.
+    pub measurement: String,
+    /// fleetd's number.
+    pub fleetd: String,
+    /// The alternatives' numbers in the same run, or `—`.
+    pub alternatives: String,
+    /// The target and the issue that set it, or `—`.
+    pub target: String,
+    /// Whether fleetd's number met the target.
+    pub met: Met,
+}
+
+impl Row {
+    /// A row without alternatives or target.
+    pub fn new(area: &str, measurement: impl Into<String>, fleetd: impl Into<String>) -> Self {
+        Self {
+            area: area.to_owned(),
+            measurement: measurement.into(),
+            fleetd: fleetd.into(),
+            alternatives: "—".to_owned(),
+            target: "—".to_owned(),
+            met: Met::NotApplicable,
+        }
+    }
+
+    /// Sets the alternatives cell.
+    pub fn alternatives(mut self, text: impl Into<String>) -> Self {
+        self.alternatives = text.into();
+        self
+    }
+
+    /// Sets the target cell and whether it was met.
+    pub fn target(mut self, text: impl Into<String>, met: Met) -> Self {
+        self.target = text.into();
+        self.met = met;
+        self
+    }
+
+    /// A row saying a whole benchmark could not run, and why.
+    pub fn failed(area: &str, error: &anyhow::Error) -> Self {
+        let reason = format!("{error:#}").replace('|', "/").replace('\n', " ");
+        Self::new(area, "(benchmark did not run)", format!("failed: {reason}"))
+    }
+}
+
+/// The rows as one Markdown table.
+pub fn render(rows: &[Row]) -> String {
+    let header = [
+        "area",
+        "measurement",
+        "fleetd",
+        "alternative(s), same run",
+        "target (issue)",
+        "met",
+    ];
+    let cells: Vec<[String; 6]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.area.clone(),
+                r.measurement.clone(),
+                r.fleetd.clone(),
+                r.alternatives.clone(),
+                r.target.clone(),
+                r.met.as_str().to_owned(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(|h| h.chars().count());
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[&str]| {
+        let mut out = String::from("|");
+        for (cell, w) in cells.iter().zip(widths) {
+            let pad = w - cell.chars().count();
+            let _ = write!(out, " {cell}{} |", " ".repeat(pad));
+        }
+        out.push('\n');
+        out
+    };
+    let mut out = line(&header);
+    let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+    out.push_str(&line(&rule.iter().map(String::as_str).collect::<Vec<_>>()));
+    for row in &cells {
+        out.push_str(&line(&row.iter().map(String::as_str).collect::<Vec<_>>()));
+    }
+    out
+}
+
+/// Writes one progress line to stderr (tables go to stdout).
+pub fn progress(line: &str) {
+    use std::io::Write as _;
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
+}
+
+/// Parses `--NAME N` from `args`, else `default`.
+pub fn arg_number(args: &[String], name: &str, default: usize) -> anyhow::Result<usize> {
+    use anyhow::Context as _;
+    match args.iter().position(|a| a == name) {
+        Some(i) => args
+            .get(i + 1)
+            .with_context(|| format!("{name} needs a number"))?
+            .parse()
+            .with_context(|| format!("{name} takes a number")),
+        None => Ok(default),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_render_as_one_aligned_markdown_table() {
+        let rows = vec![
+            Row::new("inbox", "publish p50", "0.2 ms")
+                .alternatives("raw 0.1 ms")
+                .target("≤ 1.5× raw (#3)", Met::No),
+            Row::new("idle", "RSS", "12 MiB"),
+        ];
+        let table = render(&rows);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 4);
+        assert!(lines[2].contains("**no**"));
+        assert!(lines[3].ends_with("| —      |"), "{}", lines[3]);
+        let widths: Vec<usize> = lines.iter().map(|l| l.chars().count()).collect();
+        assert!(widths.windows(2).all(|w| w[0] == w[1]), "{table}");
+    }
+
+    #[test]
+    fn a_failed_benchmark_keeps_the_table_intact() {
+        let row = Row::failed("mailbox", &anyhow::anyhow!("a | b\nc"));
+        assert_eq!(row.fleetd, "failed: a / b c");
+    }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde_json::Value;
 
-use super::Summary;
+use super::{Met, Row, Summary};
 use crate::{http, wait_until};
 
 const DEFAULT_ROUNDS: usize = 30;
@@ -30,8 +30,8 @@ struct Measured {
     submitted: Summary,
 }
 
-/// Runs the benchmark and prints its table.
-pub fn run(args: &[String]) -> anyhow::Result<()> {
+/// Runs the benchmark, prints its table and returns its rows.
+pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
     let rounds = match args.iter().position(|a| a == "--rounds") {
         Some(i) => args
             .get(i + 1)
@@ -41,18 +41,43 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         None => DEFAULT_ROUNDS,
     };
     let tmux = if crate::require_tmux() == crate::Service::Present {
-        Some(on_tmux(rounds)?)
+        guarded(|| on_tmux(rounds))
     } else {
         println!("(tmux not found: the tmux rows are skipped)");
-        None
+        Err("not measured: tmux not found".to_owned())
     };
-    let herdr = on_herdr(rounds)?;
+    let herdr = guarded(|| on_herdr(rounds));
+    let mut rows = Vec::new();
     println!("\nReply published → nudge in the idle lead's pane ({rounds} rounds each)\n");
     println!("| backend | until | p50 | p99 | max | target | met |");
     println!("|---|---|---|---|---|---|---|");
-    for (name, m) in [("tmux", tmux.as_ref()), ("fake-herdr", Some(&herdr))] {
-        let Some(m) = m else { continue };
+    for (name, m) in [("tmux", &tmux), ("fake-herdr", &herdr)] {
+        let m = match m {
+            Ok(m) => m,
+            Err(why) => {
+                println!("| {name} | {why} | | | | | |");
+                rows.push(Row::new(
+                    "push",
+                    format!("reply → nudge text visible in an idle lead pane, {name}"),
+                    why.clone(),
+                ));
+                continue;
+            }
+        };
         let met = if m.visible.p99 <= TARGET { "yes" } else { "no" };
+        rows.push(
+            Row::new(
+                "push",
+                format!("reply → nudge text visible in an idle lead pane, {name}"),
+                m.visible.cell(),
+            )
+            .target("p99 ≤ 50 ms (#6)", Met::from_bool(m.visible.p99 <= TARGET)),
+        );
+        rows.push(Row::new(
+            "push",
+            format!("reply → the nudge's turn starts in the lead, {name}"),
+            m.submitted.cell(),
+        ));
         println!(
             "| {name} | nudge text visible | {} | {} | {} | p99 ≤ 50 ms | {met} |",
             super::ms(m.visible.p50),
@@ -70,7 +95,17 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         "\n(visible includes up to one pane read — tmux capture-pane, herdr pane.read; herdr's \
          agent.prompt submits 300 ms after the paste by design; tmux sends Enter right after the text)"
     );
-    Ok(())
+    Ok(rows)
+}
+
+/// One backend's run; a failure (or a rig's panic) becomes that backend's cell, so the other
+/// backend is still measured.
+fn guarded(run: impl FnOnce() -> anyhow::Result<Measured>) -> Result<Measured, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(Ok(m)) => Ok(m),
+        Ok(Err(e)) => Err(format!("failed: {e:#}")),
+        Err(_) => Err("failed: the rig panicked (see stderr)".to_owned()),
+    }
 }
 
 fn config(primary_tab: &str, profile: &str) -> String {

@@ -1,23 +1,52 @@
-//! `fleetd-bench [inbox|locate|bridge|nudge|all] [args...]`: the benchmark suite's one command. Prints tables; the
-//! numbers are reported, never asserted.
+//! `fleetd-bench [inbox|mailbox|locate|bridge|nudge|footprint|all] [args...]`: the benchmark
+//! suite's one command. Each benchmark prints its own table; `all` runs every one (on its
+//! defaults) and ends with one combined table, side by side with the alternatives and the target
+//! of the issue that introduced each row. The numbers are reported, never asserted.
+
+use fleetd_testkit::bench::{self, Row};
+
+type Bench = fn(&[String]) -> anyhow::Result<Vec<Row>>;
+
+/// Every benchmark, in the order `all` runs them, with the area its failure is reported under.
+const SUITE: [(&str, &str, Bench); 6] = [
+    ("inbox", "inbox", bench::inbox::run),
+    ("mailbox", "mailbox (MCP)", bench::mailbox::run),
+    ("nudge", "push", bench::nudge::run),
+    ("locate", "identity", bench::locate::run),
+    ("bridge", "bridge", bench::bridge::run),
+    ("footprint", "footprint", bench::footprint::run),
+];
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let which = args.next().unwrap_or_else(|| "all".to_owned());
     let rest: Vec<String> = args.collect();
-    match which.as_str() {
-        "inbox" => fleetd_testkit::bench::inbox::run(&rest),
-        "nudge" => fleetd_testkit::bench::nudge::run(&rest),
-        "locate" => fleetd_testkit::bench::locate::run(&rest),
-        "bridge" => fleetd_testkit::bench::bridge::run(&rest),
-        "all" => {
-            fleetd_testkit::bench::inbox::run(&rest)?;
-            fleetd_testkit::bench::locate::run(&rest)?;
-            fleetd_testkit::bench::bridge::run(&rest)?;
-            fleetd_testkit::bench::nudge::run(&rest)
-        }
-        other => {
-            anyhow::bail!("unknown benchmark {other:?}: use inbox, locate, bridge, nudge or all")
-        }
+    if which == "pane-client" {
+        return bench::pane_client::serve(&rest);
     }
+    if which == "all" {
+        anyhow::ensure!(
+            rest.is_empty(),
+            "`all` takes no arguments (each benchmark runs on its defaults)"
+        );
+        let mut rows = Vec::new();
+        for (name, area, run) in SUITE {
+            bench::progress(&format!("== {name} =="));
+            // One benchmark that cannot run (no broker, no tmux, ...) must not hide the others.
+            match std::panic::catch_unwind(|| run(&[])) {
+                Ok(Ok(more)) => rows.extend(more),
+                Ok(Err(e)) => rows.push(Row::failed(area, &e)),
+                Err(_) => rows.push(Row::failed(area, &anyhow::anyhow!("panicked (see above)"))),
+            }
+        }
+        println!("\n## fleetd benchmark suite: all rows\n");
+        print!("{}", bench::render(&rows));
+        return Ok(());
+    }
+    let Some((_, _, run)) = SUITE.iter().find(|(name, _, _)| *name == which) else {
+        anyhow::bail!(
+            "unknown benchmark {which:?}: use inbox, mailbox, nudge, locate, bridge, footprint or all"
+        );
+    };
+    run(&rest).map(drop)
 }
