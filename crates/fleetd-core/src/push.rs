@@ -328,7 +328,8 @@ impl PushLoop {
             }
             InjectOutcome::Transient => {
                 out.push(PushEffect::Count(PushMetric::InjectFailed));
-                let backoff = self.config.backoff;
+                // Nothing reached the lead: try again soon, not after a whole reminder backoff.
+                let backoff = self.config.backoff.min(TRANSIENT_RETRY);
                 if let Some(state) = self.leads.get_mut(lead) {
                     state.in_flight = false;
                     // It did not reach the lead: give the budget back, try again later.
@@ -429,6 +430,9 @@ impl PushLoop {
         }
     }
 }
+
+/// How soon a nudge that failed transiently (socket blip, timeout) is tried again, at most.
+pub const TRANSIENT_RETRY: SignedDuration = SignedDuration::from_secs(2);
 
 /// The wait after the `sent`-th nudge: `backoff * 2^(sent-1)`, capped.
 fn backoff_after(config: &PushConfig, sent: u32) -> SignedDuration {
