@@ -29,14 +29,7 @@ const DEFAULT_ROUNDS: usize = 2000;
 
 /// Runs the benchmark, prints its table and returns its rows.
 pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
-    let rounds = match args.iter().position(|a| a == "--rounds") {
-        Some(i) => args
-            .get(i + 1)
-            .context("--rounds needs a number")?
-            .parse()
-            .context("--rounds takes a number")?,
-        None => DEFAULT_ROUNDS,
-    };
+    let rounds = super::arg_number(args, "--rounds", DEFAULT_ROUNDS)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

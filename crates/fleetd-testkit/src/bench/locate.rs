@@ -32,14 +32,7 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
         hold(args.get(i + 1).context("--hold needs an address")?)?;
         return Ok(Vec::new());
     }
-    let panes = match args.iter().position(|a| a == "--panes") {
-        Some(i) => args
-            .get(i + 1)
-            .context("--panes needs a number")?
-            .parse()
-            .context("--panes takes a number")?,
-        None => DEFAULT_PANES,
-    };
+    let panes = super::arg_number(args, "--panes", DEFAULT_PANES)?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -32,14 +32,7 @@ struct Measured {
 
 /// Runs the benchmark, prints its table and returns its rows.
 pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
-    let rounds = match args.iter().position(|a| a == "--rounds") {
-        Some(i) => args
-            .get(i + 1)
-            .context("--rounds needs a number")?
-            .parse()
-            .context("--rounds takes a number")?,
-        None => DEFAULT_ROUNDS,
-    };
+    let rounds = super::arg_number(args, "--rounds", DEFAULT_ROUNDS)?;
     let tmux = if crate::require_tmux() == crate::Service::Present {
         guarded(|| on_tmux(rounds))
     } else {
