@@ -126,7 +126,9 @@ fn on_tmux(rounds: usize) -> anyhow::Result<Measured> {
         rig.daemon.addr,
         (&member_log, &lead_log),
         |line| rig.type_line(&lead, line),
-        || rig.screen(&lead),
+        // The whole scrollback: on the visible screen alone an old nudge scrolls off as the
+        // new one appears, and the count never grows.
+        || rig.history(&lead),
     )
 }
 
