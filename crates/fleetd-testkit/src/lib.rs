@@ -184,6 +184,22 @@ pub mod http {
         request(addr, "GET", path, None)
     }
 
+    /// The texts of the replies pending in `target`'s inbox, oldest first (REST peek); empty
+    /// when the daemon does not answer.
+    pub fn reply_texts(addr: SocketAddr, target: &str) -> Vec<String> {
+        get(addr, &format!("/sessions/{target}/replies")).map_or_else(
+            |_| Vec::new(),
+            |r| {
+                r.json()["replies"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|m| m["text"].as_str().map(str::to_owned))
+                    .collect()
+            },
+        )
+    }
+
     fn dechunk(mut rest: &str) -> String {
         let mut out = String::new();
         while let Some((size, tail)) = rest.split_once("\r\n") {

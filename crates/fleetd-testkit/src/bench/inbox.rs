@@ -409,20 +409,29 @@ async fn amqp_runs(targets: &[Target], sizes: Sizes, column: &mut Column) -> any
 }
 
 async fn delete_queues(targets: &[Target]) -> anyhow::Result<()> {
-    use lapin::options::QueueDeleteOptions;
     let conn =
         lapin::Connection::connect(crate::RABBITMQ_URL, lapin::ConnectionProperties::default())
             .await?;
+    delete_queues_on(&conn, targets).await?;
+    conn.close(200, "benchmark done".into()).await?;
+    Ok(())
+}
+
+/// Deletes the benchmark's inbox queues over an open connection (fleetd's AMQP store and the
+/// RabbitMQ-alone column use the same queue names).
+pub(super) async fn delete_queues_on(
+    conn: &lapin::Connection,
+    targets: &[Target],
+) -> anyhow::Result<()> {
     let channel = conn.create_channel().await?;
     for target in targets {
         channel
             .queue_delete(
                 AmqpStore::queue_name(target).into(),
-                QueueDeleteOptions::default(),
+                lapin::options::QueueDeleteOptions::default(),
             )
             .await?;
     }
-    conn.close(200, "benchmark done".into()).await?;
     Ok(())
 }
 

@@ -11,7 +11,7 @@ use fleetd::store::AmqpStore;
 use fleetd_core::Target;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
@@ -39,7 +39,7 @@ pub(super) async fn column(sizes: Sizes) -> Column {
     if let Err(err) = runs(&conn, &targets, sizes, &mut column).await {
         column.note = Some(format!("failed: {err:#}"));
     }
-    if let Err(err) = cleanup(&conn, &targets).await {
+    if let Err(err) = super::inbox::delete_queues_on(&conn, &targets).await {
         progress(&format!("could not delete the benchmark queues: {err:#}"));
     }
     let _ = conn.close(200, "benchmark done".into()).await;
@@ -170,17 +170,4 @@ async fn ack_all(conn: &Connection, targets: &[Target], total: usize) -> anyhow:
         / elapsed
             .as_secs_f64()
             .max(Duration::from_micros(1).as_secs_f64()))
-}
-
-async fn cleanup(conn: &Connection, targets: &[Target]) -> anyhow::Result<()> {
-    let channel = conn.create_channel().await?;
-    for target in targets {
-        channel
-            .queue_delete(
-                AmqpStore::queue_name(target).into(),
-                QueueDeleteOptions::default(),
-            )
-            .await?;
-    }
-    Ok(())
 }

@@ -210,19 +210,6 @@ fn health_server(up: std::sync::Arc<std::sync::atomic::AtomicBool>) -> String {
     format!("http://{addr}/health")
 }
 
-fn inbox_texts(rig: &Rig, target: &str) -> Vec<String> {
-    let replies =
-        fleetd_testkit::http::get(rig.daemon.addr, &format!("/sessions/{target}/replies"))
-            .expect("peek")
-            .json();
-    replies["replies"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r["text"].as_str().map(str::to_owned))
-        .collect()
-}
-
 #[test]
 #[expect(
     clippy::disallowed_methods,
@@ -259,7 +246,7 @@ fn e2e_a_backend_going_down_and_up_is_exactly_one_nudge_each() {
     });
     std::thread::sleep(Duration::from_secs(4)); // several more failing probes
     assert_eq!(nudges(&rig), 1, "exactly one nudge while it stays down");
-    let texts = inbox_texts(&rig, "ann");
+    let texts = fleetd_testkit::http::reply_texts(rig.daemon.addr, "ann");
     assert_eq!(texts.len(), 1, "{texts:?}");
     assert!(texts[0].contains("backend lab is down"), "{texts:?}");
     // Read it, then the backend recovers: one more incident, one more nudge.
@@ -271,7 +258,7 @@ fn e2e_a_backend_going_down_and_up_is_exactly_one_nudge_each() {
     });
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(nudges(&rig), 2);
-    let texts = inbox_texts(&rig, "ann");
+    let texts = fleetd_testkit::http::reply_texts(rig.daemon.addr, "ann");
     assert_eq!(texts.len(), 1, "{texts:?}");
     assert!(texts[0].contains("backend lab is up again"), "{texts:?}");
 }

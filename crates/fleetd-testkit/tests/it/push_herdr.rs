@@ -155,13 +155,11 @@ fn e2e_herdr_with_no_lead_at_all_the_reply_waits_for_a_poll() {
     wait_until("nia's reply in the inbox", Duration::from_secs(60), || {
         reply_waiting(&rig, "nia")
     });
-    let replies = http::get(rig.daemon.addr, "/sessions/nia/replies")
-        .expect("peek")
-        .json();
+    let replies = http::reply_texts(rig.daemon.addr, "nia");
     assert!(
-        replies["replies"][0]["text"]
-            .as_str()
+        replies
+            .first()
             .is_some_and(|t| t.contains("sim-agent did: job for nia")),
-        "{replies}"
+        "{replies:?}"
     );
 }

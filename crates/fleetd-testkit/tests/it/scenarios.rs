@@ -107,14 +107,12 @@ fn e2e_scenario_kill_9_between_reply_and_nudge_loses_nothing() {
         Duration::from_secs(60),
         || rig.history(&lead).contains("[fleet] 1 message from nia"),
     );
-    let replies = http::get(rig.daemon.addr, "/sessions/nia/replies")
-        .expect("peek")
-        .json();
+    let replies = http::reply_texts(rig.daemon.addr, "nia");
     assert!(
-        replies["replies"][0]["text"]
-            .as_str()
+        replies
+            .first()
             .is_some_and(|t| t.contains("sim-agent did: the job")),
-        "the reply survived the kill: {replies}"
+        "the reply survived the kill: {replies:?}"
     );
 }
 
@@ -268,11 +266,9 @@ fn e2e_scenario_a_member_mid_turn_across_kill_9_still_delivers_its_reply() {
         "nia's reply after the restart",
         Duration::from_secs(60),
         || {
-            http::get(rig.daemon.addr, "/sessions/nia/replies").is_ok_and(|r| {
-                r.json()["replies"][0]["text"]
-                    .as_str()
-                    .is_some_and(|t| t.contains("sim-agent did: across the restart"))
-            })
+            http::reply_texts(rig.daemon.addr, "nia")
+                .first()
+                .is_some_and(|t| t.contains("sim-agent did: across the restart"))
         },
     );
     let member = http::get(rig.daemon.addr, "/sessions/nia").expect("session");

@@ -50,10 +50,8 @@ fn e2e_herdr_spawn_starts_a_known_agent_kind_with_agent_start() {
         r#"fleet_send {"target":"ann","task":"hello","wait":false}"#,
     );
     wait_until("ann's reply", Duration::from_secs(60), || {
-        http::get(rig.daemon.addr, "/sessions/ann/replies").is_ok_and(|r| {
-            r.json()["replies"][0]["text"]
-                .as_str()
-                .is_some_and(|t| t.contains("sim-agent did: hello"))
-        })
+        http::reply_texts(rig.daemon.addr, "ann")
+            .first()
+            .is_some_and(|t| t.contains("sim-agent did: hello"))
     });
 }

@@ -390,18 +390,11 @@ impl Engine {
                     pane,
                     text,
                 } => {
-                    let result = mux.submit(&pane, &text).await;
+                    let result = mux.submit(&pane, &text).await.map(|_| ());
                     if let Err(e) = &result {
                         tracing::warn!(%target, %ticket, error = %e, "typing a task failed");
                     }
-                    let gone = result.as_ref().err().is_some_and(MuxError::is_not_found);
-                    report(Event::Typed {
-                        target,
-                        ticket,
-                        ok: result.is_ok(),
-                        gone,
-                    })
-                    .await;
+                    report(typed(target, ticket, &result)).await;
                 }
                 Io::Enter {
                     target,
@@ -409,14 +402,7 @@ impl Engine {
                     pane,
                 } => {
                     let result = mux.press_enter(&pane).await;
-                    let gone = result.as_ref().err().is_some_and(MuxError::is_not_found);
-                    report(Event::Typed {
-                        target,
-                        ticket,
-                        ok: result.is_ok(),
-                        gone,
-                    })
-                    .await;
+                    report(typed(target, ticket, &result)).await;
                 }
                 Io::Fallback {
                     target,
@@ -538,6 +524,16 @@ impl Engine {
                 }
             }
         });
+    }
+}
+
+/// How typing into a member's pane went (a submit or the one Enter retry).
+fn typed(target: Target, ticket: Ticket, result: &Result<(), MuxError>) -> Event {
+    Event::Typed {
+        target,
+        ticket,
+        ok: result.is_ok(),
+        gone: result.as_ref().err().is_some_and(MuxError::is_not_found),
     }
 }
 
