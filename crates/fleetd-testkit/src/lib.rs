@@ -121,10 +121,13 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
 pub mod bench;
 pub mod demo;
 
-/// A minimal HTTP/1.1 client for tests: one request per connection, `Connection: close`.
+/// A minimal HTTP/1.1 client for tests: one request per connection, `Connection: close`, over
+/// TCP or the daemon's operator socket.
 pub mod http {
     use std::io::{Read, Write};
     use std::net::{SocketAddr, TcpStream};
+    use std::os::unix::net::UnixStream;
+    use std::path::PathBuf;
     use std::time::Duration;
 
     /// A response: status code and body text.
@@ -142,26 +145,107 @@ pub mod http {
             serde_json::from_str(&self.body)
                 .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.body))
         }
+
+        /// The JSON `error` code of a refusal (empty when there is none).
+        pub fn error_code(&self) -> String {
+            serde_json::from_str::<serde_json::Value>(&self.body)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_owned))
+                .unwrap_or_default()
+        }
+    }
+
+    /// Where a request goes.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum Endpoint {
+        /// The daemon's TCP listener: the caller is whatever this process is (in no pane: an
+        /// anonymous caller, unless it presents the token).
+        Tcp(SocketAddr),
+        /// The daemon's operator socket (`<state dir>/api.sock`): this process is the operator.
+        Unix(PathBuf),
+    }
+
+    impl From<SocketAddr> for Endpoint {
+        fn from(addr: SocketAddr) -> Self {
+            Self::Tcp(addr)
+        }
+    }
+
+    impl From<&Endpoint> for Endpoint {
+        fn from(endpoint: &Endpoint) -> Self {
+            endpoint.clone()
+        }
     }
 
     /// Sends one request and reads the whole response.
     pub fn request(
-        addr: SocketAddr,
+        to: impl Into<Endpoint>,
         method: &str,
         path: &str,
         body: Option<&str>,
     ) -> std::io::Result<Response> {
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        request_with(to, method, path, &[], body)
+    }
+
+    /// Sends one request with extra `headers` (a `Host` among them replaces the default one:
+    /// the address connected to, or `localhost` on the unix socket) and reads the response.
+    pub fn request_with(
+        to: impl Into<Endpoint>,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> std::io::Result<Response> {
+        let to = to.into();
         let body = body.unwrap_or("");
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+        let default_host = match &to {
+            Endpoint::Tcp(addr) => addr.to_string(),
+            Endpoint::Unix(_) => "localhost".to_owned(),
+        };
+        let host = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("host"))
+            .map_or(default_host.as_str(), |(_, v)| *v);
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
             body.len()
-        )?;
+        );
+        for (k, v) in headers
+            .iter()
+            .filter(|(k, _)| !k.eq_ignore_ascii_case("host"))
+        {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        let raw = match to {
+            Endpoint::Tcp(addr) => {
+                let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+                stream.set_read_timeout(Some(Duration::from_secs(150)))?;
+                exchange(&mut stream, &head, body)?
+            }
+            Endpoint::Unix(path) => {
+                let mut stream = UnixStream::connect(path)?;
+                stream.set_read_timeout(Some(Duration::from_secs(150)))?;
+                exchange(&mut stream, &head, body)?
+            }
+        };
+        Ok(parse(&raw))
+    }
+
+    fn exchange(
+        stream: &mut (impl Read + Write),
+        head: &str,
+        body: &str,
+    ) -> std::io::Result<Vec<u8>> {
+        stream.write_all(head.as_bytes())?;
+        stream.write_all(body.as_bytes())?;
         let mut raw = Vec::new();
         stream.read_to_end(&mut raw)?;
-        let text = String::from_utf8_lossy(&raw).into_owned();
+        Ok(raw)
+    }
+
+    fn parse(raw: &[u8]) -> Response {
+        let text = String::from_utf8_lossy(raw).into_owned();
         let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
         let status = head
             .split_whitespace()
@@ -176,18 +260,18 @@ pub mod http {
         } else {
             rest.to_owned()
         };
-        Ok(Response { status, body })
+        Response { status, body }
     }
 
     /// Sends `GET path`.
-    pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
-        request(addr, "GET", path, None)
+    pub fn get(to: impl Into<Endpoint>, path: &str) -> std::io::Result<Response> {
+        request(to, "GET", path, None)
     }
 
-    /// The texts of the replies pending in `target`'s inbox, oldest first (REST peek); empty
-    /// when the daemon does not answer.
-    pub fn reply_texts(addr: SocketAddr, target: &str) -> Vec<String> {
-        get(addr, &format!("/sessions/{target}/replies")).map_or_else(
+    /// The texts of the replies pending in `target`'s inbox, oldest first (REST peek, as the
+    /// operator when `to` is the operator socket); empty when the daemon does not answer.
+    pub fn reply_texts(to: impl Into<Endpoint>, target: &str) -> Vec<String> {
+        get(to, &format!("/sessions/{target}/replies")).map_or_else(
             |_| Vec::new(),
             |r| {
                 r.json()["replies"]
@@ -257,6 +341,8 @@ pub mod daemon {
         /// Lines already read (while waiting for the daemon to listen, or by
         /// [`Daemon::wait_for_log`]), kept for the log printed when a test fails.
         early: Vec<String>,
+        /// The daemon's HOME.
+        home: PathBuf,
     }
 
     /// A `fleetd` command isolated in `home`: HOME and XDG dirs point inside it, and the
@@ -344,12 +430,28 @@ pub mod daemon {
                 }
                 seen.push(line);
             };
-            Self {
+            let daemon = Self {
                 child,
                 addr,
                 logs,
                 early: seen,
-            }
+                home: home.to_owned(),
+            };
+            // The operator's socket is bound just after the TCP listener (and a killed
+            // daemon's stale file refuses connections until then).
+            let socket = state_dir(home).join("api.sock");
+            crate::wait_until(
+                "fleetd's operator socket to accept",
+                Duration::from_secs(30),
+                || std::os::unix::net::UnixStream::connect(&socket).is_ok(),
+            );
+            daemon
+        }
+
+        /// The daemon's operator socket (`<state dir>/api.sock`): requests sent there come from
+        /// the operator (this process, the daemon's own user, in no member's pane).
+        pub fn operator(&self) -> crate::http::Endpoint {
+            crate::http::Endpoint::Unix(state_dir(&self.home).join("api.sock"))
         }
 
         /// Sends `signal` (e.g. "TERM") to the process.

@@ -49,6 +49,17 @@ impl TmuxServer {
         self.dir.path()
     }
 
+    /// fleetd's tmux backend settings for this server, with the launch directory (where a
+    /// pane's environment waits for its launcher) beside the socket.
+    pub fn backend_config(&self) -> fleetd::mux::tmux::TmuxConfig {
+        fleetd::mux::tmux::TmuxConfig {
+            launch_dir: Some(self.dir.path().join("launch")),
+            ..fleetd::mux::tmux::TmuxConfig::new(fleetd::mux::tmux::TmuxSocket::Path(
+                self.socket.clone(),
+            ))
+        }
+    }
+
     /// A `tmux -S <socket> -f /dev/null` command with a cleaned environment.
     pub fn command(&self) -> Command {
         let mut cmd = Command::new("tmux");

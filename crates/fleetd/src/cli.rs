@@ -85,12 +85,14 @@ pub struct DemoArgs {
 /// How the client commands find the daemon and print its answers.
 #[derive(Debug, Args)]
 pub struct ClientArgs {
-    /// The daemon's URL, e.g. http://127.0.0.1:7797. Default: $FLEETD_URL, else the config's
-    /// `listen`.
+    /// The daemon's URL, e.g. http://127.0.0.1:7797 (presents the API token) or
+    /// unix:/path/api.sock. Default: $FLEETD_URL, else the daemon's own unix socket
+    /// (`<state dir>/api.sock`), where it knows you as its user: the operator.
     #[arg(long, env = "FLEETD_URL", value_name = "URL")]
     pub daemon: Option<String>,
-    /// The API token to present (needed from another host). Default: $FLEETD_TOKEN, else the
-    /// value of the config's `apiToken` secret when it resolves here.
+    /// The API token to present over TCP (needed from another host or as another user).
+    /// Default: $FLEETD_TOKEN, else the value of the config's `apiToken` secret when it
+    /// resolves here.
     #[arg(
         long,
         env = "FLEETD_TOKEN",

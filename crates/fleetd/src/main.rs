@@ -170,6 +170,8 @@ fn serve(
     env: &Environment,
     args: &ServeArgs,
 ) -> anyhow::Result<()> {
+    // Nothing the daemon creates is readable by other users: inbox, member registry, sockets.
+    fleetd::state::restrict_umask();
     let overrides = Overrides {
         listen: args.listen,
         log_format: args.log_format,

@@ -1,11 +1,14 @@
 //! Secret values: resolved on demand from the sources the config names (an environment variable
-//! of the daemon, or a file that is not world-readable). Owns reading them; must never log a
-//! value, and nothing here is ever serialized into a tool result or an HTTP body.
+//! of the daemon, or a file that is not world-readable), and redacted from every text that
+//! reaches a lead ([`Redactor`]). Owns reading them; must never log a value, and nothing here is
+//! ever serialized into a tool result or an HTTP body.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
-use crate::config::SecretSource;
+use crate::config::{Config, Live, SecretSource};
 
 /// A secret's value. `Debug` and `Display` print a placeholder so it cannot leak through logs.
 #[derive(Clone, PartialEq, Eq)]
@@ -127,6 +130,143 @@ fn read_file(name: &str, path: &std::path::Path) -> Result<String, SecretError> 
     std::fs::read_to_string(path).map_err(|e| err(e.to_string()))
 }
 
+/// Values shorter than this are never redacted: they would match ordinary words, and a value
+/// that short is no credential worth the name.
+pub const MIN_REDACTED_LEN: usize = 8;
+
+/// How many values handed to members (beyond the configuration's current ones) are kept for
+/// redaction; the oldest go first.
+const GIVEN_LIMIT: usize = 256;
+
+/// Takes every secret value fleetd knows out of a text before it reaches a lead: member replies
+/// and questions, turn-done fallback tails (raw pane text), incident texts. It knows the values
+/// of every secret the running configuration defines (re-resolved when a reload swaps it) and
+/// every value handed to a member since start, so a secret rotated by a reload stays redacted
+/// while members still hold the old one. Cheap to clone; `Debug` shows no value.
+#[derive(Clone)]
+pub struct Redactor {
+    inner: Arc<RedactorInner>,
+}
+
+/// Secret values by name.
+type Values = Vec<(String, SecretValue)>;
+
+struct RedactorInner {
+    config: Live,
+    env: fn(&str) -> Option<String>,
+    /// The configuration the cached values were resolved from, and those values.
+    resolved: Mutex<Option<(Arc<Config>, Arc<Values>)>>,
+    /// Values handed to members, newest last.
+    given: Mutex<Vec<(String, SecretValue)>>,
+}
+
+impl fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Redactor(***)")
+    }
+}
+
+fn process_env(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
+impl Redactor {
+    /// A redactor over the running configuration, resolving env secrets from the daemon's own
+    /// environment.
+    pub fn new(config: Live) -> Self {
+        Self::with_env(config, process_env)
+    }
+
+    /// A redactor that knows no configured secret, only values later [`Redactor::remember`]ed
+    /// (an engine or bench without a configuration's secrets).
+    pub fn empty() -> Self {
+        let config = Config::parse("", "<empty>", &crate::config::Environment::default())
+            .expect("an empty configuration is valid");
+        Self::new(Live::fixed(config))
+    }
+
+    /// A redactor whose env secrets resolve through `env` (tests).
+    pub fn with_env(config: Live, env: fn(&str) -> Option<String>) -> Self {
+        Self {
+            inner: Arc::new(RedactorInner {
+                config,
+                env,
+                resolved: Mutex::new(None),
+                given: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Remembers `value` (secret `name`) as handed to a member: it stays redacted even after a
+    /// reload changes or removes the secret.
+    pub fn remember(&self, name: &str, value: &SecretValue) {
+        let mut given = self
+            .inner
+            .given
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if given.iter().any(|(_, v)| v == value) {
+            return;
+        }
+        if given.len() >= GIVEN_LIMIT {
+            given.remove(0);
+        }
+        given.push((name.to_owned(), value.clone()));
+    }
+
+    /// The values to redact, longest first (so a value that contains another goes whole).
+    fn values(&self) -> Vec<(String, SecretValue)> {
+        let config = self.inner.config.current();
+        let current = {
+            let mut cache = self
+                .inner
+                .resolved
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match &*cache {
+                Some((at, values)) if Arc::ptr_eq(at, &config) => Arc::clone(values),
+                _ => {
+                    let secrets = Secrets::new(&config.secrets, &self.inner.env);
+                    let values: Arc<Vec<_>> = Arc::new(
+                        config
+                            .secrets
+                            .keys()
+                            .filter_map(|name| {
+                                secrets.resolve(name).ok().map(|v| (name.clone(), v))
+                            })
+                            .collect(),
+                    );
+                    *cache = Some((Arc::clone(&config), Arc::clone(&values)));
+                    values
+                }
+            }
+        };
+        let mut all: Vec<(String, SecretValue)> = current.iter().cloned().collect();
+        all.extend(
+            self.inner
+                .given
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .cloned(),
+        );
+        all.retain(|(_, v)| v.0.len() >= MIN_REDACTED_LEN);
+        all.sort_by_key(|(_, v)| std::cmp::Reverse(v.0.len()));
+        all
+    }
+
+    /// `text` with every known secret value replaced by `[redacted: NAME]`.
+    pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        let mut out = Cow::Borrowed(text);
+        for (name, value) in self.values() {
+            if out.contains(value.expose()) {
+                out = Cow::Owned(out.replace(value.expose(), &format!("[redacted: {name}]")));
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,5 +320,43 @@ mod tests {
         // Errors and debug output never carry values.
         let all = format!("{:?} {:?}", secrets.resolve("a"), secrets.resolve("c"));
         assert!(!all.contains("s3cret") && !all.contains("leaky"), "{all}");
+    }
+
+    fn redactor_env(key: &str) -> Option<String> {
+        match key {
+            "LONG" => Some("sk-live-0123456789abcdef".to_owned()),
+            "PREFIX" => Some("sk-live-0123".to_owned()),
+            "SHORT" => Some("abc".to_owned()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn every_known_value_is_redacted_and_nothing_else() {
+        let yaml =
+            "secrets:\n  long: {env: LONG}\n  prefix: {env: PREFIX}\n  short: {env: SHORT}\n";
+        let config =
+            crate::config::Config::parse(yaml, "<test>", &crate::config::Environment::default())
+                .expect("config");
+        let (publisher, _) = crate::config::channel(config);
+        let redactor = Redactor::with_env(publisher.live(), redactor_env);
+        let text = "token sk-live-0123456789abcdef and sk-live-0123 and abc";
+        assert_eq!(
+            redactor.redact(text),
+            "token [redacted: long] and [redacted: prefix] and abc",
+            "the longer value goes whole; a value under {MIN_REDACTED_LEN} characters stays"
+        );
+        assert!(matches!(redactor.redact("nothing here"), Cow::Borrowed(_)));
+        // A value handed to a member stays redacted after a reload drops its secret.
+        redactor.remember("rotated", &SecretValue("old-token-value-42".to_owned()));
+        let empty =
+            crate::config::Config::parse("", "<test>", &crate::config::Environment::default())
+                .expect("config");
+        publisher.publish(empty);
+        assert_eq!(
+            redactor.redact("was old-token-value-42, is sk-live-0123456789abcdef"),
+            "was [redacted: rotated], is sk-live-0123456789abcdef"
+        );
+        assert_eq!(format!("{redactor:?}"), "Redactor(***)");
     }
 }

@@ -42,6 +42,22 @@ impl Daemon {
     pub async fn open(config: Config) -> anyhow::Result<Self> {
         // The metrics recorder goes in first, so nothing recorded from here on is lost.
         crate::telemetry::handle();
+        // Owner-only before anything is written there (and tightened when an older fleetd
+        // left it looser).
+        crate::state::private_dir(&config.state_dir).with_context(|| {
+            format!(
+                "failed to prepare the state directory {}",
+                config.state_dir.display()
+            )
+        })?;
+        if let Store::Embedded { path } = &config.store {
+            for suffix in ["", "-wal", "-shm", ".lock"] {
+                let mut name = path.as_os_str().to_owned();
+                name.push(suffix);
+                crate::state::tighten(std::path::Path::new(&name), crate::state::FILE_MODE)
+                    .with_context(|| format!("failed to check {}", path.display()))?;
+            }
+        }
         let store = open_store(&config).await?;
         let (mux, endpoints) = open_mux(&config).await?;
         tracing::info!(
@@ -134,8 +150,8 @@ impl Daemon {
         HealthReport::from_parts(store, lead, member)
     }
 
-    /// Serves HTTP (and the stdio shim's unix socket) until `shutdown` completes, then finishes
-    /// in-flight requests and closes the store.
+    /// Serves HTTP (on `listener` and on the operator's unix socket) and the stdio shim's unix
+    /// socket until `shutdown` completes, then finishes in-flight requests and closes the store.
     pub async fn run(
         self,
         listener: TcpListener,
@@ -159,20 +175,40 @@ impl Daemon {
             .context("the listener has no address")?;
         let fleet = Arc::new(self.fleet(local)?);
         let config = self.config();
-        let mcp = crate::mcp::http_service(Arc::clone(&fleet), config.listen_is_loopback());
+        let mcp = crate::mcp::http_service(Arc::clone(&fleet));
         let shim = crate::shim::listen(&config.state_dir, Arc::clone(&fleet))
             .await
             .context("failed to open the stdio shim's socket")?;
+        let operator_path = operator_socket_path(&config.state_dir);
+        let operator = crate::shim::bind_private(&operator_path)
+            .context("failed to open the operator's socket")?;
         let store = Arc::clone(&self.inner.store);
         let engine = fleet.engine.clone();
         let app = crate::http::router(self, fleet, mcp);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopper = stop.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            stopper.cancel();
+        });
         ready();
-        let served = axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<crate::mcp::ConnInfo>(),
-        )
-        .with_graceful_shutdown(shutdown)
-        .await;
+        let (served, served_operator) = tokio::join!(
+            axum::serve(
+                listener,
+                app.clone()
+                    .into_make_service_with_connect_info::<crate::identity::ConnInfo>(),
+            )
+            .with_graceful_shutdown(stop.clone().cancelled_owned()),
+            axum::serve(
+                operator,
+                app.into_make_service_with_connect_info::<crate::identity::ConnInfo>(),
+            )
+            .with_graceful_shutdown(stop.cancelled_owned()),
+        );
+        let _ = std::fs::remove_file(&operator_path);
+        if let Err(e) = served_operator {
+            tracing::warn!(error = %e, "the operator's socket failed");
+        }
         shim.stop();
         // Members are released (cause `shutdown`) and their notices stored before the store
         // closes, so the lead learns after a restart which tickets did not finish.
@@ -195,19 +231,19 @@ impl Daemon {
             Some(name) => Some(
                 Secrets::new(&config.secrets, &env_lookup)
                     .resolve(name)
-                    .context("failed to resolve apiToken")?
-                    .expose()
-                    .to_owned(),
+                    .context("failed to resolve apiToken")?,
             ),
             None => None,
         };
         let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
+        let redactor = crate::secrets::Redactor::new(self.live_config());
         let engine = crate::engine::spawn(crate::engine::EngineParts {
             members_file: Some(config.state_dir.join("members.json")),
             config: self.live_config(),
             clock: Arc::clone(&clock),
             store: Arc::clone(&self.inner.store),
             mux: self.inner.mux.clone(),
+            redactor: redactor.clone(),
         });
         crate::backends::spawn(self.live_config(), engine.downgrade());
         let locator = crate::locate::Locator::new(
@@ -228,8 +264,22 @@ impl Daemon {
             clock,
             api_token,
             url: format!("http://{}", SocketAddr::new(host, local.port())),
+            redactor,
         })
     }
+}
+
+/// The directory (in the state directory) where a tmux member's environment waits for its
+/// launcher, for at most a moment.
+const LAUNCH_DIR: &str = "launch";
+
+/// The operator's socket's file name inside the state directory: the human CLI's default way
+/// in (HTTP over a unix socket; `SO_PEERCRED` with the daemon's own uid makes the operator).
+pub const OPERATOR_SOCKET: &str = "api.sock";
+
+/// The operator's socket for a state directory.
+pub fn operator_socket_path(state_dir: &std::path::Path) -> std::path::PathBuf {
+    state_dir.join(OPERATOR_SOCKET)
 }
 
 fn env_lookup(key: &str) -> Option<String> {
@@ -286,7 +336,14 @@ async fn open_mux(config: &Config) -> anyhow::Result<(MuxRouter, Vec<(MuxDaemon,
             TmuxSocket::Path(p) => p.display().to_string(),
             _ => "default tmux server".to_owned(),
         };
-        let tmux: Arc<dyn Multiplexer> = Arc::new(Tmux::new(TmuxConfig::new(socket)));
+        // Launch files of a daemon that died before its panes read them go first.
+        let launch_dir = config.state_dir.join(LAUNCH_DIR);
+        let _ = std::fs::remove_dir_all(&launch_dir);
+        let tmux: Arc<dyn Multiplexer> = Arc::new(Tmux::new(TmuxConfig {
+            launch_dir: Some(launch_dir),
+            server_umask: crate::state::user_umask(),
+            ..TmuxConfig::new(socket)
+        }));
         return Ok((
             MuxRouter::new(tmux, None),
             vec![(MuxDaemon::Lead, endpoint)],

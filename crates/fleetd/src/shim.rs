@@ -10,7 +10,10 @@ use rmcp::ServiceExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinHandle;
 
-use crate::mcp::{Fleet, FleetMcp, Peer};
+use fleetd_core::access::Door;
+
+use crate::identity::{ConnInfo, Endpoint};
+use crate::mcp::{Fleet, FleetMcp};
 
 /// The socket's file name inside the state directory.
 pub const SOCKET_NAME: &str = "fleetd.sock";
@@ -35,15 +38,28 @@ pub fn socket_path(state_dir: &Path) -> PathBuf {
     state_dir.join(SOCKET_NAME)
 }
 
-/// Binds the shim socket (replacing a stale file: the store lock already made this daemon the
-/// state directory's only owner) and serves each connection as one MCP session.
-pub async fn listen(state_dir: &Path, fleet: Arc<Fleet>) -> std::io::Result<ShimListener> {
-    std::fs::create_dir_all(state_dir)?;
-    let path = socket_path(state_dir);
+/// Binds a unix socket at `path` that only this user can connect to (0600, in the 0700 state
+/// directory), replacing a stale file: the store lock already made this daemon the state
+/// directory's only owner.
+pub fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
     if path.exists() {
-        std::fs::remove_file(&path)?;
+        std::fs::remove_file(path)?;
     }
-    let listener = UnixListener::bind(&path)?;
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(
+        path,
+        std::fs::Permissions::from_mode(crate::state::FILE_MODE),
+    )?;
+    Ok(listener)
+}
+
+/// Binds the shim socket and serves each connection as one MCP session, its caller resolved
+/// on each call from `SO_PEERCRED` exactly as a TCP caller is from its connection.
+pub async fn listen(state_dir: &Path, fleet: Arc<Fleet>) -> std::io::Result<ShimListener> {
+    crate::state::private_dir(state_dir)?;
+    let path = socket_path(state_dir);
+    let listener = bind_private(&path)?;
     let task = tokio::spawn(async move {
         loop {
             let (stream, _) = match listener.accept().await {
@@ -55,14 +71,17 @@ pub async fn listen(state_dir: &Path, fleet: Arc<Fleet>) -> std::io::Result<Shim
             };
             let fleet = Arc::clone(&fleet);
             tokio::spawn(async move {
-                let located = match fleet.locator.locate_unix(&stream).await {
-                    Ok(located) => Some(located),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "shim caller not located");
-                        None
-                    }
-                };
-                let server = FleetMcp::for_peer(fleet, Peer::Unix(located));
+                let cred = stream.peer_cred().ok();
+                let conn = ConnInfo::new(
+                    Door::Shim,
+                    Endpoint::Unix {
+                        uid: cred.map(|c| c.uid()),
+                        pid: cred
+                            .and_then(|c| c.pid())
+                            .and_then(|p| u32::try_from(p).ok()),
+                    },
+                );
+                let server = FleetMcp::for_connection(fleet, conn);
                 match server.serve(stream).await {
                     Ok(running) => {
                         let _ = running.waiting().await;

@@ -194,6 +194,7 @@ async fn send_overhead(rounds: usize) -> anyhow::Result<Stats> {
         clock: Arc::new(fleetd::clock::SystemClock),
         store,
         mux,
+        redactor: fleetd::secrets::Redactor::empty(),
     });
     let target = Target::new("bench")?;
     let pane = QualifiedPaneId::new(MuxDaemon::Lead, PaneId::new("%1")?);

@@ -138,6 +138,7 @@ async fn measure(herdr: &Herdr, panes: usize) -> anyhow::Result<Vec<Row>> {
     let build = Instant::now();
     let first = locator.locate_tcp(*first_peer, local).await?;
     let build = build.elapsed();
+    let first_pid = first.pid.context("the first caller's pid")?;
     anyhow::ensure!(
         first.pane.is_some(),
         "the first caller was not found in a pane"
@@ -166,7 +167,7 @@ async fn measure(herdr: &Herdr, panes: usize) -> anyhow::Result<Vec<Row>> {
     for _ in 0..WARM_ROUNDS {
         for _ in 0..held.len() {
             let t = Instant::now();
-            locator.locate_pid(first.pid).await?;
+            locator.locate_pid(first_pid).await?;
             pid_only.push(t.elapsed());
         }
     }
@@ -178,7 +179,9 @@ async fn measure(herdr: &Herdr, panes: usize) -> anyhow::Result<Vec<Row>> {
     let mut index = fleetd::locate::proc::ProcessIndex::default();
     for (_, peer) in held.iter().take(50) {
         let t = Instant::now();
-        let inode = fleetd::locate::client_socket_inode(*peer, local)?.context("inode")?;
+        let inode = fleetd::locate::client_socket(*peer, local)?
+            .context("inode")?
+            .inode;
         inode_t.push(t.elapsed());
         let t = Instant::now();
         index.refresh()?;

@@ -123,7 +123,7 @@ fn on_tmux(rounds: usize) -> anyhow::Result<Measured> {
     rig.spawn("bench", "nia");
     measure(
         rounds,
-        rig.daemon.addr,
+        &rig.daemon.operator(),
         (&member_log, &lead_log),
         |line| rig.type_line(&lead, line),
         // The whole scrollback: on the visible screen alone an old nudge scrolls off as the
@@ -146,7 +146,7 @@ fn on_herdr(rounds: usize) -> anyhow::Result<Measured> {
     rig.call_from(&lead, r#"fleet_spawn {"profile":"bench","name":"nia"}"#);
     measure(
         rounds,
-        rig.daemon.addr,
+        &rig.daemon.operator(),
         (&member_log, &lead_log),
         |line| rig.type_line(&lead, line),
         || rig.history(&lead),
@@ -177,7 +177,7 @@ fn now_us() -> i64 {
 )]
 fn measure(
     rounds: usize,
-    addr: std::net::SocketAddr,
+    operator: &http::Endpoint,
     (member_log, lead_log): (&Path, &Path),
     type_into_lead: impl Fn(&str),
     screen: impl Fn() -> String,
@@ -231,11 +231,11 @@ fn measure(
         visible.push(since_reply(visible_at));
         submitted.push(since_reply(turn_at.unwrap_or(reply_at)));
         // Read the mail so the next round starts a fresh batch, and let the lead's turn end.
-        let replies = http::get(addr, "/sessions/nia/replies")?.json();
+        let replies = http::get(operator, "/sessions/nia/replies")?.json();
         for reply in replies["replies"].as_array().into_iter().flatten() {
             if let Some(id) = reply["msgId"].as_str() {
                 http::request(
-                    addr,
+                    operator,
                     "POST",
                     &format!("/sessions/nia/replies/{id}/ack"),
                     None,

@@ -438,8 +438,11 @@ impl Session {
 
 /// The pending replies in `target`'s inbox, via the REST API (non-destructive).
 fn replies(rig: &Rig, target: &str) -> anyhow::Result<Vec<Value>> {
-    let response = http::get(rig.daemon.addr, &format!("/sessions/{target}/replies"))
-        .with_context(|| format!("GET /sessions/{target}/replies"))?;
+    let response = http::get(
+        rig.daemon.operator(),
+        &format!("/sessions/{target}/replies"),
+    )
+    .with_context(|| format!("GET /sessions/{target}/replies"))?;
     ensure!(
         response.status == 200,
         "GET /sessions/{target}/replies: {} {}",

@@ -211,7 +211,7 @@ fn e2e_reply_outlives_its_waiter_until_acked() {
         "the second task to be submitted",
         Duration::from_secs(60),
         || {
-            http::get(rig.daemon.addr, "/sessions/fay").is_ok_and(|r| {
+            http::get(rig.daemon.operator(), "/sessions/fay").is_ok_and(|r| {
                 r.json()["openTickets"]
                     .as_array()
                     .is_some_and(|t| t.len() == 2)
@@ -329,22 +329,22 @@ fn e2e_rest_sessions_and_replies() {
         &json!({ "target": "ivy", "task": "r1", "timeoutSecs": 0 }),
     ));
     wait_until("a pending reply over REST", Duration::from_secs(60), || {
-        http::get(rig.daemon.addr, "/sessions/ivy/replies")
+        http::get(rig.daemon.operator(), "/sessions/ivy/replies")
             .is_ok_and(|r| r.json()["replies"].as_array().is_some_and(|a| a.len() == 1))
     });
-    let sessions = http::get(rig.daemon.addr, "/sessions")
+    let sessions = http::get(rig.daemon.operator(), "/sessions")
         .expect("sessions")
         .json();
     assert_eq!(sessions["members"][0]["target"], "ivy");
     assert_eq!(sessions["members"][0]["inboxDepth"], 1);
-    let peek = http::get(rig.daemon.addr, "/sessions/ivy/replies")
+    let peek = http::get(rig.daemon.operator(), "/sessions/ivy/replies")
         .expect("peek")
         .json();
     let id = peek["replies"][0]["msgId"]
         .as_str()
         .expect("msgId")
         .to_owned();
-    let again = http::get(rig.daemon.addr, "/sessions/ivy/replies")
+    let again = http::get(rig.daemon.operator(), "/sessions/ivy/replies")
         .expect("peek")
         .json();
     assert_eq!(
@@ -353,19 +353,38 @@ fn e2e_rest_sessions_and_replies() {
         "peek is non-destructive"
     );
     let acked = http::request(
-        rig.daemon.addr,
+        rig.daemon.operator(),
         "POST",
         &format!("/sessions/ivy/replies/{id}/ack"),
         None,
     )
     .expect("ack");
     assert_eq!(acked.json()["acked"], true);
-    let drained = http::get(rig.daemon.addr, "/sessions/ivy/replies?drain=true")
-        .expect("drain")
-        .json();
-    assert_eq!(drained["replies"], json!([]));
+    // A GET never removes anything; the drain is a POST.
+    let refused =
+        http::get(rig.daemon.operator(), "/sessions/ivy/replies?drain=true").expect("answers");
+    assert_eq!(refused.status, 400);
+    assert_eq!(refused.error_code(), "drain_is_post");
+    structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "ivy", "task": "r2", "timeoutSecs": 0 }),
+    ));
+    wait_until("the second reply", Duration::from_secs(60), || {
+        http::reply_texts(rig.daemon.operator(), "ivy").len() == 1
+    });
+    let drained = http::request(
+        rig.daemon.operator(),
+        "POST",
+        "/sessions/ivy/replies/drain",
+        None,
+    )
+    .expect("drain")
+    .json();
+    assert_eq!(drained["drained"], true);
+    assert_eq!(drained["replies"].as_array().map(Vec::len), Some(1));
+    assert!(http::reply_texts(rig.daemon.operator(), "ivy").is_empty());
     assert_eq!(
-        http::get(rig.daemon.addr, "/sessions/nobody")
+        http::get(rig.daemon.operator(), "/sessions/nobody")
             .expect("404")
             .status,
         404

@@ -1,7 +1,8 @@
 //! Integration tests: the human CLI (`fleetd status`, `inbox`, `ack`, `send`) run as the built
 //! binary against a running daemon, in human and `--json` form; how it finds the daemon (flag,
-//! `FLEETD_URL`, the config's `listen`) and what it says when none answers; the API token; and
-//! end to end with sim-agent members in a private tmux, including a member pane being refused.
+//! `FLEETD_URL`, else the operator's socket in the state directory) and what it says when none
+//! answers; the API token over TCP; and end to end with sim-agent members in a private tmux,
+//! including a member pane being refused.
 
 use std::path::Path;
 use std::process::Output;
@@ -75,36 +76,53 @@ fn client_without_a_daemon_exits_1_naming_the_url_it_tried() {
         .output()
         .expect("fleetd runs");
     check(&out, "FLEETD_URL");
-    // Neither: the config's `listen` says where the daemon should be.
-    write_config(home.path(), &format!("listen: 127.0.0.1:{port}\n"));
-    check(
-        &fleetd(home.path(), &["send", "alice", "hello"]),
-        "config listen",
+    // Neither: the operator's socket in the state directory.
+    let out = fleetd(home.path(), &["send", "alice", "hello"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let socket = fleetd_testkit::daemon::state_dir(home.path()).join("api.sock");
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("unix:{}", socket.display())),
+        "names the socket: {err}"
     );
+    assert!(err.contains("fleetd serve"), "says how to start: {err}");
 }
 
 #[test]
 fn client_status_of_a_daemon_without_members() {
     let home = tempfile::tempdir().expect("tempdir");
+    let _daemon = Daemon::start(home.path(), &[]);
+    // By default the CLI is the operator on the daemon's own socket.
+    let text = ok(&fleetd(home.path(), &["status"]));
+    assert!(text.starts_with("no members"), "{text}");
+    let v = json(&fleetd(home.path(), &["status", "--json"]));
+    assert_eq!(v, serde_json::json!({ "members": [] }));
+    let text = ok(&fleetd(home.path(), &["inbox", "alice"]));
+    assert_eq!(text, "alice: no replies waiting\n");
+}
+
+#[test]
+fn client_over_tcp_without_the_token_is_anonymous() {
+    let home = tempfile::tempdir().expect("tempdir");
     let daemon = Daemon::start(home.path(), &[]);
     let url = format!("http://{}", daemon.addr);
-    let text = ok(&fleetd(home.path(), &["status", "--daemon", &url]));
-    assert!(text.starts_with("no members"), "{text}");
-    let v = json(&fleetd(
-        home.path(),
-        &["status", "--daemon", &url, "--json"],
-    ));
-    assert_eq!(v, serde_json::json!({ "members": [] }));
-    let text = ok(&fleetd(home.path(), &["inbox", "alice", "--daemon", &url]));
-    assert_eq!(text, "alice: no replies waiting\n");
+    // This process is in no pane: over TCP it may list, never read a body or change anything.
+    ok(&fleetd(home.path(), &["status", "--daemon", &url]));
+    let out = fleetd(home.path(), &["inbox", "alice", "--daemon", &url]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("anonymous_caller"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("HTTP 403"), "{}", stderr(&out));
 }
 
 #[test]
 fn client_refusals_exit_1_with_the_daemon_s_reason() {
     let home = tempfile::tempdir().expect("tempdir");
-    let daemon = Daemon::start(home.path(), &[]);
-    let url = format!("http://{}", daemon.addr);
-    let out = fleetd(home.path(), &["send", "nosuch", "do it", "--daemon", &url]);
+    let _daemon = Daemon::start(home.path(), &[]);
+    let out = fleetd(home.path(), &["send", "nosuch", "do it"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("no member named nosuch"),
@@ -113,18 +131,12 @@ fn client_refusals_exit_1_with_the_daemon_s_reason() {
     );
     assert!(stderr(&out).contains("unknown_target"), "{}", stderr(&out));
     // --json prints the daemon's error body as it came, and still fails.
-    let out = fleetd(
-        home.path(),
-        &["send", "nosuch", "x", "--json", "--daemon", &url],
-    );
+    let out = fleetd(home.path(), &["send", "nosuch", "x", "--json"]);
     assert_eq!(out.status.code(), Some(1));
     let body: Value = serde_json::from_str(&stdout(&out)).expect("error body is JSON");
     assert_eq!(body["error"], "unknown_target");
     // Bad ids never reach the daemon.
-    let out = fleetd(
-        home.path(),
-        &["ack", "alice", "not-a-uuid", "--daemon", &url],
-    );
+    let out = fleetd(home.path(), &["ack", "alice", "not-a-uuid"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("not-a-uuid"), "{}", stderr(&out));
 }
@@ -146,8 +158,10 @@ fn client_presents_the_api_token_from_the_config() {
     );
     let daemon = Daemon::start(home.path(), &[]);
     let url = format!("http://{}", daemon.addr);
-    // The CLI resolves the config's token itself and the daemon accepts it.
+    // Over TCP the CLI resolves the config's token itself, and the daemon makes it the
+    // operator: it may read an inbox, which an anonymous caller may not.
     ok(&fleetd(home.path(), &["status", "--daemon", &url]));
+    ok(&fleetd(home.path(), &["inbox", "alice", "--daemon", &url]));
     // A wrong token is refused even from loopback, with what to do.
     let out = command(home.path())
         .env("FLEETD_TOKEN", "wrong")
@@ -175,12 +189,8 @@ fn e2e_cli_sends_reads_and_acknowledges() {
         return;
     };
     rig.spawn("sim", "alice");
-    let url = format!("http://{}", rig.daemon.addr);
-    let run = |args: &[&str]| {
-        let mut all = args.to_vec();
-        all.extend(["--daemon", &url]);
-        fleetd(rig.dir(), &all)
-    };
+    // The operator at a shell: the CLI on the daemon's own socket.
+    let run = |args: &[&str]| fleetd(rig.dir(), args);
 
     // send --wait prints the reply itself.
     let text = ok(&run(&["send", "alice", "count", "the", "files", "--wait"]));
@@ -274,7 +284,6 @@ fn e2e_cli_send_wait_that_runs_out_exits_1_and_the_reply_still_lands() {
         return;
     };
     rig.spawn("slow", "bob");
-    let url = format!("http://{}", rig.daemon.addr);
     let out = fleetd(
         rig.dir(),
         &[
@@ -286,8 +295,6 @@ fn e2e_cli_send_wait_that_runs_out_exits_1_and_the_reply_still_lands() {
             "--wait",
             "--timeout",
             "1",
-            "--daemon",
-            &url,
         ],
     );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -298,10 +305,7 @@ fn e2e_cli_send_wait_that_runs_out_exits_1_and_the_reply_still_lands() {
         "the late reply in the inbox",
         Duration::from_secs(60),
         || {
-            inbox = json(&fleetd(
-                rig.dir(),
-                &["inbox", "bob", "--json", "--daemon", &url],
-            ));
+            inbox = json(&fleetd(rig.dir(), &["inbox", "bob", "--json"]));
             inbox["replies"].as_array().is_some_and(|r| !r.is_empty())
         },
     );

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use fleetd::locate::{Locator, LocatorConfig};
 use fleetd::mux::herdr::{Herdr, HerdrConfig};
-use fleetd::mux::tmux::{Tmux, TmuxConfig, TmuxSocket};
+use fleetd::mux::tmux::Tmux;
 use fleetd::mux::{MuxRouter, OpenPane, Placement};
 use fleetd_core::{MuxDaemon, QualifiedPaneId};
 use fleetd_testkit::fake_herdr::process::FakeHerdrProcess;
@@ -83,9 +83,7 @@ async fn locator_names_the_right_pane_for_every_connection() {
         .expect("fake-herdr");
     let herdr = Herdr::new(HerdrConfig::new(fake.socket()));
     let tmux_server = TmuxServer::start().expect("tmux");
-    let tmux = Tmux::new(TmuxConfig::new(TmuxSocket::Path(
-        tmux_server.socket().to_owned(),
-    )));
+    let tmux = Tmux::new(tmux_server.backend_config());
     let router = MuxRouter::new(Arc::new(herdr), Some(Arc::new(tmux)));
     let locator = Locator::new(router.clone(), LocatorConfig::default());
 
@@ -118,7 +116,7 @@ async fn locator_names_the_right_pane_for_every_connection() {
         let (stream, peer, pid, got_tag) = accept_hello(&listener).await;
         assert_eq!(got_tag, tag);
         let located = locator.locate_tcp(peer, local).await.expect("locate");
-        assert_eq!(located.pid, pid, "{tag}: the connecting process");
+        assert_eq!(located.pid, Some(pid), "{tag}: the connecting process");
         let found = located
             .pane
             .clone()
@@ -144,7 +142,7 @@ async fn locator_names_the_right_pane_for_every_connection() {
         .locate_tcp(own_peer, local)
         .await
         .expect("locate self");
-    assert_eq!(anonymous.pid, std::process::id());
+    assert_eq!(anonymous.pid, Some(std::process::id()));
     assert_eq!(anonymous.pane, None);
 
     // The unix-socket path: SO_PEERCRED names the peer process.
@@ -158,7 +156,7 @@ async fn locator_names_the_right_pane_for_every_connection() {
         .locate_unix(&server_side)
         .await
         .expect("locate unix");
-    assert_eq!(via_unix.pid, std::process::id());
+    assert_eq!(via_unix.pid, Some(std::process::id()));
     assert_eq!(via_unix.pane, None);
 
     // Re-locating the held connections hits the warm path and still agrees.

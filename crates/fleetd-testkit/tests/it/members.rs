@@ -246,19 +246,25 @@ fn e2e_a_backend_going_down_and_up_is_exactly_one_nudge_each() {
     });
     std::thread::sleep(Duration::from_secs(4)); // several more failing probes
     assert_eq!(nudges(&rig), 1, "exactly one nudge while it stays down");
-    let texts = fleetd_testkit::http::reply_texts(rig.daemon.addr, "ann");
+    let texts = fleetd_testkit::http::reply_texts(rig.daemon.operator(), "ann");
     assert_eq!(texts.len(), 1, "{texts:?}");
     assert!(texts[0].contains("backend lab is down"), "{texts:?}");
     // Read it, then the backend recovers: one more incident, one more nudge.
-    let replies = fleetd_testkit::http::get(rig.daemon.addr, "/sessions/ann/replies?drain=true");
-    assert!(replies.is_ok());
+    let drained = fleetd_testkit::http::request(
+        rig.daemon.operator(),
+        "POST",
+        "/sessions/ann/replies/drain",
+        None,
+    )
+    .expect("drain");
+    assert_eq!(drained.status, 200, "{}", drained.body);
     up.store(true, std::sync::atomic::Ordering::SeqCst);
     wait_until("the recovery nudge", Duration::from_secs(30), || {
         nudges(&rig) == 2
     });
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(nudges(&rig), 2);
-    let texts = fleetd_testkit::http::reply_texts(rig.daemon.addr, "ann");
+    let texts = fleetd_testkit::http::reply_texts(rig.daemon.operator(), "ann");
     assert_eq!(texts.len(), 1, "{texts:?}");
     assert!(texts[0].contains("backend lab is up again"), "{texts:?}");
 }

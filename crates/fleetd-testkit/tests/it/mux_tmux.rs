@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fleetd::mux::tmux::{Tmux, TmuxConfig, TmuxSocket};
+use fleetd::mux::tmux::Tmux;
 use fleetd::mux::{Multiplexer, OpenPane, PaneEvent, Placement, SplitDirection, SubmitPath};
 use fleetd_core::{AgentStatus, PaneId};
 use fleetd_testkit::tmux::TmuxServer;
@@ -15,9 +15,7 @@ use tokio::sync::broadcast;
 const PATIENCE: Duration = Duration::from_secs(30);
 
 fn backend(server: &TmuxServer) -> Tmux {
-    Tmux::new(TmuxConfig::new(TmuxSocket::Path(
-        server.socket().to_owned(),
-    )))
+    Tmux::new(server.backend_config())
 }
 
 fn open(workspace: &str, env: &[(&str, &str)], command: Vec<String>) -> OpenPane {

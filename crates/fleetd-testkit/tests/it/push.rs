@@ -104,7 +104,7 @@ fn e2e_a_working_lead_is_nudged_only_after_it_goes_idle() {
         r#"fleet_send {"target":"zed","task":"long job","timeoutSecs":30}"#,
     );
     wait_until("nia's reply in the inbox", Duration::from_secs(60), || {
-        http::get(rig.daemon.addr, "/sessions/nia/replies")
+        http::get(rig.daemon.operator(), "/sessions/nia/replies")
             .is_ok_and(|r| r.json()["replies"][0]["msgId"].is_string())
     });
     assert!(
@@ -171,7 +171,7 @@ fn e2e_with_no_lead_at_all_the_reply_waits_for_a_poll() {
     let out = rig.tmux.run(&["kill-window", "-t", &lead]).expect("tmux");
     assert!(out.status.success());
     wait_until("nia's reply in the inbox", Duration::from_secs(60), || {
-        http::get(rig.daemon.addr, "/sessions/nia/replies")
+        http::get(rig.daemon.operator(), "/sessions/nia/replies")
             .is_ok_and(|r| r.json()["replies"][0]["msgId"].is_string())
     });
     // Anyone may read it later: a new lead pane polls and gets it.

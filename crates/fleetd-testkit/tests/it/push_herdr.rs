@@ -32,7 +32,10 @@ fn spawn(rig: &HerdrRig, lead: &str, profile: &str, name: &str) {
     wait_until(
         &format!("{name} to be listed"),
         Duration::from_secs(60),
-        || http::get(rig.daemon.addr, &format!("/sessions/{name}")).is_ok_and(|r| r.status == 200),
+        || {
+            http::get(rig.daemon.operator(), &format!("/sessions/{name}"))
+                .is_ok_and(|r| r.status == 200)
+        },
     );
 }
 
@@ -44,8 +47,11 @@ fn send(rig: &HerdrRig, lead: &str, target: &str, timeout_secs: u32) {
 }
 
 fn reply_waiting(rig: &HerdrRig, target: &str) -> bool {
-    http::get(rig.daemon.addr, &format!("/sessions/{target}/replies"))
-        .is_ok_and(|r| r.json()["replies"][0]["msgId"].is_string())
+    http::get(
+        rig.daemon.operator(),
+        &format!("/sessions/{target}/replies"),
+    )
+    .is_ok_and(|r| r.json()["replies"][0]["msgId"].is_string())
 }
 
 /// Opens the lead `boss`, spawns nia (2.5 s turns) and zed (8 s), sends nia a task with a 1 s
@@ -155,7 +161,7 @@ fn e2e_herdr_with_no_lead_at_all_the_reply_waits_for_a_poll() {
     wait_until("nia's reply in the inbox", Duration::from_secs(60), || {
         reply_waiting(&rig, "nia")
     });
-    let replies = http::reply_texts(rig.daemon.addr, "nia");
+    let replies = http::reply_texts(rig.daemon.operator(), "nia");
     assert!(
         replies
             .first()

@@ -57,8 +57,8 @@ use fleetd_testkit::rig_herdr::HerdrRig;
 use fleetd_testkit::{Service, http, require_rabbitmq, require_tmux, wait_until};
 use serde_json::json;
 
-fn reply_waiting(addr: std::net::SocketAddr, target: &str) -> bool {
-    http::get(addr, &format!("/sessions/{target}/replies"))
+fn reply_waiting(operator: &http::Endpoint, target: &str) -> bool {
+    http::get(operator, &format!("/sessions/{target}/replies"))
         .is_ok_and(|r| r.json()["replies"][0]["msgId"].is_string())
 }
 
@@ -96,7 +96,7 @@ fn e2e_scenario_kill_9_between_reply_and_nudge_loses_nothing() {
         r#"fleet_send {"target":"zed","task":"long job","timeoutSecs":60}"#,
     );
     wait_until("nia's reply in the inbox", Duration::from_secs(60), || {
-        reply_waiting(rig.daemon.addr, "nia")
+        reply_waiting(&rig.daemon.operator(), "nia")
     });
     assert!(!rig.history(&lead).contains("[fleet] 1 message from nia"));
     kill_9_and_restart(&mut rig);
@@ -107,7 +107,7 @@ fn e2e_scenario_kill_9_between_reply_and_nudge_loses_nothing() {
         Duration::from_secs(60),
         || rig.history(&lead).contains("[fleet] 1 message from nia"),
     );
-    let replies = http::reply_texts(rig.daemon.addr, "nia");
+    let replies = http::reply_texts(rig.daemon.operator(), "nia");
     assert!(
         replies
             .first()
@@ -134,12 +134,12 @@ fn e2e_scenario_amqp_inbox_survives_a_daemon_kill_9() {
     );
     assert_eq!(sent["isError"], false, "{sent}");
     wait_until("the reply on the broker", Duration::from_secs(60), || {
-        reply_waiting(rig.daemon.addr, &name)
+        reply_waiting(&rig.daemon.operator(), &name)
     });
     kill_9_and_restart(&mut rig);
     // Read and acknowledge through the REST API, on the same broker queue.
-    let addr = rig.daemon.addr;
-    let inbox = http::get(addr, &format!("/sessions/{name}/replies"))
+    let operator = rig.daemon.operator();
+    let inbox = http::get(&operator, &format!("/sessions/{name}/replies"))
         .expect("peek")
         .json();
     let replies = inbox["replies"].as_array().cloned().unwrap_or_default();
@@ -152,14 +152,17 @@ fn e2e_scenario_amqp_inbox_survives_a_daemon_kill_9() {
     );
     let id = replies[0]["msgId"].as_str().expect("msgId");
     let acked = http::request(
-        addr,
+        &operator,
         "POST",
         &format!("/sessions/{name}/replies/{id}/ack"),
         None,
     )
     .expect("ack");
     assert_eq!(acked.status, 200, "{}", acked.body);
-    assert!(!reply_waiting(addr, &name), "acknowledged on the broker");
+    assert!(
+        !reply_waiting(&operator, &name),
+        "acknowledged on the broker"
+    );
 }
 
 #[test]
@@ -171,7 +174,7 @@ fn e2e_scenario_two_herdr_daemons_with_colliding_pane_ids() {
     let (_, lead) = rig.agent_lead("boss");
     assert_eq!(lead, "w1:p1");
     rig.call_from(&lead, r#"fleet_spawn {"profile":"slow","name":"nia"}"#);
-    let member = http::get(rig.daemon.addr, "/sessions/nia")
+    let member = http::get(rig.daemon.operator(), "/sessions/nia")
         .expect("session")
         .json();
     let pane = member["paneId"].as_str().expect("pane id").to_owned();
@@ -207,7 +210,7 @@ fn e2e_scenario_two_herdr_daemons_with_colliding_pane_ids() {
     // A bare id that exists on both daemons is refused; the qualified one works.
     rig.call_from(&lead, &format!(r#"fleet_stop {{"paneId":"{bare}"}}"#));
     assert_eq!(
-        http::get(rig.daemon.addr, "/sessions/nia")
+        http::get(rig.daemon.operator(), "/sessions/nia")
             .expect("session")
             .status,
         200,
@@ -215,7 +218,7 @@ fn e2e_scenario_two_herdr_daemons_with_colliding_pane_ids() {
     );
     rig.call_from(&lead, &format!(r#"fleet_stop {{"paneId":"{pane}"}}"#));
     wait_until("nia to be released", Duration::from_secs(30), || {
-        http::get(rig.daemon.addr, "/sessions/nia").is_ok_and(|r| r.status == 404)
+        http::get(rig.daemon.operator(), "/sessions/nia").is_ok_and(|r| r.status == 404)
     });
 }
 
@@ -257,7 +260,8 @@ fn e2e_scenario_a_member_mid_turn_across_kill_9_still_delivers_its_reply() {
     );
     assert_eq!(sent["isError"], false, "{sent}");
     wait_until("nia to be working", Duration::from_secs(30), || {
-        http::get(rig.daemon.addr, "/sessions/nia").is_ok_and(|r| r.json()["status"] == "working")
+        http::get(rig.daemon.operator(), "/sessions/nia")
+            .is_ok_and(|r| r.json()["status"] == "working")
     });
     // fleetd dies mid-turn and comes back: it re-adopts nia from its registry, so her reply,
     // sent to the restarted daemon, is hers and lands in her inbox.
@@ -266,11 +270,11 @@ fn e2e_scenario_a_member_mid_turn_across_kill_9_still_delivers_its_reply() {
         "nia's reply after the restart",
         Duration::from_secs(60),
         || {
-            http::reply_texts(rig.daemon.addr, "nia")
+            http::reply_texts(rig.daemon.operator(), "nia")
                 .first()
                 .is_some_and(|t| t.contains("sim-agent did: across the restart"))
         },
     );
-    let member = http::get(rig.daemon.addr, "/sessions/nia").expect("session");
+    let member = http::get(rig.daemon.operator(), "/sessions/nia").expect("session");
     assert_eq!(member.status, 200, "nia is a member again: {}", member.body);
 }

@@ -106,7 +106,7 @@ fn notifies_through(socket: &UnixDatagram, notify_var: &str) {
     let ready = recv(socket, Duration::from_secs(60));
     assert_eq!(ready, "READY=1");
     // Ready means ready: the very first request after the notification is answered.
-    let addr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let health = http::get(addr, "/healthz").expect("/healthz answers once READY=1 was sent");
     assert!(health.status == 200 || health.status == 503, "{health:?}");
     assert!(

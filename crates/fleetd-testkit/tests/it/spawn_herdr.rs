@@ -20,7 +20,7 @@ fn e2e_herdr_spawn_starts_a_known_agent_kind_with_agent_start() {
     ));
     let (_, lead) = rig.agent_lead("boss");
     rig.call_from(&lead, r#"fleet_spawn {"profile":"cl","name":"ann"}"#);
-    let member = http::get(rig.daemon.addr, "/sessions/ann").expect("session");
+    let member = http::get(rig.daemon.operator(), "/sessions/ann").expect("session");
     assert_eq!(member.status, 200, "ann was spawned and became ready");
     let pane = member.json()["paneId"]
         .as_str()
@@ -50,7 +50,7 @@ fn e2e_herdr_spawn_starts_a_known_agent_kind_with_agent_start() {
         r#"fleet_send {"target":"ann","task":"hello","wait":false}"#,
     );
     wait_until("ann's reply", Duration::from_secs(60), || {
-        http::reply_texts(rig.daemon.addr, "ann")
+        http::reply_texts(rig.daemon.operator(), "ann")
             .first()
             .is_some_and(|t| t.contains("sim-agent did: hello"))
     });

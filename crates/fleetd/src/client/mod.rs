@@ -87,9 +87,11 @@ pub enum ClientError {
 }
 
 /// Finds the daemon and the token to present. `daemon` is `--daemon` or `FLEETD_URL` (clap
-/// folds the two); without it the config's `listen` says where the daemon is, so a config that
-/// does not load is an error only then. The token is `token` (`--token`/`FLEETD_TOKEN`), else the
-/// config's `apiToken` secret when it resolves in this environment (`env` looks variables up).
+/// folds the two); without it the daemon's unix socket in the config's state directory is used
+/// (where the daemon knows the caller as its own user: the operator), so a config that does not
+/// load is an error only then. Over TCP the token is `token` (`--token`/`FLEETD_TOKEN`), else
+/// the config's `apiToken` secret when it resolves in this environment (`env` looks variables
+/// up); on the unix socket none is sent.
 pub fn connect(
     daemon: Option<&str>,
     token: Option<String>,
@@ -98,13 +100,18 @@ pub fn connect(
 ) -> Result<Connection, ClientError> {
     let url = match (daemon, &config) {
         (Some(given), _) => DaemonUrl::parse(given)?,
-        (None, Ok(config)) => DaemonUrl::from_listen(config.listen),
+        (None, Ok(config)) => {
+            DaemonUrl::unix(crate::serve::operator_socket_path(&config.state_dir))
+        }
         (None, Err(e)) => {
             return Err(ClientError::Argument(format!(
                 "failed to find the daemon's address in the config ({e}); pass --daemon URL or set FLEETD_URL"
             )));
         }
     };
+    if !url.is_tcp() {
+        return Ok(Connection { url, token: None });
+    }
     let token = token.filter(|t| !t.is_empty()).or_else(|| {
         let config = config.ok()?;
         let name = config.api_token.as_ref()?;

@@ -15,21 +15,39 @@ use serde_json::Value;
 /// machine accepts in microseconds; a remote one in well under this.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Where the daemon is: `http://HOST:PORT` plus an optional path prefix.
+/// Where the daemon is: `http://HOST:PORT` plus an optional path prefix, or the operator's
+/// unix socket (`unix:/path/to/api.sock`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DaemonUrl {
-    host: String,
-    port: u16,
-    prefix: String,
+pub enum DaemonUrl {
+    /// Over TCP.
+    Tcp {
+        /// The host name or address.
+        host: String,
+        /// The port.
+        port: u16,
+        /// A path prefix (a reverse proxy's), without the trailing `/`.
+        prefix: String,
+    },
+    /// Over the daemon's unix socket.
+    Unix {
+        /// The socket's path.
+        path: std::path::PathBuf,
+    },
 }
 
 impl DaemonUrl {
-    /// Parses `http://HOST[:PORT][/PREFIX]`, or a bare `HOST:PORT`.
+    /// Parses `http://HOST[:PORT][/PREFIX]`, a bare `HOST:PORT`, or `unix:PATH`.
     pub fn parse(given: &str) -> Result<Self, WireError> {
         let bad = |why: &str| WireError::BadUrl {
             given: given.to_owned(),
             why: why.to_owned(),
         };
+        if let Some(path) = given.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(bad("it names no socket path (unix:/path/to/api.sock)"));
+            }
+            return Ok(Self::unix(path));
+        }
         let text = if given.contains("://") {
             given.to_owned()
         } else {
@@ -42,7 +60,7 @@ impl DaemonUrl {
             ));
         }
         let host = uri.host().ok_or_else(|| bad("it names no host"))?;
-        Ok(Self {
+        Ok(Self::Tcp {
             host: host
                 .trim_start_matches('[')
                 .trim_end_matches(']')
@@ -50,6 +68,11 @@ impl DaemonUrl {
             port: uri.port_u16().unwrap_or(80),
             prefix: uri.path().trim_end_matches('/').to_owned(),
         })
+    }
+
+    /// The daemon's unix socket at `path`.
+    pub fn unix(path: impl Into<std::path::PathBuf>) -> Self {
+        Self::Unix { path: path.into() }
     }
 
     /// The URL of a daemon listening on `listen`; an unspecified address (`0.0.0.0`, `::`) is
@@ -60,25 +83,42 @@ impl DaemonUrl {
             std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
             std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
         };
-        Self {
+        Self::Tcp {
             host: ip.to_string(),
             port: listen.port(),
             prefix: String::new(),
         }
     }
 
+    /// Whether requests go over TCP (where the API token matters).
+    pub fn is_tcp(&self) -> bool {
+        matches!(self, Self::Tcp { .. })
+    }
+
+    /// The `Host` header: the address for TCP; `localhost` on the unix socket, where it means
+    /// nothing but HTTP/1.1 requires one.
     fn authority(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
+        match self {
+            Self::Tcp { host, port, .. } if host.contains(':') => format!("[{host}]:{port}"),
+            Self::Tcp { host, port, .. } => format!("{host}:{port}"),
+            Self::Unix { .. } => "localhost".to_owned(),
+        }
+    }
+
+    fn prefix(&self) -> &str {
+        match self {
+            Self::Tcp { prefix, .. } => prefix,
+            Self::Unix { .. } => "",
         }
     }
 }
 
 impl fmt::Display for DaemonUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "http://{}{}", self.authority(), self.prefix)
+        match self {
+            Self::Tcp { prefix, .. } => write!(f, "http://{}{prefix}", self.authority()),
+            Self::Unix { path } => write!(f, "unix:{}", path.display()),
+        }
     }
 }
 
@@ -185,7 +225,7 @@ async fn exchange(
 /// The status code of `GET url` (any body), within `timeout`: the backend health probe.
 pub(crate) async fn get_status(url: &str, timeout: Duration) -> Result<u16, WireError> {
     let url = DaemonUrl::parse(url)?;
-    let path = if url.prefix.is_empty() { "/" } else { "" };
+    let path = if url.prefix().is_empty() { "/" } else { "" };
     let get = exchange_raw(&url, None, http::Method::GET, path, None);
     match tokio::time::timeout(timeout, get).await {
         Ok(answer) => answer.map(|(status, _)| status),
@@ -207,17 +247,54 @@ async fn exchange_raw(
         url: url.to_string(),
         reason,
     };
-    let connect = tokio::net::TcpStream::connect((url.host.as_str(), url.port));
-    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+    let connected = match url {
+        DaemonUrl::Tcp { host, port, .. } => {
+            let connect = tokio::net::TcpStream::connect((host.as_str(), *port));
+            tokio::time::timeout(CONNECT_TIMEOUT, connect)
+                .await
+                .map(|r| r.map(Stream::Tcp))
+        }
+        DaemonUrl::Unix { path } => {
+            let connect = tokio::net::UnixStream::connect(path);
+            tokio::time::timeout(CONNECT_TIMEOUT, connect)
+                .await
+                .map(|r| r.map(Stream::Unix))
+        }
+    };
+    let stream = match connected {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => return Err(no_daemon(e.to_string())),
         Err(_) => return Err(no_daemon(format!("no answer within {CONNECT_TIMEOUT:?}"))),
     };
+    match stream {
+        Stream::Tcp(s) => send(url, TokioIo::new(s), token, method, path, body).await,
+        Stream::Unix(s) => send(url, TokioIo::new(s), token, method, path, body).await,
+    }
+}
+
+/// A connected socket to the daemon.
+enum Stream {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+/// One HTTP/1.1 exchange on a connected socket.
+async fn send<I>(
+    url: &DaemonUrl,
+    io: I,
+    token: Option<&str>,
+    method: http::Method,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<(u16, Bytes), WireError>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let http_error = |source| WireError::Http {
         url: url.to_string(),
         source,
     };
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
         .await
         .map_err(http_error)?;
     // The connection task drives the socket; it ends when the exchange is done.
@@ -229,7 +306,7 @@ async fn exchange_raw(
     let payload = body.map(Value::to_string).unwrap_or_default();
     let mut request = http::Request::builder()
         .method(method)
-        .uri(format!("{}{path}", url.prefix))
+        .uri(format!("{}{path}", url.prefix()))
         .header(http::header::HOST, url.authority())
         .header(http::header::ACCEPT, "application/json");
     if body.is_some() {
@@ -268,6 +345,15 @@ mod tests {
         let url = DaemonUrl::parse("http://[::1]:7797/fleet/").expect("parses");
         assert_eq!(url.to_string(), "http://[::1]:7797/fleet");
         assert_eq!(url.authority(), "[::1]:7797");
+    }
+
+    #[test]
+    fn unix_socket_urls_parse() {
+        let url = DaemonUrl::parse("unix:/run/fleetd/api.sock").expect("parses");
+        assert_eq!(url, DaemonUrl::unix("/run/fleetd/api.sock"));
+        assert_eq!(url.to_string(), "unix:/run/fleetd/api.sock");
+        assert!(!url.is_tcp());
+        assert!(DaemonUrl::parse("unix:").is_err());
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub enum KeyClass {
 const KEYS: &[(&str, KeyClass)] = &[
     ("listen", KeyClass::BootOnly),
     ("apiToken", KeyClass::BootOnly),
+    // Read by the HTTP guard on every request.
+    ("allowedHosts", KeyClass::Live),
     ("multiplexer", KeyClass::BootOnly),
     ("herdrSocket", KeyClass::BootOnly),
     // Whether `herdrSocket` was written or discovered: informational, never acted on.
@@ -93,6 +95,7 @@ impl ConfigDiff {
         let flat = [
             ("listen", old.listen != new.listen),
             ("apiToken", old.api_token != new.api_token),
+            ("allowedHosts", old.allowed_hosts != new.allowed_hosts),
             ("multiplexer", old.multiplexer != new.multiplexer),
             ("herdrSocket", old.herdr_socket != new.herdr_socket),
             (

@@ -16,7 +16,7 @@ use serde::Serialize;
 pub use diff::{Change, ConfigDiff, KeyClass};
 pub use live::{Live, Publisher, channel};
 pub use raw::{LogFormat, MultiplexerChoice, StoreKind};
-pub use validate::is_known_agent;
+pub use validate::{is_env_name, is_known_agent};
 
 /// Default listener (SPEC §10).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7797";
@@ -175,6 +175,9 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Secret name of the bearer token; required when `listen` is not loopback.
     pub api_token: Option<String>,
+    /// Host names the HTTP listener answers to besides its address and `localhost` (a request
+    /// naming any other host is refused: DNS rebinding). Lower-case.
+    pub allowed_hosts: Vec<String>,
     /// Which multiplexer drives panes.
     pub multiplexer: MultiplexerChoice,
     /// The lead herdr daemon's socket (explicit or discovered). Boot-only.

@@ -17,6 +17,7 @@ pub(crate) type At<T> = Spanned<T>;
 pub(crate) struct RawConfig {
     pub(crate) listen: Option<At<String>>,
     pub(crate) api_token: Option<At<String>>,
+    pub(crate) allowed_hosts: Option<Vec<At<String>>>,
     pub(crate) multiplexer: Option<MultiplexerChoice>,
     pub(crate) herdr_socket: Option<PathBuf>,
     pub(crate) member_herdr_socket: Option<PathBuf>,

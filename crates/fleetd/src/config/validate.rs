@@ -99,6 +99,7 @@ pub(super) fn validate(
     Ok(Config {
         listen,
         api_token,
+        allowed_hosts: allowed_hosts(&judge, raw.allowed_hosts.unwrap_or_default())?,
         multiplexer: raw.multiplexer.unwrap_or_default(),
         herdr_socket_explicit: raw.herdr_socket.is_some(),
         herdr_socket: raw
@@ -150,6 +151,32 @@ pub(super) fn validate(
         config_reload: raw.config_reload.unwrap_or(false),
         log: log(&judge, raw.log)?,
     })
+}
+
+/// `allowedHosts`: host names (no scheme, port or path) this daemon answers to besides its
+/// listen address and `localhost`.
+fn allowed_hosts(judge: &Judge<'_>, raw: Vec<At<String>>) -> Result<Vec<String>, ConfigError> {
+    raw.into_iter()
+        .map(|name| {
+            let text = name.value.trim().to_ascii_lowercase();
+            let valid = !text.is_empty()
+                && text
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+            if valid {
+                Ok(text)
+            } else {
+                Err(judge.at(
+                    "allowedHosts",
+                    &name,
+                    format!(
+                        "{:?} is not a host name: write the bare name clients use to reach this daemon (e.g. `build-2.lan`), without scheme, port or path",
+                        name.value
+                    ),
+                ))
+            }
+        })
+        .collect()
 }
 
 fn listen(judge: &Judge<'_>, raw: Option<&At<String>>) -> Result<SocketAddr, ConfigError> {
@@ -487,6 +514,13 @@ fn profiles(
             if p.value.idle_timeout_secs == Some(0) {
                 return Err(judge.at(&format!("{key}.idleTimeoutSecs"), &p, "must be at least 1 (omit it to never reap)"));
             }
+            if let Some(bad) = p.value.env.iter().flatten().map(|(k, _)| k).find(|k| !is_env_name(k)) {
+                return Err(judge.at(
+                    &format!("{key}.env"),
+                    &p,
+                    format!("{bad:?} is not an environment variable name: use letters, digits and '_', not starting with a digit"),
+                ));
+            }
             let raw = p.value;
             Ok((
                 name,
@@ -504,6 +538,15 @@ fn profiles(
             ))
         })
         .collect()
+}
+
+/// Whether `name` can be an environment variable a shell can set (`[A-Za-z_][A-Za-z0-9_]*`).
+pub fn is_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 fn log(judge: &Judge<'_>, raw: Option<super::raw::RawLog>) -> Result<Log, ConfigError> {

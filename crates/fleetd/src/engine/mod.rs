@@ -510,4 +510,7 @@ pub struct EngineParts {
     pub store: Arc<dyn InboxStore>,
     /// The multiplexers.
     pub mux: MuxRouter,
+    /// Takes secret values out of the texts the engine stores for leads (fallback tails,
+    /// incidents).
+    pub redactor: crate::secrets::Redactor,
 }

@@ -353,7 +353,7 @@ impl Engine {
                     &target,
                     ticket,
                     kind,
-                    text,
+                    self.parts.redactor.redact(&text).into_owned(),
                 )
                 .await;
             }
@@ -375,6 +375,7 @@ impl Engine {
         let mux = self.parts.mux.clone();
         let store = Arc::clone(&self.parts.store);
         let clock = Arc::clone(&self.parts.clock);
+        let redactor = self.parts.redactor.clone();
         let tx = self.tx.clone();
         let report = move |event: Event| {
             let tx = tx.clone();
@@ -415,9 +416,10 @@ impl Engine {
                         .unwrap_or_else(|e| {
                             format!("(fleetd could not read the pane's output: {e})")
                         });
+                    // Raw pane text: a member may have printed its credentials.
                     let text = format!(
                         "[fleet] {target}'s turn for ticket {ticket} ended without fleet_reply; the last lines of its pane:\n{}",
-                        tail.trim_end()
+                        redactor.redact(tail.trim_end())
                     );
                     let message = publish(
                         &*store,
@@ -436,6 +438,7 @@ impl Engine {
                     kind,
                     text,
                 } => {
+                    let text = redactor.redact(&text).into_owned();
                     publish(&*store, &clock, &target, ticket, kind, text).await;
                     if let Ok(pending) = store.depth(&target).await {
                         report(Event::Depth { target, pending }).await;

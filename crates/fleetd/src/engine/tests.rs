@@ -39,6 +39,7 @@ fn rig(fake: &FakeMux) -> Rig {
         clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
         store: Arc::clone(&store) as Arc<dyn InboxStore>,
         mux: router.clone(),
+        redactor: crate::secrets::Redactor::empty(),
     });
     Rig {
         engine,
@@ -256,6 +257,7 @@ async fn mail_from_before_a_restart_is_nudged_once_the_lead_is_known() {
         clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
         store: Arc::clone(&store) as Arc<dyn InboxStore>,
         mux: MuxRouter::new(Arc::new(fake.clone()), None),
+        redactor: crate::secrets::Redactor::empty(),
     });
     sleep(Duration::from_millis(100)).await;
     let nudges: Vec<Typed> = fake.typed();
@@ -397,6 +399,7 @@ async fn a_reload_that_removes_a_members_backend_raises_one_unmapped_incident() 
         clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
         store: Arc::clone(&store) as Arc<dyn InboxStore>,
         mux: MuxRouter::new(Arc::new(fake.clone()), None),
+        redactor: crate::secrets::Redactor::empty(),
     });
     engine
         .add_member(NewMember {
@@ -468,6 +471,7 @@ async fn a_restarted_engine_re_adopts_members_still_in_their_panes() {
                 max_message_bytes: 1 << 20,
             })),
             mux: MuxRouter::new(Arc::new(fake.clone()), None),
+            redactor: crate::secrets::Redactor::empty(),
         })
     };
     let first = start(&fake);

@@ -10,6 +10,8 @@ use std::time::Duration;
 use rustix::net::netlink::{self, SocketAddrNetlink};
 use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketType};
 
+use super::proc::SocketOwner;
+
 /// `SOCK_DIAG_BY_FAMILY`.
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 /// `NLMSG_ERROR`.
@@ -19,8 +21,10 @@ const NLM_F_REQUEST: u16 = 1;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 const IPPROTO_TCP: u8 = 6;
-/// Byte offset of `idiag_inode` in a reply: nlmsghdr (16) + family/state/timer/retrans (4) +
-/// sockid (48) + expires/rqueue/wqueue/uid (16).
+/// Byte offset of `idiag_uid` in a reply: nlmsghdr (16) + family/state/timer/retrans (4) +
+/// sockid (48) + expires/rqueue/wqueue (12).
+const UID_OFFSET: usize = 80;
+/// Byte offset of `idiag_inode`, right after the uid.
 const INODE_OFFSET: usize = 84;
 /// How long to wait for the kernel's answer.
 const REPLY_TIMEOUT: Duration = Duration::from_millis(500);
@@ -58,8 +62,8 @@ fn request(family: u8, src: SocketAddr, dst: SocketAddr, seq: u32) -> Vec<u8> {
     msg
 }
 
-/// Decodes a reply: `Some(inode)`, `None` for "no such socket".
-fn parse_reply(reply: &[u8]) -> io::Result<Option<u64>> {
+/// Decodes a reply: the socket's inode and owner, `None` for "no such socket".
+fn parse_reply(reply: &[u8]) -> io::Result<Option<SocketOwner>> {
     let bad = || io::Error::new(io::ErrorKind::InvalidData, "short sock_diag reply");
     let kind = u16::from_ne_bytes(
         reply
@@ -87,20 +91,27 @@ fn parse_reply(reply: &[u8]) -> io::Result<Option<u64>> {
             format!("unexpected netlink message type {kind}"),
         ));
     }
-    let inode = u32::from_ne_bytes(
-        reply
-            .get(INODE_OFFSET..INODE_OFFSET + 4)
-            .ok_or_else(bad)?
-            .try_into()
-            .map_err(|_| bad())?,
-    );
-    Ok((inode != 0).then_some(u64::from(inode)))
+    let word = |at: usize| -> io::Result<u32> {
+        Ok(u32::from_ne_bytes(
+            reply
+                .get(at..at + 4)
+                .ok_or_else(bad)?
+                .try_into()
+                .map_err(|_| bad())?,
+        ))
+    };
+    let inode = word(INODE_OFFSET)?;
+    let uid = word(UID_OFFSET)?;
+    Ok((inode != 0).then_some(SocketOwner {
+        inode: u64::from(inode),
+        uid,
+    }))
 }
 
-/// The inode of the TCP socket whose local address is `src` and remote address is `dst` (for a
-/// connection we accepted: `src` = the peer, `dst` = our listening address). Tries IPv4 and, for
-/// IPv4 addresses, the IPv4-mapped IPv6 form a dual-stack client socket uses.
-pub fn tcp_socket_inode(src: SocketAddr, dst: SocketAddr) -> io::Result<Option<u64>> {
+/// The TCP socket whose local address is `src` and remote address is `dst` (for a connection we
+/// accepted: `src` = the peer, `dst` = our listening address): its inode and owner. Tries IPv4
+/// and, for IPv4 addresses, the IPv4-mapped IPv6 form a dual-stack client socket uses.
+pub fn tcp_socket(src: SocketAddr, dst: SocketAddr) -> io::Result<Option<SocketOwner>> {
     let fd = rustix::net::socket(
         AddressFamily::NETLINK,
         SocketType::DGRAM,
@@ -123,8 +134,8 @@ pub fn tcp_socket_inode(src: SocketAddr, dst: SocketAddr) -> io::Result<Option<u
         let msg = request(family, src, dst, seq);
         rustix::net::sendto(&fd, &msg, SendFlags::empty(), &kernel)?;
         let (len, _) = rustix::net::recv(&fd, &mut buf[..], RecvFlags::empty())?;
-        if let Some(inode) = parse_reply(&buf[..len.min(buf.len())])? {
-            return Ok(Some(inode));
+        if let Some(owner) = parse_reply(&buf[..len.min(buf.len())])? {
+            return Ok(Some(owner));
         }
     }
     Ok(None)
@@ -159,16 +170,19 @@ mod tests {
         let local = listener.local_addr().expect("addr");
         let client = std::net::TcpStream::connect(local).expect("connect");
         let (_server, peer) = listener.accept().expect("accept");
-        let via_netlink = tcp_socket_inode(peer, local).expect("netlink answers");
-        let via_proc = crate::locate::proc::client_socket_inode(peer, local).expect("proc");
+        let via_netlink = tcp_socket(peer, local).expect("netlink answers");
+        let via_proc = crate::locate::proc::client_socket(peer, local).expect("proc");
         assert!(via_netlink.is_some());
-        assert_eq!(via_netlink, via_proc);
+        assert_eq!(
+            via_netlink, via_proc,
+            "inode and owner agree with /proc/net/tcp"
+        );
         drop(client);
         // A documentation-range address no socket can have.
         let nowhere = SocketAddr::new(
             IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),
             1,
         );
-        assert_eq!(tcp_socket_inode(nowhere, local).expect("answers"), None);
+        assert_eq!(tcp_socket(nowhere, local).expect("answers"), None);
     }
 }

@@ -1,14 +1,21 @@
-//! Caller locator: from a connection (loopback TCP peer or unix-socket peer) to the OS process,
-//! and from the process to the pane it runs in — the pane whose shell (session leader) is the
-//! process's session id, cross-checked with `HERDR_PANE_ID` / `TMUX_PANE` from its environment.
-//! Only this module reads `/proc` for identity. It never trusts what a caller claims: environment
-//! variables are hints that can raise a warning, never change the answer.
+//! Caller locator: from a connection (loopback TCP peer or unix-socket peer) to the OS user and
+//! process, and from the process to the pane it runs in — the nearest pane whose process (its
+//! shell, or the command it runs) is the caller itself or one of its ancestors, cross-checked
+//! with `HERDR_PANE_ID` / `TMUX_PANE` from its environment. Only this module reads `/proc` for
+//! identity. It never trusts what a caller claims: environment variables are hints that can
+//! raise a warning or mark a process as a member's, never lift what it may do.
 //!
-//! The pane map (shell pid → pane incarnation) is cached. It is refreshed when older than
-//! `pane_ttl`, on a miss (at most every `miss_refresh`: a miss waits for that), after any pane event from the router
-//! (a pane gone or re-incarnated), and on [`Locator::invalidate`]. Shell pids are fetched only for
-//! pane incarnations not seen before, and a cached shell is re-checked by its start time so a
-//! recycled pid is never mistaken for the old shell.
+//! Ancestry, not the session id, decides the pane (SPEC §2): a member's child that calls
+//! `setsid` and whose parent lives on is still found through its parent, and one re-parented
+//! out of the pane's process tree is in no pane (a pid recycled as a session id can never make
+//! an orphan look like another pane's process). A peer of another user is not traced at all:
+//! the socket's owner (netlink `sock_diag`, or `/proc/net/tcp`) or `SO_PEERCRED` says who it is.
+//!
+//! The pane map (pane process pid → pane incarnation) is cached. It is refreshed when older than
+//! `pane_ttl`, on a miss (at most every `miss_refresh`: a miss waits for that), after a pane of
+//! the router goes away (a `Gone` event), and on [`Locator::invalidate`]. Pane pids are fetched only
+//! for pane incarnations not seen before, and every match is checked against the process's start
+//! time, so a recycled pid is never mistaken for the old pane process.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -20,7 +27,7 @@ use fleetd_core::{QualifiedPaneId, TerminalId};
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 
-use crate::mux::{MuxError, MuxRouter};
+use crate::mux::{MuxError, MuxRouter, PaneEvent};
 
 pub mod diag;
 pub mod proc;
@@ -29,6 +36,11 @@ pub mod proc;
 const RECENT_CALLERS: usize = 32;
 /// Bound on the socket-inode → pid cache; cleared when full (connections are short-lived).
 const SOCKET_CACHE: usize = 4096;
+
+/// The user this daemon runs as: peers of any other user are never traced into a pane.
+pub fn own_uid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
 
 /// Why a caller could not be located. Not being in a pane is not an error (see [`Located`]).
 #[derive(Debug, thiserror::Error)]
@@ -61,22 +73,48 @@ pub struct CallerPane {
     pub pane: QualifiedPaneId,
     /// Its incarnation at lookup time.
     pub terminal: TerminalId,
-    /// The pane's shell (the caller's session leader).
+    /// The pane's process (its shell or command): the caller or its nearest such ancestor.
     pub shell_pid: u32,
+    /// The pane's workspace label (herdr) or session name (tmux), when the listing said.
+    pub workspace_label: Option<String>,
 }
 
-/// Where a caller is.
+/// Who a caller is, as far as the kernel and the multiplexer say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Located {
-    /// The caller's process.
-    pub pid: u32,
-    /// Its pane; `None` for a process in no known pane (anonymous).
+    /// The caller's process; `None` for a peer of another user (not traced).
+    pub pid: Option<u32>,
+    /// The user the peer runs as; `None` when unknown.
+    pub uid: Option<u32>,
+    /// Its pane; `None` for a process in no known pane (anonymous), or of another user.
     pub pane: Option<CallerPane>,
     /// The pane id the process's environment claims (`HERDR_PANE_ID`, else `TMUX_PANE`).
     pub env_pane_id: Option<String>,
     /// True when that claim disagrees with `pane` (stale after a move, or spoofed). The answer
-    /// is still `pane`: identity comes from the session, not from the environment.
+    /// is still `pane`: identity comes from the process tree, not from the environment.
     pub env_mismatch: bool,
+    /// `FLEETD_TARGET` from the environment: the process was started from that member. Only
+    /// ever used to lower a caller's role (a member's child outside its pane is anonymous).
+    pub member_env: Option<String>,
+}
+
+impl Located {
+    /// A peer of user `uid` that is not traced further.
+    fn untraced(uid: u32, pid: Option<u32>) -> Self {
+        Self {
+            pid,
+            uid: Some(uid),
+            pane: None,
+            env_pane_id: None,
+            env_mismatch: false,
+            member_env: None,
+        }
+    }
+
+    /// Whether the peer runs as this daemon's user.
+    pub fn same_uid(&self) -> bool {
+        self.uid == Some(own_uid())
+    }
 }
 
 /// Locator tuning.
@@ -102,6 +140,7 @@ struct ShellEntry {
     pane: QualifiedPaneId,
     terminal: TerminalId,
     start_time: u64,
+    workspace_label: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -127,8 +166,8 @@ pub struct Locator {
 }
 
 impl Locator {
-    /// A locator over `router`'s panes. Spawns a task that invalidates the pane map on pane
-    /// events, so it must be called inside a tokio runtime.
+    /// A locator over `router`'s panes. Spawns a task that invalidates the pane map when a pane
+    /// goes away, so it must be called inside a tokio runtime.
     pub fn new(router: MuxRouter, config: LocatorConfig) -> Self {
         let stale = Arc::new(AtomicBool::new(true));
         let mut events = router.events();
@@ -136,7 +175,13 @@ impl Locator {
         tokio::spawn(async move {
             loop {
                 match events.recv().await {
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    // A status change keeps the pane and its process: only an ended
+                    // incarnation (or missed events) makes the map stale.
+                    Ok(routed) if matches!(routed.event, PaneEvent::Gone { .. }) => {
+                        flag.store(true, Ordering::Relaxed);
+                    }
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         flag.store(true, Ordering::Relaxed);
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -163,6 +208,7 @@ impl Locator {
     /// the client's address, `local` the address we accepted it on. Look up while the
     /// connection is open. The HTTP layer, which knows when a connection closes, should cache the
     /// answer per connection; a peer address alone is not cached here because ports are reused.
+    /// A connection owned by another user is answered from the socket's owner alone.
     pub async fn locate_tcp(
         &self,
         peer: SocketAddr,
@@ -171,34 +217,41 @@ impl Locator {
         if !proc::is_loopback(&peer) {
             return Err(LocateError::NotLoopback(peer));
         }
-        let pid = self.tcp_peer_pid(peer, local).await?;
-        self.locate_pid(pid).await
+        let owner = tokio::task::spawn_blocking(move || client_socket(peer, local))
+            .await
+            .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??
+            .ok_or(LocateError::NoOwner { peer })?;
+        if owner.uid != own_uid() {
+            return Ok(Located::untraced(owner.uid, None));
+        }
+        let pid = self.socket_pid(owner.inode, peer).await?;
+        self.locate_process(pid, owner.uid).await
     }
 
     /// Locates the process at the other end of a unix-socket connection (`SO_PEERCRED`).
     pub async fn locate_unix(&self, stream: &UnixStream) -> Result<Located, LocateError> {
         let cred = stream.peer_cred()?;
-        let pid = cred
-            .pid()
-            .and_then(|p| u32::try_from(p).ok())
-            .ok_or(LocateError::NoPeerPid)?;
-        self.locate_pid(pid).await
+        let pid = cred.pid().and_then(|p| u32::try_from(p).ok());
+        self.locate_peer(cred.uid(), pid).await
     }
 
-    /// The pid owning the client side of a loopback TCP connection.
-    pub async fn tcp_peer_pid(
-        &self,
-        peer: SocketAddr,
-        local: SocketAddr,
-    ) -> Result<u32, LocateError> {
+    /// Locates a unix-socket peer from the credentials the kernel gave for it: a peer of another
+    /// user is answered from its uid alone.
+    pub async fn locate_peer(&self, uid: u32, pid: Option<u32>) -> Result<Located, LocateError> {
+        if uid != own_uid() {
+            return Ok(Located::untraced(uid, pid));
+        }
+        let pid = pid.ok_or(LocateError::NoPeerPid)?;
+        self.locate_process(pid, uid).await
+    }
+
+    /// The pid holding the client socket `inode` (of a connection from `peer`).
+    async fn socket_pid(&self, inode: u64, peer: SocketAddr) -> Result<u32, LocateError> {
         let sessions: HashSet<u32> = self.current_map().await?.by_shell.keys().copied().collect();
         let procs = Arc::clone(&self.procs);
         let recent = lock(&self.recent).clone();
         let sockets = Arc::clone(&self.sockets);
         let found = tokio::task::spawn_blocking(move || -> std::io::Result<Option<u32>> {
-            let Some(inode) = client_socket_inode(peer, local)? else {
-                return Ok(None);
-            };
             let known = lock(&sockets).get(&inode).copied();
             // The same connection again: re-check the pid that held it.
             let mut found = known.and_then(|pid| proc::find_socket_owner(inode, &[pid]));
@@ -233,21 +286,26 @@ impl Locator {
         Ok(pid)
     }
 
-    /// Locates a known process.
+    /// Locates a known process of this daemon's user (the benchmark's warm path).
     pub async fn locate_pid(&self, pid: u32) -> Result<Located, LocateError> {
-        let (stat, hints) = tokio::task::spawn_blocking(move || {
-            proc::read_stat(pid).map(|stat| (stat, proc::read_env_hints(pid)))
+        self.locate_process(pid, own_uid()).await
+    }
+
+    /// Locates process `pid`, which runs as `uid`: its nearest ancestor that is a pane's process.
+    async fn locate_process(&self, pid: u32, uid: u32) -> Result<Located, LocateError> {
+        let (chain, hints) = tokio::task::spawn_blocking(move || {
+            proc::ancestry(pid).map(|chain| (chain, proc::read_env_hints(pid)))
         })
         .await
         .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
-        let mut pane = self.lookup_session(stat.session).await?;
+        let mut pane = self.lookup_or_none(&chain).await?;
         if pane.is_none() {
             // A miss is often a pane opened a moment ago (a member connects at start-up), so
             // re-read the panes — but no more often than `miss_refresh`, so anonymous callers
             // cannot turn every request into a multiplexer listing.
             self.wait_for_miss_refresh().await;
             self.invalidate();
-            pane = self.lookup_session(stat.session).await?;
+            pane = self.lookup_or_none(&chain).await?;
         }
         let env_pane_id = hints.herdr_pane_id.or(hints.tmux_pane);
         let env_mismatch = match (&pane, &env_pane_id) {
@@ -259,15 +317,27 @@ impl Locator {
                 pid,
                 pane = %pane.as_ref().map(|p| p.pane.to_string()).unwrap_or_default(),
                 claimed = env_pane_id.as_deref().unwrap_or(""),
-                "caller's environment names a different pane than its session; trusting the session"
+                "caller's environment names a different pane than its process tree; trusting the process tree"
             );
         }
         Ok(Located {
-            pid,
+            pid: Some(pid),
+            uid: Some(uid),
             pane,
             env_pane_id,
             env_mismatch,
+            member_env: hints.fleetd_target,
         })
+    }
+
+    /// Whether `pane` still holds incarnation `terminal`, as far as the (refreshed when stale)
+    /// pane map says: a caller cached in a pane is looked up again once it does not. A failed
+    /// refresh keeps the previous map, so a multiplexer blip never drops a caller.
+    pub async fn is_current(&self, pane: &QualifiedPaneId, terminal: &TerminalId) -> bool {
+        match self.current_map().await {
+            Ok(map) => map.known.contains_key(&(pane.clone(), terminal.clone())),
+            Err(_) => true,
+        }
     }
 
     async fn wait_for_miss_refresh(&self) {
@@ -277,26 +347,39 @@ impl Locator {
         }
     }
 
-    /// The pane whose shell is `session`, verified against the shell's start time.
-    async fn lookup_session(&self, session: u32) -> Result<Option<CallerPane>, LocateError> {
-        let map = self.current_map().await?;
-        let Some(entry) = map.by_shell.get(&session).cloned() else {
-            return Ok(None);
-        };
-        drop(map);
-        let alive = tokio::task::spawn_blocking(move || proc::read_stat(session))
-            .await
-            .map_err(|e| LocateError::Proc(std::io::Error::other(e)))?
-            .is_ok_and(|s| s.start_time == entry.start_time);
-        if !alive {
-            // The shell is gone (or its pid was reused): the map is stale.
-            self.invalidate();
-            return Ok(None);
+    /// [`Locator::lookup_chain`], where a multiplexer that cannot list its panes (and never
+    /// could) means no pane: the caller's user and environment are still known, and a caller
+    /// in no known pane is never more than anonymous over TCP or the shim.
+    async fn lookup_or_none(
+        &self,
+        chain: &[proc::ProcStat],
+    ) -> Result<Option<CallerPane>, LocateError> {
+        match self.lookup_chain(chain).await {
+            Err(LocateError::Mux(e)) => {
+                tracing::debug!(error = %e, "no pane list to place the caller in");
+                Ok(None)
+            }
+            other => other,
         }
-        Ok(Some(CallerPane {
-            pane: entry.pane,
-            terminal: entry.terminal,
-            shell_pid: session,
+    }
+
+    /// The pane of the nearest process in `chain` (the caller first, then its ancestors) that is
+    /// a pane's process with the start time the map recorded for it.
+    async fn lookup_chain(
+        &self,
+        chain: &[proc::ProcStat],
+    ) -> Result<Option<CallerPane>, LocateError> {
+        let map = self.current_map().await?;
+        Ok(chain.iter().find_map(|stat| {
+            map.by_shell
+                .get(&stat.pid)
+                .filter(|entry| entry.start_time == stat.start_time)
+                .map(|entry| CallerPane {
+                    pane: entry.pane.clone(),
+                    terminal: entry.terminal.clone(),
+                    shell_pid: stat.pid,
+                    workspace_label: entry.workspace_label.clone(),
+                })
         }))
     }
 
@@ -323,6 +406,7 @@ impl Locator {
     async fn refresh(&self, map: &mut PaneMap) -> Result<(), LocateError> {
         let panes = self.router.list_panes().await?;
         let mut known = HashMap::new();
+        let mut labels = HashMap::new();
         for routed in panes {
             let key = (routed.id.clone(), routed.info.terminal.clone());
             let shell = match (map.known.get(&key).copied(), routed.info.shell_pid) {
@@ -334,6 +418,7 @@ impl Locator {
                 },
             };
             if let Some(pid) = shell {
+                labels.insert(key.clone(), routed.info.workspace_label.clone());
                 known.insert(key, pid);
             }
         }
@@ -348,14 +433,15 @@ impl Locator {
         .map_err(|e| LocateError::Proc(std::io::Error::other(e)))?;
         map.by_shell = known
             .iter()
-            .filter_map(|((pane, terminal), pid)| {
+            .filter_map(|(key, pid)| {
                 starts.get(pid).map(|start| {
                     (
                         *pid,
                         ShellEntry {
-                            pane: pane.clone(),
-                            terminal: terminal.clone(),
+                            pane: key.0.clone(),
+                            terminal: key.1.clone(),
                             start_time: *start,
+                            workspace_label: labels.get(key).cloned().flatten(),
                         },
                     )
                 })
@@ -367,15 +453,18 @@ impl Locator {
     }
 }
 
-/// The inode of the client side of an accepted loopback connection: an exact netlink
+/// The client side of an accepted loopback connection, its inode and owner: an exact netlink
 /// `sock_diag` lookup, falling back to scanning `/proc/net/tcp{,6}` where netlink is unavailable.
 /// Blocking.
-pub fn client_socket_inode(peer: SocketAddr, local: SocketAddr) -> std::io::Result<Option<u64>> {
-    match diag::tcp_socket_inode(peer, local) {
+pub fn client_socket(
+    peer: SocketAddr,
+    local: SocketAddr,
+) -> std::io::Result<Option<proc::SocketOwner>> {
+    match diag::tcp_socket(peer, local) {
         Ok(found) => Ok(found),
         Err(e) => {
             tracing::debug!(error = %e, "sock_diag lookup failed; reading /proc/net/tcp instead");
-            proc::client_socket_inode(peer, local)
+            proc::client_socket(peer, local)
         }
     }
 }

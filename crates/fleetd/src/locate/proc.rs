@@ -12,10 +12,30 @@ use std::net::{IpAddr, SocketAddr};
 pub struct ProcStat {
     /// The process.
     pub pid: u32,
+    /// Field 4: the parent's pid (0 for the kernel's own processes).
+    pub ppid: u32,
     /// Field 6: the session id (the pid of the session leader, i.e. the pane's shell).
     pub session: u32,
     /// Field 22: start time in clock ticks since boot; with the pid it names one process.
     pub start_time: u64,
+}
+
+/// How far up the parent chain [`ancestry`] goes. Real chains are a handful deep (agent →
+/// shell → pane); the bound only stops a pathological one.
+pub const MAX_ANCESTRY: usize = 128;
+
+/// The process and its ancestors, the process first, up to init (pid 1) or [`MAX_ANCESTRY`]
+/// entries. A parent that cannot be read (it exited meanwhile) ends the chain there.
+pub fn ancestry(pid: u32) -> io::Result<Vec<ProcStat>> {
+    let first = read_stat(pid)?;
+    let mut chain = vec![first];
+    let mut next = first.ppid;
+    while next > 1 && chain.len() < MAX_ANCESTRY {
+        let Ok(stat) = read_stat(next) else { break };
+        next = stat.ppid;
+        chain.push(stat);
+    }
+    Ok(chain)
 }
 
 /// Reads and parses `/proc/<pid>/stat`.
@@ -30,9 +50,11 @@ pub fn read_stat(pid: u32) -> io::Result<ProcStat> {
 pub fn parse_stat(pid: u32, text: &str) -> Option<ProcStat> {
     let rest = &text[text.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state): session is field 6 → index 3; starttime field 22 → index 19.
+    // rest starts at field 3 (state): ppid is field 4 → index 1; session field 6 → index 3;
+    // starttime field 22 → index 19.
     Some(ProcStat {
         pid,
+        ppid: fields.get(1)?.parse().ok()?,
         session: fields.get(3)?.parse().ok()?,
         start_time: fields.get(19)?.parse().ok()?,
     })
@@ -47,6 +69,9 @@ pub struct EnvHints {
     pub herdr_socket: Option<String>,
     /// `TMUX_PANE`.
     pub tmux_pane: Option<String>,
+    /// `FLEETD_TARGET`: fleetd puts it in a member's environment only, so a process carrying it
+    /// was started from a member (or says so, which can only lower what it may do).
+    pub fleetd_target: Option<String>,
 }
 
 /// Reads the identity hints from `/proc/<pid>/environ` (empty when unreadable).
@@ -62,6 +87,7 @@ pub fn read_env_hints(pid: u32) -> EnvHints {
                 "HERDR_PANE_ID" => &mut hints.herdr_pane_id,
                 "HERDR_SOCKET_PATH" => &mut hints.herdr_socket,
                 "TMUX_PANE" => &mut hints.tmux_pane,
+                "FLEETD_TARGET" => &mut hints.fleetd_target,
                 _ => continue,
             };
             *slot = Some(value.to_owned());
@@ -74,10 +100,19 @@ fn canonical(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(addr.ip().to_canonical(), addr.port())
 }
 
-/// The inode of the client-side socket of a connection we accepted: the `/proc/net/tcp{,6}`
-/// entry whose local address is the peer and whose remote address is our listening address.
-/// IPv4-mapped entries in `tcp6` are matched too. `None` when the connection is gone.
-pub fn client_socket_inode(peer: SocketAddr, local: SocketAddr) -> io::Result<Option<u64>> {
+/// The client side of a loopback connection: its socket's inode and the uid that owns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketOwner {
+    /// The socket's inode (what `/proc/<pid>/fd/*` links name).
+    pub inode: u64,
+    /// The user that created the socket, as the kernel recorded it.
+    pub uid: u32,
+}
+
+/// The client-side socket of a connection we accepted: the `/proc/net/tcp{,6}` entry whose
+/// local address is the peer and whose remote address is our listening address. IPv4-mapped
+/// entries in `tcp6` are matched too. `None` when the connection is gone.
+pub fn client_socket(peer: SocketAddr, local: SocketAddr) -> io::Result<Option<SocketOwner>> {
     let (peer, local) = (canonical(peer), canonical(local));
     let tables = [procfs::net::tcp(), procfs::net::tcp6()];
     let mut any_ok = false;
@@ -89,7 +124,10 @@ pub fn client_socket_inode(peer: SocketAddr, local: SocketAddr) -> io::Result<Op
                 && canonical(entry.remote_address) == local
                 && entry.inode != 0
             {
-                return Ok(Some(entry.inode));
+                return Ok(Some(SocketOwner {
+                    inode: entry.inode,
+                    uid: entry.uid,
+                }));
             }
         }
     }
@@ -247,6 +285,7 @@ mod tests {
     fn stat_lines_with_odd_command_names_parse() {
         let line = "4242 (sim agent) (x)) S 1 4240 4100 34816 4242 4194304 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         let stat = parse_stat(4242, line).expect("parses");
+        assert_eq!(stat.ppid, 1);
         assert_eq!(stat.session, 4100);
         assert_eq!(stat.start_time, 987654);
         assert!(parse_stat(1, "garbage").is_none());
@@ -281,11 +320,25 @@ mod tests {
         let client = std::net::TcpStream::connect(local).expect("connect");
         let (_server_side, peer) = listener.accept().expect("accept");
         assert_eq!(peer, client.local_addr().expect("client addr"));
-        let inode = client_socket_inode(peer, local)
-            .expect("tables")
-            .expect("found");
+        let socket = client_socket(peer, local).expect("tables").expect("found");
         let me = std::process::id();
-        assert_eq!(find_socket_owner(inode, &[me]), Some(me));
+        assert_eq!(find_socket_owner(socket.inode, &[me]), Some(me));
+        assert_eq!(socket.uid, rustix::process::geteuid().as_raw());
         assert!(is_loopback(&peer));
+    }
+
+    #[test]
+    fn the_ancestry_of_a_child_reaches_this_process() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep runs");
+        let chain = ancestry(child.id()).expect("chain");
+        let _ = child.kill();
+        let _ = child.wait();
+        let me = std::process::id();
+        assert_eq!(chain.first().map(|s| s.pid), Some(child.id()));
+        assert_eq!(chain.get(1).map(|s| s.pid), Some(me), "{chain:?}");
+        assert!(chain.len() <= MAX_ANCESTRY);
     }
 }

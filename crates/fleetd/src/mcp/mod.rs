@@ -3,11 +3,11 @@
 //! mapping and caller identity; the only module that knows MCP. Tools decide nothing themselves:
 //! they ask the engine, the store and the multiplexer.
 //!
-//! Identity comes from the connection only (SPEC §2): a loopback TCP peer is traced to its
-//! process and pane by the locator (cached for the life of the connection), a unix-socket peer by
-//! `SO_PEERCRED`. Tool arguments are never consulted.
+//! Identity comes from the connection only (SPEC §2), decided by `identity` exactly as for the
+//! REST API: a loopback TCP peer is traced to its user, process and pane by the locator (cached
+//! for the life of the connection), a unix-socket peer by `SO_PEERCRED`. Tool arguments are
+//! never consulted.
 
-mod identity;
 pub(crate) mod tools;
 
 use std::sync::Arc;
@@ -23,12 +23,13 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
 
-pub use identity::{Caller, ConnInfo, Peer};
 pub(crate) use tools::spawn::log_secret_names;
 
 use crate::clock::SharedClock;
 use crate::config::Live;
 use crate::engine::EngineHandle;
+pub use crate::identity::Caller;
+use crate::identity::{self, ConnInfo};
 use crate::locate::Locator;
 use crate::mux::MuxRouter;
 use crate::store::InboxStore;
@@ -41,19 +42,17 @@ pub type HttpService = StreamableHttpService<FleetMcp, LocalSessionManager>;
 const MIN_BODY_BYTES: usize = 16 * 1024 * 1024;
 
 /// Builds the `/mcp` service: stateless JSON mode (identity comes from the connection, so no
-/// session is needed, and a daemon restart never strands a client's session).
-pub fn http_service(fleet: Arc<Fleet>, loopback_only: bool) -> HttpService {
+/// session is needed, and a daemon restart never strands a client's session). The `Host` and
+/// `Origin` rules are `http`'s, applied to every route alike, so rmcp's own host check is off.
+pub fn http_service(fleet: Arc<Fleet>) -> HttpService {
     // `inbox` is boot-only, so the limit read at start holds for the daemon's life.
     let max_message =
         usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
-    let mut config = StreamableHttpServerConfig::default()
+    let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
-        .with_max_request_body_bytes(MIN_BODY_BYTES.max(max_message.saturating_mul(2)));
-    if !loopback_only {
-        // Remote callers reach fleetd by its own name; they are authenticated by token.
-        config = config.disable_allowed_hosts();
-    }
+        .with_max_request_body_bytes(MIN_BODY_BYTES.max(max_message.saturating_mul(2)))
+        .disable_allowed_hosts();
     StreamableHttpService::new(
         move || Ok(FleetMcp::new(Arc::clone(&fleet))),
         Arc::new(LocalSessionManager::default()),
@@ -77,9 +76,11 @@ pub struct Fleet {
     /// The clock.
     pub clock: SharedClock,
     /// The API token's value, when configured (compared with a caller's bearer token).
-    pub api_token: Option<String>,
+    pub api_token: Option<crate::secrets::SecretValue>,
     /// fleetd's own URL as members reach it (`FLEETD_URL`), e.g. `http://127.0.0.1:7797`.
     pub url: String,
+    /// Takes secret values out of what members send towards a lead (replies, questions).
+    pub redactor: crate::secrets::Redactor,
 }
 
 impl Fleet {
@@ -87,21 +88,9 @@ impl Fleet {
     /// in constant time.
     pub fn token_matches(&self, given: &str) -> bool {
         self.api_token.as_ref().is_some_and(|expected| {
-            identity::constant_time_eq(expected.as_bytes(), given.as_bytes())
+            identity::constant_time_eq(expected.expose().as_bytes(), given.as_bytes())
         })
     }
-}
-
-/// Who holds an HTTP connection, decided exactly as for an MCP call (connection → process →
-/// pane → role), for REST endpoints that change the fleet: a member's pane is refused there as
-/// it is by `fleet_send`. The request is never cancelled from here; dropping it is enough.
-pub(crate) async fn http_caller(fleet: &Fleet, conn: ConnInfo, bearer: Option<String>) -> Caller {
-    identity::resolve(
-        fleet,
-        Some(Peer::Http { conn, bearer }),
-        tokio_util::sync::CancellationToken::new(),
-    )
-    .await
 }
 
 /// A tool's successful answer: structured JSON plus a one-line summary.
@@ -120,8 +109,8 @@ pub type ToolError = fleetd_core::access::Refusal;
 #[derive(Debug, Clone)]
 pub struct FleetMcp {
     fleet: Arc<Fleet>,
-    /// The peer of a unix-socket connection, known before any request (the stdio shim).
-    fixed_peer: Option<Peer>,
+    /// The connection of a unix-socket session, known before any request (the stdio shim).
+    fixed_conn: Option<ConnInfo>,
 }
 
 const INSTRUCTIONS: &str = "fleetd connects a lead agent with member agents in other panes. \
@@ -135,24 +124,32 @@ impl FleetMcp {
     pub fn new(fleet: Arc<Fleet>) -> Self {
         Self {
             fleet,
-            fixed_peer: None,
+            fixed_conn: None,
         }
     }
 
-    /// A server for one unix-socket connection whose peer is already known.
-    pub fn for_peer(fleet: Arc<Fleet>, peer: Peer) -> Self {
+    /// A server for one unix-socket connection (the stdio shim's).
+    pub fn for_connection(fleet: Arc<Fleet>, conn: ConnInfo) -> Self {
         Self {
             fleet,
-            fixed_peer: Some(peer),
+            fixed_conn: Some(conn),
         }
     }
 
     async fn caller(&self, ctx: &RequestContext<RoleServer>) -> Caller {
-        let peer = match &self.fixed_peer {
-            Some(peer) => Some(peer.clone()),
-            None => identity::peer_of(ctx),
-        };
-        identity::resolve(&self.fleet, peer, ctx.ct.clone()).await
+        if let Some(conn) = &self.fixed_conn {
+            return identity::resolve(&self.fleet, Some(conn), None, ctx.ct.clone()).await;
+        }
+        // Over HTTP, rmcp passes the request's parts along: the connection axum accepted and the
+        // headers (for the API token).
+        let parts = ctx.extensions.get::<http::request::Parts>();
+        let conn = parts.and_then(|p| {
+            p.extensions
+                .get::<axum::extract::ConnectInfo<ConnInfo>>()
+                .map(|c| &c.0)
+        });
+        let bearer = parts.and_then(|p| crate::http::bearer(&p.headers));
+        identity::resolve(&self.fleet, conn, bearer, ctx.ct.clone()).await
     }
 }
 

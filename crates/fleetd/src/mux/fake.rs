@@ -75,6 +75,7 @@ impl FakeMux {
             agent: Some("claude".to_owned()),
             status,
             shell_pid: None,
+            workspace_label: None,
         };
         self.lock().panes.insert(pane, info);
     }

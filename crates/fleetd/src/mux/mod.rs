@@ -134,6 +134,9 @@ pub struct PaneInfo {
     pub tab: TabId,
     /// The workspace (herdr workspace / tmux session).
     pub workspace: WorkspaceId,
+    /// The workspace's label (herdr) or session name (tmux), as `membersWorkspace` names it.
+    /// Listings carry it on every backend; a single herdr `pane.get` does not (`None`).
+    pub workspace_label: Option<String>,
     /// The pane's label (herdr) or window name (tmux).
     pub label: Option<String>,
     /// The terminal title the program set.

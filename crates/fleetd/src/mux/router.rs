@@ -344,6 +344,7 @@ mod tests {
                     agent: None,
                     status: AgentStatus::Unknown,
                     shell_pid: None,
+                    workspace_label: None,
                 })
             })
         }

@@ -3,6 +3,7 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::{LockHolder, StoreError};
@@ -33,6 +34,7 @@ impl StateLock {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(crate::state::FILE_MODE)
             .open(&path)
             .map_err(|err| StoreError::backend("create the inbox lock file", err))?;
         match file.try_lock() {

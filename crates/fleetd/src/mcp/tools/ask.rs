@@ -51,7 +51,10 @@ impl FleetTool for Ask {
         }
         let (id, answer) = fleet
             .engine
-            .ask_question(target.clone(), args.question)
+            .ask_question(
+                target.clone(),
+                fleet.redactor.redact(&args.question).into_owned(),
+            )
             .await
             .map_err(gone)?;
         let secs = args

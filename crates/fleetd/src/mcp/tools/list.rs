@@ -32,7 +32,7 @@ pub(crate) async fn members_json(fleet: &Fleet) -> Result<Vec<serde_json::Value>
 impl FleetTool for List {
     const NAME: &'static str = "fleet_list";
     const DESCRIPTION: &'static str = "List every member: target name, profile, pane id, status (idle/working/blocked/done/unknown), whether its agent is connected, inbox depth (replies waiting for fleet_poll), open tickets and its delegating lead.";
-    const CLASS: ToolClass = ToolClass::ReadOnly;
+    const CLASS: ToolClass = ToolClass::Public;
     type Args = Args;
 
     async fn call(fleet: &Fleet, _caller: &Caller, _args: Args) -> Result<ToolOutput, ToolError> {

@@ -17,7 +17,7 @@ mod stop;
 use std::future::Future;
 
 use fleetd_core::Target;
-use fleetd_core::access::{Role, ToolClass, authorize};
+use fleetd_core::access::{ToolClass, authorize};
 use rmcp::handler::server::common::schema_for_type;
 use rmcp::model::Tool;
 use rmcp::schemars::JsonSchema;
@@ -37,6 +37,13 @@ pub(crate) trait FleetTool {
     const CLASS: ToolClass;
     /// Its arguments.
     type Args: DeserializeOwned + JsonSchema + Send + 'static;
+
+    /// Who may make this call, from its raw arguments (before they are parsed, so a caller that
+    /// may not call the tool learns nothing from a parse error): the tool's [`FleetTool::CLASS`]
+    /// unless one of its forms is another class.
+    fn class_of(_args: &Value) -> ToolClass {
+        Self::CLASS
+    }
 
     /// Runs the tool for an authorized caller.
     fn call(
@@ -116,15 +123,8 @@ async fn run<T: FleetTool>(
     caller: &Caller,
     args: Value,
 ) -> Result<ToolOutput, ToolError> {
-    // A member may read its own task through fleet_poll(ticket) — the pointer it is given for a
-    // task too long to type — even though fleet_poll is otherwise a lead's tool.
-    let own_task = T::NAME == poll::Poll::NAME
-        && matches!(caller.role, Role::Member { .. })
-        && args.get("ticket").is_some_and(|t| !t.is_null());
     let outcome = async {
-        if !own_task {
-            authorize(&caller.role, T::CLASS, T::NAME)?;
-        }
+        authorize(&caller.role, T::class_of(&args), T::NAME)?;
         let args: T::Args = serde_json::from_value(args).map_err(|e| {
             ToolError::new(
                 "invalid_arguments",
@@ -138,11 +138,6 @@ async fn run<T: FleetTool>(
     }
     .await;
     counted(T::NAME, outcome)
-}
-
-/// Every member with its inbox depth, as JSON (for `fleet_list` and `GET /sessions`).
-pub(crate) async fn members(fleet: &Fleet) -> Result<Vec<Value>, ToolError> {
-    list::members_json(fleet).await
 }
 
 /// Builds a successful output.

@@ -33,6 +33,16 @@ impl FleetTool for Poll {
     const CLASS: ToolClass = ToolClass::ReadOnly;
     type Args = Args;
 
+    /// Reading one ticket is its own class: a member may read its own task through it (the
+    /// pointer it is given for a task too long to type).
+    fn class_of(args: &serde_json::Value) -> ToolClass {
+        if args.get("ticket").is_some_and(|t| !t.is_null()) {
+            ToolClass::Ticket
+        } else {
+            Self::CLASS
+        }
+    }
+
     async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
         match (args.ticket, args.target) {
             (Some(ticket), None) => by_ticket(fleet, caller, &ticket).await,

@@ -19,7 +19,7 @@ pub(crate) struct Profiles;
 impl FleetTool for Profiles {
     const NAME: &'static str = "fleet_profiles";
     const DESCRIPTION: &'static str = "List the member profiles fleetd can spawn (fleet_spawn profile=...): name, agent kind, backend, model, and ready=false with the reason when a secret it needs does not resolve.";
-    const CLASS: ToolClass = ToolClass::ReadOnly;
+    const CLASS: ToolClass = ToolClass::Public;
     type Args = Args;
 
     async fn call(fleet: &Fleet, _caller: &Caller, _args: Args) -> Result<ToolOutput, ToolError> {

@@ -62,7 +62,8 @@ impl FleetTool for Reply {
             target: target.clone(),
             ticket,
             kind: MessageKind::Reply,
-            text: args.text,
+            // A member asked to hand over its credentials does not get them to the lead.
+            text: fleet.redactor.redact(&args.text).into_owned(),
             from: target.to_string(),
             created_at: fleet.clock.now(),
         };

@@ -104,6 +104,8 @@ fn member_env(
             let value = Secrets::new(&config.secrets, &env_lookup)
                 .resolve(secret)
                 .map_err(|e| ToolError::new("profile_not_ready", e.to_string()))?;
+            // Redacted from whatever this member sends towards a lead, even after a reload.
+            fleet.redactor.remember(secret, &value);
             env.insert(token_var.to_owned(), value.expose().to_owned());
         }
     }

@@ -206,10 +206,36 @@ impl Herdr {
             .request("pane.list", json!({}), &["pane_list"], "panes")
             .await?;
         let panes: Vec<WirePane> = field("pane.list", &result, "panes")?;
+        // herdr's panes name their workspace by id; its label (what `membersWorkspace` names)
+        // comes from the workspace list.
+        let labels: std::collections::HashMap<String, String> = self
+            .workspaces()
+            .await?
+            .into_iter()
+            .map(|w| (w.workspace_id, w.label))
+            .collect();
         panes
             .into_iter()
-            .map(|p| convert_pane("pane.list", p))
+            .map(|p| {
+                let label = labels.get(&p.workspace_id).cloned();
+                convert_pane("pane.list", p).map(|info| PaneInfo {
+                    workspace_label: label,
+                    ..info
+                })
+            })
             .collect()
+    }
+
+    async fn workspaces(&self) -> Result<Vec<WireWorkspace>, MuxError> {
+        let result = self
+            .request(
+                "workspace.list",
+                json!({}),
+                &["workspace_list"],
+                "workspaces",
+            )
+            .await?;
+        field("workspace.list", &result, "workspaces")
     }
 
     async fn list_tabs_inner(&self) -> Result<Vec<TabInfo>, MuxError> {
@@ -255,16 +281,12 @@ impl Herdr {
         label: &str,
         cwd: Option<&Path>,
     ) -> Result<(String, Option<String>), MuxError> {
-        let result = self
-            .request(
-                "workspace.list",
-                json!({}),
-                &["workspace_list"],
-                "workspaces",
-            )
-            .await?;
-        let workspaces: Vec<WireWorkspace> = field("workspace.list", &result, "workspaces")?;
-        if let Some(ws) = workspaces.into_iter().find(|w| w.label == label) {
+        if let Some(ws) = self
+            .workspaces()
+            .await?
+            .into_iter()
+            .find(|w| w.label == label)
+        {
             return Ok((ws.workspace_id, None));
         }
         let created = self
@@ -442,6 +464,7 @@ pub(crate) fn convert_pane(op: &str, p: WirePane) -> Result<PaneInfo, MuxError> 
         agent: p.agent,
         status: p.agent_status.parse().unwrap_or(AgentStatus::Unknown),
         shell_pid: None,
+        workspace_label: None,
     })
 }
 

@@ -12,6 +12,13 @@
 //!
 //! tmux runs with a cleared environment (a short allowlist such as `PATH` and `HOME`): a tmux
 //! server started by fleetd must not inherit fleetd's secrets into every pane.
+//!
+//! A member's environment never passes through tmux: `-e NAME=VALUE` would put the value on the
+//! tmux client's argv (readable in `/proc/*/cmdline` by every user) and, on `new-session`, into
+//! the session's environment (`tmux show-environment`, and every later window). Instead the
+//! values go into a 0600 file in the owner-only launch directory, and the window runs a POSIX
+//! `sh` that reads the file, removes it and `exec`s the member's command with the values in its
+//! environment only. Only the file's path is ever on an argv.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -73,6 +80,12 @@ pub struct TmuxConfig {
     pub call_timeout: Duration,
     /// How often a watched pane is polled.
     pub poll_interval: Duration,
+    /// Where a pane's environment waits for its launcher (an owner-only directory). A pane
+    /// opened with environment and no launch directory is refused.
+    pub launch_dir: Option<PathBuf>,
+    /// The umask a tmux server fleetd starts is given (the user's own, not fleetd's
+    /// owner-only one); `None` leaves fleetd's.
+    pub server_umask: Option<u32>,
 }
 
 impl TmuxConfig {
@@ -82,8 +95,54 @@ impl TmuxConfig {
             socket,
             call_timeout: Duration::from_secs(5),
             poll_interval: Duration::from_millis(400),
+            launch_dir: None,
+            server_umask: None,
         }
     }
+}
+
+/// How long a launch file may wait for its pane's launcher before fleetd removes it itself (the
+/// launcher removes it at once; this only covers a pane that never ran).
+const LAUNCH_FILE_TTL: Duration = Duration::from_secs(60);
+
+/// The launcher a member window runs: `sh -c LAUNCHER fleetd-launch FILE ARGV...` reads the
+/// variables from FILE (exported), removes FILE and `exec`s ARGV (the user's shell when empty).
+const LAUNCHER: &str = r#"f=$1; shift; set -a; . "$f"; set +a; rm -f -- "$f"; [ "$#" -gt 0 ] || set -- "${SHELL:-/bin/sh}"; exec "$@""#;
+
+/// Writes `env` as a launch file in `dir` (0600, a fresh random name) and returns its path.
+fn write_launch_file(
+    dir: &std::path::Path,
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<PathBuf, MuxError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let failed = |e: std::io::Error| MuxError::transient("write a launch file", e);
+    let mut text = String::new();
+    for (name, value) in env {
+        if !crate::config::is_env_name(name) {
+            return Err(MuxError::Rejected {
+                op: "open a pane".to_owned(),
+                code: "invalid_env_name".to_owned(),
+                message: format!("{name:?} is not an environment variable name"),
+            });
+        }
+        text.push_str(name);
+        text.push('=');
+        text.push_str(&shell_quote_argv(std::slice::from_ref(value)));
+        text.push('\n');
+    }
+    crate::state::private_dir(dir).map_err(failed)?;
+    // A fresh name opened with `create_new` in the owner-only directory: nothing can be there
+    // before us, and nobody else can look in.
+    let path = dir.join(format!("env-{}", uuid::Uuid::now_v7().simple()));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(crate::state::FILE_MODE)
+        .open(&path)
+        .map_err(failed)?;
+    file.write_all(text.as_bytes()).map_err(failed)?;
+    Ok(path)
 }
 
 /// The tmux backend. Cheap to clone.
@@ -158,7 +217,18 @@ impl Tmux {
     /// not-found errors.
     async fn run(&self, args: &[String], what: &str) -> Result<String, MuxError> {
         let op = format!("tmux {}", args.first().map_or("", String::as_str));
-        let mut cmd = tokio::process::Command::new("tmux");
+        // `new-session` may start the server, which then keeps the umask it was started with
+        // for every pane: give it the user's own, through a shell (std cannot set a child's
+        // umask without unsafe code).
+        let starts_server = args.first().is_some_and(|a| a == "new-session");
+        let mut cmd = match self.inner.config.server_umask {
+            Some(mask) if starts_server => {
+                let mut sh = tokio::process::Command::new("/bin/sh");
+                sh.args(["-c", &format!("umask {mask:04o}; exec tmux \"$@\""), "tmux"]);
+                sh
+            }
+            _ => tokio::process::Command::new("tmux"),
+        };
         cmd.env_clear();
         for key in ENV_ALLOWLIST {
             if let Some(value) = std::env::var_os(key) {
@@ -229,6 +299,7 @@ impl Tmux {
             agent,
             status,
             shell_pid: Some(raw.pid),
+            workspace_label: Some(raw.session.clone()),
         })
     }
 
@@ -321,22 +392,48 @@ impl Tmux {
             .collect()
     }
 
+    /// The shell command line a new window runs: `req.command` itself, or the launcher that
+    /// gives it `req.env` (see the module header). The command becomes the pane's process (its
+    /// pid is `#{pane_pid}`) and no argument is re-split.
+    fn window_command(&self, req: &OpenPane) -> Result<Option<String>, MuxError> {
+        if req.env.is_empty() {
+            return Ok((!req.command.is_empty())
+                .then(|| format!("exec {}", shell_quote_argv(&req.command))));
+        }
+        let Some(dir) = &self.inner.config.launch_dir else {
+            return Err(MuxError::Unsupported(
+                "a pane environment without a launch directory".to_owned(),
+            ));
+        };
+        let file = write_launch_file(dir, &req.env)?;
+        let leftover = file.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(LAUNCH_FILE_TTL).await;
+            // Normally gone already: the launcher removed it when it read it.
+            let _ = std::fs::remove_file(leftover);
+        });
+        let mut argv = vec![
+            "/bin/sh".to_owned(),
+            "-c".to_owned(),
+            LAUNCHER.to_owned(),
+            "fleetd-launch".to_owned(),
+            file.display().to_string(),
+        ];
+        argv.extend(req.command.iter().cloned());
+        Ok(Some(format!("exec {}", shell_quote_argv(&argv))))
+    }
+
     async fn open_pane_inner(&self, req: OpenPane) -> Result<PaneInfo, MuxError> {
         let mut args: Vec<String> = Vec::new();
+        let command = self.window_command(&req)?;
         let placement_args = |args: &mut Vec<String>| {
-            for (k, v) in &req.env {
-                args.push("-e".into());
-                args.push(format!("{k}={v}"));
-            }
             if let Some(cwd) = &req.cwd {
                 args.push("-c".into());
                 args.push(cwd.display().to_string());
             }
             args.extend(["-P".into(), "-F".into(), "#{pane_id}".into()]);
-            if !req.command.is_empty() {
-                // One shell-quoted `exec` line: the command becomes the pane's process (its pid is
-                // `#{pane_pid}`) and no argument is re-split.
-                args.push(format!("exec {}", shell_quote_argv(&req.command)));
+            if let Some(command) = command {
+                args.push(command);
             }
         };
         match &req.placement {

@@ -59,6 +59,18 @@ impl SqliteStore {
                 .map_err(|err| StoreError::backend("create the inbox directory", err))?;
         }
         let lock = StateLock::acquire(&path)?;
+        // Created owner-only before SQLite opens it: SQLite gives its -wal and -shm files the
+        // database file's mode, so every reply body stays the owner's alone.
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(crate::state::FILE_MODE)
+                .open(&path)
+                .map_err(|err| StoreError::backend("create the inbox file", err))?;
+        }
         let conn = schema::open_writer(&path)?;
         let reader = schema::open_reader(&path)?;
         let (ops, rx) = mpsc::channel(writer::WRITE_QUEUE_CAPACITY);

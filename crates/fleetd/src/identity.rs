@@ -1,0 +1,233 @@
+//! Caller identity for every door (SPEC §2, §9): MCP over HTTP, the REST API, the stdio shim's
+//! socket and the operator's socket all resolve a caller here, the same way, from the connection
+//! alone: the peer's user and process (the locator), the pane that process descends from, and
+//! whether that pane is a registered member's. The role itself is the core's pure decision
+//! (`fleetd_core::access::role_of`); this module gathers its facts and owns the per-connection
+//! cache. It never reads tool arguments or request bodies, and a header only ever matters as the
+//! API token, which never lifts a caller in a pane.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use fleetd_core::MuxDaemon;
+use fleetd_core::access::{CallerFacts, Door, Place, Role, role_of};
+
+use crate::config::Config;
+use crate::engine::LeadRef;
+use crate::locate::{CallerPane, Located};
+use crate::mcp::Fleet;
+
+/// How long a connection found in no pane keeps that answer before it is looked up again.
+const ANONYMOUS_RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Where a connection's peer is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A TCP connection: the client's address and ours.
+    Tcp {
+        /// The client's address.
+        peer: SocketAddr,
+        /// Our address it connected to.
+        local: SocketAddr,
+    },
+    /// A unix-socket connection, with the credentials the kernel gave at accept
+    /// (`SO_PEERCRED`); `uid` is `None` when they could not be read.
+    Unix {
+        /// The peer's user.
+        uid: Option<u32>,
+        /// The peer's process.
+        pid: Option<u32>,
+    },
+}
+
+/// One accepted connection: the door, the peer and, once looked up, who holds it. Cloned into
+/// every request on the connection, so the lookup runs once per connection (and again only when
+/// the pane it found ends, or after a moment for a caller found in no pane).
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// The door it came through.
+    pub door: Door,
+    /// The peer.
+    pub endpoint: Endpoint,
+    located: Arc<std::sync::Mutex<Option<(Located, tokio::time::Instant)>>>,
+}
+
+impl ConnInfo {
+    /// A connection through `door` from `endpoint`, not looked up yet.
+    pub fn new(door: Door, endpoint: Endpoint) -> Self {
+        Self {
+            door,
+            endpoint,
+            located: Arc::default(),
+        }
+    }
+
+    /// The client's address, for a TCP connection.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        match self.endpoint {
+            Endpoint::Tcp { peer, .. } => Some(peer),
+            Endpoint::Unix { .. } => None,
+        }
+    }
+
+    fn cached(&self) -> Option<(Located, tokio::time::Instant)> {
+        self.located
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn remember(&self, located: Option<Located>) {
+        *self
+            .located
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            located.map(|l| (l, tokio::time::Instant::now()));
+    }
+}
+
+/// Who is calling, as fleetd decided it.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The role.
+    pub role: Role,
+    /// The caller's pane, for a member or a lead (never for nobody: such a pane is nothing).
+    pub pane: Option<CallerPane>,
+    /// Cancelled when the request is abandoned (the client went away or cancelled it): a
+    /// waiting tool stops waiting, so a reply is never handed to a waiter nobody reads.
+    pub cancel: tokio_util::sync::CancellationToken,
+}
+
+impl Caller {
+    /// The lead this caller is, when it is one in a pane.
+    pub fn lead(&self) -> Option<LeadRef> {
+        match (&self.role, &self.pane) {
+            (Role::Lead, Some(p)) => Some(LeadRef {
+                pane: p.pane.clone(),
+                terminal: p.terminal.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Caller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.role, &self.pane) {
+            (Role::Member { target, .. }, _) => write!(f, "member {target}"),
+            (Role::Lead, Some(p)) => write!(f, "lead {}", p.pane),
+            (role, _) => f.write_str(role.as_str()),
+        }
+    }
+}
+
+/// Whether `pane` is in the members' space: on a separate members' multiplexer daemon, or in
+/// the workspace (herdr label / tmux session) `membersWorkspace` names.
+pub fn in_members_space(config: &Config, pane: &CallerPane) -> bool {
+    pane.pane.daemon == MuxDaemon::Member
+        || pane.workspace_label.as_deref() == Some(config.members_workspace.as_str())
+}
+
+/// Decides who holds `conn` (`None`: a request with no connection facts at all, which is
+/// anonymous), given the bearer token it presented.
+pub async fn resolve(
+    fleet: &Fleet,
+    conn: Option<&ConnInfo>,
+    bearer: Option<&str>,
+    cancel: tokio_util::sync::CancellationToken,
+) -> Caller {
+    let located = match conn {
+        Some(conn) => locate(fleet, conn).await,
+        None => None,
+    };
+    let token = bearer.is_some_and(|given| fleet.token_matches(given));
+    let same_uid = located.as_ref().is_some_and(Located::same_uid);
+    let pane = located.as_ref().and_then(|l| l.pane.clone());
+    let place = match &pane {
+        Some(p) => match fleet
+            .engine
+            .member_at(p.pane.clone(), p.terminal.clone())
+            .await
+        {
+            Ok(Some((target, allow_delegation))) => Place::Member {
+                target,
+                allow_delegation,
+            },
+            _ if in_members_space(&fleet.config.current(), p) => Place::MembersSpace,
+            _ => Place::OtherPane,
+        },
+        None if located.as_ref().is_some_and(|l| l.member_env.is_some()) => Place::LeftMember,
+        None => Place::Nowhere,
+    };
+    let facts = CallerFacts {
+        door: conn.map_or(Door::Tcp, |c| c.door),
+        same_uid,
+        token,
+        place,
+    };
+    let role = role_of(&facts);
+    let pane = match role {
+        Role::Member { .. } | Role::Lead => pane,
+        _ => None,
+    };
+    if !same_uid && located.is_some() {
+        tracing::debug!(uid = ?located.as_ref().and_then(|l| l.uid), role = role.as_str(), "caller of another user");
+    }
+    Caller { role, pane, cancel }
+}
+
+/// The connection's located peer: the cached answer while it holds (its pane still has the same
+/// incarnation; or, in no pane, for [`ANONYMOUS_RECHECK`]), else a fresh lookup.
+async fn locate(fleet: &Fleet, conn: &ConnInfo) -> Option<Located> {
+    if let Some((located, at)) = conn.cached() {
+        let holds = match &located.pane {
+            // A stopped member's leftover connection is looked up again (SPEC §2).
+            Some(p) => fleet.locator.is_current(&p.pane, &p.terminal).await,
+            None => at.elapsed() < ANONYMOUS_RECHECK,
+        };
+        if holds {
+            return Some(located);
+        }
+    }
+    let found = match &conn.endpoint {
+        Endpoint::Tcp { peer, local } => fleet.locator.locate_tcp(*peer, *local).await,
+        Endpoint::Unix {
+            uid: Some(uid),
+            pid,
+        } => fleet.locator.locate_peer(*uid, *pid).await,
+        Endpoint::Unix { uid: None, .. } => return None,
+    };
+    match found {
+        Ok(located) => {
+            conn.remember(Some(located.clone()));
+            Some(located)
+        }
+        Err(e) => {
+            tracing::debug!(endpoint = ?conn.endpoint, error = %e, "caller not located");
+            conn.remember(None);
+            None
+        }
+    }
+}
+
+/// A member that speaks MCP is present; a lead that does is remembered.
+pub async fn note_presence(fleet: &Fleet, caller: &Caller) {
+    match (&caller.role, &caller.pane) {
+        (Role::Member { target, .. }, _) => {
+            let _ = fleet.engine.presence(target.clone()).await;
+        }
+        (Role::Lead, Some(pane)) => {
+            let _ = fleet
+                .engine
+                .pane_seen(pane.pane.clone(), pane.terminal.clone())
+                .await;
+        }
+        _ => {}
+    }
+}
+
+/// Compares two byte strings in time independent of where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
