@@ -60,6 +60,11 @@ impl McpConn {
         Self::connect(addr, path)
     }
 
+    /// The client-side port of the connection (the same for every call on it).
+    pub fn local_port(&self) -> anyhow::Result<u16> {
+        Ok(self.writer.local_addr()?.port())
+    }
+
     /// `initialize` + `notifications/initialized`.
     pub fn initialize(&mut self) -> anyhow::Result<Value> {
         let result = self.request(

@@ -1,36 +1,164 @@
-//! `mcp-call TOOL ARGS_FILE OUT_FILE`: one MCP tool call to fleetd at `$FLEETD_URL`, made from
-//! whatever pane this runs in (so fleetd identifies the caller by that pane). Writes
-//! `{"result": ...}` or `{"error": "..."}` to OUT_FILE atomically (a temp file renamed), so a
-//! test can wait for the file. A test double; never used by the daemon.
+//! `mcp-call`: MCP and REST calls to fleetd at `$FLEETD_URL`, made from whatever process this
+//! runs as (so fleetd identifies the caller by that pane, process or user). The end-to-end tests
+//! use it as a lead's tool call and, in the security suite, as an attacker would. A test double;
+//! never used by the daemon.
+//!
+//! - `mcp-call TOOL ARGS_FILE OUT_FILE`: one tool call; writes `{"result": ...}` or
+//!   `{"error": "..."}` to OUT_FILE atomically (a temp file renamed), so a test can wait for it.
+//! - `mcp-call --print TOOL ARGS_JSON`: one tool call; prints that JSON on stdout.
+//! - `mcp-call --http [--header K:V]... METHOD PATH [BODY]`: one REST request; prints
+//!   `{"status": N, "body": ...}` on stdout.
+//! - `mcp-call --keepalive GATE_FILE OUT_FILE TOOL1 ARGS1_JSON TOOL2 ARGS2_JSON`: two tool calls on
+//!   one kept-alive connection, the second once GATE_FILE exists; writes `{"first", "second",
+//!   "ports": [p1, p2]}` to OUT_FILE (after the first call too, without "second").
+//! - `mcp-call --herdr JSON`: one request line to the herdr socket at `$HERDR_SOCKET_PATH`;
+//!   prints the answer line.
+
+use std::io::{BufRead as _, Write as _};
+use std::time::Duration;
 
 use anyhow::Context as _;
+use fleetd_testkit::bench::keepalive::McpConn;
 use fleetd_testkit::sim_agent::mcp::McpClient;
 use serde_json::{Value, json};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [tool, args_file, out_file] = args.as_slice() else {
-        anyhow::bail!("usage: mcp-call TOOL ARGS_FILE OUT_FILE (FLEETD_URL names fleetd)");
+    match args.first().map(String::as_str) {
+        Some("--print") => {
+            let [_, tool, arguments] = args.as_slice() else {
+                anyhow::bail!("usage: mcp-call --print TOOL ARGS_JSON");
+            };
+            println!("{}", call(tool, serde_json::from_str(arguments)?));
+            Ok(())
+        }
+        Some("--http") => http(&args[1..]),
+        Some("--keepalive") => keepalive(&args[1..]),
+        Some("--herdr") => herdr(&args[1..]),
+        _ => {
+            let [tool, args_file, out_file] = args.as_slice() else {
+                anyhow::bail!(
+                    "usage: mcp-call TOOL ARGS_FILE OUT_FILE (FLEETD_URL names fleetd); see the source for the other modes"
+                );
+            };
+            let arguments: Value = serde_json::from_str(
+                &std::fs::read_to_string(args_file)
+                    .with_context(|| format!("reading {args_file}"))?,
+            )
+            .context("ARGS_FILE is not JSON")?;
+            write_atomically(out_file, &call(tool, arguments))
+        }
+    }
+}
+
+fn url() -> anyhow::Result<String> {
+    std::env::var("FLEETD_URL").context("FLEETD_URL is not set")
+}
+
+/// One tool call on a fresh connection: `{"result": ...}` or `{"error": "..."}`.
+fn call(tool: &str, arguments: Value) -> Value {
+    let outcome = (|| -> anyhow::Result<Value> {
+        let url = url()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            let mut client = McpClient::new(&url)?;
+            client.initialize().await?;
+            client.call_tool(tool, arguments).await
+        })
+    })();
+    match outcome {
+        Ok(result) => json!({ "result": result }),
+        Err(e) => json!({ "error": format!("{e:#}") }),
+    }
+}
+
+fn write_atomically(out_file: &str, body: &Value) -> anyhow::Result<()> {
+    let tmp = format!("{out_file}.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(body)?)?;
+    std::fs::rename(&tmp, out_file)?;
+    Ok(())
+}
+
+fn http(args: &[String]) -> anyhow::Result<()> {
+    let mut headers: Vec<(String, String)> = Vec::new();
+    let mut rest = args;
+    while let [flag, header, tail @ ..] = rest
+        && flag == "--header"
+    {
+        let (k, v) = header.split_once(':').context("--header takes KEY:VALUE")?;
+        headers.push((k.trim().to_owned(), v.trim().to_owned()));
+        rest = tail;
+    }
+    let (method, path, body) = match rest {
+        [method, path] => (method, path, None),
+        [method, path, body] => (method, path, Some(body.as_str())),
+        _ => anyhow::bail!("usage: mcp-call --http [--header K:V]... METHOD PATH [BODY]"),
     };
-    let url = std::env::var("FLEETD_URL").context("FLEETD_URL is not set")?;
-    let arguments: Value = serde_json::from_str(
-        &std::fs::read_to_string(args_file).with_context(|| format!("reading {args_file}"))?,
-    )
-    .context("ARGS_FILE is not JSON")?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let outcome = runtime.block_on(async {
-        let mut client = McpClient::new(&url)?;
-        client.initialize().await?;
-        client.call_tool(tool, arguments).await
-    });
-    let body = match outcome {
+    let url = url()?;
+    let addr: std::net::SocketAddr = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .with_context(|| format!("FLEETD_URL {url:?} is not http://IP:PORT"))?;
+    let pairs: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let response = fleetd_testkit::http::request_with(addr, method, path, &pairs, body)?;
+    let body = serde_json::from_str::<Value>(&response.body).unwrap_or(json!(response.body));
+    println!("{}", json!({ "status": response.status, "body": body }));
+    Ok(())
+}
+
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a test double polling for its gate file on the wall clock"
+)]
+fn keepalive(args: &[String]) -> anyhow::Result<()> {
+    let [gate, out_file, tool1, args1, tool2, args2] = args else {
+        anyhow::bail!(
+            "usage: mcp-call --keepalive GATE_FILE OUT_FILE TOOL1 ARGS1_JSON TOOL2 ARGS2_JSON"
+        );
+    };
+    let mut conn = McpConn::connect_url(&url()?)?;
+    conn.initialize()?;
+    let outcome = |r: anyhow::Result<Value>| match r {
         Ok(result) => json!({ "result": result }),
         Err(e) => json!({ "error": format!("{e:#}") }),
     };
-    let tmp = format!("{out_file}.tmp");
-    std::fs::write(&tmp, serde_json::to_vec(&body)?)?;
-    std::fs::rename(&tmp, out_file)?;
+    let first = outcome(conn.call_tool(tool1, &serde_json::from_str(args1)?));
+    let first_port = conn.local_port()?;
+    write_atomically(
+        &format!("{out_file}.first"),
+        &json!({ "first": first, "ports": [first_port] }),
+    )?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while !std::path::Path::new(gate).exists() {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "no gate file {gate}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = outcome(conn.call_tool(tool2, &serde_json::from_str(args2)?));
+    let second_port = conn.local_port()?;
+    write_atomically(
+        out_file,
+        &json!({ "first": first, "second": second, "ports": [first_port, second_port] }),
+    )
+}
+
+fn herdr(args: &[String]) -> anyhow::Result<()> {
+    let [line] = args else {
+        anyhow::bail!("usage: mcp-call --herdr JSON (HERDR_SOCKET_PATH names herdr)");
+    };
+    let socket = std::env::var("HERDR_SOCKET_PATH").context("HERDR_SOCKET_PATH is not set")?;
+    let mut stream = std::os::unix::net::UnixStream::connect(&socket)
+        .with_context(|| format!("connect {socket}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(line.as_bytes())?;
+    stream.write_all(b"\n")?;
+    let mut answer = String::new();
+    std::io::BufReader::new(stream).read_line(&mut answer)?;
+    print!("{answer}");
     Ok(())
 }

@@ -8,7 +8,8 @@
 //! - `--script a,b,..` / `SIM_AGENT_SCRIPT`: one action per turn — `reply`, `ask`, `silent`,
 //!   `hang`, `block`, `exit`, `call` (the task is `TOOL {json}`: call it, reply with the result),
 //!   `shell` (run the task with `sh -c` in the agent's own session, as an agent's shell tool does,
-//!   and reply with its exit status and output); the last one repeats (default `reply`);
+//!   and reply with its exit status and output), `print` (run it the same way, show its output
+//!   in the pane and end the turn without replying); the last one repeats (default `reply`);
 //! - `--work-ms N` / `SIM_AGENT_WORK_MS`: how long a turn shows working (default 1500);
 //! - `--reply T` / `SIM_AGENT_REPLY`: reply text, `{prompt}` replaced (default `sim-agent did: {prompt}`);
 //! - `--question Q` / `SIM_AGENT_QUESTION`: the `fleet_ask` question (default `sim-agent asks about: {prompt}`);
@@ -59,6 +60,9 @@ pub enum Action {
     /// shell tool), then reply with `exit N` and its output (lets a test make a member run a
     /// program from its pane, e.g. the `fleetd` CLI).
     Shell,
+    /// Run the task as a shell command line, show its output in the pane and end the turn
+    /// without replying (what the turn-done fallback is for).
+    Print,
 }
 
 impl std::str::FromStr for Action {
@@ -73,6 +77,7 @@ impl std::str::FromStr for Action {
             "exit" => Action::Exit,
             "call" => Action::Call,
             "shell" => Action::Shell,
+            "print" => Action::Print,
             other => anyhow::bail!("unknown sim-agent action {other:?}"),
         })
     }
@@ -328,6 +333,17 @@ impl Agent {
                         Err(e) => format!("sim-agent could not run sh: {e}"),
                     };
                     self.tool("fleet_reply", json!({ "text": text })).await;
+                }
+                Action::Print => {
+                    if let Ok(out) = tokio::process::Command::new("sh")
+                        .args(["-c", &prompt])
+                        .stdin(std::process::Stdio::null())
+                        .output()
+                        .await
+                    {
+                        let text = String::from_utf8_lossy(&out.stdout).replace('\n', "\r\n");
+                        self.say(&text).await;
+                    }
                 }
                 Action::Silent | Action::Hang => {}
                 Action::Block => {

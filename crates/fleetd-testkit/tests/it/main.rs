@@ -18,6 +18,7 @@ mod push;
 mod push_herdr;
 mod reload;
 mod scenarios;
+mod security;
 mod serve;
 mod service;
 mod spawn_herdr;
