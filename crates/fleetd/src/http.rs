@@ -53,16 +53,7 @@ impl Connected<IncomingStream<'_, TcpListener>> for ConnInfo {
 impl Connected<IncomingStream<'_, UnixListener>> for ConnInfo {
     /// The operator's socket: the kernel's word on who connected (`SO_PEERCRED`).
     fn connect_info(stream: IncomingStream<'_, UnixListener>) -> Self {
-        let cred = stream.io().peer_cred().ok();
-        ConnInfo::new(
-            Door::Operator,
-            Endpoint::Unix {
-                uid: cred.map(|c| c.uid()),
-                pid: cred
-                    .and_then(|c| c.pid())
-                    .and_then(|p| u32::try_from(p).ok()),
-            },
-        )
+        ConnInfo::unix(Door::Operator, stream.io().peer_cred().ok())
     }
 }
 

@@ -63,6 +63,20 @@ impl ConnInfo {
         }
     }
 
+    /// A unix-socket connection through `door`, from the credentials the kernel gave for its
+    /// peer (`SO_PEERCRED`; `None` when they could not be read).
+    pub fn unix(door: Door, cred: Option<tokio::net::unix::UCred>) -> Self {
+        Self::new(
+            door,
+            Endpoint::Unix {
+                uid: cred.map(|c| c.uid()),
+                pid: cred
+                    .and_then(|c| c.pid())
+                    .and_then(|p| u32::try_from(p).ok()),
+            },
+        )
+    }
+
     /// The client's address, for a TCP connection.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         match self.endpoint {

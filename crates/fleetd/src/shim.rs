@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use fleetd_core::access::Door;
 
-use crate::identity::{ConnInfo, Endpoint};
+use crate::identity::ConnInfo;
 use crate::mcp::{Fleet, FleetMcp};
 
 /// The socket's file name inside the state directory.
@@ -71,16 +71,7 @@ pub async fn listen(state_dir: &Path, fleet: Arc<Fleet>) -> std::io::Result<Shim
             };
             let fleet = Arc::clone(&fleet);
             tokio::spawn(async move {
-                let cred = stream.peer_cred().ok();
-                let conn = ConnInfo::new(
-                    Door::Shim,
-                    Endpoint::Unix {
-                        uid: cred.map(|c| c.uid()),
-                        pid: cred
-                            .and_then(|c| c.pid())
-                            .and_then(|p| u32::try_from(p).ok()),
-                    },
-                );
+                let conn = ConnInfo::unix(Door::Shim, stream.peer_cred().ok());
                 let server = FleetMcp::for_connection(fleet, conn);
                 match server.serve(stream).await {
                     Ok(running) => {

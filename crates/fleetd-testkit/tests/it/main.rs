@@ -19,6 +19,7 @@ mod push_herdr;
 mod reload;
 mod scenarios;
 mod security;
+mod security_herdr;
 mod serve;
 mod service;
 mod spawn_herdr;
