@@ -515,7 +515,18 @@ fn e2e_security_another_uid_is_anonymous_unless_it_has_the_token() {
     };
     let before = fleet_state(&rig);
     let url = format!("http://{}", rig.daemon.addr);
-    let m = mcp_call();
+    // The other user runs copies in a directory it can reach (the checkout may be in a home
+    // directory it cannot enter).
+    let reachable = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(reachable.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let copy = |name: &str| {
+        let to = reachable.path().join(name);
+        std::fs::copy(bin_path(name), &to).expect("copy");
+        to.display().to_string()
+    };
+    let m = copy("mcp-call");
+    let fleetd = copy("fleetd");
     let run = |args: &[&str]| -> Option<Value> {
         let out = as_nobody(&m, args, &[("FLEETD_URL", &url)])?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -557,7 +568,7 @@ fn e2e_security_another_uid_is_anonymous_unless_it_has_the_token() {
     // The operator's socket is the daemon user's alone: another uid cannot even connect.
     let sock = state_dir(rig.dir()).join("api.sock");
     let out = as_nobody(
-        &bin_path("fleetd").display().to_string(),
+        &fleetd,
         &[
             "ack",
             "alice",
