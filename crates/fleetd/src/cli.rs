@@ -168,6 +168,9 @@ pub struct ServeArgs {
     /// Log line format, overriding the config's `log.format`.
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
+    /// Test-only fault hook: make the engine panic this many milliseconds after start.
+    #[arg(long, hide = true, value_name = "MS")]
+    pub test_engine_panic_after_ms: Option<u64>,
 }
 
 /// `fleetd config ...`.

@@ -1,8 +1,16 @@
-//! The health report behind `GET /healthz` (SPEC §9): which parts of the daemon answer. Owns the
-//! report's shape and the rule "ok only when every part answers"; asks the store and the
+//! The health report behind `GET /healthz` (SPEC §9): which parts of the daemon answer — the
+//! store takes a write, every multiplexer daemon answers, the engine runs. Owns the report's
+//! shape, the probe, and the rule "ok only when every part answers"; asks the store and the
 //! multiplexer daemons through their own modules and never speaks their protocols itself.
 
+use std::sync::Arc;
+
+use fleetd_core::MuxDaemon;
 use serde::Serialize;
+
+use crate::engine::EngineHandle;
+use crate::mux::{BackendKind, MuxRouter};
+use crate::store::InboxStore;
 
 /// The body of `/healthz`.
 #[derive(Debug, Clone, Serialize)]
@@ -14,6 +22,8 @@ pub struct HealthReport {
     pub version: &'static str,
     /// The inbox store.
     pub store: PartHealth,
+    /// The fleet engine (the one task that owns members, tickets and the push loop).
+    pub engine: EngineHealth,
     /// The lead multiplexer daemon (herdr `herdrSocket`, or tmux), when one is configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lead: Option<DaemonHealth>,
@@ -47,6 +57,13 @@ pub struct PartHealth {
     pub error: Option<String>,
 }
 
+/// The engine.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct EngineHealth {
+    /// Whether its task runs.
+    pub alive: bool,
+}
+
 /// One multiplexer daemon.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -72,6 +89,7 @@ impl HealthReport {
     /// Builds the report from its parts, deriving `status` and `protocolMismatch`.
     pub fn from_parts(
         store: PartHealth,
+        engine: EngineHealth,
         lead: Option<DaemonHealth>,
         member: Option<DaemonHealth>,
     ) -> Self {
@@ -82,7 +100,7 @@ impl HealthReport {
             }
             _ => false,
         };
-        let status = if store.ok && daemons_ok {
+        let status = if store.ok && engine.alive && daemons_ok {
             HealthStatus::Ok
         } else {
             HealthStatus::Degraded
@@ -91,6 +109,7 @@ impl HealthReport {
             status,
             version: env!("CARGO_PKG_VERSION"),
             store,
+            engine,
             lead,
             member,
             protocol_mismatch,
@@ -98,9 +117,71 @@ impl HealthReport {
     }
 }
 
+/// What the probe asks: the store, the multiplexer daemons (with what each is reached through,
+/// for the report) and the engine.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    /// The inbox store.
+    pub store: Arc<dyn InboxStore>,
+    /// The multiplexers.
+    pub mux: MuxRouter,
+    /// What each daemon is reached through (socket path or tmux server).
+    pub endpoints: Vec<(MuxDaemon, String)>,
+    /// The engine.
+    pub engine: EngineHandle,
+}
+
+impl Probe {
+    /// Asks every part whether it answers.
+    pub async fn report(&self) -> HealthReport {
+        let (store, pings) = tokio::join!(self.store.health(), self.mux.ping_all());
+        let store = PartHealth {
+            kind: self.store.kind(),
+            ok: store.is_ok(),
+            error: store.err().map(|e| format!("failed to {e}")),
+        };
+        let mut lead = None;
+        let mut member = None;
+        for (daemon, result) in pings {
+            let socket = self
+                .endpoints
+                .iter()
+                .find(|(d, _)| *d == daemon)
+                .map(|(_, e)| e.clone())
+                .unwrap_or_default();
+            let kind = match self.mux.daemon(daemon).map(|m| m.kind()) {
+                Ok(BackendKind::Tmux) => "tmux",
+                _ => "herdr",
+            };
+            let (ok, version, protocol, error) = match result {
+                Ok(info) => (true, Some(info.version), info.protocol, None),
+                Err(e) => (false, None, None, Some(e.to_string())),
+            };
+            let health = DaemonHealth {
+                kind,
+                socket,
+                ok,
+                version,
+                protocol,
+                error,
+            };
+            match daemon {
+                MuxDaemon::Lead => lead = Some(health),
+                MuxDaemon::Member => member = Some(health),
+            }
+        }
+        let engine = EngineHealth {
+            alive: self.engine.is_alive(),
+        };
+        HealthReport::from_parts(store, engine, lead, member)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const ALIVE: EngineHealth = EngineHealth { alive: true };
 
     fn store(ok: bool) -> PartHealth {
         PartHealth {
@@ -123,26 +204,46 @@ mod tests {
 
     #[test]
     fn ok_only_when_every_part_answers() {
-        let all =
-            HealthReport::from_parts(store(true), Some(daemon(true, 20)), Some(daemon(true, 20)));
+        let all = HealthReport::from_parts(
+            store(true),
+            ALIVE,
+            Some(daemon(true, 20)),
+            Some(daemon(true, 20)),
+        );
         assert_eq!(all.status, HealthStatus::Ok);
+        let engine_down = HealthReport::from_parts(
+            store(true),
+            EngineHealth { alive: false },
+            Some(daemon(true, 20)),
+            None,
+        );
+        assert_eq!(engine_down.status, HealthStatus::Degraded);
         assert!(!all.protocol_mismatch);
-        let member_down =
-            HealthReport::from_parts(store(true), Some(daemon(true, 20)), Some(daemon(false, 20)));
+        let member_down = HealthReport::from_parts(
+            store(true),
+            ALIVE,
+            Some(daemon(true, 20)),
+            Some(daemon(false, 20)),
+        );
         assert_eq!(member_down.status, HealthStatus::Degraded);
         assert_eq!(
-            HealthReport::from_parts(store(false), None, None).status,
+            HealthReport::from_parts(store(false), ALIVE, None, None).status,
             HealthStatus::Degraded
         );
     }
 
     #[test]
     fn different_protocols_are_flagged_and_single_daemon_has_no_member_key() {
-        let mismatch =
-            HealthReport::from_parts(store(true), Some(daemon(true, 20)), Some(daemon(true, 21)));
+        let mismatch = HealthReport::from_parts(
+            store(true),
+            ALIVE,
+            Some(daemon(true, 20)),
+            Some(daemon(true, 21)),
+        );
         assert!(mismatch.protocol_mismatch);
         let single = serde_json::to_value(HealthReport::from_parts(
             store(true),
+            ALIVE,
             Some(daemon(true, 20)),
             None,
         ))

@@ -30,15 +30,14 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, UnixListener};
 
-use crate::health::HealthStatus;
+use crate::health::{HealthStatus, Probe};
 use crate::identity::{Caller, ConnInfo, Endpoint};
 use crate::mcp::Fleet;
-use crate::serve::Daemon;
 
 /// Shared state of the HTTP handlers.
 #[derive(Debug, Clone)]
 struct App {
-    daemon: Daemon,
+    health: Probe,
     fleet: Arc<Fleet>,
 }
 
@@ -57,9 +56,10 @@ impl Connected<IncomingStream<'_, UnixListener>> for ConnInfo {
     }
 }
 
-/// The router for every endpoint; `mcp` is the MCP service mounted at `/mcp`.
-pub fn router(daemon: Daemon, fleet: Arc<Fleet>, mcp: crate::mcp::HttpService) -> Router {
-    let app = App { daemon, fleet };
+/// The router for every endpoint; `mcp` is the MCP service mounted at `/mcp`, `health` what
+/// `/healthz` asks.
+pub fn router(health: Probe, fleet: Arc<Fleet>, mcp: crate::mcp::HttpService) -> Router {
+    let app = App { health, fleet };
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -204,7 +204,7 @@ fn check_origin(method: &Method, headers: &HeaderMap, host: Option<&str>) -> Res
 }
 
 async fn healthz(State(app): State<App>) -> impl IntoResponse {
-    let report = app.daemon.health().await;
+    let report = app.health.report().await;
     let code = match report.status {
         HealthStatus::Ok => StatusCode::OK,
         HealthStatus::Degraded => StatusCode::SERVICE_UNAVAILABLE,

@@ -190,7 +190,10 @@ fn serve(
         fleetd::notify::Notifier::from_socket_var(std::env::var_os("NOTIFY_SOCKET").as_deref());
     let runtime = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
     runtime.block_on(async move {
-        let daemon = fleetd::serve::Daemon::open(config).await?;
+        let mut daemon = fleetd::serve::Daemon::open(config).await?;
+        if let Some(ms) = args.test_engine_panic_after_ms {
+            daemon = daemon.with_engine_panic_after(std::time::Duration::from_millis(ms));
+        }
         // Before the listener: once "listening" is logged, a SIGHUP must reload, not kill.
         let _reload = fleetd::reload::start(
             &daemon,

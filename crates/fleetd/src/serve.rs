@@ -12,10 +12,9 @@ use fleetd_core::{MessageLimits, MuxDaemon};
 use tokio::net::TcpListener;
 
 use crate::config::{AmqpUrl, Config, Live, MultiplexerChoice, Publisher, Store};
-use crate::health::{DaemonHealth, HealthReport, PartHealth};
 use crate::mux::herdr::{Herdr, HerdrConfig};
 use crate::mux::tmux::{Tmux, TmuxConfig, TmuxSocket};
-use crate::mux::{BackendKind, Multiplexer, MuxRouter};
+use crate::mux::{Multiplexer, MuxRouter};
 use crate::secrets::Secrets;
 use crate::store::{InboxStore, StoreOptions, StoreSpec};
 
@@ -33,6 +32,8 @@ struct Inner {
     mux: MuxRouter,
     /// What each daemon is reached through, for `/healthz` (socket path or tmux server).
     endpoints: Vec<(MuxDaemon, String)>,
+    /// A test-only fault: make the engine panic this long after it starts.
+    engine_panic_after: Option<std::time::Duration>,
 }
 
 impl Daemon {
@@ -73,8 +74,19 @@ impl Daemon {
                 store,
                 mux,
                 endpoints,
+                engine_panic_after: None,
             }),
         })
+    }
+
+    /// A test-only fault hook: the engine panics `after` it starts (`fleetd serve
+    /// --test-engine-panic-after-ms`), to show the daemon then exits non-zero. Call before
+    /// [`Daemon::run`].
+    pub fn with_engine_panic_after(mut self, after: std::time::Duration) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.engine_panic_after = Some(after);
+        }
+        self
     }
 
     /// The configuration the daemon runs on now.
@@ -102,52 +114,14 @@ impl Daemon {
         &self.inner.mux
     }
 
-    /// Asks every part whether it answers.
-    pub async fn health(&self) -> HealthReport {
-        let (store, pings) = tokio::join!(self.inner.store.health(), self.inner.mux.ping_all());
-        let store = PartHealth {
-            kind: self.inner.store.kind(),
-            ok: store.is_ok(),
-            error: store.err().map(|e| format!("failed to {e}")),
-        };
-        let mut lead = None;
-        let mut member = None;
-        for (daemon, result) in pings {
-            let endpoint = self
-                .inner
-                .endpoints
-                .iter()
-                .find(|(d, _)| *d == daemon)
-                .map(|(_, e)| e.clone())
-                .unwrap_or_default();
-            let kind = match self.inner.mux.daemon(daemon).map(|m| m.kind()) {
-                Ok(BackendKind::Tmux) => "tmux",
-                _ => "herdr",
-            };
-            let health = match result {
-                Ok(info) => DaemonHealth {
-                    kind,
-                    socket: endpoint,
-                    ok: true,
-                    version: Some(info.version),
-                    protocol: info.protocol,
-                    error: None,
-                },
-                Err(e) => DaemonHealth {
-                    kind,
-                    socket: endpoint,
-                    ok: false,
-                    version: None,
-                    protocol: None,
-                    error: Some(e.to_string()),
-                },
-            };
-            match daemon {
-                MuxDaemon::Lead => lead = Some(health),
-                MuxDaemon::Member => member = Some(health),
-            }
+    /// What `/healthz` asks, for an engine.
+    fn probe(&self, engine: crate::engine::EngineHandle) -> crate::health::Probe {
+        crate::health::Probe {
+            store: Arc::clone(&self.inner.store),
+            mux: self.inner.mux.clone(),
+            endpoints: self.inner.endpoints.clone(),
+            engine,
         }
-        HealthReport::from_parts(store, lead, member)
     }
 
     /// Serves HTTP (on `listener` and on the operator's unix socket) and the stdio shim's unix
@@ -184,13 +158,38 @@ impl Daemon {
             .context("failed to open the operator's socket")?;
         let store = Arc::clone(&self.inner.store);
         let engine = fleet.engine.clone();
-        let app = crate::http::router(self, fleet, mcp);
+        let probe = self.probe(engine.clone());
+        let app = crate::http::router(probe, fleet, mcp);
         let stop = tokio_util::sync::CancellationToken::new();
         let stopper = stop.clone();
         tokio::spawn(async move {
             shutdown.await;
             stopper.cancel();
         });
+        if let Some(after) = self.inner.engine_panic_after {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                tracing::warn!("test fault: making the engine panic");
+                let _ = engine.inject_panic().await;
+            });
+        }
+        // The engine is supervised: if it stops while the daemon serves (a panic), the listeners
+        // close and the daemon exits non-zero so its service manager restarts it.
+        let died = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        {
+            let (engine, stop, died) = (engine.clone(), stop.clone(), Arc::clone(&died));
+            tokio::spawn(async move {
+                engine.stopped().await;
+                if !stop.is_cancelled() {
+                    tracing::error!(
+                        "the fleet engine stopped while fleetd was serving; shutting down to be restarted"
+                    );
+                    died.store(true, std::sync::atomic::Ordering::Release);
+                    stop.cancel();
+                }
+            });
+        }
         ready();
         let (served, served_operator) = tokio::join!(
             axum::serve(
@@ -210,9 +209,10 @@ impl Daemon {
             tracing::warn!(error = %e, "the operator's socket failed");
         }
         shim.stop();
+        let died = died.load(std::sync::atomic::Ordering::Acquire);
         // Members are released (cause `shutdown`) and their notices stored before the store
         // closes, so the lead learns after a restart which tickets did not finish.
-        if engine.shutdown().await.is_err() {
+        if !died && engine.shutdown().await.is_err() {
             tracing::warn!("the engine had already stopped; members were not released");
         }
         // Close the store even when serving failed, so every acknowledged write is flushed and
@@ -220,6 +220,10 @@ impl Daemon {
         let closed = store.close().await;
         served.context("the HTTP server failed")?;
         closed.map_err(|e| anyhow::anyhow!("failed to {e}"))?;
+        anyhow::ensure!(
+            !died,
+            "the fleet engine stopped unexpectedly (see the error above); exiting non-zero so the service manager restarts fleetd"
+        );
         tracing::info!("fleetd stopped");
         Ok(())
     }

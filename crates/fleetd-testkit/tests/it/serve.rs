@@ -201,3 +201,23 @@ async fn run_serves_in_process_until_shutdown() {
         .expect("join")
         .expect("run returns Ok");
 }
+
+#[test]
+fn an_engine_panic_makes_the_daemon_exit_non_zero() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let mut daemon = Daemon::start(home.path(), &["--test-engine-panic-after-ms", "500"]);
+    let code = daemon.wait_exit(Duration::from_secs(30));
+    assert!(
+        code.is_some_and(|c| c != 0),
+        "a supervised engine's panic ends the daemon with a failure status: {code:?}"
+    );
+    let said = |needle: &str| {
+        daemon.seen_logs().iter().any(|l| l.contains(needle))
+            || std::iter::from_fn(|| daemon.logs.try_recv().ok()).any(|l| l.contains(needle))
+    };
+    assert!(
+        said("the fleet engine panicked"),
+        "{:#?}",
+        daemon.seen_logs()
+    );
+}

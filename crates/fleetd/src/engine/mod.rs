@@ -5,6 +5,7 @@
 //! holds the state. Architecture invariant: the engine never blocks on I/O — every multiplexer or
 //! store call runs in a spawned task that reports back as an [`Event`].
 
+mod effects;
 mod leads;
 mod registry;
 mod run;
@@ -257,12 +258,15 @@ pub(crate) enum Command {
         target: Target,
         status: AgentStatus,
     },
+    /// A test-only fault: the engine panics on it.
+    Panic,
 }
 
 /// The handle every handler holds: cheap to clone, sends commands to the engine task.
 #[derive(Debug, Clone)]
 pub struct EngineHandle {
     tx: mpsc::Sender<run::Msg>,
+    life: Arc<run::Life>,
 }
 
 /// A handle that does not keep the engine alive (the engine ends when the last strong handle is
@@ -270,12 +274,16 @@ pub struct EngineHandle {
 #[derive(Debug, Clone)]
 pub struct WeakEngineHandle {
     tx: mpsc::WeakSender<run::Msg>,
+    life: Arc<run::Life>,
 }
 
 impl WeakEngineHandle {
     /// The engine, while it runs.
     pub fn upgrade(&self) -> Option<EngineHandle> {
-        self.tx.upgrade().map(|tx| EngineHandle { tx })
+        self.tx.upgrade().map(|tx| EngineHandle {
+            tx,
+            life: Arc::clone(&self.life),
+        })
     }
 }
 
@@ -284,7 +292,18 @@ impl EngineHandle {
     pub fn downgrade(&self) -> WeakEngineHandle {
         WeakEngineHandle {
             tx: self.tx.downgrade(),
+            life: Arc::clone(&self.life),
         }
+    }
+
+    /// Whether the engine task still runs (false once it panicked or stopped).
+    pub fn is_alive(&self) -> bool {
+        self.life.alive()
+    }
+
+    /// Completes when the engine task has stopped, for whatever reason.
+    pub async fn stopped(&self) {
+        self.life.stopped().cancelled_owned().await;
     }
 }
 
@@ -487,6 +506,11 @@ impl EngineHandle {
             reply,
         })
         .await
+    }
+
+    /// A test-only fault hook: makes the engine task panic, to show what supervision does.
+    pub async fn inject_panic(&self) -> Result<(), EngineGone> {
+        self.send(Command::Panic).await
     }
 
     /// Records a member's status read directly from the multiplexer (at spawn).

@@ -1,23 +1,25 @@
-//! The engine task: receives commands and events, feeds them to [`State`], performs the I/O it
-//! asks for in spawned tasks (whose results come back as events), and sleeps until the next
-//! deadline. Owns the wiring between the state and the multiplexer, the store and the clock.
+//! The engine task: receives commands and events, feeds them to [`State`] with the time read
+//! when each one is handled, has [`Effects`] perform the I/O it asks for (results come back as
+//! events), and sleeps until the next deadline. A supervisor watches the task: when it ends
+//! (a panic, or every handle dropped) the engine's [`Life`] says so, so `/healthz` and `serve`
+//! can act on it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use fleetd_core::push::{InjectOutcome, LeadId, PushConfig, PushLoop};
-use fleetd_core::{Message, MessageKind, MsgId, QualifiedPaneId, Target, Ticket};
-use jiff::SignedDuration;
+use fleetd_core::{Message, QualifiedPaneId, Target, Ticket};
+use jiff::{SignedDuration, Timestamp};
 use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
 
+use super::effects::Effects;
 use super::leads::{LeadTabs, ScanPane};
 use super::state::{Io, State};
 use super::{Command, ENGINE_QUEUE, EngineHandle, EngineParts};
-use crate::mux::{MuxError, PaneEvent, RoutedEvent};
-use crate::store::InboxStore;
+use crate::mux::{PaneEvent, RoutedEvent};
 
-/// How many lines of a member's pane a turn-done fallback carries.
-const FALLBACK_TAIL_LINES: u32 = 40;
 /// The longest sleep between ticks when nothing is due: a safety net, not a schedule.
 const IDLE_TICK: Duration = Duration::from_secs(5);
 
@@ -37,8 +39,11 @@ pub(super) enum Event {
         ok: bool,
         gone: bool,
     },
+    /// A turn-done fallback was captured: `message` is `None` when it could not be stored (the
+    /// ticket still ends).
     FallbackStored {
         target: Target,
+        ticket: Ticket,
         message: Option<Message>,
     },
     Injected {
@@ -69,10 +74,40 @@ pub(super) enum Event {
     LeadsScanned(Option<Vec<ScanPane>>),
 }
 
-/// Starts the engine task; returns its handle. The task ends when every handle is dropped.
+/// Whether the engine task still runs, and a token cancelled the moment it stops.
+#[derive(Debug)]
+pub(crate) struct Life {
+    alive: AtomicBool,
+    stopped: CancellationToken,
+}
+
+impl Life {
+    pub(crate) fn alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn stopped(&self) -> CancellationToken {
+        self.stopped.clone()
+    }
+
+    fn end(&self) {
+        self.alive.store(false, Ordering::Release);
+        self.stopped.cancel();
+    }
+}
+
+/// Starts the engine task and its supervisor; returns the handle. The task ends when every
+/// handle is dropped (effect tasks hold only weak senders), or on [`EngineHandle::shutdown`].
 pub fn spawn(parts: EngineParts) -> EngineHandle {
     let (tx, rx) = mpsc::channel(ENGINE_QUEUE);
-    let handle = EngineHandle { tx: tx.clone() };
+    let life = Arc::new(Life {
+        alive: AtomicBool::new(true),
+        stopped: CancellationToken::new(),
+    });
+    let handle = EngineHandle {
+        tx: tx.clone(),
+        life: Arc::clone(&life),
+    };
     let config = &*parts.config.current();
     let push = PushLoop::new(push_config(config));
     let state = State::new(
@@ -95,16 +130,40 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
         .members_file
         .clone()
         .map(|path| super::registry::writer(path, adopt.clone()));
-    tokio::spawn(
+    let effects = Effects {
+        mux: parts.mux.clone(),
+        store: Arc::clone(&parts.store),
+        clock: Arc::clone(&parts.clock),
+        redactor: parts.redactor.clone(),
+        tx: tx.downgrade(),
+    };
+    drop(tx);
+    let task = tokio::spawn(
         Engine {
             parts,
             state,
-            tx,
+            effects,
             saver,
             adopt,
         }
         .run(rx, events, reloads),
     );
+    tokio::spawn(async move {
+        match task.await {
+            Ok(()) => tracing::info!("the fleet engine stopped"),
+            Err(e) if e.is_panic() => {
+                let payload = e.into_panic();
+                let why = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".to_owned());
+                tracing::error!(panic = %why, "the fleet engine panicked");
+            }
+            Err(e) => tracing::error!(error = %e, "the fleet engine was cancelled"),
+        }
+        life.end();
+    });
     handle
 }
 
@@ -125,10 +184,19 @@ fn push_config(config: &crate::config::Config) -> PushConfig {
     }
 }
 
+/// One input to the engine loop, taken before the time is read.
+enum Input {
+    Msg(Msg),
+    Pane(Result<RoutedEvent, broadcast::error::RecvError>),
+    Reload(Arc<crate::config::Config>),
+    ReloadsClosed,
+    Tick,
+}
+
 struct Engine {
     parts: EngineParts,
     state: State,
-    tx: mpsc::Sender<Msg>,
+    effects: Effects,
     /// The member registry's writer, when it is kept on disk.
     saver: Option<tokio::sync::watch::Sender<Vec<crate::engine::NewMember>>>,
     /// Members from before a restart, to check and re-adopt at start.
@@ -150,46 +218,56 @@ impl Engine {
         let mut reloading = true;
         loop {
             let sleep = self.sleep_for();
-            let mut io = Vec::new();
-            let now = self.parts.clock.now();
-            tokio::select! {
+            let input = tokio::select! {
                 msg = rx.recv() => match msg {
-                    Some(Msg::Command(Command::Shutdown { reply })) => {
-                        self.shutdown(now).await;
-                        let _ = reply.send(());
-                        return;
-                    }
-                    Some(Msg::Command(command)) => self.command(command, now, &mut io),
-                    Some(Msg::Event(event)) => self.event(event, now, &mut io),
+                    Some(msg) => Input::Msg(msg),
+                    // Every handle is gone.
                     None => return,
                 },
-                event = events.recv() => match event {
-                    Ok(RoutedEvent { daemon, event }) => {
-                        let pane = QualifiedPaneId::new(daemon, event.pane().clone());
-                        match event {
-                            PaneEvent::StatusChanged { terminal, status, .. } => {
-                                self.state.pane_status(&pane, &terminal, status, now, &mut io);
-                            }
-                            PaneEvent::Gone { terminal, .. } => {
-                                self.state.pane_gone(&pane, terminal.as_ref(), now, &mut io);
-                            }
+                event = events.recv() => Input::Pane(event),
+                changed = reloads.changed(), if reloading => match changed {
+                    Ok(()) => Input::Reload(Arc::clone(&reloads.borrow_and_update())),
+                    Err(_) => Input::ReloadsClosed,
+                },
+                () = tokio::time::sleep(sleep) => Input::Tick,
+            };
+            // The time each input is handled at, read after waiting for it (review M1).
+            let now = self.parts.clock.now();
+            let mut io = Vec::new();
+            match input {
+                Input::Msg(Msg::Command(Command::Shutdown { reply })) => {
+                    self.shutdown(now).await;
+                    let _ = reply.send(());
+                    return;
+                }
+                Input::Msg(Msg::Command(command)) => self.command(command, now, &mut io),
+                Input::Msg(Msg::Event(event)) => self.event(event, now, &mut io),
+                Input::Pane(Ok(RoutedEvent { daemon, event })) => {
+                    let pane = QualifiedPaneId::new(daemon, event.pane().clone());
+                    match event {
+                        PaneEvent::StatusChanged {
+                            terminal, status, ..
+                        } => {
+                            self.state
+                                .pane_status(&pane, &terminal, status, now, &mut io);
+                        }
+                        PaneEvent::Gone { terminal, .. } => {
+                            self.state.pane_gone(&pane, terminal.as_ref(), now, &mut io);
                         }
                     }
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::warn!(missed = n, "pane events lagged; statuses refresh on the next change");
-                    }
-                    Err(broadcast::error::RecvError::Closed) => {
-                        events = self.parts.mux.events();
-                    }
-                },
-                changed = reloads.changed(), if reloading => match changed {
-                    Ok(()) => {
-                        let config = Arc::clone(&reloads.borrow_and_update());
-                        self.state.config_reloaded(&config, &mut io);
-                    }
-                    Err(_) => reloading = false,
-                },
-                () = tokio::time::sleep(sleep) => self.state.tick(now, &mut io),
+                }
+                Input::Pane(Err(broadcast::error::RecvError::Lagged(n))) => {
+                    tracing::warn!(
+                        missed = n,
+                        "pane events lagged; statuses refresh on the next change"
+                    );
+                }
+                Input::Pane(Err(broadcast::error::RecvError::Closed)) => {
+                    events = self.parts.mux.events();
+                }
+                Input::Reload(config) => self.state.config_reloaded(&config, &mut io),
+                Input::ReloadsClosed => reloading = false,
+                Input::Tick => self.state.tick(now, &mut io),
             }
             for request in io {
                 self.perform(request);
@@ -210,7 +288,7 @@ impl Engine {
         }
     }
 
-    fn command(&mut self, command: Command, now: jiff::Timestamp, io: &mut Vec<Io>) {
+    fn command(&mut self, command: Command, now: Timestamp, io: &mut Vec<Io>) {
         let s = &mut self.state;
         match command {
             Command::MemberAt {
@@ -286,10 +364,11 @@ impl Engine {
                 let _ = reply.send(s.release(&target, &cause, now, io));
             }
             Command::SetStatus { target, status } => s.set_status(&target, None, status, now, io),
+            Command::Panic => panic!("test fault: the engine was asked to panic"),
         }
     }
 
-    fn event(&mut self, event: Event, now: jiff::Timestamp, io: &mut Vec<Io>) {
+    fn event(&mut self, event: Event, now: Timestamp, io: &mut Vec<Io>) {
         match event {
             Event::Typed {
                 target,
@@ -303,9 +382,17 @@ impl Engine {
                     self.state.typed(target, ticket, ok, now, io);
                 }
             }
-            Event::FallbackStored { target, message } => {
-                if let Some(message) = message {
-                    self.state.reply_stored(message, now, io);
+            Event::FallbackStored {
+                target,
+                ticket,
+                message,
+            } => {
+                match message {
+                    Some(message) => {
+                        self.state.reply_stored(message, now, io);
+                    }
+                    // The tail could not be stored: the ticket still ends (review M7).
+                    None => self.state.turn_ended_unrecorded(ticket, now),
                 }
                 self.state.fallback_recorded(target, now, io);
             }
@@ -336,7 +423,7 @@ impl Engine {
 
     /// Releases every member with cause `shutdown` and stores the resulting notices before
     /// returning (the store is closed right after).
-    async fn shutdown(&mut self, now: jiff::Timestamp) {
+    async fn shutdown(&mut self, now: Timestamp) {
         let mut io = Vec::new();
         self.state.release_all("shutdown", now, &mut io);
         for request in io {
@@ -347,274 +434,21 @@ impl Engine {
                 text,
             } = request
             {
-                publish(
-                    &*self.parts.store,
-                    &self.parts.clock,
-                    &target,
-                    ticket,
-                    kind,
-                    self.parts.redactor.redact(&text).into_owned(),
-                )
-                .await;
+                self.effects.publish(&target, ticket, kind, text).await;
             }
         }
     }
 
-    /// Runs one I/O request in its own task; its result comes back as an event.
+    /// Has one I/O request performed. The member registry is written in order, here on the
+    /// engine task (its writer keeps only the latest list); everything else runs in its own task.
     fn perform(&self, request: Io) {
-        let request = match request {
+        match request {
             Io::SaveMembers(members) => {
-                // In order, on the engine task: the writer keeps only the latest list.
                 if let Some(saver) = &self.saver {
                     saver.send_replace(members);
                 }
-                return;
             }
-            other => other,
-        };
-        let mux = self.parts.mux.clone();
-        let store = Arc::clone(&self.parts.store);
-        let clock = Arc::clone(&self.parts.clock);
-        let redactor = self.parts.redactor.clone();
-        let tx = self.tx.clone();
-        let report = move |event: Event| {
-            let tx = tx.clone();
-            async move {
-                let _ = tx.send(Msg::Event(event)).await;
-            }
-        };
-        tokio::spawn(async move {
-            match request {
-                Io::Type {
-                    target,
-                    ticket,
-                    pane,
-                    text,
-                } => {
-                    let result = mux.submit(&pane, &text).await.map(|_| ());
-                    if let Err(e) = &result {
-                        tracing::warn!(%target, %ticket, error = %e, "typing a task failed");
-                    }
-                    report(typed(target, ticket, &result)).await;
-                }
-                Io::Enter {
-                    target,
-                    ticket,
-                    pane,
-                } => {
-                    let result = mux.press_enter(&pane).await;
-                    report(typed(target, ticket, &result)).await;
-                }
-                Io::Fallback {
-                    target,
-                    ticket,
-                    pane,
-                } => {
-                    let tail = mux
-                        .read_tail(&pane, FALLBACK_TAIL_LINES)
-                        .await
-                        .unwrap_or_else(|e| {
-                            format!("(fleetd could not read the pane's output: {e})")
-                        });
-                    // Raw pane text: a member may have printed its credentials.
-                    let text = format!(
-                        "[fleet] {target}'s turn for ticket {ticket} ended without fleet_reply; the last lines of its pane:\n{}",
-                        redactor.redact(tail.trim_end())
-                    );
-                    let message = publish(
-                        &*store,
-                        &clock,
-                        &target,
-                        Some(ticket),
-                        MessageKind::Fallback,
-                        text,
-                    )
-                    .await;
-                    report(Event::FallbackStored { target, message }).await;
-                }
-                Io::Notice {
-                    target,
-                    ticket,
-                    kind,
-                    text,
-                } => {
-                    let text = redactor.redact(&text).into_owned();
-                    publish(&*store, &clock, &target, ticket, kind, text).await;
-                    if let Ok(pending) = store.depth(&target).await {
-                        report(Event::Depth { target, pending }).await;
-                    }
-                }
-                Io::Nudge {
-                    lead,
-                    pane,
-                    terminal,
-                    text,
-                } => {
-                    let started = tokio::time::Instant::now();
-                    let outcome = nudge(&mux, &pane, &terminal, &text).await;
-                    if outcome == InjectOutcome::Delivered {
-                        metrics::histogram!("fleetd_nudge_seconds")
-                            .record(started.elapsed().as_secs_f64());
-                    }
-                    report(Event::Injected { lead, outcome }).await;
-                }
-                Io::Watch { pane } => {
-                    // Watching a pane already watched is a no-op that reports nothing, and the
-                    // incarnation may be new: read the status once so it is never missed.
-                    let watched = match mux.watch(&pane).await {
-                        Ok(()) => mux.pane(&pane).await,
-                        Err(e) => Err(e),
-                    };
-                    match watched {
-                        Ok(current) => {
-                            report(Event::Status {
-                                pane,
-                                terminal: current.info.terminal,
-                                status: current.info.status,
-                            })
-                            .await;
-                        }
-                        Err(e) => {
-                            tracing::warn!(%pane, error = %e, "cannot watch pane status; will retry");
-                            let gone = e.is_not_found();
-                            report(Event::WatchFailed { pane, gone }).await;
-                        }
-                    }
-                }
-                Io::Unwatch { pane } => mux.unwatch(&pane),
-                Io::Depth { target } => match store.depth(&target).await {
-                    Ok(pending) => report(Event::Depth { target, pending }).await,
-                    Err(e) => tracing::warn!(%target, error = %e, "cannot read inbox depth"),
-                },
-                Io::DepthAll => match store.targets().await {
-                    Ok(targets) => {
-                        for target in targets {
-                            match store.depth(&target).await {
-                                Ok(pending) => report(Event::Depth { target, pending }).await,
-                                Err(e) => {
-                                    tracing::warn!(%target, error = %e, "cannot read inbox depth");
-                                }
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot list inboxes; mail from before the start is found by fleet_poll")
-                    }
-                },
-                Io::SaveMembers(_) => {}
-                Io::Adopt(member) => {
-                    // Only an affirmative answer drops it: gone, or another incarnation there.
-                    let alive = match mux.pane(&member.pane).await {
-                        Ok(current) => current.info.terminal == member.terminal,
-                        Err(e) => !e.is_not_found(),
-                    };
-                    report(Event::Adopted { member, alive }).await;
-                }
-                Io::ScanLeads => {
-                    let panes = match mux.list_panes().await {
-                        Ok(panes) => Some(scan_panes(&mux, panes)),
-                        Err(e) => {
-                            tracing::debug!(error = %e, "lead-tab scan failed; keeping the last answer");
-                            None
-                        }
-                    };
-                    report(Event::LeadsScanned(panes)).await;
-                }
-                Io::Close { pane } => {
-                    if let Err(e) = mux.close_pane(&pane).await {
-                        tracing::warn!(%pane, error = %e, "cannot close a released member's pane");
-                    }
-                }
-            }
-        });
-    }
-}
-
-/// How typing into a member's pane went (a submit or the one Enter retry).
-fn typed(target: Target, ticket: Ticket, result: &Result<(), MuxError>) -> Event {
-    Event::Typed {
-        target,
-        ticket,
-        ok: result.is_ok(),
-        gone: result.as_ref().err().is_some_and(MuxError::is_not_found),
-    }
-}
-
-/// Publishes a daemon-authored message; `None` (and a warning) when the store refuses.
-async fn publish(
-    store: &dyn InboxStore,
-    clock: &crate::clock::SharedClock,
-    target: &Target,
-    ticket: Option<Ticket>,
-    kind: MessageKind,
-    text: String,
-) -> Option<Message> {
-    let message = Message {
-        msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
-        target: target.clone(),
-        ticket,
-        kind,
-        text,
-        from: "fleetd".to_owned(),
-        created_at: clock.now(),
-    };
-    match store.publish(message.clone()).await {
-        Ok(_) => Some(message),
-        Err(e) => {
-            tracing::error!(%target, error = %e, "failed to store a daemon notice");
-            None
-        }
-    }
-}
-
-/// A listing reduced to what the lead-tab scanner needs. On tmux a window may be named by its
-/// name as well as its index (`base:boss` as well as `base:3`).
-fn scan_panes(mux: &crate::mux::MuxRouter, panes: Vec<crate::mux::RoutedPane>) -> Vec<ScanPane> {
-    panes
-        .into_iter()
-        .map(|p| {
-            let tmux = mux
-                .daemon(p.id.daemon)
-                .is_ok_and(|d| d.kind() == crate::mux::BackendKind::Tmux);
-            let tab_by_name = p
-                .info
-                .label
-                .as_ref()
-                .filter(|_| tmux)
-                .map(|label| format!("{}:{label}", p.info.workspace));
-            ScanPane {
-                tab: p.info.tab.to_string(),
-                tab_by_name,
-                agent: p.info.agent.is_some(),
-                terminal: p.info.terminal,
-                pane: p.id,
-            }
-        })
-        .collect()
-}
-
-/// Types a nudge into a lead's pane if it still holds the same incarnation.
-async fn nudge(
-    mux: &crate::mux::MuxRouter,
-    pane: &QualifiedPaneId,
-    terminal: &fleetd_core::TerminalId,
-    text: &str,
-) -> InjectOutcome {
-    match mux.pane(pane).await {
-        Ok(current) if current.info.terminal != *terminal => return InjectOutcome::NotFound,
-        Ok(_) => {}
-        Err(e) if e.is_not_found() => return InjectOutcome::NotFound,
-        Err(e) => {
-            tracing::warn!(%pane, error = %e, "cannot read the lead's pane; will retry the nudge");
-            return InjectOutcome::Transient;
-        }
-    }
-    match mux.submit(pane, text).await {
-        Ok(_) => InjectOutcome::Delivered,
-        Err(e) if e.is_not_found() => InjectOutcome::NotFound,
-        Err(e) => {
-            tracing::warn!(%pane, error = %e, "nudge failed; will retry");
-            InjectOutcome::Transient
+            other => self.effects.perform(other),
         }
     }
 }

@@ -518,3 +518,50 @@ async fn a_restarted_engine_re_adopts_members_still_in_their_panes() {
     let ann = second.list().await.expect("engine");
     assert!(ann[0].connected, "a re-adopted member counts as present");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_engine_is_seen_dead_and_healthz_says_degraded() {
+    let fake = FakeMux::new();
+    let rig = rig(&fake);
+    let probe = crate::health::Probe {
+        store: Arc::clone(&rig.store) as Arc<dyn InboxStore>,
+        mux: rig.router.clone(),
+        endpoints: Vec::new(),
+        engine: rig.engine.clone(),
+    };
+    assert!(rig.engine.is_alive());
+    assert!(probe.report().await.engine.alive);
+    rig.engine.inject_panic().await.expect("sent");
+    tokio::time::timeout(Duration::from_secs(5), rig.engine.stopped())
+        .await
+        .expect("the supervisor saw it stop");
+    assert!(!rig.engine.is_alive());
+    let report = probe.report().await;
+    assert!(!report.engine.alive);
+    assert_eq!(report.status, crate::health::HealthStatus::Degraded);
+    // Callers get a clear error, not a hang.
+    assert!(rig.engine.list().await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_engine_ends_when_every_handle_is_dropped() {
+    let fake = FakeMux::new();
+    let rig = rig(&fake);
+    let weak = rig.engine.downgrade();
+    let watcher = rig.engine.downgrade().upgrade().expect("alive");
+    let stopped = {
+        let watcher = watcher.downgrade();
+        async move {
+            // A weak handle's view: it cannot keep the engine alive.
+            while weak.upgrade().is_some() {
+                sleep(Duration::from_millis(10)).await;
+            }
+            drop(watcher);
+        }
+    };
+    drop(watcher);
+    drop(rig);
+    tokio::time::timeout(Duration::from_secs(5), stopped)
+        .await
+        .expect("the engine ended once no strong handle was left");
+}

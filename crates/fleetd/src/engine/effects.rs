@@ -1,0 +1,286 @@
+//! The engine's effects: each [`Io`] request the state asks for, performed in its own task, its
+//! result reported back to the engine as an [`Event`]. Owns the I/O against the multiplexer and
+//! the store; decides nothing (a failure is reported, and the state decides what it means).
+//! Effect tasks hold only a weak sender: they never keep a stopped engine's queue open.
+
+use std::sync::Arc;
+
+use fleetd_core::push::InjectOutcome;
+use fleetd_core::{Message, MessageKind, MsgId, QualifiedPaneId, Target, Ticket};
+use tokio::sync::mpsc;
+
+use super::leads::ScanPane;
+use super::run::{Event, Msg};
+use super::state::Io;
+use crate::clock::SharedClock;
+use crate::mux::{MuxError, MuxRouter};
+use crate::secrets::Redactor;
+use crate::store::InboxStore;
+
+/// How many lines of a member's pane a turn-done fallback carries.
+const FALLBACK_TAIL_LINES: u32 = 40;
+
+/// What an effect task works with.
+#[derive(Debug, Clone)]
+pub(super) struct Effects {
+    pub(super) mux: MuxRouter,
+    pub(super) store: Arc<dyn InboxStore>,
+    pub(super) clock: SharedClock,
+    pub(super) redactor: Redactor,
+    pub(super) tx: mpsc::WeakSender<Msg>,
+}
+
+impl Effects {
+    /// Tells the engine, if it still runs.
+    async fn report(&self, event: Event) {
+        if let Some(tx) = self.tx.upgrade() {
+            let _ = tx.send(Msg::Event(event)).await;
+        }
+    }
+
+    /// Runs `request` in its own task.
+    pub(super) fn perform(&self, request: Io) {
+        let this = self.clone();
+        tokio::spawn(async move { this.run(request).await });
+    }
+
+    async fn run(&self, request: Io) {
+        match request {
+            Io::Type {
+                target,
+                ticket,
+                pane,
+                text,
+            } => {
+                let result = self.mux.submit(&pane, &text).await.map(|_| ());
+                if let Err(e) = &result {
+                    tracing::warn!(%target, %ticket, error = %e, "typing a task failed");
+                }
+                self.report(typed(target, ticket, &result)).await;
+            }
+            Io::Enter {
+                target,
+                ticket,
+                pane,
+            } => {
+                let result = self.mux.press_enter(&pane).await;
+                self.report(typed(target, ticket, &result)).await;
+            }
+            Io::Fallback {
+                target,
+                ticket,
+                pane,
+            } => self.fallback(target, ticket, pane).await,
+            Io::Notice {
+                target,
+                ticket,
+                kind,
+                text,
+            } => {
+                self.publish(&target, ticket, kind, text).await;
+                if let Ok(pending) = self.store.depth(&target).await {
+                    self.report(Event::Depth { target, pending }).await;
+                }
+            }
+            Io::Nudge {
+                lead,
+                pane,
+                terminal,
+                text,
+            } => {
+                let started = tokio::time::Instant::now();
+                let outcome = nudge(&self.mux, &pane, &terminal, &text).await;
+                if outcome == InjectOutcome::Delivered {
+                    metrics::histogram!("fleetd_nudge_seconds")
+                        .record(started.elapsed().as_secs_f64());
+                }
+                self.report(Event::Injected { lead, outcome }).await;
+            }
+            Io::Watch { pane } => self.watch(pane).await,
+            Io::Unwatch { pane } => self.mux.unwatch(&pane),
+            Io::Depth { target } => match self.store.depth(&target).await {
+                Ok(pending) => self.report(Event::Depth { target, pending }).await,
+                Err(e) => tracing::warn!(%target, error = %e, "cannot read inbox depth"),
+            },
+            Io::DepthAll => self.depth_all().await,
+            // Handled on the engine task, in order (see `Engine::perform`).
+            Io::SaveMembers(_) => {}
+            Io::Adopt(member) => {
+                // Only an affirmative answer drops it: gone, or another incarnation there.
+                let alive = match self.mux.pane(&member.pane).await {
+                    Ok(current) => current.info.terminal == member.terminal,
+                    Err(e) => !e.is_not_found(),
+                };
+                self.report(Event::Adopted { member, alive }).await;
+            }
+            Io::ScanLeads => {
+                let panes = match self.mux.list_panes().await {
+                    Ok(panes) => Some(scan_panes(&self.mux, panes)),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "lead-tab scan failed; keeping the last answer");
+                        None
+                    }
+                };
+                self.report(Event::LeadsScanned(panes)).await;
+            }
+            Io::Close { pane } => {
+                if let Err(e) = self.mux.close_pane(&pane).await {
+                    tracing::warn!(%pane, error = %e, "cannot close a released member's pane");
+                }
+            }
+        }
+    }
+
+    /// Captures the tail of a member's pane and stores it as the ticket's fallback.
+    async fn fallback(&self, target: Target, ticket: Ticket, pane: QualifiedPaneId) {
+        let tail = self
+            .mux
+            .read_tail(&pane, FALLBACK_TAIL_LINES)
+            .await
+            .unwrap_or_else(|e| format!("(fleetd could not read the pane's output: {e})"));
+        // Raw pane text: a member may have printed its credentials.
+        let text = format!(
+            "[fleet] {target}'s turn for ticket {ticket} ended without fleet_reply; the last lines of its pane:\n{}",
+            self.redactor.redact(tail.trim_end())
+        );
+        let message = self
+            .publish(&target, Some(ticket), MessageKind::Fallback, text)
+            .await;
+        self.report(Event::FallbackStored {
+            target,
+            ticket,
+            message,
+        })
+        .await;
+    }
+
+    /// Starts watching a pane. Watching a pane already watched reports nothing, and the
+    /// incarnation may be new: the status is read once so it is never missed.
+    async fn watch(&self, pane: QualifiedPaneId) {
+        let watched = match self.mux.watch(&pane).await {
+            Ok(()) => self.mux.pane(&pane).await,
+            Err(e) => Err(e),
+        };
+        match watched {
+            Ok(current) => {
+                self.report(Event::Status {
+                    pane,
+                    terminal: current.info.terminal,
+                    status: current.info.status,
+                })
+                .await;
+            }
+            Err(e) => {
+                tracing::warn!(%pane, error = %e, "cannot watch pane status; will retry");
+                let gone = e.is_not_found();
+                self.report(Event::WatchFailed { pane, gone }).await;
+            }
+        }
+    }
+
+    /// Re-reads every inbox's depth (at start: mail from before a restart is nudged too).
+    async fn depth_all(&self) {
+        let targets = match self.store.targets().await {
+            Ok(targets) => targets,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list inboxes; mail from before the start is found by fleet_poll");
+                return;
+            }
+        };
+        for target in targets {
+            match self.store.depth(&target).await {
+                Ok(pending) => self.report(Event::Depth { target, pending }).await,
+                Err(e) => tracing::warn!(%target, error = %e, "cannot read inbox depth"),
+            }
+        }
+    }
+
+    /// Publishes a daemon-authored message (secret values redacted); `None` (and an error log)
+    /// when the store refuses.
+    pub(super) async fn publish(
+        &self,
+        target: &Target,
+        ticket: Option<Ticket>,
+        kind: MessageKind,
+        text: String,
+    ) -> Option<Message> {
+        let message = Message {
+            msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
+            target: target.clone(),
+            ticket,
+            kind,
+            text: self.redactor.redact(&text).into_owned(),
+            from: "fleetd".to_owned(),
+            created_at: self.clock.now(),
+        };
+        match self.store.publish(message.clone()).await {
+            Ok(_) => Some(message),
+            Err(e) => {
+                tracing::error!(%target, error = %e, "failed to store a daemon notice");
+                None
+            }
+        }
+    }
+}
+
+/// How typing into a member's pane went (a submit or the one Enter retry).
+fn typed(target: Target, ticket: Ticket, result: &Result<(), MuxError>) -> Event {
+    Event::Typed {
+        target,
+        ticket,
+        ok: result.is_ok(),
+        gone: result.as_ref().err().is_some_and(MuxError::is_not_found),
+    }
+}
+
+/// A listing reduced to what the lead-tab scanner needs. On tmux a window may be named by its
+/// name as well as its index (`base:boss` as well as `base:3`).
+fn scan_panes(mux: &MuxRouter, panes: Vec<crate::mux::RoutedPane>) -> Vec<ScanPane> {
+    panes
+        .into_iter()
+        .map(|p| {
+            let tmux = mux
+                .daemon(p.id.daemon)
+                .is_ok_and(|d| d.kind() == crate::mux::BackendKind::Tmux);
+            let tab_by_name = p
+                .info
+                .label
+                .as_ref()
+                .filter(|_| tmux)
+                .map(|label| format!("{}:{label}", p.info.workspace));
+            ScanPane {
+                tab: p.info.tab.to_string(),
+                tab_by_name,
+                agent: p.info.agent.is_some(),
+                terminal: p.info.terminal,
+                pane: p.id,
+            }
+        })
+        .collect()
+}
+
+/// Types a nudge into a lead's pane if it still holds the same incarnation.
+async fn nudge(
+    mux: &MuxRouter,
+    pane: &QualifiedPaneId,
+    terminal: &fleetd_core::TerminalId,
+    text: &str,
+) -> InjectOutcome {
+    match mux.pane(pane).await {
+        Ok(current) if current.info.terminal != *terminal => return InjectOutcome::NotFound,
+        Ok(_) => {}
+        Err(e) if e.is_not_found() => return InjectOutcome::NotFound,
+        Err(e) => {
+            tracing::warn!(%pane, error = %e, "cannot read the lead's pane; will retry the nudge");
+            return InjectOutcome::Transient;
+        }
+    }
+    match mux.submit(pane, text).await {
+        Ok(_) => InjectOutcome::Delivered,
+        Err(e) if e.is_not_found() => InjectOutcome::NotFound,
+        Err(e) => {
+            tracing::warn!(%pane, error = %e, "nudge failed; will retry");
+            InjectOutcome::Transient
+        }
+    }
+}

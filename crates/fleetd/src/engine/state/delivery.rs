@@ -1,0 +1,307 @@
+//! Delivery: tickets, task texts, waiters and the injector's effects — from `fleet_send` to a
+//! settled ticket.
+
+use fleetd_core::access::Refusal;
+use fleetd_core::injector::{InjectorEffect, InjectorInput};
+use fleetd_core::push::PushInput;
+use fleetd_core::{Message, MessageKind, Target, Ticket, TicketEvent, TicketLookup};
+use jiff::Timestamp;
+use tokio::sync::oneshot;
+
+use super::super::{Delivered, LeadRef, Settled, TicketAnswer, TicketView};
+use super::{Io, State, view};
+
+impl State {
+    pub(in crate::engine) fn submit(
+        &mut self,
+        lead: Option<&LeadRef>,
+        target: Target,
+        task: String,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> Result<Ticket, Refusal> {
+        let Some(member) = self.members.get_mut(&target) else {
+            return Err(Refusal::new(
+                "unknown_target",
+                format!(
+                    "no member named {target}: call fleet_list to see members, or fleet_spawn to start one"
+                ),
+            ));
+        };
+        if let Some(lead) = lead {
+            let id = Self::lead_id(lead);
+            member.lead = Some(id.clone());
+            let effects = self.push.handle_at(
+                PushInput::Bound {
+                    target: target.clone(),
+                    lead: id,
+                },
+                now,
+            );
+            self.push_effects(effects, now, io);
+        }
+        let ticket = Ticket::from_uuid(uuid::Uuid::now_v7());
+        self.tickets.open_at(ticket, target.clone(), now);
+        self.ticket_gauges();
+        self.tasks.insert(ticket, task);
+        let effects = self
+            .injector
+            .handle_at(InjectorInput::Enqueue { target, ticket }, now);
+        self.injector_effects(effects, now, io);
+        Ok(ticket)
+    }
+
+    pub(in crate::engine) fn wait(
+        &mut self,
+        ticket: Ticket,
+        reply: oneshot::Sender<Settled>,
+        now: Timestamp,
+    ) {
+        match self.tickets.get_at(ticket, now) {
+            TicketLookup::Live(r) if r.state.is_terminal() => {
+                let _ = reply.send(Settled {
+                    state: r.state,
+                    reply: self.replies.get(&ticket).cloned(),
+                });
+            }
+            TicketLookup::Live(_) => self.waiters.entry(ticket).or_default().push(reply),
+            // Unknown or expired: the sender is dropped; the waiter reads that as "no answer".
+            _ => {}
+        }
+    }
+
+    pub(in crate::engine) fn ticket(&self, ticket: Ticket, now: Timestamp) -> TicketAnswer {
+        match self.tickets.get_at(ticket, now) {
+            TicketLookup::Live(r) => TicketAnswer::Live(view(r)),
+            TicketLookup::Expired => TicketAnswer::Expired,
+            TicketLookup::Unknown => TicketAnswer::Unknown,
+        }
+    }
+
+    pub(in crate::engine) fn task_text(
+        &self,
+        ticket: Ticket,
+        now: Timestamp,
+    ) -> Option<(Target, String)> {
+        let TicketLookup::Live(r) = self.tickets.get_at(ticket, now) else {
+            return None;
+        };
+        Some((r.target.clone(), self.tasks.get(&ticket)?.clone()))
+    }
+
+    pub(in crate::engine) fn current_ticket(&self, target: &Target) -> Option<Ticket> {
+        self.injector.current(target)
+    }
+
+    /// A durable reply (or fallback): settle its ticket, hand it to a waiter if one is alive.
+    pub(in crate::engine) fn reply_stored(
+        &mut self,
+        message: Message,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> Delivered {
+        let target = message.target.clone();
+        let mut delivered = Delivered::Inbox;
+        if let Some(ticket) = message.ticket {
+            let event = match message.kind {
+                MessageKind::Fallback => TicketEvent::TurnEndedWithoutReply,
+                _ => TicketEvent::Replied,
+            };
+            if message.kind == MessageKind::Reply {
+                let effects = self.injector.handle_at(
+                    InjectorInput::Replied {
+                        target: target.clone(),
+                        ticket,
+                    },
+                    now,
+                );
+                self.injector_effects(effects, now, io);
+            }
+            self.replies.insert(ticket, message);
+            if self.apply(ticket, event, now) && self.settle(ticket, now) {
+                delivered = Delivered::Waiter;
+            }
+        }
+        // A reply handed to a waiter is acknowledged by it in a moment (and the depth re-read
+        // then); telling the push loop now would nudge the lead about mail it is receiving.
+        if delivered == Delivered::Inbox {
+            io.push(Io::Depth { target });
+        }
+        delivered
+    }
+
+    /// Sets the `fleetd_tickets{state}` gauges from the book.
+    pub(super) fn ticket_gauges(&self) {
+        let counts = self.tickets.count_by_state();
+        for state in fleetd_core::TicketState::ALL {
+            #[expect(
+                clippy::cast_precision_loss,
+                reason = "a gauge: ticket counts are far below 2^52"
+            )]
+            let n = counts.get(&state).copied().unwrap_or(0) as f64;
+            metrics::gauge!("fleetd_tickets", "state" => state.as_str()).set(n);
+        }
+    }
+
+    /// Applies a ticket event; true when it changed the ticket.
+    pub(super) fn apply(&mut self, ticket: Ticket, event: TicketEvent, now: Timestamp) -> bool {
+        if event == TicketEvent::Delivered
+            && let TicketLookup::Live(r) = self.tickets.get_at(ticket, now)
+        {
+            let waited = now.duration_since(r.created_at).as_secs_f64();
+            metrics::histogram!("fleetd_delivery_seconds").record(waited.max(0.0));
+        }
+        let changed = self.apply_event(ticket, event, now);
+        self.ticket_gauges();
+        changed
+    }
+
+    pub(super) fn apply_event(
+        &mut self,
+        ticket: Ticket,
+        event: TicketEvent,
+        now: Timestamp,
+    ) -> bool {
+        match self.tickets.apply_at(ticket, event, now) {
+            Ok(_) => true,
+            Err(refusal) => {
+                tracing::debug!(%refusal, "ticket event ignored");
+                false
+            }
+        }
+    }
+
+    /// Hands a settled ticket to its waiters; true when at least one was still listening.
+    pub(super) fn settle(&mut self, ticket: Ticket, now: Timestamp) -> bool {
+        let TicketLookup::Live(record) = self.tickets.get_at(ticket, now) else {
+            return false;
+        };
+        if !record.state.is_terminal() {
+            return false;
+        }
+        let settled = Settled {
+            state: record.state,
+            reply: self.replies.get(&ticket).cloned(),
+        };
+        let mut taken = false;
+        for waiter in self.waiters.remove(&ticket).unwrap_or_default() {
+            taken |= waiter.send(settled.clone()).is_ok();
+        }
+        taken
+    }
+
+    pub(in crate::engine) fn recent(&self, target: &Target) -> Vec<TicketView> {
+        self.tickets
+            .recent_for(target, 10)
+            .into_iter()
+            .map(view)
+            .collect()
+    }
+
+    pub(in crate::engine) fn typed(
+        &mut self,
+        target: Target,
+        ticket: Ticket,
+        ok: bool,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        let effects = self
+            .injector
+            .handle_at(InjectorInput::Typed { target, ticket, ok }, now);
+        self.injector_effects(effects, now, io);
+    }
+
+    /// A turn ended without a reply and its pane tail could not be stored: the ticket still
+    /// ends, with no fallback message to show.
+    pub(in crate::engine) fn turn_ended_unrecorded(&mut self, ticket: Ticket, now: Timestamp) {
+        tracing::warn!(%ticket, "the turn ended without a reply and its fallback could not be stored");
+        if self.apply(ticket, TicketEvent::TurnEndedWithoutReply, now) {
+            self.settle(ticket, now);
+        }
+    }
+
+    pub(in crate::engine) fn fallback_recorded(
+        &mut self,
+        target: Target,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        let effects = self
+            .injector
+            .handle_at(InjectorInput::FallbackRecorded { target }, now);
+        self.injector_effects(effects, now, io);
+    }
+
+    pub(super) fn injector_effects(
+        &mut self,
+        effects: Vec<InjectorEffect>,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        for effect in effects {
+            match effect {
+                InjectorEffect::Type { target, ticket } => {
+                    let Some(pane) = self.members.get(&target).map(|m| m.pane.clone()) else {
+                        continue;
+                    };
+                    let task = self
+                        .tasks
+                        .get(&ticket)
+                        .map(String::as_str)
+                        .unwrap_or_default();
+                    let text = fleetd_core::plan_injection(task, ticket, self.max_inject)
+                        .text()
+                        .to_owned();
+                    io.push(Io::Type {
+                        target,
+                        ticket,
+                        pane,
+                        text,
+                    });
+                }
+                InjectorEffect::Resubmit { target, ticket } => {
+                    if let Some(pane) = self.members.get(&target).map(|m| m.pane.clone()) {
+                        io.push(Io::Enter {
+                            target,
+                            ticket,
+                            pane,
+                        });
+                    }
+                }
+                InjectorEffect::RecordFallback { target, ticket } => {
+                    match self.members.get(&target) {
+                        Some(m) => io.push(Io::Fallback {
+                            target,
+                            ticket,
+                            pane: m.pane.clone(),
+                        }),
+                        None => {
+                            let effects = self
+                                .injector
+                                .handle_at(InjectorInput::FallbackRecorded { target }, now);
+                            self.injector_effects(effects, now, io);
+                        }
+                    }
+                }
+                InjectorEffect::Ticket { ticket, event } => {
+                    let stalled = event == TicketEvent::Stalled;
+                    if self.apply(ticket, event, now) {
+                        let settled_waiter = self.settle(ticket, now);
+                        if stalled
+                            && !settled_waiter
+                            && let TicketLookup::Live(r) = self.tickets.get_at(ticket, now)
+                        {
+                            io.push(Io::Notice {
+                                target: r.target.clone(),
+                                ticket: Some(ticket),
+                                kind: MessageKind::Incident,
+                                text: format!("[fleet] ticket {ticket} to {} stalled: the member did not start working after the task was typed and Enter pressed again", r.target),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! Members: registering, re-adopting and releasing them (the one release path), their statuses,
+//! names, presence and backend incidents.
+
+use fleetd_core::access::Refusal;
+use fleetd_core::injector::{Activity, InjectorInput};
+use fleetd_core::push::PushInput;
+use fleetd_core::{
+    AgentStatus, MessageKind, QualifiedPaneId, Target, TerminalId, Ticket, TicketEvent,
+};
+use jiff::{SignedDuration, Timestamp};
+
+use super::super::{MemberView, NewMember};
+use super::{Io, Member, NAMES, SEEN_PANES, State};
+
+impl State {
+    pub(in crate::engine) fn member_at(
+        &self,
+        pane: &QualifiedPaneId,
+        terminal: &TerminalId,
+    ) -> Option<(Target, bool)> {
+        let target = self.by_pane.get(pane)?;
+        let m = self.members.get(target)?;
+        (m.terminal == *terminal).then(|| (target.clone(), m.allow_delegation))
+    }
+
+    /// A backend health reading. A transition (up → down, down → up) is an incident in the inbox
+    /// of every member on that backend, which nudges their leads; a repeated reading is nothing.
+    pub(in crate::engine) fn backend_health(
+        &mut self,
+        name: &str,
+        down: Option<String>,
+        io: &mut Vec<Io>,
+    ) {
+        let was_down = self.backends_down.contains_key(name);
+        let text = match (&down, was_down) {
+            (Some(why), false) => {
+                tracing::warn!(backend = name, reason = %why, "backend down");
+                format!(
+                    "[fleet] incident: backend {name} is down ({why}); members on it cannot reach their model"
+                )
+            }
+            (None, true) => {
+                tracing::info!(backend = name, "backend up again");
+                format!("[fleet] incident resolved: backend {name} is up again")
+            }
+            _ => return,
+        };
+        match down {
+            Some(why) => self.backends_down.insert(name.to_owned(), why),
+            None => self.backends_down.remove(name),
+        };
+        self.incident(|m| m.backend.as_deref() == Some(name), &text, io);
+    }
+
+    /// A reload was applied: members whose backend is no longer configured are `unmapped`.
+    pub(in crate::engine) fn config_reloaded(
+        &mut self,
+        config: &crate::config::Config,
+        io: &mut Vec<Io>,
+    ) {
+        self.backends_down
+            .retain(|name, _| config.backends.contains_key(name));
+        let vanished: Vec<(Target, String)> = self
+            .members
+            .iter()
+            .filter(|(_, m)| !m.unmapped)
+            .filter_map(|(t, m)| {
+                let backend = m.backend.as_ref()?;
+                (!config.backends.contains_key(backend)).then(|| (t.clone(), backend.clone()))
+            })
+            .collect();
+        for (target, backend) in vanished {
+            tracing::warn!(%target, %backend, "member's backend is no longer configured");
+            if let Some(m) = self.members.get_mut(&target) {
+                m.unmapped = true;
+            }
+            io.push(Io::Notice {
+                target,
+                ticket: None,
+                kind: MessageKind::Incident,
+                text: format!("[fleet] incident: backend {backend} was removed from the configuration; this member keeps running on the settings it was started with — stop it or add the backend back"),
+            });
+        }
+    }
+
+    /// Publishes `text` as an incident to every member `which` selects.
+    pub(super) fn incident(&self, which: impl Fn(&Member) -> bool, text: &str, io: &mut Vec<Io>) {
+        for (target, _) in self.members.iter().filter(|(_, m)| which(m)) {
+            io.push(Io::Notice {
+                target: target.clone(),
+                ticket: None,
+                kind: MessageKind::Incident,
+                text: text.to_owned(),
+            });
+        }
+    }
+
+    pub(in crate::engine) fn presence(&mut self, target: Target, now: Timestamp, io: &mut Vec<Io>) {
+        let effects = self
+            .injector
+            .handle_at(InjectorInput::PresenceSeen { target }, now);
+        self.injector_effects(effects, now, io);
+    }
+
+    pub(in crate::engine) fn pane_seen(
+        &mut self,
+        pane: QualifiedPaneId,
+        terminal: TerminalId,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        // The member may have been registered between the caller's lookup and this message.
+        if let Some((target, _)) = self.member_at(&pane, &terminal) {
+            self.presence(target, now, io);
+            return;
+        }
+        tracing::debug!(%pane, %terminal, "MCP seen from a pane that holds no member yet");
+        let key = (pane, terminal);
+        if !self.seen.contains(&key) {
+            self.seen.push_back(key);
+            if self.seen.len() > SEEN_PANES {
+                self.seen.pop_front();
+            }
+        }
+    }
+
+    pub(in crate::engine) fn list(&self) -> Vec<MemberView> {
+        self.members
+            .iter()
+            .map(|(target, m)| self.member_view(target, m))
+            .collect()
+    }
+
+    pub(super) fn member_view(&self, target: &Target, m: &Member) -> MemberView {
+        MemberView {
+            target: target.clone(),
+            profile: m.profile.clone(),
+            pane_id: m.pane.clone(),
+            terminal_id: m.terminal.clone(),
+            status: m.status.as_str().to_owned(),
+            connected: self.injector.presence(target),
+            queued: self.injector.queued(target),
+            open_tickets: self
+                .tickets
+                .open_for(target)
+                .iter()
+                .map(|r| r.ticket)
+                .collect(),
+            lead: m.lead.as_ref().map(|l| l.0.clone()),
+            joined_at: m.joined_at,
+        }
+    }
+
+    pub(in crate::engine) fn reserve(
+        &mut self,
+        name: Option<String>,
+        now: Timestamp,
+    ) -> Result<Target, Refusal> {
+        let taken = |t: &Target, s: &Self| s.members.contains_key(t) || s.reserved.contains_key(t);
+        let target = match name {
+            Some(name) => {
+                let target =
+                    Target::new(name).map_err(|e| Refusal::new("invalid_name", e.to_string()))?;
+                if taken(&target, self) {
+                    return Err(Refusal::new(
+                        "name_taken",
+                        format!(
+                            "a member named {target} exists already: pick another name, or omit `name` to get a free one"
+                        ),
+                    ));
+                }
+                target
+            }
+            None => (0..)
+                .flat_map(|round| {
+                    NAMES.iter().map(move |n| {
+                        if round == 0 {
+                            (*n).to_owned()
+                        } else {
+                            format!("{n}{round}")
+                        }
+                    })
+                })
+                .filter_map(|n| Target::new(n).ok())
+                .find(|t| !taken(t, self))
+                .ok_or_else(|| Refusal::new("no_name", "no free member name"))?,
+        };
+        self.reserved.insert(target.clone(), now);
+        Ok(target)
+    }
+
+    pub(in crate::engine) fn unreserve(&mut self, target: &Target) {
+        self.reserved.remove(target);
+    }
+
+    pub(in crate::engine) fn add_member(
+        &mut self,
+        new: NewMember,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        self.reserved.remove(&new.target);
+        self.registry.insert(new.target.clone(), new.clone());
+        io.push(Io::SaveMembers(self.registry.values().cloned().collect()));
+        let lead = new.lead.as_ref().map(Self::lead_id);
+        self.by_pane.insert(new.pane.clone(), new.target.clone());
+        self.members.insert(
+            new.target.clone(),
+            Member {
+                profile: new.profile,
+                pane: new.pane.clone(),
+                terminal: new.terminal,
+                status: AgentStatus::Unknown,
+                allow_delegation: new.allow_delegation,
+                lead: lead.clone(),
+                backend: new.backend.clone(),
+                unmapped: false,
+                joined_at: now,
+                idle_since: None,
+                idle_timeout: new
+                    .idle_timeout_secs
+                    .and_then(|s| i64::try_from(s).ok())
+                    .map(SignedDuration::from_secs),
+            },
+        );
+        let effects = self.injector.handle_at(
+            InjectorInput::MemberAdded {
+                target: new.target.clone(),
+            },
+            now,
+        );
+        self.injector_effects(effects, now, io);
+        let incarnation = (new.pane.clone(), self.members[&new.target].terminal.clone());
+        if let Some(i) = self.seen.iter().position(|k| *k == incarnation) {
+            // Its agent connected before the member was registered: that was its presence.
+            self.seen.remove(i);
+            self.presence(new.target.clone(), now, io);
+        }
+        if let Some(lead) = lead {
+            let effects = self.push.handle_at(
+                PushInput::Bound {
+                    target: new.target,
+                    lead,
+                },
+                now,
+            );
+            self.push_effects(effects, now, io);
+        }
+        io.push(Io::Watch { pane: new.pane });
+    }
+
+    /// A member from before a restart still runs in its pane: it is a member again (present,
+    /// since it was connected when it was spawned; its delegating lead is not known any more, so
+    /// its mail goes to the primary).
+    pub(in crate::engine) fn adopt(&mut self, member: NewMember, now: Timestamp, io: &mut Vec<Io>) {
+        if self.members.contains_key(&member.target) {
+            return;
+        }
+        tracing::info!(target = %member.target, pane = %member.pane, "re-adopted a member from before the restart");
+        let target = member.target.clone();
+        self.add_member(
+            NewMember {
+                lead: None,
+                ..member
+            },
+            now,
+            io,
+        );
+        self.presence(target, now, io);
+    }
+
+    /// A member from before a restart is gone (its pane closed or holds another incarnation).
+    pub(in crate::engine) fn adoption_failed(&mut self, target: &Target, io: &mut Vec<Io>) {
+        tracing::info!(%target, "a member from before the restart is gone");
+        if self.registry.remove(target).is_some() {
+            io.push(Io::SaveMembers(self.registry.values().cloned().collect()));
+        }
+    }
+
+    /// Releases every member with `cause` (daemon shutdown).
+    pub(in crate::engine) fn release_all(&mut self, cause: &str, now: Timestamp, io: &mut Vec<Io>) {
+        let targets: Vec<Target> = self.members.keys().cloned().collect();
+        for target in targets {
+            self.release(&target, cause, now, io);
+        }
+    }
+
+    /// The one release path: fails open tickets with `cause`, forgets bindings and the queue,
+    /// and tells the lead through the inbox. Returns the pane.
+    pub(in crate::engine) fn release(
+        &mut self,
+        target: &Target,
+        cause: &str,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> Option<QualifiedPaneId> {
+        let member = self.members.remove(target)?;
+        self.by_pane.remove(&member.pane);
+        if self.registry.remove(target).is_some() && cause != "shutdown" {
+            // A member released by a shutdown stays in the registry: it keeps running, and the
+            // next daemon re-adopts it.
+            io.push(Io::SaveMembers(self.registry.values().cloned().collect()));
+        }
+        io.push(Io::Unwatch {
+            pane: member.pane.clone(),
+        });
+        let open: Vec<Ticket> = self
+            .tickets
+            .open_for(target)
+            .iter()
+            .map(|r| r.ticket)
+            .collect();
+        for ticket in &open {
+            self.apply(*ticket, TicketEvent::MemberGone(cause.to_owned()), now);
+            self.settle(*ticket, now);
+        }
+        if !open.is_empty() {
+            io.push(Io::Notice {
+                target: target.clone(),
+                ticket: open.first().copied(),
+                kind: MessageKind::Incident,
+                text: format!(
+                    "[fleet] member {target} was released ({cause}); its open tickets failed: {}",
+                    open.iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+        let effects = self.injector.handle_at(
+            InjectorInput::MemberRemoved {
+                target: target.clone(),
+            },
+            now,
+        );
+        self.injector_effects(effects, now, io);
+        let effects = self.push.handle_at(
+            PushInput::Unbound {
+                target: target.clone(),
+            },
+            now,
+        );
+        self.push_effects(effects, now, io);
+        // Questions of a released member can never be answered in its pane.
+        let asked: Vec<String> = self
+            .questions
+            .iter()
+            .filter(|(_, q)| q.target == *target)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in asked {
+            self.questions.remove(&id);
+            let effects = self
+                .push
+                .handle_at(PushInput::QuestionClosed { question_id: id }, now);
+            self.push_effects(effects, now, io);
+        }
+        Some(member.pane)
+    }
+
+    pub(in crate::engine) fn set_status(
+        &mut self,
+        target: &Target,
+        terminal: Option<&TerminalId>,
+        status: AgentStatus,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        let Some(member) = self.members.get_mut(target) else {
+            return;
+        };
+        if terminal.is_some_and(|t| *t != member.terminal) {
+            return; // A reading of another incarnation of the pane.
+        }
+        member.status = status;
+        member.idle_since = match (status.is_at_rest(), member.idle_since) {
+            (true, Some(since)) => Some(since),
+            (true, None) => Some(now),
+            (false, _) => None,
+        };
+        let activity = match status {
+            AgentStatus::Idle | AgentStatus::Done => Activity::AtRest,
+            AgentStatus::Working | AgentStatus::Blocked => Activity::Busy,
+            AgentStatus::Unknown => Activity::Unknown,
+        };
+        let effects = self.injector.handle_at(
+            InjectorInput::Activity {
+                target: target.clone(),
+                activity,
+            },
+            now,
+        );
+        self.injector_effects(effects, now, io);
+    }
+}

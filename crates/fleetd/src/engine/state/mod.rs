@@ -1,0 +1,302 @@
+//! The engine's state and its synchronous handling of commands and events. Owns members,
+//! tickets, task texts, questions and waiters, and composes the core's `Injector`, `PushLoop`
+//! and `TicketBook`. Does no I/O: it returns [`Io`] requests that `run` performs in spawned tasks.
+
+use std::collections::{BTreeMap, HashMap};
+
+use fleetd_core::injector::{Injector, InjectorInput};
+use fleetd_core::push::{LeadActivity, LeadId, PushInput, PushLoop};
+use fleetd_core::{
+    AgentStatus, Message, MessageKind, QualifiedPaneId, Target, TerminalId, Ticket, TicketBook,
+};
+use jiff::{SignedDuration, Timestamp};
+use tokio::sync::oneshot;
+
+mod delivery;
+mod members;
+mod push;
+mod questions;
+
+use super::leads::LeadTabs;
+use super::{NewMember, Settled, TicketView};
+
+/// I/O the engine wants done; `run` spawns a task per request and reports back as an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Io {
+    /// Type a task into a member's pane.
+    Type {
+        target: Target,
+        ticket: Ticket,
+        pane: QualifiedPaneId,
+        text: String,
+    },
+    /// Press Enter again in a member's pane.
+    Enter {
+        target: Target,
+        ticket: Ticket,
+        pane: QualifiedPaneId,
+    },
+    /// Capture the tail of a member's pane and publish it as the ticket's fallback.
+    Fallback {
+        target: Target,
+        ticket: Ticket,
+        pane: QualifiedPaneId,
+    },
+    /// Publish a notice to `target`'s inbox (stalled / failed tickets, late answers).
+    Notice {
+        target: Target,
+        ticket: Option<Ticket>,
+        kind: MessageKind,
+        text: String,
+    },
+    /// Type a nudge into a lead's pane, after checking its incarnation.
+    Nudge {
+        lead: LeadId,
+        pane: QualifiedPaneId,
+        terminal: TerminalId,
+        text: String,
+    },
+    /// Start watching a pane's status.
+    Watch { pane: QualifiedPaneId },
+    /// Stop watching a pane.
+    Unwatch { pane: QualifiedPaneId },
+    /// Re-read `target`'s inbox depth.
+    Depth { target: Target },
+    /// Close a released member's pane.
+    Close { pane: QualifiedPaneId },
+    /// List every pane for the lead-tab scanner.
+    ScanLeads,
+    /// Re-read every target's inbox depth (at start: mail from before a restart is nudged too).
+    DepthAll,
+    /// Keep this member list on disk (the registry a restarted daemon re-adopts from).
+    SaveMembers(Vec<NewMember>),
+    /// Check that a member from before a restart still runs in its pane incarnation.
+    Adopt(Box<NewMember>),
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    profile: String,
+    pane: QualifiedPaneId,
+    terminal: TerminalId,
+    status: AgentStatus,
+    allow_delegation: bool,
+    lead: Option<LeadId>,
+    /// Its profile's backend.
+    backend: Option<String>,
+    /// An `unmapped` incident was raised for it (once per member).
+    unmapped: bool,
+    joined_at: Timestamp,
+    /// Since when the member has been at rest (for the idle reaper).
+    idle_since: Option<Timestamp>,
+    idle_timeout: Option<SignedDuration>,
+}
+
+#[derive(Debug)]
+struct Question {
+    target: Target,
+    text: String,
+    waiter: Option<oneshot::Sender<String>>,
+}
+
+#[derive(Debug, Clone)]
+struct Lead {
+    pane: QualifiedPaneId,
+    terminal: TerminalId,
+    /// When it last called a lead tool or was resolved by the scanner.
+    seen_at: Timestamp,
+}
+
+/// Names handed out when `fleet_spawn` gets none: short, readable, distinct.
+const NAMES: &[&str] = &[
+    "ada", "bo", "cy", "dex", "eve", "fay", "gus", "hal", "ivy", "jo", "kit", "lux", "max", "ned",
+    "oz", "pia", "quin", "rex", "sky", "tam", "uma", "vic", "wes", "xan", "yui", "zed",
+];
+
+/// The engine's state.
+#[derive(Debug)]
+pub(super) struct State {
+    members: BTreeMap<Target, Member>,
+    reserved: BTreeMap<Target, Timestamp>,
+    by_pane: HashMap<QualifiedPaneId, Target>,
+    tickets: TicketBook,
+    tasks: HashMap<Ticket, String>,
+    replies: HashMap<Ticket, Message>,
+    waiters: HashMap<Ticket, Vec<oneshot::Sender<Settled>>>,
+    injector: Injector,
+    push: PushLoop,
+    questions: BTreeMap<String, Question>,
+    leads: BTreeMap<LeadId, Lead>,
+    lead_tabs: LeadTabs,
+    /// What `members.json` holds: every registered member as it was added.
+    registry: BTreeMap<Target, NewMember>,
+    /// Backends the prober last found down, with why.
+    backends_down: BTreeMap<String, String>,
+    /// Panes whose status watch failed transiently, with when to try again.
+    rewatch: BTreeMap<QualifiedPaneId, Timestamp>,
+    /// Pane incarnations that spoke MCP before they held a member (newest last, bounded).
+    seen: std::collections::VecDeque<(QualifiedPaneId, TerminalId)>,
+    max_inject: usize,
+}
+
+/// How many not-yet-member pane incarnations are remembered as having spoken MCP. Only the
+/// moments between a pane opening and its member being registered matter, so a few hundred is
+/// plenty even with many leads.
+const SEEN_PANES: usize = 256;
+
+/// How long after a failed status watch it is tried again. Without a watch a lead is never seen
+/// idle (so never nudged) and a member never at rest, so this retries until the pane is gone.
+const REWATCH_AFTER: SignedDuration = SignedDuration::from_secs(2);
+
+impl State {
+    pub(super) fn new(
+        ttl: SignedDuration,
+        grace: SignedDuration,
+        push: PushLoop,
+        lead_tabs: LeadTabs,
+        max_inject: usize,
+    ) -> Self {
+        Self {
+            members: BTreeMap::new(),
+            reserved: BTreeMap::new(),
+            by_pane: HashMap::new(),
+            tickets: TicketBook::new(ttl),
+            tasks: HashMap::new(),
+            replies: HashMap::new(),
+            waiters: HashMap::new(),
+            injector: Injector::new(grace),
+            push,
+            questions: BTreeMap::new(),
+            leads: BTreeMap::new(),
+            lead_tabs,
+            rewatch: BTreeMap::new(),
+            backends_down: BTreeMap::new(),
+            registry: BTreeMap::new(),
+            seen: std::collections::VecDeque::new(),
+            max_inject,
+        }
+    }
+
+    /// The earliest time something is due.
+    pub(super) fn next_wake(&self) -> Option<Timestamp> {
+        let reap = self
+            .members
+            .values()
+            .filter_map(|m| m.idle_since?.checked_add(m.idle_timeout?).ok());
+        [
+            self.injector.next_wake(),
+            self.push.next_wake(),
+            self.tickets.next_expiry(),
+            self.lead_tabs.next_scan(!self.leads.is_empty()),
+            self.rewatch.values().min().copied(),
+        ]
+        .into_iter()
+        .flatten()
+        .chain(reap)
+        .min()
+    }
+
+    /// A status reading for a pane incarnation, from the multiplexer.
+    pub(super) fn pane_status(
+        &mut self,
+        pane: &QualifiedPaneId,
+        terminal: &TerminalId,
+        status: AgentStatus,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        tracing::debug!(%pane, %terminal, ?status, "pane status");
+        if let Some(target) = self.by_pane.get(pane).cloned() {
+            self.set_status(&target, Some(terminal), status, now, io);
+        }
+        let lead = LeadId(pane.to_string());
+        if self
+            .leads
+            .get(&lead)
+            .is_some_and(|l| l.terminal == *terminal)
+        {
+            let activity = match status {
+                AgentStatus::Idle | AgentStatus::Done | AgentStatus::Blocked => {
+                    LeadActivity::Receptive
+                }
+                AgentStatus::Working => LeadActivity::Busy,
+                AgentStatus::Unknown => LeadActivity::Unknown,
+            };
+            let effects = self
+                .push
+                .handle_at(PushInput::LeadStatus { lead, activity }, now);
+            self.push_effects(effects, now, io);
+        }
+    }
+
+    /// A pane incarnation ended: a member there is released with cause `exited`.
+    pub(super) fn pane_gone(
+        &mut self,
+        pane: &QualifiedPaneId,
+        terminal: Option<&TerminalId>,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        if let Some(target) = self.by_pane.get(pane).cloned()
+            && let Some(member) = self.members.get(&target)
+            && terminal.is_none_or(|t| *t == member.terminal)
+        {
+            self.release(&target, "exited", now, io);
+        }
+        let lead = LeadId(pane.to_string());
+        if self
+            .leads
+            .get(&lead)
+            .is_some_and(|l| terminal.is_none_or(|t| *t == l.terminal))
+        {
+            self.lead_gone(&lead, now, io);
+        }
+    }
+
+    /// Time passed: deadlines, retention, the idle reaper.
+    pub(super) fn tick(&mut self, now: Timestamp, io: &mut Vec<Io>) {
+        let effects = self.injector.handle_at(InjectorInput::Tick, now);
+        self.injector_effects(effects, now, io);
+        let effects = self.push.handle_at(PushInput::Tick, now);
+        self.push_effects(effects, now, io);
+        self.scan_if_due(now, io);
+        self.rewatch_due(now, io);
+        let pruned = self.tickets.prune_at(now);
+        if !pruned.is_empty() {
+            self.ticket_gauges();
+        }
+        for ticket in pruned {
+            self.tasks.remove(&ticket);
+            self.replies.remove(&ticket);
+            self.waiters.remove(&ticket);
+        }
+        let idle: Vec<Target> = self
+            .members
+            .iter()
+            .filter(|(_, m)| {
+                m.idle_since
+                    .zip(m.idle_timeout)
+                    .and_then(|(s, t)| s.checked_add(t).ok())
+                    .is_some_and(|due| now >= due)
+            })
+            .map(|(t, _)| t.clone())
+            .collect();
+        for target in idle {
+            tracing::info!(%target, "releasing idle member");
+            if let Some(pane) = self.release(&target, "idle", now, io) {
+                io.push(Io::Close { pane });
+            }
+        }
+    }
+}
+
+fn view(r: &fleetd_core::TicketRecord) -> TicketView {
+    TicketView {
+        ticket: r.ticket,
+        target: r.target.clone(),
+        state: r.state,
+        cause: r.cause.clone(),
+        created_at: r.created_at,
+        finished_at: r.finished_at,
+    }
+}

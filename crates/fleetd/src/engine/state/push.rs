@@ -1,0 +1,257 @@
+//! Leads and the push loop: registering leads, the primary, the lead-tab scanner, watches that
+//! must be retried, inbox depths and the nudges the push loop asks for.
+
+use fleetd_core::push::{InjectOutcome, LeadId, PushEffect, PushInput};
+use fleetd_core::{QualifiedPaneId, Target};
+use jiff::Timestamp;
+
+use super::super::LeadRef;
+use super::super::leads::{ScanChange, ScanPane};
+use super::{Io, Lead, REWATCH_AFTER, State};
+
+impl State {
+    pub(in crate::engine) fn lead_id(lead: &LeadRef) -> LeadId {
+        LeadId(lead.pane.to_string())
+    }
+
+    /// A lead called a lead tool. Without a pinned primary tab the first lead seen becomes the
+    /// primary; with one, a scan decides whether this caller is in it.
+    pub(in crate::engine) fn lead_seen(
+        &mut self,
+        lead: &LeadRef,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        let new = self.register_lead(lead, now, io);
+        if self.lead_tabs.primary_pinned() {
+            if new {
+                self.lead_tabs.expire();
+            }
+        } else if self.push.primary().is_none() {
+            self.set_primary(Some(Self::lead_id(lead)), now, io);
+        }
+    }
+
+    /// Records a lead incarnation and watches its status; a different incarnation in the same
+    /// pane is forgotten first. Returns whether it was new.
+    pub(super) fn register_lead(
+        &mut self,
+        lead: &LeadRef,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> bool {
+        let id = Self::lead_id(lead);
+        match self.leads.get_mut(&id) {
+            Some(known) if known.terminal == lead.terminal => {
+                known.seen_at = now;
+                return false;
+            }
+            Some(_) => self.lead_gone(&id, now, io),
+            None => {}
+        }
+        tracing::info!(lead = %id, "lead registered");
+        self.leads.insert(
+            id,
+            Lead {
+                pane: lead.pane.clone(),
+                terminal: lead.terminal.clone(),
+                seen_at: now,
+            },
+        );
+        io.push(Io::Watch {
+            pane: lead.pane.clone(),
+        });
+        true
+    }
+
+    pub(super) fn set_primary(&mut self, lead: Option<LeadId>, now: Timestamp, io: &mut Vec<Io>) {
+        if self.push.primary() == lead.as_ref() {
+            return;
+        }
+        match &lead {
+            Some(l) => tracing::info!(lead = %l, "primary lead"),
+            None => tracing::info!(
+                "no primary lead: mail without a delegating lead waits for fleet_poll"
+            ),
+        }
+        let effects = self.push.handle_at(PushInput::Primary(lead), now);
+        self.push_effects(effects, now, io);
+    }
+
+    /// A lead is affirmatively gone (pane closed, new incarnation, not-found answer): its
+    /// bindings go, and mail falls back to the primary; a lost primary is replaced by the pinned
+    /// tab's next lead (a scan is due at once) or, unpinned, by the lead seen most recently.
+    pub(super) fn lead_gone(&mut self, lead: &LeadId, now: Timestamp, io: &mut Vec<Io>) {
+        if self.leads.remove(lead).is_some() {
+            tracing::info!(%lead, "lead gone");
+        }
+        for member in self.members.values_mut() {
+            if member.lead.as_ref() == Some(lead) {
+                member.lead = None;
+            }
+        }
+        let effects = self
+            .push
+            .handle_at(PushInput::LeadGone { lead: lead.clone() }, now);
+        self.push_effects(effects, now, io);
+        if self.push.primary().is_none() {
+            if self.lead_tabs.primary_pinned() {
+                self.lead_tabs.expire();
+            } else {
+                let next = self
+                    .leads
+                    .iter()
+                    .max_by_key(|(_, l)| l.seen_at)
+                    .map(|(id, _)| id.clone());
+                self.set_primary(next, now, io);
+            }
+        }
+    }
+
+    /// Watching `pane` failed transiently: try again shortly while a lead or member is there.
+    pub(in crate::engine) fn watch_failed(&mut self, pane: QualifiedPaneId, now: Timestamp) {
+        if let Ok(at) = now.checked_add(REWATCH_AFTER) {
+            self.rewatch.insert(pane, at);
+        }
+    }
+
+    pub(super) fn rewatch_due(&mut self, now: Timestamp, io: &mut Vec<Io>) {
+        let due: Vec<QualifiedPaneId> = self
+            .rewatch
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for pane in due {
+            self.rewatch.remove(&pane);
+            let wanted =
+                self.by_pane.contains_key(&pane) || self.leads.values().any(|l| l.pane == pane);
+            if wanted {
+                io.push(Io::Watch { pane });
+            }
+        }
+    }
+
+    /// Starts a lead-tab scan when one is due.
+    pub(super) fn scan_if_due(&mut self, now: Timestamp, io: &mut Vec<Io>) {
+        let due = self
+            .lead_tabs
+            .next_scan(!self.leads.is_empty())
+            .is_some_and(|at| at <= now);
+        if due && self.lead_tabs.start() {
+            io.push(Io::ScanLeads);
+        }
+    }
+
+    /// The scanner's listing arrived (`None`: the reading failed, every answer stands).
+    pub(in crate::engine) fn leads_scanned(
+        &mut self,
+        panes: Option<Vec<ScanPane>>,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        let Some(panes) = panes else {
+            self.lead_tabs.failed(now);
+            return;
+        };
+        let callers = self
+            .leads
+            .iter()
+            .map(|(id, l)| (id.clone(), l.terminal.clone()))
+            .collect();
+        for change in self.lead_tabs.scanned(&panes, &callers, now) {
+            match change {
+                ScanChange::Gone { lead } => self.lead_gone(&lead, now, io),
+                ScanChange::Resolved {
+                    lead,
+                    primary,
+                    name,
+                } => {
+                    if let Some(name) = &name {
+                        tracing::info!(lead = %lead.pane, %name, "lead tab resolved");
+                    }
+                    self.register_lead(&lead, now, io);
+                    if primary {
+                        self.set_primary(Some(Self::lead_id(&lead)), now, io);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(in crate::engine) fn inbox_depth(
+        &mut self,
+        target: Target,
+        pending: u64,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "a gauge: inbox depths are far below 2^52"
+        )]
+        metrics::gauge!("fleetd_inbox_depth", "target" => target.to_string()).set(pending as f64);
+        let effects = self
+            .push
+            .handle_at(PushInput::Inbox { target, pending }, now);
+        self.push_effects(effects, now, io);
+    }
+
+    pub(in crate::engine) fn injected(
+        &mut self,
+        lead: LeadId,
+        outcome: InjectOutcome,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        if outcome == InjectOutcome::NotFound {
+            self.lead_gone(&lead, now, io);
+            return;
+        }
+        let effects = self
+            .push
+            .handle_at(PushInput::Injected { lead, outcome }, now);
+        self.push_effects(effects, now, io);
+    }
+
+    pub(super) fn push_effects(
+        &mut self,
+        effects: Vec<PushEffect>,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        let mut pending_gone = Vec::new();
+        for effect in effects {
+            match effect {
+                PushEffect::Inject { lead, text } => match self.leads.get(&lead) {
+                    Some(l) => io.push(Io::Nudge {
+                        lead,
+                        pane: l.pane.clone(),
+                        terminal: l.terminal.clone(),
+                        text,
+                    }),
+                    None => {
+                        // No pane is known for it (never seen, or forgotten): as good as gone,
+                        // and the push loop must hear so or it waits on this nudge forever.
+                        tracing::debug!(%lead, "nudge for a lead with no known pane");
+                        pending_gone.push(lead);
+                    }
+                },
+                PushEffect::ForgetBinding { target, lead } => {
+                    tracing::info!(%target, %lead, "forgot delegation binding: the lead is gone");
+                }
+                PushEffect::Count(metric) => {
+                    tracing::debug!(?metric, "push decision");
+                    metrics::counter!("fleetd_nudges_total", "outcome" => metric.as_str())
+                        .increment(1);
+                }
+                PushEffect::GaveUp { lead, reminders } => {
+                    tracing::warn!(%lead, reminders, "stopped nudging: the lead has not read its mail; it stays in the inbox");
+                }
+            }
+        }
+        for lead in pending_gone {
+            self.lead_gone(&lead, now, io);
+        }
+    }
+}

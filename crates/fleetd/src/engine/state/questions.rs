@@ -1,0 +1,91 @@
+//! Questions: `fleet_ask` opens one, `fleet_answer` closes it (to the waiting member, or as a
+//! task when it stopped waiting).
+
+use fleetd_core::Target;
+use fleetd_core::access::Refusal;
+use fleetd_core::push::PushInput;
+use jiff::Timestamp;
+use tokio::sync::oneshot;
+
+use super::super::{AnswerRoute, QuestionView};
+use super::{Io, Question, State};
+
+impl State {
+    pub(in crate::engine) fn ask(
+        &mut self,
+        target: Target,
+        text: String,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> (String, oneshot::Receiver<String>) {
+        let id = uuid::Uuid::now_v7().to_string();
+        let (tx, rx) = oneshot::channel();
+        self.questions.insert(
+            id.clone(),
+            Question {
+                target: target.clone(),
+                text,
+                waiter: Some(tx),
+            },
+        );
+        let effects = self.push.handle_at(
+            PushInput::QuestionOpened {
+                target,
+                question_id: id.clone(),
+            },
+            now,
+        );
+        self.push_effects(effects, now, io);
+        (id, rx)
+    }
+
+    pub(in crate::engine) fn answer(
+        &mut self,
+        id: &str,
+        answer: String,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> Result<AnswerRoute, Refusal> {
+        let Some(mut question) = self.questions.remove(id) else {
+            return Err(Refusal::new(
+                "unknown_question",
+                format!(
+                    "no open question {id}: it was answered already or never asked; fleet_poll(target=...) lists open questions"
+                ),
+            ));
+        };
+        let effects = self.push.handle_at(
+            PushInput::QuestionClosed {
+                question_id: id.to_owned(),
+            },
+            now,
+        );
+        self.push_effects(effects, now, io);
+        let answer = match question.waiter.take() {
+            Some(waiter) => match waiter.send(answer) {
+                Ok(()) => return Ok(AnswerRoute::Waiter),
+                Err(answer) => answer,
+            },
+            None => answer,
+        };
+        // The member stopped waiting: the answer reaches it as a task, in order with its others.
+        let task = format!("Answer to your question {id} ({}): {answer}", question.text);
+        match self.submit(None, question.target.clone(), task, now, io) {
+            Ok(_) => Ok(AnswerRoute::Task),
+            Err(refusal) => Err(refusal),
+        }
+    }
+
+    /// A question's asker stopped waiting: it stays open for `fleet_answer`.
+    pub(in crate::engine) fn questions(&self, target: Option<&Target>) -> Vec<QuestionView> {
+        self.questions
+            .iter()
+            .filter(|(_, q)| target.is_none_or(|t| *t == q.target))
+            .map(|(id, q)| QuestionView {
+                question_id: id.clone(),
+                target: Some(q.target.clone()),
+                question: q.text.clone(),
+            })
+            .collect()
+    }
+}
