@@ -209,6 +209,17 @@ impl Injector {
         self.lanes.get(target).is_some_and(|l| l.presence)
     }
 
+    /// After a restart: `ticket` was typed into `target`'s pane before, and whether its turn ran
+    /// or still runs is not known. It becomes the lane's current turn (unanswered), so a reply
+    /// settles it and the member's next rest records the turn-done fallback: it is never typed
+    /// again. The member must have been added.
+    pub fn restore_current(&mut self, target: &Target, ticket: Ticket) {
+        if let Some(lane) = self.lanes.get_mut(target) {
+            lane.queue.retain(|t| *t != ticket);
+            lane.current = Some((ticket, false));
+        }
+    }
+
     /// The earliest deadline the driver must wake for, if any.
     pub fn next_wake(&self) -> Option<Timestamp> {
         self.lanes

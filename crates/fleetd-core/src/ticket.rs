@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 
 use jiff::{SignedDuration, Timestamp};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ids::{Target, Ticket};
 
 /// Where a ticket stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TicketState {
     /// Waiting in the member's queue until it is ready.
@@ -109,7 +109,7 @@ pub enum TicketRefusal {
 }
 
 /// One ticket's record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TicketRecord {
     /// Its id.
@@ -179,6 +179,32 @@ impl TicketBook {
             finished_at: None,
             cause: None,
         })
+    }
+
+    /// Puts back a record kept from before a restart, as it was (its state, times and cause).
+    pub fn restore(&mut self, record: TicketRecord) {
+        self.pruned.remove(&record.ticket);
+        self.tickets.insert(record.ticket, record);
+    }
+
+    /// Remembers a ticket pruned before a restart, so a poll of it answers `expired`.
+    pub fn restore_pruned(&mut self, ticket: Ticket, at: Timestamp) {
+        if !self.tickets.contains_key(&ticket) {
+            self.pruned.insert(ticket, at);
+        }
+        while self.pruned.len() > PRUNED_MEMORY {
+            self.pruned.pop_first();
+        }
+    }
+
+    /// The record of `ticket`, whatever its age (for persisting it).
+    pub fn record(&self, ticket: Ticket) -> Option<&TicketRecord> {
+        self.tickets.get(&ticket)
+    }
+
+    /// When `ticket` was pruned, if it was (and is still remembered).
+    pub fn pruned_at(&self, ticket: Ticket) -> Option<Timestamp> {
+        self.pruned.get(&ticket).copied()
     }
 
     /// Applies `event` to `ticket` at `now` and returns the new state.

@@ -527,6 +527,7 @@ pub mod daemon {
     }
 }
 pub mod fake_herdr;
+pub mod recovery;
 pub mod rig;
 pub mod rig_herdr;
 pub mod sim_agent;

@@ -16,7 +16,7 @@ use crate::mux::herdr::{Herdr, HerdrConfig};
 use crate::mux::tmux::{Tmux, TmuxConfig, TmuxSocket};
 use crate::mux::{Multiplexer, MuxRouter};
 use crate::secrets::Secrets;
-use crate::store::{InboxStore, StoreOptions, StoreSpec};
+use crate::store::{InboxStore, StateStore, StoreOptions, StoreSpec};
 
 /// The running daemon's shared handle, cheap to clone into handlers.
 #[derive(Debug, Clone)]
@@ -29,6 +29,8 @@ struct Inner {
     /// The running configuration; `reload` publishes through it, everything else reads it.
     config: Arc<Publisher>,
     store: Arc<dyn InboxStore>,
+    /// The fleet state (SPEC §15): the embedded file, also when the inbox is on AMQP.
+    state: Arc<dyn StateStore>,
     mux: MuxRouter,
     /// What each daemon is reached through, for `/healthz` (socket path or tmux server).
     endpoints: Vec<(MuxDaemon, String)>,
@@ -59,7 +61,10 @@ impl Daemon {
                     .with_context(|| format!("failed to check {}", path.display()))?;
             }
         }
-        let store = open_store(&config).await?;
+        let crate::store::Stores {
+            inbox: store,
+            state,
+        } = open_store(&config).await?;
         let (mux, endpoints) = open_mux(&config).await?;
         tracing::info!(
             store = store.kind(),
@@ -72,6 +77,7 @@ impl Daemon {
             inner: Arc::new(Inner {
                 config: Arc::new(crate::config::channel(config).0),
                 store,
+                state,
                 mux,
                 endpoints,
                 engine_panic_after: None,
@@ -242,7 +248,10 @@ impl Daemon {
         let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
         let redactor = crate::secrets::Redactor::new(self.live_config());
         let engine = crate::engine::spawn(crate::engine::EngineParts {
-            members_file: Some(config.state_dir.join("members.json")),
+            durable: Some(crate::engine::Durable {
+                store: Arc::clone(&self.inner.state),
+                legacy_members_file: Some(config.state_dir.join("members.json")),
+            }),
             config: self.live_config(),
             clock: Arc::clone(&clock),
             store: Arc::clone(&self.inner.store),
@@ -290,7 +299,7 @@ fn env_lookup(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.is_empty())
 }
 
-async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn InboxStore>> {
+async fn open_store(config: &Config) -> anyhow::Result<crate::store::Stores> {
     let spec = match &config.store {
         Store::Embedded { path } => StoreSpec::Embedded { path: path.clone() },
         Store::Amqp {
@@ -311,7 +320,9 @@ async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn InboxStore>> {
     let limits = MessageLimits {
         max_message_bytes: usize::try_from(config.inbox.max_message_bytes).unwrap_or(usize::MAX),
     };
-    crate::store::open(&spec, &StoreOptions { limits })
+    // With the inbox on AMQP the fleet state still lives in the embedded file.
+    let state_path = config.state_dir.join("inbox.db");
+    crate::store::open_stores(&spec, &state_path, &StoreOptions { limits })
         .await
         .map_err(|e| anyhow::anyhow!("failed to {e}"))
 }

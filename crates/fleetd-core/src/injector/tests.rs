@@ -296,3 +296,45 @@ fn a_reply_verifies_delivery_even_when_working_was_never_seen() {
         ],
     );
 }
+
+#[test]
+fn a_turn_restored_after_a_restart_is_never_typed_again() {
+    let mut inj = Injector::new(SignedDuration::from_secs(5));
+    let a = target("a");
+    inj.handle_at(InjectorInput::MemberAdded { target: a.clone() }, t(0));
+    inj.handle_at(presence(), t(0));
+    // T1 was typed before the restart; T2 was still queued.
+    inj.restore_current(&a, ticket(1));
+    assert!(
+        inj.handle_at(enqueue(2), t(0)).is_empty(),
+        "T1's turn first"
+    );
+    assert_eq!(inj.current(&a), Some(ticket(1)));
+    // The member is found at rest: T1's turn ended while fleetd was down, without a reply.
+    assert_eq!(
+        inj.handle_at(status(Activity::AtRest), t(1)),
+        [InjectorEffect::RecordFallback {
+            target: a.clone(),
+            ticket: ticket(1)
+        }]
+    );
+    assert_eq!(
+        inj.handle_at(recorded(), t(2)),
+        [InjectorEffect::Type {
+            target: a.clone(),
+            ticket: ticket(2)
+        }],
+        "then the queued task, and never T1 again"
+    );
+}
+
+#[test]
+fn a_restored_turn_that_is_answered_needs_no_fallback() {
+    let mut inj = Injector::new(SignedDuration::from_secs(5));
+    let a = target("a");
+    inj.handle_at(InjectorInput::MemberAdded { target: a.clone() }, t(0));
+    inj.restore_current(&a, ticket(1));
+    inj.handle_at(status(Activity::Busy), t(0));
+    assert!(inj.handle_at(replied(1), t(1)).is_empty());
+    assert!(inj.handle_at(status(Activity::AtRest), t(2)).is_empty());
+}

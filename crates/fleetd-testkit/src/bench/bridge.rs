@@ -189,7 +189,7 @@ async fn send_overhead(rounds: usize) -> anyhow::Result<Stats> {
     );
     let store: Arc<dyn fleetd::store::InboxStore> = Arc::new(fleetd::store::MemoryStore::default());
     let engine = fleetd::engine::spawn(EngineParts {
-        members_file: None,
+        durable: None,
         config: fleetd::config::Live::fixed(bench_config()?),
         clock: Arc::new(fleetd::clock::SystemClock),
         store,

@@ -10,7 +10,7 @@
 //! the processes.
 
 mod cleanup;
-mod log;
+pub(crate) mod log;
 mod report;
 mod steps;
 

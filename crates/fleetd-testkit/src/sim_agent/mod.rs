@@ -235,6 +235,10 @@ impl Agent {
                 "at_us".to_owned(),
                 json!(jiff::Timestamp::now().as_microsecond()),
             );
+            // Which member wrote it, when several share one log.
+            if let Ok(who) = std::env::var("FLEETD_TARGET") {
+                map.insert("who".to_owned(), json!(who));
+            }
         }
         let mut line = event.to_string();
         line.push('\n');

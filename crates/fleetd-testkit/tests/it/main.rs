@@ -16,6 +16,7 @@ mod mux_herdr;
 mod mux_tmux;
 mod push;
 mod push_herdr;
+mod recovery;
 mod reload;
 mod scenarios;
 mod security;

@@ -9,7 +9,7 @@ use fleetd::mux::tmux::Tmux;
 use fleetd::mux::{Multiplexer, OpenPane, PaneEvent, Placement, SplitDirection, SubmitPath};
 use fleetd_core::{AgentStatus, PaneId};
 use fleetd_testkit::tmux::TmuxServer;
-use fleetd_testkit::{Service, bin_path, require_tmux};
+use fleetd_testkit::{Service, bin_path, require_tmux, wait_until};
 use tokio::sync::broadcast;
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -83,7 +83,15 @@ async fn member_env_reaches_the_process_and_fleetd_env_does_not() {
         .await
         .expect("open member");
     let info = tmux.process_info(&pane.pane).await.expect("process info");
-    let env = fleetd_testkit::environ(info.shell_pid.expect("pid"));
+    let pid = info.shell_pid.expect("pid");
+    // The pane's process is the launcher (a `sh` reading its launch file) until it `exec`s the
+    // member's command, whose environment is then the one /proc shows.
+    wait_until(
+        "the launcher to exec the member",
+        Duration::from_secs(30),
+        || fleetd_testkit::environ(pid).contains_key("FLEET_TEST_TOKEN"),
+    );
+    let env = fleetd_testkit::environ(pid);
     assert_eq!(
         env.get("FLEET_TEST_TOKEN").map(String::as_str),
         Some("s3cr3t")

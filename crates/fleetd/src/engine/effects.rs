@@ -19,6 +19,9 @@ use crate::store::InboxStore;
 
 /// How many lines of a member's pane a turn-done fallback carries.
 const FALLBACK_TAIL_LINES: u32 = 40;
+/// How many of a member's pending messages are read to settle its open tickets after a restart:
+/// far more than the replies any member has outstanding.
+const RECONCILE_LIMIT: usize = 1000;
 
 /// What an effect task works with.
 #[derive(Debug, Clone)]
@@ -103,8 +106,18 @@ impl Effects {
                 Err(e) => tracing::warn!(%target, error = %e, "cannot read inbox depth"),
             },
             Io::DepthAll => self.depth_all().await,
-            // Handled on the engine task, in order (see `Engine::perform`).
-            Io::SaveMembers(_) => {}
+            Io::Reconcile { target } => match self.store.peek(&target, RECONCILE_LIMIT).await {
+                Ok(messages) => {
+                    let replies = messages
+                        .into_iter()
+                        .filter(|m| m.kind == MessageKind::Reply && m.ticket.is_some())
+                        .collect();
+                    self.report(Event::Reconciled { replies }).await;
+                }
+                Err(e) => {
+                    tracing::warn!(%target, error = %e, "cannot read an inbox to settle its tickets")
+                }
+            },
             Io::Adopt(member) => {
                 // Only an affirmative answer drops it: gone, or another incarnation there.
                 let alive = match self.mux.pane(&member.pane).await {

@@ -12,6 +12,8 @@ mod run;
 mod state;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_durable;
 
 use std::sync::Arc;
 
@@ -519,12 +521,21 @@ impl EngineHandle {
     }
 }
 
+/// The durable side of the engine (SPEC §15).
+#[derive(Debug, Clone)]
+pub struct Durable {
+    /// The fleet state's store.
+    pub store: Arc<dyn crate::store::StateStore>,
+    /// The member registry an older fleetd kept (`<state dir>/members.json`): imported once when
+    /// the store holds no members, then removed.
+    pub legacy_members_file: Option<std::path::PathBuf>,
+}
+
 /// What the engine needs to run.
 #[derive(Debug, Clone)]
 pub struct EngineParts {
-    /// Where the member registry is kept across restarts (`<state dir>/members.json`); `None`
-    /// keeps it in memory only.
-    pub members_file: Option<std::path::PathBuf>,
+    /// Where the fleet state is kept across restarts; `None` keeps it in memory only.
+    pub durable: Option<Durable>,
     /// The running configuration: read at start; applied reloads reach the engine through it
     /// (members whose backend vanished get an `unmapped` incident).
     pub config: crate::config::Live,

@@ -1,11 +1,8 @@
-//! The member registry on disk (`<state dir>/members.json`): who was a member, in which pane
-//! incarnation, so a restarted daemon re-adopts the members still running instead of refusing
-//! their replies as strangers. One writer task writes the latest list atomically (temp file,
-//! fsync, rename), so a crash leaves the old file or the new one, never half of one.
+//! The member registry an older fleetd kept in `<state dir>/members.json` (members now live in
+//! the durable fleet state): read once at start so its members are re-adopted and written to
+//! the store. Only reads.
 
-use std::path::{Path, PathBuf};
-
-use tokio::sync::watch;
+use std::path::Path;
 
 use super::NewMember;
 
@@ -23,49 +20,6 @@ pub(super) fn load(path: &Path) -> Vec<NewMember> {
             Vec::new()
         }
     }
-}
-
-/// Starts the writer; each value sent is written (the latest wins when several queue up).
-pub(super) fn writer(path: PathBuf, initial: Vec<NewMember>) -> watch::Sender<Vec<NewMember>> {
-    let (tx, mut rx) = watch::channel(initial);
-    tokio::spawn(async move {
-        while rx.changed().await.is_ok() {
-            let members = rx.borrow_and_update().clone();
-            let path = path.clone();
-            let written = tokio::task::spawn_blocking(move || write(&path, &members)).await;
-            match written {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "cannot write the member registry"),
-                Err(e) => tracing::warn!(error = %e, "the member registry writer failed"),
-            }
-        }
-    });
-    tx
-}
-
-fn write(path: &Path, members: &[NewMember]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("json.tmp");
-    let mut file = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(crate::state::FILE_MODE)
-            .open(&tmp)?
-    };
-    file.write_all(&serde_json::to_vec_pretty(members).map_err(std::io::Error::other)?)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    // The rename is durable only once the directory entry is.
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -87,11 +41,15 @@ mod tests {
     }
 
     #[test]
-    fn a_written_registry_reads_back_and_a_missing_or_broken_one_is_empty() {
+    fn an_old_registry_reads_back_and_a_missing_or_broken_one_is_empty() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("members.json");
         assert!(load(&path).is_empty());
-        write(&path, &[member("ann"), member("bo")]).expect("write");
+        std::fs::write(
+            &path,
+            serde_json::to_vec_pretty(&[member("ann"), member("bo")]).expect("json"),
+        )
+        .expect("write");
         let back = load(&path);
         assert_eq!(back.len(), 2);
         assert_eq!(back[1].target.as_str(), "bo");

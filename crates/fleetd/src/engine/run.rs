@@ -11,14 +11,16 @@ use std::time::Duration;
 use fleetd_core::push::{InjectOutcome, LeadId, PushConfig, PushLoop};
 use fleetd_core::{Message, QualifiedPaneId, Target, Ticket};
 use jiff::{SignedDuration, Timestamp};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::effects::Effects;
 use super::leads::{LeadTabs, ScanPane};
-use super::state::{Io, State};
+use super::state::{Io, Restored, State};
 use super::{Command, ENGINE_QUEUE, EngineHandle, EngineParts};
 use crate::mux::{PaneEvent, RoutedEvent};
+use crate::store::{StateOp, StateStore, StoreError};
+use fleetd_core::access::Refusal;
 
 /// The longest sleep between ticks when nothing is due: a safety net, not a schedule.
 const IDLE_TICK: Duration = Duration::from_secs(5);
@@ -72,6 +74,10 @@ pub(super) enum Event {
     },
     /// The lead-tab scanner's listing; `None` when it could not be read.
     LeadsScanned(Option<Vec<ScanPane>>),
+    /// Replies found in an inbox for tickets still open (after a restart).
+    Reconciled {
+        replies: Vec<Message>,
+    },
 }
 
 /// Whether the engine task still runs, and a token cancelled the moment it stops.
@@ -121,15 +127,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
     );
     let events = parts.mux.events();
     let reloads = parts.config.subscribe();
-    let adopt = parts
-        .members_file
-        .as_deref()
-        .map(super::registry::load)
-        .unwrap_or_default();
-    let saver = parts
-        .members_file
-        .clone()
-        .map(|path| super::registry::writer(path, adopt.clone()));
+    let durable = parts.durable.clone();
     let effects = Effects {
         mux: parts.mux.clone(),
         store: Arc::clone(&parts.store),
@@ -138,13 +136,19 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
         tx: tx.downgrade(),
     };
     drop(tx);
+    // Durable state goes through one persister task, in order: each batch of changes is
+    // committed before the replies that depend on it are sent and the I/O it asked for starts.
+    let jobs = durable.as_ref().map(|d| {
+        let (jobs, queue) = mpsc::unbounded_channel();
+        tokio::spawn(persist(queue, Arc::clone(&d.store), effects.clone()));
+        jobs
+    });
     let task = tokio::spawn(
         Engine {
             parts,
             state,
             effects,
-            saver,
-            adopt,
+            jobs,
         }
         .run(rx, events, reloads),
     );
@@ -184,6 +188,45 @@ fn push_config(config: &crate::config::Config) -> PushConfig {
     }
 }
 
+/// A reply held until the state change it reports is durable; it learns whether it is.
+pub(super) type Deferred = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
+/// One batch for the persister: state changes, then the replies and I/O that wait for them.
+struct Job {
+    ops: Vec<StateOp>,
+    replies: Vec<Deferred>,
+    io: Vec<Io>,
+    /// Told once the batch is done (shutdown waits for the last one).
+    done: Option<oneshot::Sender<()>>,
+}
+
+/// The persister: commits each batch in order, then answers and performs what waited for it.
+async fn persist(
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    store: Arc<dyn StateStore>,
+    effects: Effects,
+) {
+    while let Some(job) = jobs.recv().await {
+        let stored = if job.ops.is_empty() {
+            Ok(())
+        } else {
+            store.commit_state(job.ops).await
+        };
+        if let Err(e) = &stored {
+            tracing::error!(error = %e, "failed to make the fleet state durable; tools that changed it report so");
+        }
+        for reply in job.replies {
+            reply(stored.clone());
+        }
+        for request in job.io {
+            effects.perform(request);
+        }
+        if let Some(done) = job.done {
+            let _ = done.send(());
+        }
+    }
+}
+
 /// One input to the engine loop, taken before the time is read.
 enum Input {
     Msg(Msg),
@@ -197,10 +240,8 @@ struct Engine {
     parts: EngineParts,
     state: State,
     effects: Effects,
-    /// The member registry's writer, when it is kept on disk.
-    saver: Option<tokio::sync::watch::Sender<Vec<crate::engine::NewMember>>>,
-    /// Members from before a restart, to check and re-adopt at start.
-    adopt: Vec<crate::engine::NewMember>,
+    /// The persister's queue, when the state is kept durably.
+    jobs: Option<mpsc::UnboundedSender<Job>>,
 }
 
 impl Engine {
@@ -210,10 +251,10 @@ impl Engine {
         mut events: broadcast::Receiver<RoutedEvent>,
         mut reloads: tokio::sync::watch::Receiver<Arc<crate::config::Config>>,
     ) {
-        self.perform(Io::DepthAll);
-        for member in std::mem::take(&mut self.adopt) {
-            self.perform(Io::Adopt(Box::new(member)));
-        }
+        let kept = self.load().await;
+        let mut io = vec![Io::DepthAll];
+        self.state.restore(kept, self.parts.clock.now(), &mut io);
+        self.flush(io, Vec::new());
         // Without a reloader no new configuration ever comes: stop listening for one.
         let mut reloading = true;
         loop {
@@ -234,13 +275,16 @@ impl Engine {
             // The time each input is handled at, read after waiting for it (review M1).
             let now = self.parts.clock.now();
             let mut io = Vec::new();
+            let mut replies = Vec::new();
             match input {
                 Input::Msg(Msg::Command(Command::Shutdown { reply })) => {
-                    self.shutdown(now).await;
+                    self.shutdown().await;
                     let _ = reply.send(());
                     return;
                 }
-                Input::Msg(Msg::Command(command)) => self.command(command, now, &mut io),
+                Input::Msg(Msg::Command(command)) => {
+                    self.command(command, now, &mut io, &mut replies);
+                }
                 Input::Msg(Msg::Event(event)) => self.event(event, now, &mut io),
                 Input::Pane(Ok(RoutedEvent { daemon, event })) => {
                     let pane = QualifiedPaneId::new(daemon, event.pane().clone());
@@ -269,8 +313,58 @@ impl Engine {
                 Input::ReloadsClosed => reloading = false,
                 Input::Tick => self.state.tick(now, &mut io),
             }
-            for request in io {
-                self.perform(request);
+            self.flush(io, replies);
+        }
+    }
+
+    /// The state kept before a restart (nothing without a durable store), with the members an
+    /// older fleetd kept in `members.json` when the store has none yet.
+    async fn load(&self) -> Restored {
+        let Some(durable) = &self.parts.durable else {
+            return Restored::default();
+        };
+        let kept = match durable.store.load_state().await {
+            Ok(records) => Restored::decode(records),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the fleet state kept before the restart; starting without it");
+                Restored::default()
+            }
+        };
+        match &durable.legacy_members_file {
+            Some(path) if path.exists() => {
+                let legacy = super::registry::load(path);
+                tracing::info!(members = legacy.len(), path = %path.display(), "importing the member registry of an older fleetd");
+                let kept = kept.with_legacy_members(legacy);
+                if let Err(e) = std::fs::remove_file(path) {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove the imported member registry");
+                }
+                kept
+            }
+            _ => kept,
+        }
+    }
+
+    /// Sends what one input changed on its way: with a durable store, through the persister
+    /// (commit first, then the replies and the I/O); without one, at once.
+    fn flush(&mut self, io: Vec<Io>, replies: Vec<Deferred>) {
+        match &self.jobs {
+            Some(jobs) => {
+                let ops = self.state.take_ops();
+                let _ = jobs.send(Job {
+                    ops,
+                    replies,
+                    io,
+                    done: None,
+                });
+            }
+            None => {
+                self.state.discard_dirty();
+                for reply in replies {
+                    reply(Ok(()));
+                }
+                for request in io {
+                    self.effects.perform(request);
+                }
             }
         }
     }
@@ -288,7 +382,13 @@ impl Engine {
         }
     }
 
-    fn command(&mut self, command: Command, now: Timestamp, io: &mut Vec<Io>) {
+    fn command(
+        &mut self,
+        command: Command,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+        replies: &mut Vec<Deferred>,
+    ) {
         let s = &mut self.state;
         match command {
             Command::MemberAt {
@@ -312,7 +412,19 @@ impl Engine {
                 task,
                 reply,
             } => {
-                let _ = reply.send(s.submit(lead.as_ref(), target, task, now, io));
+                let submitted = s.submit(lead.as_ref(), target, task, now, io);
+                // The ticket is answered once it is durable; if it could not be kept, the
+                // sender hears so rather than holding a ticket a restart would forget.
+                replies.push(Box::new(move |stored| {
+                    let answer = match stored {
+                        Ok(()) => submitted,
+                        Err(e) => Err(Refusal::new(
+                            "store_unavailable",
+                            format!("fleetd failed to {e}; the task may not survive a restart: retry shortly"),
+                        )),
+                    };
+                    let _ = reply.send(answer);
+                }));
             }
             Command::Wait { ticket, reply } => s.wait(ticket, reply, now),
             Command::Ticket { ticket, reply } => {
@@ -333,14 +445,20 @@ impl Engine {
                 question,
                 reply,
             } => {
-                let _ = reply.send(s.ask(target, question, now, io));
+                let asked = s.ask(target, question, now, io);
+                replies.push(Box::new(move |_| {
+                    let _ = reply.send(asked);
+                }));
             }
             Command::Answer {
                 question_id,
                 answer,
                 reply,
             } => {
-                let _ = reply.send(s.answer(&question_id, answer, now, io));
+                let answered = s.answer(&question_id, answer, now, io);
+                replies.push(Box::new(move |_| {
+                    let _ = reply.send(answered);
+                }));
             }
             Command::Questions { target, reply } => {
                 let _ = reply.send(s.questions(target.as_ref()));
@@ -361,7 +479,10 @@ impl Engine {
                 cause,
                 reply,
             } => {
-                let _ = reply.send(s.release(&target, &cause, now, io));
+                let released = s.release(&target, &cause, now, io);
+                replies.push(Box::new(move |_| {
+                    let _ = reply.send(released);
+                }));
             }
             Command::SetStatus { target, status } => s.set_status(&target, None, status, now, io),
             Command::Panic => panic!("test fault: the engine was asked to panic"),
@@ -403,11 +524,10 @@ impl Engine {
                 terminal,
                 status,
             } => self.state.pane_status(&pane, &terminal, status, now, io),
-            Event::Adopted { member, alive } => {
-                if alive {
-                    self.state.adopt(*member, now, io);
-                } else {
-                    self.state.adoption_failed(&member.target, io);
+            Event::Adopted { member, alive } => self.state.adopted(&member, alive, now, io),
+            Event::Reconciled { replies } => {
+                for message in replies {
+                    self.state.reply_stored(message, now, io);
                 }
             }
             Event::WatchFailed { pane, gone } => {
@@ -421,34 +541,17 @@ impl Engine {
         }
     }
 
-    /// Releases every member with cause `shutdown` and stores the resulting notices before
-    /// returning (the store is closed right after).
-    async fn shutdown(&mut self, now: Timestamp) {
-        let mut io = Vec::new();
-        self.state.release_all("shutdown", now, &mut io);
-        for request in io {
-            if let Io::Notice {
-                target,
-                ticket,
-                kind,
-                text,
-            } = request
-            {
-                self.effects.publish(&target, ticket, kind, text).await;
-            }
-        }
-    }
-
-    /// Has one I/O request performed. The member registry is written in order, here on the
-    /// engine task (its writer keeps only the latest list); everything else runs in its own task.
-    fn perform(&self, request: Io) {
-        match request {
-            Io::SaveMembers(members) => {
-                if let Some(saver) = &self.saver {
-                    saver.send_replace(members);
-                }
-            }
-            other => self.effects.perform(other),
-        }
+    /// Stops: the last batch of state is made durable before the store closes. Members keep
+    /// running and their tickets stay open; the next daemon takes them back (SPEC §13.8).
+    async fn shutdown(&mut self) {
+        let Some(jobs) = &self.jobs else { return };
+        let (done, finished) = oneshot::channel();
+        let _ = jobs.send(Job {
+            ops: self.state.take_ops(),
+            replies: Vec::new(),
+            io: Vec::new(),
+            done: Some(done),
+        });
+        let _ = finished.await;
     }
 }

@@ -34,7 +34,7 @@ fn rig(fake: &FakeMux) -> Rig {
     }));
     let router = MuxRouter::new(Arc::new(fake.clone()), None);
     let engine = spawn(EngineParts {
-        members_file: None,
+        durable: None,
         config: crate::config::Live::fixed(config),
         clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
         store: Arc::clone(&store) as Arc<dyn InboxStore>,
@@ -252,7 +252,7 @@ async fn mail_from_before_a_restart_is_nudged_once_the_lead_is_known() {
         .expect("publish");
     let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
     let _engine = spawn(EngineParts {
-        members_file: None,
+        durable: None,
         config: crate::config::Live::fixed(config),
         clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
         store: Arc::clone(&store) as Arc<dyn InboxStore>,
@@ -394,7 +394,7 @@ async fn a_reload_that_removes_a_members_backend_raises_one_unmapped_incident() 
         max_message_bytes: 1 << 20,
     }));
     let engine = spawn(EngineParts {
-        members_file: None,
+        durable: None,
         config: live,
         clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
         store: Arc::clone(&store) as Arc<dyn InboxStore>,
@@ -420,103 +420,6 @@ async fn a_reload_that_removes_a_members_backend_raises_one_unmapped_incident() 
     let messages = store.peek(&alice, 10).await.expect("peek");
     assert_eq!(messages.len(), 1, "once per member: {messages:?}");
     assert!(messages[0].text.contains("backend lab was removed"));
-}
-
-#[tokio::test(start_paused = true)]
-async fn shutdown_releases_members_and_stores_their_failed_tickets_first() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
-    let rig = rig(&fake);
-    rig.engine
-        .add_member(member("alice", "w2:p1", "t-a", None))
-        .await
-        .expect("engine");
-    let ticket = rig
-        .engine
-        .submit(
-            None,
-            Target::new("alice").expect("target"),
-            "job".to_owned(),
-        )
-        .await
-        .expect("engine")
-        .expect("queued");
-    rig.engine.shutdown().await.expect("engine");
-    let notices = inbox(&rig, "alice").await;
-    assert_eq!(notices.len(), 1, "{notices:?}");
-    assert_eq!(notices[0].ticket, Some(ticket));
-    assert!(notices[0].text.contains("released (shutdown)"));
-    assert!(rig.engine.list().await.is_err(), "the engine stopped");
-    assert!(
-        rig.router.pane(&qualified("w2:p1")).await.is_ok(),
-        "a member's pane keeps running across a daemon restart"
-    );
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_restarted_engine_re_adopts_members_still_in_their_panes() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
-    fake.add_pane("w2:p2", "t-b", "w2:t2", AgentStatus::Idle);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("members.json");
-    let start = |fake: &FakeMux| {
-        spawn(EngineParts {
-            members_file: Some(file.clone()),
-            config: crate::config::Live::fixed(
-                Config::parse(CONFIG, "test", &Environment::default()).expect("config"),
-            ),
-            clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
-            store: Arc::new(MemoryStore::new(MessageLimits {
-                max_message_bytes: 1 << 20,
-            })),
-            mux: MuxRouter::new(Arc::new(fake.clone()), None),
-            redactor: crate::secrets::Redactor::empty(),
-        })
-    };
-    let first = start(&fake);
-    for new in [
-        member("ann", "w2:p1", "t-a", None),
-        member("bo", "w2:p2", "t-b", None),
-    ] {
-        first.add_member(new).await.expect("engine");
-    }
-    // The registry reaches the disk (a blocking write on its own thread).
-    for _ in 0..100 {
-        if super::registry::load(&file).len() == 2 {
-            break;
-        }
-        tokio::task::yield_now().await;
-        std::thread::yield_now();
-        sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(super::registry::load(&file).len(), 2);
-    drop(first); // as after a kill -9: no release ran
-    // While fleetd was down, bo's pane got a new occupant.
-    fake.vanish("w2:p2");
-    fake.add_pane("w2:p2", "t-other", "w2:t2", AgentStatus::Idle);
-    let second = start(&fake);
-    let mut names = Vec::new();
-    for _ in 0..100 {
-        names = second
-            .list()
-            .await
-            .expect("engine")
-            .iter()
-            .map(|m| m.target.to_string())
-            .collect::<Vec<_>>();
-        if !names.is_empty() {
-            break;
-        }
-        sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(
-        names,
-        ["ann"],
-        "ann re-adopted, bo's pane holds someone else"
-    );
-    let ann = second.list().await.expect("engine");
-    assert!(ann[0].connected, "a re-adopted member counts as present");
 }
 
 #[tokio::test(start_paused = true)]

@@ -6,7 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use fleetd_core::{Message, MessageLimits, MsgId, Target};
 
-use super::{DEDUP_WINDOW, InboxStore, PublishOutcome, RecentIds, StoreError, StoreFuture};
+use super::{
+    DEDUP_WINDOW, InboxStore, PublishOutcome, RecentIds, StateOp, StateRecord, StateStore,
+    StoreError, StoreFuture,
+};
 
 /// An inbox in memory. Clones share the same contents, so a test can "reopen" by cloning.
 #[derive(Debug, Clone)]
@@ -19,6 +22,8 @@ pub struct MemoryStore {
 struct State {
     queues: BTreeMap<Target, VecDeque<Message>>,
     acked: RecentIds,
+    /// The fleet state: (kind, key) → value.
+    records: BTreeMap<(String, String), String>,
 }
 
 impl MemoryStore {
@@ -28,6 +33,7 @@ impl MemoryStore {
             inner: Arc::new(Mutex::new(State {
                 queues: BTreeMap::new(),
                 acked: RecentIds::new(DEDUP_WINDOW),
+                records: BTreeMap::new(),
             })),
             limits,
         }
@@ -141,5 +147,39 @@ impl InboxStore for MemoryStore {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+}
+
+impl StateStore for MemoryStore {
+    fn load_state(&self) -> StoreFuture<'_, Vec<StateRecord>> {
+        Box::pin(async move {
+            Ok(self
+                .state()
+                .records
+                .iter()
+                .map(|((kind, key), value)| StateRecord {
+                    kind: kind.clone(),
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect())
+        })
+    }
+
+    fn commit_state(&self, ops: Vec<StateOp>) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let mut state = self.state();
+            for op in ops {
+                match op {
+                    StateOp::Put(r) => {
+                        state.records.insert((r.kind, r.key), r.value);
+                    }
+                    StateOp::Delete { kind, key } => {
+                        state.records.remove(&(kind, key));
+                    }
+                }
+            }
+            Ok(())
+        })
     }
 }

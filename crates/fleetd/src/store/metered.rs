@@ -9,8 +9,9 @@ use tokio::time::Instant;
 
 use super::{InboxStore, PublishOutcome, StoreFuture};
 
-/// `S`, timed.
-pub(super) struct Metered<S>(pub(super) S);
+/// `S`, timed. Holds the backend behind an `Arc`, so the embedded store can be the fleet-state
+/// store too.
+pub(super) struct Metered<S>(pub(super) std::sync::Arc<S>);
 
 impl<S: fmt::Debug> fmt::Debug for Metered<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

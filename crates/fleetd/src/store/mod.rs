@@ -1,4 +1,7 @@
-//! The durable inbox: the `InboxStore` trait and its backends (memory, embedded SQLite, AMQP). Only this module knows a storage engine.
+//! The durable inbox (the `InboxStore` trait and its backends: memory, embedded SQLite, AMQP) and
+//! the durable fleet state (the `StateStore` trait: the engine's tickets, task texts, questions,
+//! leads and members as keyed records, in the embedded SQLite file — also when the inbox is on
+//! AMQP — or in memory for tests). Only this module knows a storage engine.
 //!
 //! Architecture invariant: nothing outside `store::*` names rusqlite or lapin; callers hold an
 //! `Arc<dyn InboxStore>` from [`open`] and see engine failures only as [`StoreError`].
@@ -72,6 +75,52 @@ pub trait InboxStore: Send + Sync + fmt::Debug {
     fn kind(&self) -> &'static str;
 }
 
+/// One record of the engine's durable state: a `kind` (`member`, `ticket`, `question`, `lead`,
+/// `meta`, ...), a key unique within the kind, and the value as JSON. The store keeps records
+/// opaque: the engine owns their shapes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateRecord {
+    /// What kind of record.
+    pub kind: String,
+    /// Its key within the kind.
+    pub key: String,
+    /// Its value (JSON).
+    pub value: String,
+}
+
+/// A change to the durable state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateOp {
+    /// Create or replace a record.
+    Put(StateRecord),
+    /// Remove a record (nothing happens when there is none).
+    Delete {
+        /// Its kind.
+        kind: String,
+        /// Its key.
+        key: String,
+    },
+}
+
+/// The engine's durable state (SPEC §15): what a restart must not forget besides replies.
+pub trait StateStore: Send + Sync + fmt::Debug {
+    /// Every record, in no particular order.
+    fn load_state(&self) -> StoreFuture<'_, Vec<StateRecord>>;
+
+    /// Applies `ops` in order, atomically, and resolves once they are durable (the same fsync
+    /// discipline as a publish). An empty batch is a no-op.
+    fn commit_state(&self, ops: Vec<StateOp>) -> StoreFuture<'_, ()>;
+}
+
+/// The stores a daemon runs on: the inbox and the fleet state.
+#[derive(Debug, Clone)]
+pub struct Stores {
+    /// The inbox.
+    pub inbox: Arc<dyn InboxStore>,
+    /// The fleet state.
+    pub state: Arc<dyn StateStore>,
+}
+
 /// What [`InboxStore::publish`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PublishOutcome {
@@ -127,11 +176,38 @@ pub async fn open(
     match spec {
         StoreSpec::Embedded { path } => {
             let store = SqliteStore::open(path.clone(), *options).await?;
-            Ok(Arc::new(metered::Metered(store)))
+            Ok(Arc::new(metered::Metered(Arc::new(store))))
         }
         StoreSpec::Amqp { url } => {
             let store = AmqpStore::open(url, *options).await?;
-            Ok(Arc::new(metered::Metered(store)))
+            Ok(Arc::new(metered::Metered(Arc::new(store))))
+        }
+    }
+}
+
+/// Opens the inbox `spec` names and the fleet state beside it: for the embedded store the same
+/// SQLite file (one writer, one lock); for AMQP the embedded file at `state_path` holds the
+/// state while replies stay on the broker.
+pub async fn open_stores(
+    spec: &StoreSpec,
+    state_path: &std::path::Path,
+    options: &StoreOptions,
+) -> Result<Stores, StoreError> {
+    match spec {
+        StoreSpec::Embedded { path } => {
+            let store = Arc::new(SqliteStore::open(path.clone(), *options).await?);
+            Ok(Stores {
+                inbox: Arc::new(metered::Metered(Arc::clone(&store))),
+                state: store,
+            })
+        }
+        StoreSpec::Amqp { url } => {
+            let state = Arc::new(SqliteStore::open(state_path.to_owned(), *options).await?);
+            let inbox = AmqpStore::open(url, *options).await?;
+            Ok(Stores {
+                inbox: Arc::new(metered::Metered(Arc::new(inbox))),
+                state,
+            })
         }
     }
 }

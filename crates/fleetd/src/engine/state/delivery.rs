@@ -31,6 +31,7 @@ impl State {
         if let Some(lead) = lead {
             let id = Self::lead_id(lead);
             member.lead = Some(id.clone());
+            self.dirty.members.insert(target.clone());
             let effects = self.push.handle_at(
                 PushInput::Bound {
                     target: target.clone(),
@@ -44,6 +45,10 @@ impl State {
         self.tickets.open_at(ticket, target.clone(), now);
         self.ticket_gauges();
         self.tasks.insert(ticket, task);
+        if let Some(lead) = lead {
+            self.sent_by.insert(ticket, Self::lead_id(lead).0);
+        }
+        self.dirty.tickets.insert(ticket);
         let effects = self
             .injector
             .handle_at(InjectorInput::Enqueue { target, ticket }, now);
@@ -152,6 +157,9 @@ impl State {
             metrics::histogram!("fleetd_delivery_seconds").record(waited.max(0.0));
         }
         let changed = self.apply_event(ticket, event, now);
+        if changed {
+            self.dirty.tickets.insert(ticket);
+        }
         self.ticket_gauges();
         changed
     }
@@ -253,6 +261,10 @@ impl State {
                     let text = fleetd_core::plan_injection(task, ticket, self.max_inject)
                         .text()
                         .to_owned();
+                    // Durable before it is typed: after a restart it is never typed again.
+                    if self.typed.insert(ticket) {
+                        self.dirty.tickets.insert(ticket);
+                    }
                     io.push(Io::Type {
                         target,
                         ticket,

@@ -201,7 +201,7 @@ impl State {
     ) {
         self.reserved.remove(&new.target);
         self.registry.insert(new.target.clone(), new.clone());
-        io.push(Io::SaveMembers(self.registry.values().cloned().collect()));
+        self.dirty.members.insert(new.target.clone());
         let lead = new.lead.as_ref().map(Self::lead_id);
         self.by_pane.insert(new.pane.clone(), new.target.clone());
         self.members.insert(
@@ -249,39 +249,31 @@ impl State {
         io.push(Io::Watch { pane: new.pane });
     }
 
-    /// A member from before a restart still runs in its pane: it is a member again (present,
-    /// since it was connected when it was spawned; its delegating lead is not known any more, so
-    /// its mail goes to the primary).
-    pub(in crate::engine) fn adopt(&mut self, member: NewMember, now: Timestamp, io: &mut Vec<Io>) {
-        if self.members.contains_key(&member.target) {
+    /// A member kept from before a restart was checked against its pane: still there, it is
+    /// watched again; gone (its pane closed or holds another incarnation), it is released
+    /// through the one release path, its open tickets failing with cause `gone`.
+    pub(in crate::engine) fn adopted(
+        &mut self,
+        member: &NewMember,
+        alive: bool,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        let current = self
+            .members
+            .get(&member.target)
+            .is_some_and(|m| m.pane == member.pane && m.terminal == member.terminal);
+        if !current {
             return;
         }
-        tracing::info!(target = %member.target, pane = %member.pane, "re-adopted a member from before the restart");
-        let target = member.target.clone();
-        self.add_member(
-            NewMember {
-                lead: None,
-                ..member
-            },
-            now,
-            io,
-        );
-        self.presence(target, now, io);
-    }
-
-    /// A member from before a restart is gone (its pane closed or holds another incarnation).
-    pub(in crate::engine) fn adoption_failed(&mut self, target: &Target, io: &mut Vec<Io>) {
-        tracing::info!(%target, "a member from before the restart is gone");
-        if self.registry.remove(target).is_some() {
-            io.push(Io::SaveMembers(self.registry.values().cloned().collect()));
-        }
-    }
-
-    /// Releases every member with `cause` (daemon shutdown).
-    pub(in crate::engine) fn release_all(&mut self, cause: &str, now: Timestamp, io: &mut Vec<Io>) {
-        let targets: Vec<Target> = self.members.keys().cloned().collect();
-        for target in targets {
-            self.release(&target, cause, now, io);
+        if alive {
+            tracing::info!(target = %member.target, pane = %member.pane, "re-adopted a member from before the restart");
+            io.push(Io::Watch {
+                pane: member.pane.clone(),
+            });
+        } else {
+            tracing::info!(target = %member.target, "a member from before the restart is gone");
+            self.release(&member.target, "gone", now, io);
         }
     }
 
@@ -296,11 +288,8 @@ impl State {
     ) -> Option<QualifiedPaneId> {
         let member = self.members.remove(target)?;
         self.by_pane.remove(&member.pane);
-        if self.registry.remove(target).is_some() && cause != "shutdown" {
-            // A member released by a shutdown stays in the registry: it keeps running, and the
-            // next daemon re-adopts it.
-            io.push(Io::SaveMembers(self.registry.values().cloned().collect()));
-        }
+        self.registry.remove(target);
+        self.dirty.members.insert(target.clone());
         io.push(Io::Unwatch {
             pane: member.pane.clone(),
         });
@@ -351,6 +340,7 @@ impl State {
             .collect();
         for id in asked {
             self.questions.remove(&id);
+            self.dirty.questions.insert(id.clone());
             let effects = self
                 .push
                 .handle_at(PushInput::QuestionClosed { question_id: id }, now);

@@ -13,9 +13,12 @@ use jiff::{SignedDuration, Timestamp};
 use tokio::sync::oneshot;
 
 mod delivery;
+mod durable;
 mod members;
 mod push;
 mod questions;
+
+pub(in crate::engine) use durable::Restored;
 
 use super::leads::LeadTabs;
 use super::{NewMember, Settled, TicketView};
@@ -68,10 +71,11 @@ pub(super) enum Io {
     ScanLeads,
     /// Re-read every target's inbox depth (at start: mail from before a restart is nudged too).
     DepthAll,
-    /// Keep this member list on disk (the registry a restarted daemon re-adopts from).
-    SaveMembers(Vec<NewMember>),
     /// Check that a member from before a restart still runs in its pane incarnation.
     Adopt(Box<NewMember>),
+    /// Read `target`'s inbox for replies to its open tickets (after a restart: a reply stored
+    /// just before it may not have settled its ticket).
+    Reconcile { target: Target },
 }
 
 #[derive(Debug, Clone)]
@@ -128,8 +132,14 @@ pub(super) struct State {
     questions: BTreeMap<String, Question>,
     leads: BTreeMap<LeadId, Lead>,
     lead_tabs: LeadTabs,
-    /// What `members.json` holds: every registered member as it was added.
+    /// Every registered member as it was added (its durable record).
     registry: BTreeMap<Target, NewMember>,
+    /// Who sent each ticket: a lead's id, or a delegating member's name.
+    sent_by: HashMap<Ticket, String>,
+    /// Tickets whose task was handed to the multiplexer at least once.
+    typed: std::collections::HashSet<Ticket>,
+    /// Keys changed since the last durable batch.
+    dirty: durable::Dirty,
     /// Backends the prober last found down, with why.
     backends_down: BTreeMap<String, String>,
     /// Panes whose status watch failed transiently, with when to try again.
@@ -172,9 +182,17 @@ impl State {
             rewatch: BTreeMap::new(),
             backends_down: BTreeMap::new(),
             registry: BTreeMap::new(),
+            sent_by: HashMap::new(),
+            typed: std::collections::HashSet::new(),
+            dirty: durable::Dirty::default(),
             seen: std::collections::VecDeque::new(),
             max_inject,
         }
+    }
+
+    /// Forgets which records changed (state kept in memory only).
+    pub(super) fn discard_dirty(&mut self) {
+        self.dirty = durable::Dirty::default();
     }
 
     /// The earliest time something is due.
@@ -269,6 +287,9 @@ impl State {
             self.tasks.remove(&ticket);
             self.replies.remove(&ticket);
             self.waiters.remove(&ticket);
+            self.sent_by.remove(&ticket);
+            self.typed.remove(&ticket);
+            self.dirty.tickets.insert(ticket);
         }
         let idle: Vec<Target> = self
             .members

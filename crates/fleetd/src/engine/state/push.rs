@@ -50,6 +50,7 @@ impl State {
             None => {}
         }
         tracing::info!(lead = %id, "lead registered");
+        self.dirty.leads.insert(id.clone());
         self.leads.insert(
             id,
             Lead {
@@ -74,6 +75,7 @@ impl State {
                 "no primary lead: mail without a delegating lead waits for fleet_poll"
             ),
         }
+        self.dirty.primary = true;
         let effects = self.push.handle_at(PushInput::Primary(lead), now);
         self.push_effects(effects, now, io);
     }
@@ -84,10 +86,12 @@ impl State {
     pub(super) fn lead_gone(&mut self, lead: &LeadId, now: Timestamp, io: &mut Vec<Io>) {
         if self.leads.remove(lead).is_some() {
             tracing::info!(%lead, "lead gone");
+            self.dirty.leads.insert(lead.clone());
         }
-        for member in self.members.values_mut() {
+        for (target, member) in &mut self.members {
             if member.lead.as_ref() == Some(lead) {
                 member.lead = None;
+                self.dirty.members.insert(target.clone());
             }
         }
         let effects = self

@@ -20,6 +20,7 @@ impl State {
     ) -> (String, oneshot::Receiver<String>) {
         let id = uuid::Uuid::now_v7().to_string();
         let (tx, rx) = oneshot::channel();
+        self.dirty.questions.insert(id.clone());
         self.questions.insert(
             id.clone(),
             Question {
@@ -46,7 +47,11 @@ impl State {
         now: Timestamp,
         io: &mut Vec<Io>,
     ) -> Result<AnswerRoute, Refusal> {
-        let Some(mut question) = self.questions.remove(id) else {
+        let removed = self.questions.remove(id);
+        if removed.is_some() {
+            self.dirty.questions.insert(id.to_owned());
+        }
+        let Some(mut question) = removed else {
             return Err(Refusal::new(
                 "unknown_question",
                 format!(

@@ -15,7 +15,10 @@ use tokio::sync::{mpsc, oneshot};
 use fleetd_core::{Message, MessageLimits, MsgId, Target, Ticket};
 
 use super::lock::StateLock;
-use super::{InboxStore, PublishOutcome, StoreError, StoreFuture, StoreOptions};
+use super::{
+    InboxStore, PublishOutcome, StateOp, StateRecord, StateStore, StoreError, StoreFuture,
+    StoreOptions,
+};
 use writer::Op;
 
 /// The embedded inbox store. See the module docs for its guarantees.
@@ -157,6 +160,36 @@ impl Drop for SqliteStore {
         // Joining blocks for at most the commit in flight; it makes the release of the lock
         // deterministic, so a store opened right after this one was dropped does not see it locked.
         self.shut_down();
+    }
+}
+
+impl StateStore for SqliteStore {
+    fn load_state(&self) -> StoreFuture<'_, Vec<StateRecord>> {
+        Box::pin(self.read(|conn| {
+            let fail = |err| StoreError::backend("read the fleet state", err);
+            let mut stmt = conn
+                .prepare_cached("SELECT kind, key, value FROM fleet_state")
+                .map_err(fail)?;
+            let rows = stmt
+                .query_map([], |row| {
+                    Ok(StateRecord {
+                        kind: row.get(0)?,
+                        key: row.get(1)?,
+                        value: row.get(2)?,
+                    })
+                })
+                .map_err(fail)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(fail)
+        }))
+    }
+
+    fn commit_state(&self, ops: Vec<StateOp>) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            if ops.is_empty() {
+                return Ok(());
+            }
+            self.write(|reply| Op::State { ops, reply }).await
+        })
     }
 }
 
@@ -488,5 +521,83 @@ mod tests {
             .query_row("SELECT count(*) FROM messages", [], |row| row.get(0))
             .expect("count");
         assert_eq!(count, 63);
+    }
+
+    fn record(kind: &str, key: &str, value: &str) -> StateRecord {
+        StateRecord {
+            kind: kind.to_owned(),
+            key: key.to_owned(),
+            value: value.to_owned(),
+        }
+    }
+
+    #[tokio::test]
+    async fn fleet_state_is_kept_across_a_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inbox.db");
+        let store = open(&path).await.expect("open");
+        store
+            .commit_state(vec![
+                StateOp::Put(record("ticket", "t1", "{\"a\":1}")),
+                StateOp::Put(record("ticket", "t2", "{\"a\":2}")),
+                StateOp::Put(record("member", "ann", "{}")),
+            ])
+            .await
+            .expect("commit");
+        store
+            .commit_state(vec![
+                StateOp::Put(record("ticket", "t1", "{\"a\":3}")),
+                StateOp::Delete {
+                    kind: "ticket".to_owned(),
+                    key: "t2".to_owned(),
+                },
+            ])
+            .await
+            .expect("commit");
+        store.close().await.expect("close");
+        drop(store);
+        let again = open(&path).await.expect("reopen");
+        let mut kept = again.load_state().await.expect("load");
+        kept.sort_by(|a, b| (&a.kind, &a.key).cmp(&(&b.kind, &b.key)));
+        assert_eq!(
+            kept,
+            [
+                record("member", "ann", "{}"),
+                record("ticket", "t1", "{\"a\":3}")
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_version_1_inbox_is_migrated_with_its_messages() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inbox.db");
+        {
+            // What fleetd wrote before the fleet state existed: schema v1 with one message.
+            let conn = rusqlite::Connection::open(&path).expect("sqlite");
+            conn.execute_batch(schema::MIGRATIONS[0]).expect("v1");
+            conn.execute("UPDATE schema_version SET version = 1", [])
+                .expect("v1");
+            conn.pragma_update(None, "application_id", schema::APPLICATION_ID)
+                .expect("app id");
+            conn.execute(
+                "INSERT INTO messages (msg_id, target, ticket, kind, sender, created_at, body)
+                 VALUES (?1, 'alice', NULL, 'reply', 'alice', '2026-01-01T00:00:00Z', 'kept')",
+                [message("alice", 1).msg_id.to_string()],
+            )
+            .expect("insert");
+        }
+        let store = open(&path).await.expect("migrates");
+        let pending = store
+            .peek(&Target::new("alice").expect("target"), 10)
+            .await
+            .expect("peek");
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].text, "kept");
+        assert!(store.load_state().await.expect("load").is_empty());
+        store
+            .commit_state(vec![StateOp::Put(record("member", "ann", "{}"))])
+            .await
+            .expect("the new table is there");
     }
 }

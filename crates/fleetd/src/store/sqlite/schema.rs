@@ -9,7 +9,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags};
 use crate::store::StoreError;
 
 /// The schema version this build writes. Bump it together with a new entry in [`MIGRATIONS`].
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+pub(crate) const SCHEMA_VERSION: i64 = 2;
 
 /// `PRAGMA application_id` of a fleetd inbox ("fltd"), so a foreign SQLite file is recognised as
 /// such before anything is written to it.
@@ -23,7 +23,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const PAGE_SIZE: i64 = 1024;
 
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`, inside one transaction.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
+pub(crate) const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
     // v1: pending messages in arrival order, plus the ids acknowledged recently (for dedup).
     // `seq` is the rowid: a new row gets max(rowid) + 1, so it sorts after every pending message.
     // (A rowid freed by acking the newest row may be reused, which cannot reorder pending rows;
@@ -45,6 +45,14 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
          seq    INTEGER PRIMARY KEY,
          msg_id TEXT    NOT NULL UNIQUE
      );",
+    // v2: the engine's durable state (SPEC §15) as keyed JSON records: tickets, task texts,
+    // questions, leads, members. The engine owns the records' shapes.
+    "CREATE TABLE fleet_state (
+         kind  TEXT NOT NULL,
+         key   TEXT NOT NULL,
+         value TEXT NOT NULL,
+         PRIMARY KEY (kind, key)
+     ) WITHOUT ROWID;",
 ];
 
 /// Opens the read-write connection the writer thread owns: identifies and checks the file, sets

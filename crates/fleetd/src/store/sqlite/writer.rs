@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use fleetd_core::{Message, MsgId, Target};
 
-use crate::store::{DEDUP_WINDOW, PublishOutcome, StoreError};
+use crate::store::{DEDUP_WINDOW, PublishOutcome, StateOp, StoreError};
 
 /// Capacity of the queue into the writer. Bounded so a flood of publishes waits for the disk
 /// instead of growing memory; large enough that hundreds of concurrent publishers never wait on the
@@ -43,6 +43,11 @@ pub(crate) enum Op {
     Probe {
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
+    /// Apply changes to the fleet state, in order.
+    State {
+        ops: Vec<StateOp>,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
 }
 
 /// What one operation produced inside a transaction, sent only after the commit.
@@ -51,6 +56,7 @@ enum Outcome {
     Acked(bool),
     Drained(Vec<Message>),
     Probed,
+    StateApplied,
 }
 
 /// Counters the writer keeps, readable from any thread (for metrics and tests).
@@ -121,6 +127,10 @@ fn apply(conn: &mut Connection, batch: &[Op]) -> Result<Vec<Outcome>, StoreError
                 Outcome::Drained(drained)
             }
             Op::Probe { .. } => Outcome::Probed,
+            Op::State { ops, .. } => {
+                apply_state(&tx, ops).map_err(fail)?;
+                Outcome::StateApplied
+            }
         };
         outcomes.push(outcome);
     }
@@ -179,6 +189,25 @@ fn drain(tx: &Transaction<'_>, target: &Target) -> Result<Vec<Message>, StoreErr
     Ok(messages)
 }
 
+fn apply_state(tx: &Transaction<'_>, ops: &[StateOp]) -> rusqlite::Result<()> {
+    for op in ops {
+        match op {
+            StateOp::Put(r) => {
+                tx.prepare_cached(
+                    "INSERT INTO fleet_state (kind, key, value) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value",
+                )?
+                .execute(params![r.kind, r.key, r.value])?;
+            }
+            StateOp::Delete { kind, key } => {
+                tx.prepare_cached("DELETE FROM fleet_state WHERE kind = ?1 AND key = ?2")?
+                    .execute(params![kind, key])?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Keeps the newest [`DEDUP_WINDOW`] acknowledged ids; older ones may be forgotten.
 fn prune_acked(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     let window = i64::try_from(DEDUP_WINDOW).unwrap_or(i64::MAX);
@@ -199,7 +228,8 @@ fn reply(op: Op, result: Result<Outcome, StoreError>) {
         (Op::Drain { reply, .. }, Ok(Outcome::Drained(messages))) => {
             let _ = reply.send(Ok(messages));
         }
-        (Op::Probe { reply }, Ok(Outcome::Probed)) => {
+        (Op::Probe { reply }, Ok(Outcome::Probed))
+        | (Op::State { reply, .. }, Ok(Outcome::StateApplied)) => {
             let _ = reply.send(Ok(()));
         }
         // `apply` yields exactly one outcome per op, in op order, so this arm cannot match; if it
@@ -214,7 +244,7 @@ fn reply(op: Op, result: Result<Outcome, StoreError>) {
         (Op::Drain { reply, .. }, Err(err)) => {
             let _ = reply.send(Err(err));
         }
-        (Op::Probe { reply }, Err(err)) => {
+        (Op::Probe { reply } | Op::State { reply, .. }, Err(err)) => {
             let _ = reply.send(Err(err));
         }
     }

@@ -1,0 +1,398 @@
+//! The engine's durable state (SPEC §15): which parts of [`State`] a restart must not forget —
+//! members (with their delegating lead), tickets (state, retention clock, task text, who sent
+//! them, whether their task was ever typed), open questions, leads and the primary — as keyed
+//! records for the `StateStore`. Mutations mark keys dirty; after each input the engine takes
+//! the changed records as one batch ([`State::take_ops`]) and commits it before the tool that
+//! caused it answers. At start [`State::restore`] rebuilds the state from the records.
+
+use std::collections::BTreeSet;
+
+use fleetd_core::injector::InjectorInput;
+use fleetd_core::push::{LeadId, PushInput};
+use fleetd_core::{
+    QualifiedPaneId, Target, TerminalId, Ticket, TicketEvent, TicketRecord, TicketState,
+};
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use super::super::NewMember;
+use super::{Io, Lead, Member, Question, State};
+use crate::store::{StateOp, StateRecord};
+
+const MEMBER: &str = "member";
+const TICKET: &str = "ticket";
+const PRUNED: &str = "pruned";
+const QUESTION: &str = "question";
+const LEAD: &str = "lead";
+const META: &str = "meta";
+const PRIMARY: &str = "primary";
+
+/// Keys changed since the last batch.
+#[derive(Debug, Default)]
+pub(super) struct Dirty {
+    pub(super) members: BTreeSet<Target>,
+    pub(super) tickets: BTreeSet<Ticket>,
+    pub(super) questions: BTreeSet<String>,
+    pub(super) leads: BTreeSet<LeadId>,
+    pub(super) primary: bool,
+}
+
+/// A ticket as kept on disk.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct TicketRow {
+    record: TicketRecord,
+    /// The task text, until the ticket is pruned.
+    #[serde(default)]
+    task: Option<String>,
+    /// Who sent it: a lead's id, or a delegating member's name.
+    #[serde(default)]
+    by: Option<String>,
+    /// Its task was handed to the multiplexer at least once: after a restart it is never typed
+    /// again (it may have arrived).
+    #[serde(default)]
+    typed: bool,
+}
+
+/// An open question as kept on disk.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct QuestionRow {
+    target: Target,
+    question: String,
+}
+
+/// A lead as kept on disk.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LeadRow {
+    pane: QualifiedPaneId,
+    terminal: TerminalId,
+    seen_at: Timestamp,
+}
+
+/// What the records held, decoded.
+#[derive(Debug, Default)]
+pub(in crate::engine) struct Restored {
+    members: Vec<NewMember>,
+    tickets: Vec<TicketRow>,
+    pruned: Vec<(Ticket, Timestamp)>,
+    questions: Vec<(String, QuestionRow)>,
+    leads: Vec<(LeadId, LeadRow)>,
+    primary: Option<LeadId>,
+}
+
+impl Restored {
+    /// Decodes `records`; a record that does not decode is logged and skipped (its loss is
+    /// named, never silent).
+    pub(in crate::engine) fn decode(records: Vec<StateRecord>) -> Self {
+        let mut out = Self::default();
+        for record in records {
+            let decoded = match record.kind.as_str() {
+                MEMBER => serde_json::from_str(&record.value).map(|m| out.members.push(m)),
+                TICKET => serde_json::from_str(&record.value).map(|t| out.tickets.push(t)),
+                PRUNED => match Ticket::parse(&record.key) {
+                    Ok(ticket) => {
+                        serde_json::from_str(&record.value).map(|at| out.pruned.push((ticket, at)))
+                    }
+                    Err(_) => Ok(()),
+                },
+                QUESTION => serde_json::from_str(&record.value)
+                    .map(|q| out.questions.push((record.key.clone(), q))),
+                LEAD => serde_json::from_str(&record.value)
+                    .map(|l| out.leads.push((LeadId(record.key.clone()), l))),
+                META if record.key == PRIMARY => {
+                    serde_json::from_str::<Option<String>>(&record.value)
+                        .map(|p| out.primary = p.map(LeadId))
+                }
+                _ => Ok(()),
+            };
+            if let Err(e) = decoded {
+                tracing::error!(kind = %record.kind, key = %record.key, error = %e, "a fleet state record does not decode; it is skipped");
+            }
+        }
+        out
+    }
+
+    /// Members from the registry file of an older fleetd (`members.json`), when the store has
+    /// none yet: they are re-adopted like any other and written to the store.
+    pub(in crate::engine) fn with_legacy_members(mut self, members: Vec<NewMember>) -> Self {
+        if self.members.is_empty() {
+            self.members = members;
+        }
+        self
+    }
+
+    /// Whether anything was kept.
+    pub(in crate::engine) fn is_empty(&self) -> bool {
+        self.members.is_empty()
+            && self.tickets.is_empty()
+            && self.questions.is_empty()
+            && self.leads.is_empty()
+    }
+}
+
+fn put<T: Serialize>(kind: &str, key: String, value: &T) -> Option<StateOp> {
+    match serde_json::to_string(value) {
+        Ok(value) => Some(StateOp::Put(StateRecord {
+            kind: kind.to_owned(),
+            key,
+            value,
+        })),
+        Err(e) => {
+            tracing::error!(kind, %key, error = %e, "cannot encode a fleet state record");
+            None
+        }
+    }
+}
+
+fn delete(kind: &str, key: String) -> StateOp {
+    StateOp::Delete {
+        kind: kind.to_owned(),
+        key,
+    }
+}
+
+impl State {
+    /// The records changed since the last call, as one batch to commit.
+    pub(in crate::engine) fn take_ops(&mut self) -> Vec<StateOp> {
+        let dirty = std::mem::take(&mut self.dirty);
+        let mut ops = Vec::new();
+        for target in dirty.members {
+            match self.registry.get(&target) {
+                Some(member) => {
+                    let lead = self
+                        .members
+                        .get(&target)
+                        .and_then(|m| m.lead.as_ref())
+                        .and_then(|id| self.leads.get(id))
+                        .map(|l| super::super::LeadRef {
+                            pane: l.pane.clone(),
+                            terminal: l.terminal.clone(),
+                        });
+                    let row = NewMember {
+                        lead,
+                        ..member.clone()
+                    };
+                    ops.extend(put(MEMBER, target.to_string(), &row));
+                }
+                None => ops.push(delete(MEMBER, target.to_string())),
+            }
+        }
+        for ticket in dirty.tickets {
+            match self.tickets.record(ticket) {
+                Some(record) => {
+                    let row = TicketRow {
+                        record: record.clone(),
+                        task: self.tasks.get(&ticket).cloned(),
+                        by: self.sent_by.get(&ticket).cloned(),
+                        typed: self.typed.contains(&ticket),
+                    };
+                    ops.extend(put(TICKET, ticket.to_string(), &row));
+                }
+                None => {
+                    ops.push(delete(TICKET, ticket.to_string()));
+                    if let Some(at) = self.tickets.pruned_at(ticket) {
+                        ops.extend(put(PRUNED, ticket.to_string(), &at));
+                    }
+                }
+            }
+        }
+        for id in dirty.questions {
+            match self.questions.get(&id) {
+                Some(q) => {
+                    let row = QuestionRow {
+                        target: q.target.clone(),
+                        question: q.text.clone(),
+                    };
+                    ops.extend(put(QUESTION, id, &row));
+                }
+                None => ops.push(delete(QUESTION, id)),
+            }
+        }
+        for id in dirty.leads {
+            match self.leads.get(&id) {
+                Some(l) => {
+                    let row = LeadRow {
+                        pane: l.pane.clone(),
+                        terminal: l.terminal.clone(),
+                        seen_at: l.seen_at,
+                    };
+                    ops.extend(put(LEAD, id.0, &row));
+                }
+                None => ops.push(delete(LEAD, id.0)),
+            }
+        }
+        if dirty.primary {
+            let primary = self.push.primary().map(|l| l.0.clone());
+            ops.extend(put(META, PRIMARY.to_owned(), &primary));
+        }
+        ops
+    }
+
+    /// Rebuilds the state kept before a restart. Leads are watched again (a gone one is found
+    /// out as ever); members are checked against their panes (`Io::Adopt`: one that is gone is
+    /// released through the one release path, cause `gone`); a queued task is queued again in
+    /// its place, and a task typed before the restart is never typed again (its turn becomes
+    /// the member's current one); open questions are open again; tickets read their state.
+    pub(in crate::engine) fn restore(&mut self, kept: Restored, now: Timestamp, io: &mut Vec<Io>) {
+        if kept.is_empty() {
+            return;
+        }
+        tracing::info!(
+            members = kept.members.len(),
+            tickets = kept.tickets.len(),
+            questions = kept.questions.len(),
+            leads = kept.leads.len(),
+            "restoring the fleet state kept before the restart"
+        );
+        for (id, row) in kept.leads {
+            io.push(Io::Watch {
+                pane: row.pane.clone(),
+            });
+            self.leads.insert(
+                id,
+                Lead {
+                    pane: row.pane,
+                    terminal: row.terminal,
+                    seen_at: row.seen_at,
+                },
+            );
+        }
+        if let Some(primary) = kept.primary.filter(|p| self.leads.contains_key(p)) {
+            self.set_primary(Some(primary), now, io);
+        }
+        for member in kept.members {
+            self.restore_member(member, now, io);
+        }
+        let mut tickets = kept.tickets;
+        tickets.sort_by_key(|row| row.record.ticket);
+        for row in tickets {
+            self.restore_ticket(row, now, io);
+        }
+        for (ticket, at) in kept.pruned {
+            self.tickets.restore_pruned(ticket, at);
+        }
+        for (id, row) in kept.questions {
+            if !self.members.contains_key(&row.target) {
+                self.dirty.questions.insert(id);
+                continue;
+            }
+            let effects = self.push.handle_at(
+                PushInput::QuestionOpened {
+                    target: row.target.clone(),
+                    question_id: id.clone(),
+                },
+                now,
+            );
+            self.push_effects(effects, now, io);
+            self.questions.insert(
+                id,
+                Question {
+                    target: row.target,
+                    text: row.question,
+                    waiter: None,
+                },
+            );
+        }
+        self.ticket_gauges();
+        // Replies stored just before the restart may not have settled their tickets yet.
+        let open: BTreeSet<Target> = self
+            .members
+            .keys()
+            .filter(|t| !self.tickets.open_for(t).is_empty())
+            .cloned()
+            .collect();
+        for target in open {
+            io.push(Io::Reconcile { target });
+        }
+    }
+
+    /// A member kept before the restart: registered again as it was (present — it was
+    /// connected — and bound to its lead when that lead is known), then checked against its pane.
+    fn restore_member(&mut self, member: NewMember, now: Timestamp, io: &mut Vec<Io>) {
+        let target = member.target.clone();
+        let lead = member
+            .lead
+            .as_ref()
+            .map(Self::lead_id)
+            .filter(|id| self.leads.contains_key(id));
+        self.registry.insert(target.clone(), member.clone());
+        self.by_pane.insert(member.pane.clone(), target.clone());
+        self.members.insert(
+            target.clone(),
+            Member {
+                profile: member.profile.clone(),
+                pane: member.pane.clone(),
+                terminal: member.terminal.clone(),
+                status: fleetd_core::AgentStatus::Unknown,
+                allow_delegation: member.allow_delegation,
+                lead: lead.clone(),
+                backend: member.backend.clone(),
+                unmapped: false,
+                joined_at: now,
+                idle_since: None,
+                idle_timeout: member
+                    .idle_timeout_secs
+                    .and_then(|s| i64::try_from(s).ok())
+                    .map(jiff::SignedDuration::from_secs),
+            },
+        );
+        // Written again: a member imported from an older fleetd's file reaches the store.
+        self.dirty.members.insert(target.clone());
+        for input in [
+            InjectorInput::MemberAdded {
+                target: target.clone(),
+            },
+            InjectorInput::PresenceSeen {
+                target: target.clone(),
+            },
+        ] {
+            let effects = self.injector.handle_at(input, now);
+            self.injector_effects(effects, now, io);
+        }
+        if let Some(lead) = lead {
+            let effects = self.push.handle_at(PushInput::Bound { target, lead }, now);
+            self.push_effects(effects, now, io);
+        }
+        io.push(Io::Adopt(Box::new(member)));
+    }
+
+    /// A ticket kept before the restart.
+    fn restore_ticket(&mut self, row: TicketRow, now: Timestamp, io: &mut Vec<Io>) {
+        let ticket = row.record.ticket;
+        let target = row.record.target.clone();
+        let state = row.record.state;
+        self.tickets.restore(row.record);
+        if let Some(task) = row.task {
+            self.tasks.insert(ticket, task);
+        }
+        if let Some(by) = row.by {
+            self.sent_by.insert(ticket, by);
+        }
+        if row.typed {
+            self.typed.insert(ticket);
+        }
+        if state.is_terminal() {
+            return;
+        }
+        if !self.members.contains_key(&target) {
+            // Its member is not kept (released before the restart): it can never finish.
+            self.apply(ticket, TicketEvent::MemberGone("gone".to_owned()), now);
+            return;
+        }
+        match state {
+            TicketState::Queued if !row.typed => {
+                let effects = self
+                    .injector
+                    .handle_at(InjectorInput::Enqueue { target, ticket }, now);
+                self.injector_effects(effects, now, io);
+            }
+            TicketState::Queued => {
+                // Typed, never confirmed: it may have arrived, so it is never typed again.
+                self.apply(ticket, TicketEvent::Delivered, now);
+                self.injector.restore_current(&target, ticket);
+            }
+            _ => self.injector.restore_current(&target, ticket),
+        }
+    }
+}

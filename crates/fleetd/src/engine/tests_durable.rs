@@ -1,0 +1,333 @@
+//! Driver tests of the durable fleet state (SPEC §15, §13.8) on paused time: an engine is
+//! dropped as after a kill -9 and a second one starts on the same stores (the in-memory store
+//! keeps both the inbox and the fleet state), then members, tickets, queued tasks, open
+//! questions and bindings are checked against what the first one knew.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetd_core::{AgentStatus, MessageLimits, Target, TicketState};
+use jiff::Timestamp;
+use tokio::time::sleep;
+
+use super::{Durable, EngineHandle, EngineParts, LeadRef, NewMember, TicketAnswer, spawn};
+use crate::clock::TokioClock;
+use crate::config::{Config, Environment};
+use crate::mux::MuxRouter;
+use crate::mux::fake::FakeMux;
+use crate::store::{InboxStore, MemoryStore, StateStore};
+
+/// No pinned primary; reminders every second, so a nudge shows quickly.
+const CONFIG: &str = "primary:\n  tab: w9:t9\n  pushReminders: 3\n  pushBackoffMs: 1000\n";
+
+/// The stores that outlive an engine.
+#[derive(Clone)]
+struct Disk {
+    store: Arc<MemoryStore>,
+}
+
+impl Disk {
+    fn new() -> Self {
+        Self {
+            store: Arc::new(MemoryStore::new(MessageLimits {
+                max_message_bytes: 1 << 20,
+            })),
+        }
+    }
+
+    fn start(&self, fake: &FakeMux) -> EngineHandle {
+        spawn(EngineParts {
+            durable: Some(Durable {
+                store: Arc::clone(&self.store) as Arc<dyn StateStore>,
+                legacy_members_file: None,
+            }),
+            config: crate::config::Live::fixed(
+                Config::parse(CONFIG, "test", &Environment::default()).expect("config"),
+            ),
+            clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
+            store: Arc::clone(&self.store) as Arc<dyn InboxStore>,
+            mux: MuxRouter::new(Arc::new(fake.clone()), None),
+            redactor: crate::secrets::Redactor::empty(),
+        })
+    }
+}
+
+fn qualified(pane: &str) -> fleetd_core::QualifiedPaneId {
+    fleetd_core::QualifiedPaneId::new(
+        fleetd_core::MuxDaemon::Lead,
+        fleetd_core::PaneId::new(pane).expect("pane"),
+    )
+}
+
+fn member(name: &str, pane: &str, terminal: &str, lead: Option<LeadRef>) -> NewMember {
+    NewMember {
+        target: Target::new(name).expect("target"),
+        profile: "p".to_owned(),
+        agent: "claude".to_owned(),
+        pane: qualified(pane),
+        terminal: fleetd_core::TerminalId::new(terminal).expect("terminal"),
+        allow_delegation: false,
+        idle_timeout_secs: None,
+        backend: None,
+        lead,
+    }
+}
+
+fn t(name: &str) -> Target {
+    Target::new(name).expect("target")
+}
+
+/// Lets spawned effects and the persister run.
+async fn settle() {
+    sleep(Duration::from_millis(50)).await;
+}
+
+async fn state_of(engine: &EngineHandle, ticket: fleetd_core::Ticket) -> Option<TicketState> {
+    match engine.ticket(ticket).await.expect("engine") {
+        TicketAnswer::Live(view) => Some(view.state),
+        _ => None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn members_are_taken_back_and_a_gone_one_is_released_with_its_tickets_failed() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    fake.add_pane("w2:p2", "t-b", "w2:t2", AgentStatus::Working);
+    let disk = Disk::new();
+    let first = disk.start(&fake);
+    first
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    first
+        .add_member(member("bo", "w2:p2", "t-b", None))
+        .await
+        .expect("engine");
+    let ticket = first
+        .submit(None, t("bo"), "a long job".to_owned())
+        .await
+        .expect("engine")
+        .expect("queued");
+    drop(first); // as after a kill -9: nothing released, nothing flushed beyond the commits
+    settle().await;
+    // While fleetd was down, bo's pane got a new occupant.
+    fake.vanish("w2:p2");
+    fake.add_pane("w2:p2", "t-other", "w2:t2", AgentStatus::Idle);
+    let second = disk.start(&fake);
+    settle().await;
+    let names: Vec<String> = second
+        .list()
+        .await
+        .expect("engine")
+        .iter()
+        .map(|m| m.target.to_string())
+        .collect();
+    assert_eq!(names, ["ann"], "ann taken back, bo gone");
+    assert!(second.list().await.expect("engine")[0].connected);
+    assert_eq!(state_of(&second, ticket).await, Some(TicketState::Failed));
+    let TicketAnswer::Live(view) = second.ticket(ticket).await.expect("engine") else {
+        panic!("the ticket is known");
+    };
+    assert_eq!(view.cause.as_deref(), Some("gone"));
+    let notice = disk.store.peek(&t("bo"), 10).await.expect("peek");
+    assert!(
+        notice.iter().any(|m| m.text.contains("released (gone)")),
+        "the lead learns it: {notice:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_task_is_typed_exactly_once_across_a_restart() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let disk = Disk::new();
+    let first = disk.start(&fake);
+    first
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    first.presence(t("ann")).await.expect("engine");
+    let ticket = first
+        .submit(None, t("ann"), "queued while busy".to_owned())
+        .await
+        .expect("engine")
+        .expect("queued");
+    settle().await;
+    assert!(fake.typed().is_empty(), "busy: nothing typed yet");
+    drop(first);
+    settle().await;
+    let second = disk.start(&fake);
+    settle().await;
+    assert_eq!(state_of(&second, ticket).await, Some(TicketState::Queued));
+    fake.set_status("w2:p1", AgentStatus::Idle);
+    settle().await;
+    let typed = fake.typed();
+    assert_eq!(typed.len(), 1, "{typed:?}");
+    assert_eq!(typed[0].text, "queued while busy");
+    assert_eq!(
+        state_of(&second, ticket).await,
+        Some(TicketState::Delivered)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_typed_before_a_restart_is_never_typed_again_and_its_ticket_ends() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let disk = Disk::new();
+    let first = disk.start(&fake);
+    first
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    first.presence(t("ann")).await.expect("engine");
+    let ticket = first
+        .submit(None, t("ann"), "typed once".to_owned())
+        .await
+        .expect("engine")
+        .expect("queued");
+    settle().await;
+    assert_eq!(fake.typed().len(), 1);
+    // Killed before the member was seen working; it worked and went idle while fleetd was down.
+    drop(first);
+    settle().await;
+    let second = disk.start(&fake);
+    sleep(Duration::from_secs(30)).await;
+    assert_eq!(fake.typed().len(), 1, "never typed twice");
+    assert_eq!(
+        state_of(&second, ticket).await,
+        Some(TicketState::EndedWithoutReply),
+        "the turn-done fallback ends it"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reply_stored_just_before_the_kill_settles_its_ticket_after_the_restart() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let disk = Disk::new();
+    let first = disk.start(&fake);
+    first
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    let ticket = first
+        .submit(None, t("ann"), "job".to_owned())
+        .await
+        .expect("engine")
+        .expect("queued");
+    settle().await;
+    drop(first);
+    settle().await;
+    // The member's reply reached the store, but the engine never heard of it.
+    disk.store
+        .publish(fleetd_core::Message {
+            msg_id: fleetd_core::MsgId::from_uuid(uuid::Uuid::now_v7()),
+            target: t("ann"),
+            ticket: Some(ticket),
+            kind: fleetd_core::MessageKind::Reply,
+            text: "done".to_owned(),
+            from: "ann".to_owned(),
+            created_at: Timestamp::UNIX_EPOCH,
+        })
+        .await
+        .expect("publish");
+    let second = disk.start(&fake);
+    settle().await;
+    assert_eq!(state_of(&second, ticket).await, Some(TicketState::Replied));
+}
+
+#[tokio::test(start_paused = true)]
+async fn questions_and_bindings_survive_and_the_answer_reaches_the_member() {
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Working);
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let disk = Disk::new();
+    let first = disk.start(&fake);
+    let lead = LeadRef {
+        pane: qualified("w1:p1"),
+        terminal: fleetd_core::TerminalId::new("t-lead").expect("terminal"),
+    };
+    first.lead_seen(lead.clone()).await.expect("engine");
+    first
+        .add_member(member("ann", "w2:p1", "t-a", Some(lead.clone())))
+        .await
+        .expect("engine");
+    first.presence(t("ann")).await.expect("engine");
+    let (id, _answer) = first
+        .ask_question(t("ann"), "which branch?".to_owned())
+        .await
+        .expect("engine");
+    settle().await;
+    drop(first);
+    settle().await;
+    let second = disk.start(&fake);
+    settle().await;
+    let open = second.questions(Some(t("ann"))).await.expect("engine");
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0].question, "which branch?");
+    let members = second.list().await.expect("engine");
+    assert_eq!(
+        members[0].lead.as_deref(),
+        Some("lead:w1:p1"),
+        "the binding to its lead came back"
+    );
+    // The nudge about the question goes to that lead once it is idle.
+    fake.set_status("w1:p1", AgentStatus::Idle);
+    settle().await;
+    let nudges: Vec<_> = fake
+        .typed()
+        .into_iter()
+        .filter(|t| t.pane.as_str() == "w1:p1")
+        .collect();
+    assert_eq!(nudges.len(), 1, "{nudges:?}");
+    assert!(nudges[0].text.contains("question"), "{nudges:?}");
+    // Answered after the restart: the member (no longer waiting) gets it as a task.
+    let route = second
+        .answer(id, "main".to_owned())
+        .await
+        .expect("engine")
+        .expect("answered");
+    assert_eq!(route, super::AnswerRoute::Task);
+    fake.set_status("w2:p1", AgentStatus::Idle);
+    settle().await;
+    assert!(
+        fake.typed()
+            .iter()
+            .any(|t| t.pane.as_str() == "w2:p1" && t.text.contains("main")),
+        "{:?}",
+        fake.typed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_clean_shutdown_keeps_members_and_their_open_tickets() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let disk = Disk::new();
+    let first = disk.start(&fake);
+    first
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    let ticket = first
+        .submit(None, t("ann"), "job".to_owned())
+        .await
+        .expect("engine")
+        .expect("queued");
+    first.shutdown().await.expect("engine");
+    assert!(first.list().await.is_err(), "the engine stopped");
+    assert!(
+        disk.store
+            .peek(&t("ann"), 10)
+            .await
+            .expect("peek")
+            .is_empty(),
+        "nothing released, no notice"
+    );
+    let second = disk.start(&fake);
+    settle().await;
+    assert_eq!(second.list().await.expect("engine").len(), 1);
+    assert_eq!(state_of(&second, ticket).await, Some(TicketState::Queued));
+}
