@@ -532,3 +532,49 @@ fn e2e_a_swallowed_submit_is_retried_once_with_enter() {
     assert_eq!(sent["status"], "replied", "{sent}");
     assert_eq!(sent["reply"], "sim-agent did: stuck in the composer");
 }
+
+#[test]
+fn e2e_a_delegating_member_polls_the_tickets_it_sent_and_no_others() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    // Review M14: a delegating member's `fleet_poll{ticket}` went down the own-task path and
+    // answered `not_your_ticket` for the tickets it had sent itself.
+    let delegator = format!(
+        "{}    allowDelegation: true\n",
+        sim_profile(
+            "delegator",
+            &[("SIM_AGENT_SCRIPT", "call"), ("SIM_AGENT_WORK_MS", "100")]
+        )
+    );
+    let rig = Rig::start(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{delegator}{}",
+        sim_profile("sim", &[("SIM_AGENT_WORK_MS", "200")])
+    ));
+    rig.spawn("delegator", "dee");
+    rig.spawn("sim", "lux");
+    let sent = member_calls(
+        &rig,
+        "dee",
+        "fleet_send",
+        &json!({ "target": "lux", "task": "sub-task", "wait": false }),
+    );
+    let ticket = structured_ok(&sent)["ticket"]
+        .as_str()
+        .expect("a ticket")
+        .to_owned();
+    let polled = member_calls(&rig, "dee", "fleet_poll", &json!({ "ticket": ticket }));
+    let polled = structured_ok(&polled);
+    assert_eq!(polled["ticket"], ticket.as_str(), "{polled}");
+    assert!(polled["state"].is_string(), "{polled}");
+    // A ticket the lead sent is still not the member's to read.
+    let lead_ticket = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "lux", "task": "lead's own", "wait": false }),
+    ))["ticket"]
+        .as_str()
+        .expect("ticket")
+        .to_owned();
+    let refused = member_calls(&rig, "dee", "fleet_poll", &json!({ "ticket": lead_ticket }));
+    assert_eq!(error_code(&refused), "not_your_ticket");
+}

@@ -77,6 +77,9 @@ pub struct TicketView {
     /// When it finished.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Timestamp>,
+    /// Who sent it: a lead's pane id, or a delegating member's name.
+    #[serde(skip)]
+    pub sent_by: Option<String>,
 }
 
 /// An open question (`fleet_ask`).
@@ -193,6 +196,8 @@ pub(crate) enum Command {
     },
     Submit {
         lead: Option<LeadRef>,
+        /// Who sent it when that is no lead: a delegating member's name.
+        by: Option<Target>,
         target: Target,
         task: String,
         reply: oneshot::Sender<Result<Ticket, Refusal>>,
@@ -390,6 +395,25 @@ impl EngineHandle {
     ) -> Result<Result<Ticket, Refusal>, EngineGone> {
         self.ask(|reply| Command::Submit {
             lead,
+            by: None,
+            target,
+            task,
+            reply,
+        })
+        .await
+    }
+
+    /// Queues `task` for `target` on behalf of delegating member `by` (who may then poll its
+    /// ticket); returns the ticket.
+    pub async fn submit_for_member(
+        &self,
+        by: Target,
+        target: Target,
+        task: String,
+    ) -> Result<Result<Ticket, Refusal>, EngineGone> {
+        self.ask(|reply| Command::Submit {
+            lead: None,
+            by: Some(by),
             target,
             task,
             reply,

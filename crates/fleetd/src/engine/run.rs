@@ -408,11 +408,12 @@ impl Engine {
             }
             Command::Submit {
                 lead,
+                by,
                 target,
                 task,
                 reply,
             } => {
-                let submitted = s.submit(lead.as_ref(), target, task, now, io);
+                let submitted = s.submit(lead.as_ref(), by, target, task, now, io);
                 // The ticket is answered once it is durable; if it could not be kept, the
                 // sender hears so rather than holding a ticket a restart would forget.
                 replies.push(Box::new(move |stored| {

@@ -15,6 +15,7 @@ impl State {
     pub(in crate::engine) fn submit(
         &mut self,
         lead: Option<&LeadRef>,
+        by: Option<Target>,
         target: Target,
         task: String,
         now: Timestamp,
@@ -45,8 +46,11 @@ impl State {
         self.tickets.open_at(ticket, target.clone(), now);
         self.ticket_gauges();
         self.tasks.insert(ticket, task);
-        if let Some(lead) = lead {
-            self.sent_by.insert(ticket, Self::lead_id(lead).0);
+        if let Some(by) = by
+            .map(|m| m.to_string())
+            .or_else(|| lead.map(|l| Self::lead_id(l).0))
+        {
+            self.sent_by.insert(ticket, by);
         }
         self.dirty.tickets.insert(ticket);
         let effects = self
@@ -77,7 +81,7 @@ impl State {
 
     pub(in crate::engine) fn ticket(&self, ticket: Ticket, now: Timestamp) -> TicketAnswer {
         match self.tickets.get_at(ticket, now) {
-            TicketLookup::Live(r) => TicketAnswer::Live(view(r)),
+            TicketLookup::Live(r) => TicketAnswer::Live(view(r, self.sent_by.get(&ticket))),
             TicketLookup::Expired => TicketAnswer::Expired,
             TicketLookup::Unknown => TicketAnswer::Unknown,
         }
@@ -202,7 +206,7 @@ impl State {
         self.tickets
             .recent_for(target, 10)
             .into_iter()
-            .map(view)
+            .map(|r| view(r, self.sent_by.get(&r.ticket)))
             .collect()
     }
 

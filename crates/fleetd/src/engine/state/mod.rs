@@ -311,7 +311,7 @@ impl State {
     }
 }
 
-fn view(r: &fleetd_core::TicketRecord) -> TicketView {
+fn view(r: &fleetd_core::TicketRecord, sent_by: Option<&String>) -> TicketView {
     TicketView {
         ticket: r.ticket,
         target: r.target.clone(),
@@ -319,5 +319,6 @@ fn view(r: &fleetd_core::TicketRecord) -> TicketView {
         cause: r.cause.clone(),
         created_at: r.created_at,
         finished_at: r.finished_at,
+        sent_by: sent_by.cloned(),
     }
 }

@@ -75,7 +75,7 @@ impl State {
         };
         // The member stopped waiting: the answer reaches it as a task, in order with its others.
         let task = format!("Answer to your question {id} ({}): {answer}", question.text);
-        match self.submit(None, question.target.clone(), task, now, io) {
+        match self.submit(None, None, question.target.clone(), task, now, io) {
             Ok(_) => Ok(AnswerRoute::Task),
             Err(refusal) => Err(refusal),
         }

@@ -58,22 +58,32 @@ impl FleetTool for Poll {
 async fn by_ticket(fleet: &Fleet, caller: &Caller, text: &str) -> Result<ToolOutput, ToolError> {
     let ticket =
         Ticket::parse(text).map_err(|e| ToolError::new("invalid_ticket", e.to_string()))?;
-    if let Role::Member { target, .. } = &caller.role {
-        // A member reads its own task (the pointer for a task too long to type).
-        return match fleet.engine.task_text(ticket).await.map_err(gone)? {
-            Some((owner, task)) if owner == *target => output(
-                json!({ "ticket": ticket, "task": task }),
-                format!("task {ticket} ({} bytes)", task.len()),
-            ),
-            _ => Err(ToolError::new(
-                "not_your_ticket",
-                format!(
-                    "ticket {ticket} is not one of yours; answer your current task with fleet_reply"
+    let answer = fleet.engine.ticket(ticket).await.map_err(gone)?;
+    if let Role::Member {
+        target,
+        allow_delegation,
+    } = &caller.role
+    {
+        // A member reads its own task (the pointer for a task too long to type); a delegating
+        // member reads the tickets it sent, like a lead (review M14).
+        let sent_it = *allow_delegation
+            && matches!(&answer, TicketAnswer::Live(view) if view.sent_by.as_deref() == Some(target.as_str()));
+        if !sent_it {
+            return match fleet.engine.task_text(ticket).await.map_err(gone)? {
+                Some((owner, task)) if owner == *target => output(
+                    json!({ "ticket": ticket, "task": task }),
+                    format!("task {ticket} ({} bytes)", task.len()),
                 ),
-            )),
-        };
+                _ => Err(ToolError::new(
+                    "not_your_ticket",
+                    format!(
+                        "ticket {ticket} is not one of yours; answer your current task with fleet_reply"
+                    ),
+                )),
+            };
+        }
     }
-    match fleet.engine.ticket(ticket).await.map_err(gone)? {
+    match answer {
         TicketAnswer::Live(view) => {
             let pending = fleet
                 .store

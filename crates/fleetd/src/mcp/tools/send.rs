@@ -59,7 +59,12 @@ impl FleetTool for Send {
         if let Some(lead) = &lead {
             fleet.engine.lead_seen(lead.clone()).await.map_err(gone)?;
         }
-        delegate(fleet, lead, &caller.cancel, args).await
+        // A delegating member is recorded as the ticket's sender, so it may poll it.
+        let member = match &caller.role {
+            fleetd_core::access::Role::Member { target, .. } => Some(target.clone()),
+            _ => None,
+        };
+        delegate(fleet, lead, member, &caller.cancel, args).await
     }
 }
 
@@ -70,6 +75,7 @@ impl FleetTool for Send {
 pub(crate) async fn delegate(
     fleet: &Fleet,
     lead: Option<LeadRef>,
+    member: Option<fleetd_core::Target>,
     cancel: &CancellationToken,
     args: Args,
 ) -> Result<ToolOutput, ToolError> {
@@ -90,11 +96,16 @@ pub(crate) async fn delegate(
             "the task is empty: say what the member should do",
         ));
     }
-    let ticket = fleet
-        .engine
-        .submit(lead, target.clone(), args.task)
-        .await
-        .map_err(gone)??;
+    let submitted = match member {
+        Some(by) => {
+            fleet
+                .engine
+                .submit_for_member(by, target.clone(), args.task)
+                .await
+        }
+        None => fleet.engine.submit(lead, target.clone(), args.task).await,
+    };
+    let ticket = submitted.map_err(gone)??;
     if !args.wait.unwrap_or(true) {
         return output(
             json!({ "ticket": ticket, "status": "queued" }),
