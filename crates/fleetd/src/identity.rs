@@ -126,6 +126,20 @@ impl Caller {
     }
 }
 
+impl Caller {
+    /// Who receives replies a waiting `fleet_send` returns, so its next call acknowledges them:
+    /// a lead by its pane, the operator, or a delegating member. `None` for a caller that cannot
+    /// wait for a reply.
+    pub fn holder(&self) -> Option<String> {
+        match (&self.role, &self.pane) {
+            (Role::Lead, Some(p)) => Some(p.pane.to_string()),
+            (Role::Operator, _) => Some("operator".to_owned()),
+            (Role::Member { target, .. }, _) => Some(format!("member:{target}")),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for Caller {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (&self.role, &self.pane) {

@@ -13,6 +13,7 @@ pub mod engine;
 pub mod health;
 pub mod http;
 pub mod identity;
+pub mod inbox;
 pub mod install;
 pub mod locate;
 pub mod logging;

@@ -268,6 +268,7 @@ impl Daemon {
         } else {
             local.ip()
         };
+        let inbox = crate::inbox::Inbox::new(Arc::clone(&self.inner.store), engine.clone());
         Ok(crate::mcp::Fleet {
             engine,
             store: Arc::clone(&self.inner.store),
@@ -278,6 +279,7 @@ impl Daemon {
             api_token,
             url: format!("http://{}", SocketAddr::new(host, local.port())),
             redactor,
+            inbox,
         })
     }
 }

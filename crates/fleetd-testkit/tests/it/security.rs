@@ -64,30 +64,21 @@ fn rig_with_mail(extra_profiles: &str) -> Option<(Rig, String)> {
     Some((rig, id))
 }
 
-/// What the operator sees: every member's pending replies, and alice's tickets (the member the
-/// attacks aim at; the lead's own tasks to the attacking member are legitimate). Compared
-/// before and after an attack: nothing may change.
+/// What the operator sees of alice, the member every attack aims at: her pending replies, her
+/// tickets and queue. (The attacking member's own inbox changes legitimately: the lead's tasks
+/// to it are answered there.) Compared before and after an attack: nothing may change.
 fn fleet_state(rig: &Rig) -> Value {
-    let list = http::get(rig.daemon.operator(), "/sessions")
-        .expect("sessions")
-        .json();
-    let mut state = serde_json::Map::new();
-    for member in list["members"].as_array().into_iter().flatten() {
-        let name = member["target"].as_str().expect("target").to_owned();
-        let replies = http::get(rig.daemon.operator(), &format!("/sessions/{name}/replies"))
-            .expect("replies")
-            .json()["replies"]
-            .clone();
-        state.insert(name, replies);
-    }
+    let replies = http::get(rig.daemon.operator(), "/sessions/alice/replies")
+        .expect("replies")
+        .json()["replies"]
+        .clone();
     let alice = http::get(rig.daemon.operator(), "/sessions/alice")
         .expect("session")
         .json();
-    state.insert(
-        "alice's tickets".to_owned(),
-        json!([alice["tickets"], alice["queued"]]),
-    );
-    Value::Object(state)
+    json!({
+        "alice": replies,
+        "alice's tickets": [alice["tickets"], alice["queued"]],
+    })
 }
 
 /// Runs `line` in `member`'s shell (a `shell` sim-agent) through the lead's `fleet_send` and

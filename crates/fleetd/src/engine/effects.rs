@@ -167,27 +167,13 @@ impl Effects {
         .await;
     }
 
-    /// Starts watching a pane. Watching a pane already watched reports nothing, and the
-    /// incarnation may be new: the status is read once so it is never missed.
+    /// Starts watching a pane, or has its watch publish the current status again: the reading
+    /// comes on the pane's own event stream, in order with its other events (review M5).
     async fn watch(&self, pane: QualifiedPaneId) {
-        let watched = match self.mux.watch(&pane).await {
-            Ok(()) => self.mux.pane(&pane).await,
-            Err(e) => Err(e),
-        };
-        match watched {
-            Ok(current) => {
-                self.report(Event::Status {
-                    pane,
-                    terminal: current.info.terminal,
-                    status: current.info.status,
-                })
-                .await;
-            }
-            Err(e) => {
-                tracing::warn!(%pane, error = %e, "cannot watch pane status; will retry");
-                let gone = e.is_not_found();
-                self.report(Event::WatchFailed { pane, gone }).await;
-            }
+        if let Err(e) = self.mux.watch(&pane).await {
+            tracing::warn!(%pane, error = %e, "cannot watch pane status; will retry");
+            let gone = e.is_not_found();
+            self.report(Event::WatchFailed { pane, gone }).await;
         }
     }
 

@@ -267,6 +267,21 @@ pub(crate) enum Command {
     },
     /// A test-only fault: the engine panics on it.
     Panic,
+    HandedTo {
+        ticket: Ticket,
+        holder: String,
+    },
+    Unhand {
+        ticket: Ticket,
+    },
+    TakeHanded {
+        holder: String,
+        reply: oneshot::Sender<Vec<(Target, fleetd_core::MsgId)>>,
+    },
+    Acked {
+        target: Target,
+        ids: Vec<fleetd_core::MsgId>,
+    },
 }
 
 /// The handle every handler holds: cheap to clone, sends commands to the engine task.
@@ -532,6 +547,38 @@ impl EngineHandle {
             reply,
         })
         .await
+    }
+
+    /// The waiter for `ticket` returned its reply to `holder` (see [`crate::inbox`]).
+    pub async fn handed_to(&self, ticket: Ticket, holder: String) -> Result<(), EngineGone> {
+        self.send(Command::HandedTo { ticket, holder }).await
+    }
+
+    /// The waiter for `ticket` did not return its reply: it is mail to nudge about again. Does
+    /// not wait (it is called from a drop guard); a full queue only delays the nudge until the
+    /// next depth reading.
+    pub fn unhand_now(&self, ticket: Ticket) {
+        let _ = self
+            .tx
+            .try_send(run::Msg::Command(Command::Unhand { ticket }));
+    }
+
+    /// The replies handed to `holder` (taken: the caller acknowledges them).
+    pub async fn take_handed(
+        &self,
+        holder: String,
+    ) -> Result<Vec<(Target, fleetd_core::MsgId)>, EngineGone> {
+        self.ask(|reply| Command::TakeHanded { holder, reply })
+            .await
+    }
+
+    /// Messages of `target` were acknowledged.
+    pub async fn acked(
+        &self,
+        target: Target,
+        ids: Vec<fleetd_core::MsgId>,
+    ) -> Result<(), EngineGone> {
+        self.send(Command::Acked { target, ids }).await
     }
 
     /// A test-only fault hook: makes the engine task panic, to show what supervision does.

@@ -56,12 +56,6 @@ pub(super) enum Event {
         target: Target,
         pending: u64,
     },
-    /// A pane's status, read directly (after a watch starts).
-    Status {
-        pane: QualifiedPaneId,
-        terminal: fleetd_core::TerminalId,
-        status: fleetd_core::AgentStatus,
-    },
     /// A member from before a restart was checked: `alive` when its incarnation still runs.
     Adopted {
         member: Box<crate::engine::NewMember>,
@@ -126,6 +120,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
         usize::try_from(config.delivery.max_inject_bytes).unwrap_or(4096),
     );
     let events = parts.mux.events();
+    let lagged = parts.mux.lagged();
     let reloads = parts.config.subscribe();
     let durable = parts.durable.clone();
     let effects = Effects {
@@ -150,7 +145,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
             effects,
             jobs,
         }
-        .run(rx, events, reloads),
+        .run(rx, events, lagged, reloads),
     );
     tokio::spawn(async move {
         match task.await {
@@ -233,6 +228,8 @@ enum Input {
     Pane(Result<RoutedEvent, broadcast::error::RecvError>),
     Reload(Arc<crate::config::Config>),
     ReloadsClosed,
+    /// Events were missed on the way through the router.
+    Lagged,
     Tick,
 }
 
@@ -249,6 +246,7 @@ impl Engine {
         mut self,
         mut rx: mpsc::Receiver<Msg>,
         mut events: broadcast::Receiver<RoutedEvent>,
+        mut lagged: tokio::sync::watch::Receiver<u64>,
         mut reloads: tokio::sync::watch::Receiver<Arc<crate::config::Config>>,
     ) {
         let kept = self.load().await;
@@ -266,6 +264,7 @@ impl Engine {
                     None => return,
                 },
                 event = events.recv() => Input::Pane(event),
+                Ok(()) = lagged.changed() => Input::Lagged,
                 changed = reloads.changed(), if reloading => match changed {
                     Ok(()) => Input::Reload(Arc::clone(&reloads.borrow_and_update())),
                     Err(_) => Input::ReloadsClosed,
@@ -301,13 +300,19 @@ impl Engine {
                     }
                 }
                 Input::Pane(Err(broadcast::error::RecvError::Lagged(n))) => {
+                    // Statuses were missed (a Gone among them, maybe): read every pane again.
                     tracing::warn!(
                         missed = n,
-                        "pane events lagged; statuses refresh on the next change"
+                        "pane events lagged; re-reading every watched pane"
                     );
+                    self.state.rewatch_all(&mut io);
                 }
                 Input::Pane(Err(broadcast::error::RecvError::Closed)) => {
                     events = self.parts.mux.events();
+                }
+                Input::Lagged => {
+                    tracing::warn!("pane events were missed; re-reading every watched pane");
+                    self.state.rewatch_all(&mut io);
                 }
                 Input::Reload(config) => self.state.config_reloaded(&config, &mut io),
                 Input::ReloadsClosed => reloading = false,
@@ -487,6 +492,15 @@ impl Engine {
             }
             Command::SetStatus { target, status } => s.set_status(&target, None, status, now, io),
             Command::Panic => panic!("test fault: the engine was asked to panic"),
+            Command::HandedTo { ticket, holder } => s.handed_to(ticket, holder),
+            Command::Unhand { ticket } => s.unhand(ticket, now, io),
+            Command::TakeHanded { holder, reply } => {
+                let _ = reply.send(s.take_handed(&holder));
+            }
+            Command::Acked { target, ids } => {
+                s.acked(&target, &ids);
+                io.push(Io::Depth { target });
+            }
         }
     }
 
@@ -520,11 +534,6 @@ impl Engine {
             }
             Event::Injected { lead, outcome } => self.state.injected(lead, outcome, now, io),
             Event::Depth { target, pending } => self.state.inbox_depth(target, pending, now, io),
-            Event::Status {
-                pane,
-                terminal,
-                status,
-            } => self.state.pane_status(&pane, &terminal, status, now, io),
             Event::Adopted { member, alive } => self.state.adopted(&member, alive, now, io),
             Event::Reconciled { replies } => {
                 for message in replies {

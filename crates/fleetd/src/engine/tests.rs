@@ -468,3 +468,114 @@ async fn the_engine_ends_when_every_handle_is_dropped() {
         .await
         .expect("the engine ended once no strong handle was left");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_reply_returned_by_a_waiter_is_kept_until_its_caller_calls_again_and_a_lost_one_is_nudged()
+ {
+    // Review M3: the waiter acknowledged the reply before its answer was written, and a waiter
+    // cancelled after being handed the reply left it un-nudged forever.
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let rig = rig(&fake);
+    sleep(Duration::from_millis(100)).await; // the pinned primary is resolved
+    rig.engine
+        .add_member(member("alice", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    let alice = Target::new("alice").expect("target");
+    let mut handed = Vec::new();
+    for round in 0..2 {
+        let ticket = rig
+            .engine
+            .submit(None, alice.clone(), format!("job {round}"))
+            .await
+            .expect("engine")
+            .expect("queued");
+        let waiter = rig.engine.wait(ticket).await.expect("engine");
+        let reply = Message {
+            msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
+            target: alice.clone(),
+            ticket: Some(ticket),
+            kind: MessageKind::Reply,
+            text: format!("done {round}"),
+            from: "alice".to_owned(),
+            created_at: Timestamp::UNIX_EPOCH,
+        };
+        rig.store.publish(reply.clone()).await.expect("publish");
+        let delivered = rig.engine.reply_stored(reply).await.expect("engine");
+        assert_eq!(delivered, super::Delivered::Waiter);
+        assert!(waiter.await.is_ok(), "the waiter got it");
+        handed.push(ticket);
+    }
+    // The first waiter returned its reply to the lead; the second failed before it could.
+    rig.engine
+        .handed_to(handed[0], "lead:w1:p1".to_owned())
+        .await
+        .expect("engine");
+    sleep(Duration::from_secs(60)).await;
+    assert!(
+        rig.nudges_into("w1:p1").is_empty(),
+        "replies in a waiter's hands are not nudged about"
+    );
+    assert_eq!(
+        rig.store.depth(&alice).await.expect("depth"),
+        2,
+        "nor acknowledged"
+    );
+    rig.engine.unhand_now(handed[1]);
+    sleep(Duration::from_millis(100)).await;
+    let nudges = rig.nudges_into("w1:p1");
+    assert_eq!(nudges.len(), 1, "the lost one is mail again: {nudges:?}");
+    assert!(
+        nudges[0].text.contains("1 message from alice"),
+        "{nudges:?}"
+    );
+    // The lead's next call takes what its waiter returned: exactly the first one.
+    let taken = rig
+        .engine
+        .take_handed("lead:w1:p1".to_owned())
+        .await
+        .expect("engine");
+    assert_eq!(taken.len(), 1);
+    assert!(
+        rig.engine
+            .take_handed("lead:w1:p1".to_owned())
+            .await
+            .expect("engine")
+            .is_empty()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn missed_pane_events_make_the_engine_read_every_pane_again() {
+    // Review M5: a lagged event stream was only logged, so a Gone lost in the burst left its
+    // member listed forever.
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let rig = rig(&fake);
+    sleep(Duration::from_millis(100)).await; // the pinned lead is resolved and watched
+    rig.engine
+        .add_member(member("alice", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    sleep(Duration::from_millis(100)).await;
+    assert!(listed(&rig, "alice").await);
+    // alice's pane goes without a word, and a burst of events (more than any receiver holds)
+    // arrives before anyone can read them.
+    fake.vanish("w2:p1");
+    for i in 0..(crate::mux::PANE_EVENT_CAPACITY + 100) {
+        let status = if i % 2 == 0 {
+            AgentStatus::Working
+        } else {
+            AgentStatus::Idle
+        };
+        fake.set_status("w1:p1", status);
+    }
+    sleep(Duration::from_millis(100)).await;
+    assert!(
+        !listed(&rig, "alice").await,
+        "the re-read found alice's pane gone"
+    );
+}

@@ -81,6 +81,8 @@ pub struct Fleet {
     pub url: String,
     /// Takes secret values out of what members send towards a lead (replies, questions).
     pub redactor: crate::secrets::Redactor,
+    /// The inbox with its engine notifications (acks, replies handed to waiters).
+    pub inbox: crate::inbox::Inbox,
 }
 
 impl Fleet {

@@ -244,13 +244,13 @@ impl Multiplexer for FakeMux {
 
     fn watch<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
         let result = self.get(pane, "events.subscribe").map(|info| {
-            if self.lock().watched.insert(pane.clone()) {
-                let _ = self.events.send(PaneEvent::StatusChanged {
-                    pane: pane.clone(),
-                    terminal: info.terminal,
-                    status: info.status,
-                });
-            }
+            // A new watch, or a poke of a running one: the current status goes out on the stream.
+            self.lock().watched.insert(pane.clone());
+            let _ = self.events.send(PaneEvent::StatusChanged {
+                pane: pane.clone(),
+                terminal: info.terminal,
+                status: info.status,
+            });
         });
         ready(result)
     }

@@ -320,7 +320,9 @@ pub trait Multiplexer: Send + Sync + fmt::Debug {
     fn close_pane<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()>;
 
     /// Starts watching the pane's agent status; changes arrive on [`Multiplexer::events`].
-    /// Watching an already watched pane is a no-op. The first event reports the current status.
+    /// Either way — a new watch, or a pane watched already — the pane's current status is then
+    /// published on the event stream by the watch itself, in order with every other event of
+    /// that pane (a stale reading never overtakes a newer one).
     fn watch<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()>;
 
     /// Stops watching the pane.

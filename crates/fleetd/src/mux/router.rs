@@ -53,6 +53,9 @@ pub struct MuxRouter {
     lead: Arc<dyn Multiplexer>,
     member: Option<Arc<dyn Multiplexer>>,
     events: broadcast::Sender<RoutedEvent>,
+    /// How many backend events the router's own forwarding missed (a lagged receiver): a
+    /// subscriber must re-read every pane it watches when this moves.
+    lagged: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl MuxRouter {
@@ -64,11 +67,13 @@ impl MuxRouter {
             lead,
             member,
             events,
+            lagged: Arc::new(tokio::sync::watch::channel(0).0),
         };
         for daemon in router.daemons() {
             if let Ok(mux) = router.daemon(daemon) {
                 let mut rx = mux.events();
                 let tx = router.events.clone();
+                let lagged = Arc::clone(&router.lagged);
                 tokio::spawn(async move {
                     loop {
                         match rx.recv().await {
@@ -77,6 +82,7 @@ impl MuxRouter {
                             }
                             Err(broadcast::error::RecvError::Lagged(n)) => {
                                 tracing::warn!(%daemon, missed = n, "pane events lagged; statuses must be re-read");
+                                lagged.send_modify(|missed| *missed += n);
                             }
                             Err(broadcast::error::RecvError::Closed) => return,
                         }
@@ -267,6 +273,13 @@ impl MuxRouter {
         if let Ok(mux) = self.daemon(id.daemon) {
             mux.unwatch(&id.pane);
         }
+    }
+
+    /// Moves whenever events were missed on the way through the router (see
+    /// [`RoutedEvent`]); a subscriber then re-reads every pane it watches, as it does when its
+    /// own receiver lags.
+    pub fn lagged(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.lagged.subscribe()
     }
 
     /// Pane events of every daemon, tagged with their daemon.

@@ -126,16 +126,15 @@ impl State {
                 );
                 self.injector_effects(effects, now, io);
             }
+            let msg_id = message.msg_id;
             self.replies.insert(ticket, message);
             if self.apply(ticket, event, now) && self.settle(ticket, now) {
                 delivered = Delivered::Waiter;
+                // Until the waiter's caller is known to have it, it is not mail to nudge about.
+                self.hand(ticket, target.clone(), msg_id);
             }
         }
-        // A reply handed to a waiter is acknowledged by it in a moment (and the depth re-read
-        // then); telling the push loop now would nudge the lead about mail it is receiving.
-        if delivered == Delivered::Inbox {
-            io.push(Io::Depth { target });
-        }
+        io.push(Io::Depth { target });
         delivered
     }
 

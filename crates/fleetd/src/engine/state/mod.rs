@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 
 mod delivery;
 mod durable;
+mod handed;
 mod members;
 mod push;
 mod questions;
@@ -140,6 +141,10 @@ pub(super) struct State {
     typed: std::collections::HashSet<Ticket>,
     /// Keys changed since the last durable batch.
     dirty: durable::Dirty,
+    /// Replies given to a waiter and not yet acknowledged, by ticket.
+    handed: HashMap<Ticket, handed::Handed>,
+    /// Each inbox's depth as last read.
+    raw_depth: HashMap<Target, u64>,
     /// Backends the prober last found down, with why.
     backends_down: BTreeMap<String, String>,
     /// Panes whose status watch failed transiently, with when to try again.
@@ -185,6 +190,8 @@ impl State {
             sent_by: HashMap::new(),
             typed: std::collections::HashSet::new(),
             dirty: durable::Dirty::default(),
+            handed: HashMap::new(),
+            raw_depth: HashMap::new(),
             seen: std::collections::VecDeque::new(),
             max_inject,
         }

@@ -136,6 +136,20 @@ impl State {
         }
     }
 
+    /// Every member's and lead's pane, watched again (after missed events): each watch
+    /// publishes the pane's current status, a gone one is found out.
+    pub(in crate::engine) fn rewatch_all(&self, io: &mut Vec<Io>) {
+        let panes: std::collections::BTreeSet<QualifiedPaneId> = self
+            .by_pane
+            .keys()
+            .cloned()
+            .chain(self.leads.values().map(|l| l.pane.clone()))
+            .collect();
+        for pane in panes {
+            io.push(Io::Watch { pane });
+        }
+    }
+
     /// Starts a lead-tab scan when one is due.
     pub(super) fn scan_if_due(&mut self, now: Timestamp, io: &mut Vec<Io>) {
         let due = self
@@ -195,10 +209,8 @@ impl State {
             reason = "a gauge: inbox depths are far below 2^52"
         )]
         metrics::gauge!("fleetd_inbox_depth", "target" => target.to_string()).set(pending as f64);
-        let effects = self
-            .push
-            .handle_at(PushInput::Inbox { target, pending }, now);
-        self.push_effects(effects, now, io);
+        self.raw_depth.insert(target.clone(), pending);
+        self.push_depth(target, now, io);
     }
 
     pub(in crate::engine) fn injected(

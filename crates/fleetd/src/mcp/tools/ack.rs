@@ -43,18 +43,20 @@ impl FleetTool for Ack {
                 "give `msgId` or `msgIds` (from fleet_poll)",
             ));
         }
-        let mut results = Vec::with_capacity(ids.len());
-        for id in &ids {
-            let msg_id =
-                MsgId::parse(id).map_err(|e| ToolError::new("invalid_msg_id", e.to_string()))?;
-            let acked = fleet
-                .store
-                .ack(&target, msg_id)
-                .await
-                .map_err(|e| store_error(&e))?;
-            results.push(json!({ "msgId": msg_id, "acked": acked }));
-        }
-        let _ = fleet.engine.inbox_changed(target.clone()).await;
+        let msg_ids = ids
+            .iter()
+            .map(|id| MsgId::parse(id).map_err(|e| ToolError::new("invalid_msg_id", e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let acked = fleet
+            .inbox
+            .ack(&target, &msg_ids)
+            .await
+            .map_err(|e| store_error(&e))?;
+        let results: Vec<_> = msg_ids
+            .iter()
+            .zip(acked)
+            .map(|(msg_id, acked)| json!({ "msgId": msg_id, "acked": acked }))
+            .collect();
         let n = results.iter().filter(|r| r["acked"] == true).count();
         output(
             json!({ "target": target, "acked": results }),

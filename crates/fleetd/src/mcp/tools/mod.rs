@@ -125,6 +125,10 @@ async fn run<T: FleetTool>(
 ) -> Result<ToolOutput, ToolError> {
     let outcome = async {
         authorize(&caller.role, T::class_of(&args), T::NAME)?;
+        // Its call proves the replies its earlier waits returned reached it (review M3).
+        if let Some(holder) = caller.holder() {
+            fleet.inbox.settle_handed(&holder).await;
+        }
         let args: T::Args = serde_json::from_value(args).map_err(|e| {
             ToolError::new(
                 "invalid_arguments",

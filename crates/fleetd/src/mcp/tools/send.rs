@@ -50,7 +50,7 @@ pub(crate) fn reply_json(message: &Message) -> serde_json::Value {
 
 impl FleetTool for Send {
     const NAME: &'static str = "fleet_send";
-    const DESCRIPTION: &'static str = "Delegate a task to a member. Returns {ticket, status, reply?}. With wait (the default) the call returns when the ticket settles (replied, ended_without_reply, stalled, failed) or the timeout passes (status working/queued: the reply will land in the inbox and you will be nudged). With wait=false it returns {ticket, status:queued} at once.";
+    const DESCRIPTION: &'static str = "Delegate a task to a member. Returns {ticket, status, reply?, msgId?}. With wait (the default) the call returns when the ticket settles (replied, ended_without_reply, stalled, failed) or the timeout passes (status working/queued: the reply will land in the inbox and you will be nudged). A reply returned here is acknowledged by your next fleet call. With wait=false it returns {ticket, status:queued} at once.";
     const CLASS: ToolClass = ToolClass::Orchestration;
     type Args = Args;
 
@@ -64,7 +64,7 @@ impl FleetTool for Send {
             fleetd_core::access::Role::Member { target, .. } => Some(target.clone()),
             _ => None,
         };
-        delegate(fleet, lead, member, &caller.cancel, args).await
+        delegate(fleet, lead, member, caller.holder(), &caller.cancel, args).await
     }
 }
 
@@ -76,6 +76,7 @@ pub(crate) async fn delegate(
     fleet: &Fleet,
     lead: Option<LeadRef>,
     member: Option<fleetd_core::Target>,
+    holder: Option<String>,
     cancel: &CancellationToken,
     args: Args,
 ) -> Result<ToolOutput, ToolError> {
@@ -113,6 +114,9 @@ pub(crate) async fn delegate(
         );
     }
     let secs = args.timeout_secs.unwrap_or(120).min(MAX_WAIT_SECS);
+    // A reply the waiter is handed and does not return (this request fails, times out, or is
+    // dropped) goes back to be nudged about (review M3).
+    let guard = fleet.inbox.hand_guard(ticket);
     let waiter = fleet.engine.wait(ticket).await.map_err(gone)?;
     let settled = tokio::select! {
         settled = tokio::time::timeout(Duration::from_secs(secs), waiter) => settled,
@@ -126,13 +130,13 @@ pub(crate) async fn delegate(
             let mut value = json!({ "ticket": ticket, "status": settled.state });
             let mut summary = format!("ticket {ticket}: {}", settled.state.as_str());
             if let Some(reply) = &settled.reply {
-                // The waiter's answer acknowledges the reply: it was durable before we saw it.
+                // Not acknowledged here: the answer may never be written. The caller's next
+                // call (or its fleet_ack of msgId) acknowledges it.
                 value["reply"] = json!(reply.text);
                 value["msgId"] = json!(reply.msg_id);
-                if let Err(e) = fleet.store.ack(&reply.target, reply.msg_id).await {
-                    tracing::warn!(error = %e, "could not acknowledge a delivered reply; it stays in the inbox");
+                if let Some(holder) = holder {
+                    guard.confirm(holder).await;
                 }
-                let _ = fleet.engine.inbox_changed(reply.target.clone()).await;
                 summary = format!("{target} replied ({} bytes)", reply.text.len());
             }
             output(value, summary)

@@ -553,7 +553,7 @@ impl Multiplexer for Herdr {
 
     fn watch<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
         Box::pin(async move {
-            if self.inner.watches.contains(pane) {
+            if self.inner.watches.poke(pane) {
                 return Ok(());
             }
             // Fail fast (and affirmatively) for a pane that does not exist.

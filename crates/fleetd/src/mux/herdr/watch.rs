@@ -1,16 +1,18 @@
 //! Per-pane herdr status watches: one read-only `events.subscribe` connection per watched pane,
 //! de-duplication of replayed and repeated statuses against a `pane.get` snapshot, and reconnect
 //! with backoff after EOF (server restart, live handoff). Never writes on a subscription socket.
+//! Every reading of a watched pane comes from its one task, so they reach the event stream in
+//! order; a poke (watching it again) makes the task read the pane and publish at once.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetd_core::{AgentStatus, PaneId, TerminalId};
 use serde_json::json;
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
-use tokio::sync::broadcast;
+use tokio::sync::{Notify, broadcast};
 use tokio::task::AbortHandle;
 
 use super::Herdr;
@@ -25,7 +27,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// The table of running watches and the channel they publish on.
 #[derive(Debug)]
 pub(super) struct Watches {
-    tasks: Mutex<HashMap<PaneId, AbortHandle>>,
+    /// Each watch's task and the poke that makes it read at once.
+    tasks: Mutex<HashMap<PaneId, (AbortHandle, Arc<Notify>)>>,
     events: broadcast::Sender<PaneEvent>,
 }
 
@@ -37,14 +40,22 @@ impl Watches {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PaneId, AbortHandle>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PaneId, (AbortHandle, Arc<Notify>)>> {
         self.tasks
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub(super) fn contains(&self, pane: &PaneId) -> bool {
-        self.lock().get(pane).is_some_and(|t| !t.is_finished())
+    /// Makes a running watch of `pane` read and publish its status now; false when there is
+    /// none.
+    pub(super) fn poke(&self, pane: &PaneId) -> bool {
+        match self.lock().get(pane) {
+            Some((task, poke)) if !task.is_finished() => {
+                poke.notify_one();
+                true
+            }
+            _ => false,
+        }
     }
 
     pub(super) fn subscribe(&self) -> broadcast::Receiver<PaneEvent> {
@@ -53,21 +64,23 @@ impl Watches {
 
     pub(super) fn start(&self, herdr: Herdr, pane: PaneId) {
         let mut tasks = self.lock();
-        if tasks.get(&pane).is_some_and(|t| !t.is_finished()) {
+        if tasks.get(&pane).is_some_and(|(t, _)| !t.is_finished()) {
             return;
         }
+        let poke = Arc::new(Notify::new());
         let watcher = Watcher {
             herdr,
             pane: pane.clone(),
             events: self.events.clone(),
             last: None,
+            poke: Arc::clone(&poke),
         };
         let handle = tokio::spawn(watcher.run());
-        tasks.insert(pane, handle.abort_handle());
+        tasks.insert(pane, (handle.abort_handle(), poke));
     }
 
     pub(super) fn remove(&self, pane: &PaneId) {
-        if let Some(task) = self.lock().remove(pane) {
+        if let Some((task, _)) = self.lock().remove(pane) {
             task.abort();
         }
     }
@@ -75,7 +88,7 @@ impl Watches {
 
 impl Drop for Watches {
     fn drop(&mut self) {
-        for task in self.lock().values() {
+        for (task, _) in self.lock().values() {
             task.abort();
         }
     }
@@ -95,6 +108,8 @@ struct Watcher {
     events: broadcast::Sender<PaneEvent>,
     /// The last (terminal, status) published, for de-duplication.
     last: Option<(TerminalId, AgentStatus)>,
+    /// Watching the pane again: read it and publish now.
+    poke: Arc<Notify>,
 }
 
 impl Watcher {
@@ -154,6 +169,20 @@ impl Watcher {
         });
     }
 
+    /// Publishes a reading asked for by a poke, even when it repeats the last one (whoever
+    /// watched again wants the current status).
+    fn observe_forced(&mut self, terminal: TerminalId, status: AgentStatus) {
+        if self.last.as_ref() == Some(&(terminal.clone(), status)) {
+            self.publish(PaneEvent::StatusChanged {
+                pane: self.pane.clone(),
+                terminal,
+                status,
+            });
+        } else {
+            self.observe(terminal, status);
+        }
+    }
+
     /// One subscription: subscribe, read the ack, take a snapshot, then follow events until the
     /// connection ends. Subscribing before the snapshot means no change between the two is lost;
     /// events older than the snapshot are dropped by `observe`'s de-duplication.
@@ -182,7 +211,18 @@ impl Watcher {
         terminal: &TerminalId,
     ) -> SessionEnd {
         loop {
-            let line = match wire::read_line_limited(reader, wire::MAX_LINE_BYTES).await {
+            let read = tokio::select! {
+                read = wire::read_line_limited(reader, wire::MAX_LINE_BYTES) => read,
+                () = self.poke.notified() => {
+                    match self.herdr.pane_inner(&self.pane).await {
+                        Ok(info) => self.observe_forced(info.terminal, info.status),
+                        Err(e) if e.is_not_found() => return SessionEnd::Gone,
+                        Err(e) => tracing::debug!(pane = %self.pane, error = %e, "herdr pane read failed; the subscription goes on"),
+                    }
+                    continue;
+                }
+            };
+            let line = match read {
                 Ok(Some(line)) => line,
                 Ok(None) => return SessionEnd::Lost("subscription closed".to_owned()),
                 Err(e) => return SessionEnd::Lost(e.to_string()),

@@ -154,7 +154,8 @@ pub struct Tmux {
 #[derive(Debug)]
 struct Inner {
     config: TmuxConfig,
-    watches: Mutex<HashMap<PaneId, AbortHandle>>,
+    /// Each watched pane's polling task and the poke that makes it read at once.
+    watches: Mutex<HashMap<PaneId, (AbortHandle, Arc<tokio::sync::Notify>)>>,
     events: broadcast::Sender<PaneEvent>,
 }
 
@@ -164,7 +165,7 @@ impl Drop for Inner {
             .watches
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for task in watches.values() {
+        for (task, _) in watches.values() {
             task.abort();
         }
     }
@@ -663,7 +664,7 @@ impl Multiplexer for Tmux {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(pane);
-        if let Some(task) = task {
+        if let Some((task, _)) = task {
             task.abort();
         }
     }

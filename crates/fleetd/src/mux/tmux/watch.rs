@@ -1,7 +1,12 @@
 //! tmux status watches: one polling task per watched pane (tmux pushes nothing), publishing
-//! de-duplicated `PaneEvent`s and `Gone` when the pane disappears or re-incarnates.
+//! de-duplicated `PaneEvent`s and `Gone` when the pane disappears or re-incarnates. Every reading
+//! of a watched pane comes from its one task, so they reach the event stream in the order they
+//! were read; a poke (watching it again) makes the task read and publish at once.
+
+use std::sync::Arc;
 
 use fleetd_core::{AgentStatus, PaneId, TerminalId};
+use tokio::sync::Notify;
 
 use super::Tmux;
 use crate::mux::PaneEvent;
@@ -13,22 +18,31 @@ impl Tmux {
             .watches
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if watches.get(&pane).is_some_and(|t| !t.is_finished()) {
+        if let Some((task, poke)) = watches.get(&pane)
+            && !task.is_finished()
+        {
+            // Watched already: read and publish now, in order with the task's other readings.
+            poke.notify_one();
             return;
         }
         let me = self.clone();
         let key = pane.clone();
-        let task = tokio::spawn(async move { me.poll_loop(pane).await });
-        watches.insert(key, task.abort_handle());
+        let poke = Arc::new(Notify::new());
+        let poked = Arc::clone(&poke);
+        let task = tokio::spawn(async move { me.poll_loop(pane, poked).await });
+        watches.insert(key, (task.abort_handle(), poke));
     }
 
-    async fn poll_loop(self, pane: PaneId) {
+    async fn poll_loop(self, pane: PaneId, poke: Arc<Notify>) {
         let mut last: Option<(TerminalId, AgentStatus)> = None;
         let events = self.inner.events.clone();
+        // The first reading is always published: the watch's "current status".
+        let mut force = true;
         loop {
             match self.pane_inner(&pane).await {
                 Ok(info) => {
-                    let changed = last.as_ref() != Some(&(info.terminal.clone(), info.status));
+                    let changed =
+                        force || last.as_ref() != Some(&(info.terminal.clone(), info.status));
                     if changed {
                         if let Some((old, _)) = last.as_ref().filter(|(t, _)| *t != info.terminal) {
                             let _ = events.send(PaneEvent::Gone {
@@ -53,7 +67,10 @@ impl Tmux {
                 }
                 Err(e) => tracing::debug!(%pane, error = %e, "tmux status poll failed; will retry"),
             }
-            tokio::time::sleep(self.inner.config.poll_interval).await;
+            force = tokio::select! {
+                () = tokio::time::sleep(self.inner.config.poll_interval) => false,
+                () = poke.notified() => true,
+            };
         }
     }
 }
