@@ -191,6 +191,12 @@ impl Injector {
         }
     }
 
+    /// Members must leave rest within `grace` of a submit from now on (a reload changed it); a
+    /// delivery already being verified keeps its deadline.
+    pub fn set_grace(&mut self, grace: SignedDuration) {
+        self.grace = grace;
+    }
+
     /// Tasks waiting (not yet typed) for `target`.
     pub fn queued(&self, target: &Target) -> usize {
         self.lanes.get(target).map_or(0, |l| l.queue.len())

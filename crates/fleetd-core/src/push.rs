@@ -219,6 +219,12 @@ impl PushLoop {
         }
     }
 
+    /// Uses `config` from now on (a reload changed the budget or the backoff); a batch already
+    /// under way keeps the nudges it has sent and is judged by the new budget.
+    pub fn set_config(&mut self, config: PushConfig) {
+        self.config = config;
+    }
+
     /// The lead mail about `target` goes to: its delegating lead, else the primary.
     pub fn lead_for(&self, target: &Target) -> Option<&LeadId> {
         self.bindings.get(target).or(self.primary.as_ref())

@@ -160,6 +160,12 @@ impl TicketBook {
         }
     }
 
+    /// Keeps finished tickets for `ttl_after_finish` from now on (a reload changed it); tickets
+    /// already finished are judged by the new retention too.
+    pub fn set_ttl(&mut self, ttl_after_finish: SignedDuration) {
+        self.ttl_after_finish = ttl_after_finish;
+    }
+
     /// How many tickets the book holds in each state (finished ones until they are pruned).
     pub fn count_by_state(&self) -> BTreeMap<TicketState, usize> {
         let mut counts = BTreeMap::new();

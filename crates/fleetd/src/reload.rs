@@ -145,13 +145,6 @@ fn log(outcome: &Outcome, trigger: Trigger, path: &Path) {
         Outcome::Applied(diff) => {
             let summary = diff.summary();
             tracing::info!(%trigger, %file, changed = %summary, "configuration reloaded: {summary}");
-            for change in diff.engine_start() {
-                tracing::warn!(
-                    key = %change.key,
-                    "`{}` was applied, but the engine reads it only at start: it takes effect when fleetd restarts",
-                    change.key
-                );
-            }
         }
     }
 }

@@ -15,9 +15,6 @@ pub enum KeyClass {
     /// Used to open a socket, store or subscriber at start; a reload that changes it is refused
     /// whole, and the running configuration stays.
     BootOnly,
-    /// Applied and published, but today's engine reads it only when it starts: it takes effect
-    /// at the next restart, until the engine subscribes to reloads (`Live::subscribe`).
-    EngineStart,
 }
 
 /// Every top-level key of `Config` as it is serialized (camelCase), with its class. A unit test
@@ -39,13 +36,14 @@ const KEYS: &[(&str, KeyClass)] = &[
     ("memberHerdrSocket", KeyClass::BootOnly),
     ("tmuxSocket", KeyClass::BootOnly),
     ("membersWorkspace", KeyClass::Live),
-    ("primary", KeyClass::EngineStart),
-    ("leads", KeyClass::EngineStart),
+    // Applied by the engine when a reload arrives (it subscribes).
+    ("primary", KeyClass::Live),
+    ("leads", KeyClass::Live),
     ("stateDir", KeyClass::BootOnly),
     ("store", KeyClass::BootOnly),
     ("inbox", KeyClass::BootOnly),
-    ("tickets", KeyClass::EngineStart),
-    ("delivery", KeyClass::EngineStart),
+    ("tickets", KeyClass::Live),
+    ("delivery", KeyClass::Live),
     ("profiles", KeyClass::Live),
     ("backends", KeyClass::Live),
     ("secrets", KeyClass::Live),
@@ -162,11 +160,6 @@ impl ConfigDiff {
     /// The changes a running daemon cannot take; any one refuses the whole reload.
     pub fn boot_only(&self) -> Vec<&Change> {
         self.of_class(KeyClass::BootOnly)
-    }
-
-    /// The changes applied now but honoured by the engine only after a restart.
-    pub fn engine_start(&self) -> Vec<&Change> {
-        self.of_class(KeyClass::EngineStart)
     }
 
     fn of_class(&self, class: KeyClass) -> Vec<&Change> {
@@ -330,7 +323,7 @@ mod tests {
         check(
             "",
             "tickets: {ttlAfterFinishSecs: 5}\ndelivery: {verifyGraceMs: 1}\n",
-            &["EngineStart tickets", "EngineStart delivery"],
+            &["Live tickets", "Live delivery"],
         );
     }
 

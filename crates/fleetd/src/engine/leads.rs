@@ -91,6 +91,12 @@ impl LeadTabs {
         }
     }
 
+    /// Whether `other` names the same tabs (and names and primary pin) as this.
+    pub(super) fn same_tabs(&self, other: &Self) -> bool {
+        let key = |t: &LeadTab| (t.tab.clone(), t.name.clone(), t.primary);
+        self.tabs.iter().map(key).eq(other.tabs.iter().map(key))
+    }
+
     /// Whether a primary tab is pinned (then only its lead is ever the primary).
     pub(super) fn primary_pinned(&self) -> bool {
         self.tabs.iter().any(|t| t.primary)

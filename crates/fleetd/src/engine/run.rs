@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use fleetd_core::push::{InjectOutcome, LeadId, PushConfig, PushLoop};
+use fleetd_core::push::{InjectOutcome, LeadId, PushLoop};
 use fleetd_core::{Message, QualifiedPaneId, Target, Ticket};
 use jiff::{SignedDuration, Timestamp};
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::effects::Effects;
 use super::leads::{LeadTabs, ScanPane};
-use super::state::{Io, Restored, State};
+use super::state::{Io, Restored, State, push_config};
 use super::{Command, ENGINE_QUEUE, EngineHandle, EngineParts};
 use crate::mux::{PaneEvent, RoutedEvent};
 use crate::store::{StateOp, StateStore, StoreError};
@@ -170,19 +170,6 @@ fn secs(n: u64) -> SignedDuration {
     SignedDuration::from_secs(i64::try_from(n).unwrap_or(i64::MAX))
 }
 
-fn push_config(config: &crate::config::Config) -> PushConfig {
-    let (reminders, backoff, max) = match &config.primary {
-        Some(p) => (p.push_reminders, p.push_backoff_ms, p.push_backoff_max_ms),
-        None => (5, 30_000, 600_000),
-    };
-    let ms = |n: u64| SignedDuration::from_millis(i64::try_from(n).unwrap_or(i64::MAX));
-    PushConfig {
-        reminders,
-        backoff: ms(backoff),
-        backoff_max: ms(max),
-    }
-}
-
 /// A reply held until the state change it reports is durable; it learns whether it is.
 pub(super) type Deferred = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
@@ -314,7 +301,10 @@ impl Engine {
                     tracing::warn!("pane events were missed; re-reading every watched pane");
                     self.state.rewatch_all(&mut io);
                 }
-                Input::Reload(config) => self.state.config_reloaded(&config, &mut io),
+                Input::Reload(config) => {
+                    self.state.config_reloaded(&config, &mut io);
+                    self.state.engine_config_reloaded(&config, now, &mut io);
+                }
                 Input::ReloadsClosed => reloading = false,
                 Input::Tick => self.state.tick(now, &mut io),
             }

@@ -579,3 +579,56 @@ async fn missed_pane_events_make_the_engine_read_every_pane_again() {
         "the re-read found alice's pane gone"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_reload_moves_the_primary_tab_and_the_push_budget_at_once() {
+    // Issue 14 item 6: primary, leads, tickets and delivery took effect only at the next start.
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-one", "w1:t1", AgentStatus::Idle);
+    fake.add_pane("w3:p1", "t-three", "w3:t1", AgentStatus::Idle);
+    let env = Environment::default();
+    let (publisher, live) =
+        crate::config::channel(Config::parse(CONFIG, "test", &env).expect("config"));
+    let store = Arc::new(MemoryStore::new(MessageLimits {
+        max_message_bytes: 1 << 20,
+    }));
+    let engine = spawn(EngineParts {
+        durable: None,
+        config: live,
+        clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
+        store: Arc::clone(&store) as Arc<dyn InboxStore>,
+        mux: MuxRouter::new(Arc::new(fake.clone()), None),
+        redactor: crate::secrets::Redactor::empty(),
+    });
+    sleep(Duration::from_millis(100)).await; // w1:t1's lead is the primary
+    let moved = "primary:\n  tab: w3:t1\n  pushReminders: 1\n  pushBackoffMs: 1000\n";
+    publisher.publish(Config::parse(moved, "test", &env).expect("config"));
+    sleep(Duration::from_millis(100)).await;
+    let alice = Target::new("alice").expect("target");
+    store
+        .publish(Message {
+            msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
+            target: alice.clone(),
+            ticket: None,
+            kind: MessageKind::Reply,
+            text: "mail".to_owned(),
+            from: "alice".to_owned(),
+            created_at: Timestamp::UNIX_EPOCH,
+        })
+        .await
+        .expect("publish");
+    engine.inbox_changed(alice).await.expect("engine");
+    sleep(Duration::from_secs(30)).await;
+    let into = |pane: &str| {
+        fake.typed()
+            .into_iter()
+            .filter(|t| t.pane.as_str() == pane)
+            .count()
+    };
+    assert_eq!(into("w1:p1"), 0, "the old primary tab hears nothing");
+    assert_eq!(
+        into("w3:p1"),
+        1,
+        "the new one, once: the reloaded budget is one"
+    );
+}

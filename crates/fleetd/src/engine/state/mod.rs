@@ -20,6 +20,7 @@ mod push;
 mod questions;
 
 pub(in crate::engine) use durable::Restored;
+pub(in crate::engine) use push::push_config;
 
 use super::leads::LeadTabs;
 use super::{NewMember, Settled, TicketView};

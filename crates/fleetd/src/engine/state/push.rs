@@ -1,12 +1,12 @@
 //! Leads and the push loop: registering leads, the primary, the lead-tab scanner, watches that
 //! must be retried, inbox depths and the nudges the push loop asks for.
 
-use fleetd_core::push::{InjectOutcome, LeadId, PushEffect, PushInput};
+use fleetd_core::push::{InjectOutcome, LeadId, PushConfig, PushEffect, PushInput};
 use fleetd_core::{QualifiedPaneId, Target};
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 
 use super::super::LeadRef;
-use super::super::leads::{ScanChange, ScanPane};
+use super::super::leads::{LeadTabs, ScanChange, ScanPane};
 use super::{Io, Lead, REWATCH_AFTER, State};
 
 impl State {
@@ -134,6 +134,35 @@ impl State {
                 io.push(Io::Watch { pane });
             }
         }
+    }
+
+    /// A reload was applied: the keys the engine reads take effect now — `tickets`
+    /// (retention), `delivery` (verify grace, longest typed text), `primary` (the push budget and
+    /// the pinned tab) and `leads` (the lead tabs, scanned again at once).
+    pub(in crate::engine) fn engine_config_reloaded(
+        &mut self,
+        config: &crate::config::Config,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        self.tickets
+            .set_ttl(SignedDuration::from_secs(saturating_i64(
+                config.tickets.ttl_after_finish_secs,
+            )));
+        self.injector
+            .set_grace(SignedDuration::from_millis(saturating_i64(
+                config.delivery.verify_grace_ms,
+            )));
+        self.max_inject = usize::try_from(config.delivery.max_inject_bytes).unwrap_or(usize::MAX);
+        self.push.set_config(push_config(config));
+        let tabs = LeadTabs::from_config(config);
+        if !tabs.same_tabs(&self.lead_tabs) {
+            tracing::info!("lead tabs changed by a reload; scanning for their leads");
+            self.lead_tabs = tabs;
+            self.scan_if_due(now, io);
+        }
+        // A due nudge under the new budget, or an expiry under the new retention, is looked at.
+        self.tick(now, io);
     }
 
     /// Every member's and lead's pane, watched again (after missed events): each watch
@@ -269,5 +298,22 @@ impl State {
         for lead in pending_gone {
             self.lead_gone(&lead, now, io);
         }
+    }
+}
+
+fn saturating_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The push loop's settings from `config` (`primary.push*`; defaults without a primary block).
+pub(in crate::engine) fn push_config(config: &crate::config::Config) -> PushConfig {
+    let (reminders, backoff, max) = match &config.primary {
+        Some(p) => (p.push_reminders, p.push_backoff_ms, p.push_backoff_max_ms),
+        None => (5, 30_000, 600_000),
+    };
+    PushConfig {
+        reminders,
+        backoff: SignedDuration::from_millis(saturating_i64(backoff)),
+        backoff_max: SignedDuration::from_millis(saturating_i64(max)),
     }
 }
