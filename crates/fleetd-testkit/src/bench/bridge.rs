@@ -177,6 +177,10 @@ fn bench_config() -> anyhow::Result<fleetd::config::Config> {
     Ok(fleetd::config::Config::parse("", "bench", &env)?)
 }
 
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a benchmark mints real ids on the wall clock"
+)]
 async fn send_overhead(rounds: usize) -> anyhow::Result<Stats> {
     let (tx, mut submitted) = mpsc::unbounded_channel();
     let (events, _) = broadcast::channel(16);

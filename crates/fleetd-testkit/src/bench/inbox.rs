@@ -225,6 +225,10 @@ pub(super) fn targets(prefix: &str) -> Vec<Target> {
 }
 
 /// A ~200 B reply to `target`, numbered `n`.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a benchmark mints real ids on the wall clock"
+)]
 pub(super) fn message(target: &Target, n: usize) -> Message {
     let mut text = format!("benchmark reply {n} ");
     text.extend(std::iter::repeat_n(

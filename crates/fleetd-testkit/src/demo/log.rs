@@ -18,6 +18,10 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// Now, in µs since the epoch: the clock `sim-agent` stamps its log lines with, so the demo's
 /// own timings and the agents' events compare directly.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the demo compares its timings with the agents wall-clock logs"
+)]
 pub(crate) fn now_us() -> i64 {
     jiff::Timestamp::now().as_microsecond()
 }

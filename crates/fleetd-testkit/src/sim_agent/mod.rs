@@ -226,6 +226,10 @@ impl Agent {
         self.say(&format!("\x1b]0;{title}\x07")).await;
     }
 
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a test double stamps its log with the wall clock, as its readers expect"
+    )]
     fn log(&self, event: &Value) {
         let Some(path) = &self.config.log else { return };
         // Every line carries when it happened (µs since the epoch), for latency measurements.

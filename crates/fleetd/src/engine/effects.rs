@@ -204,7 +204,7 @@ impl Effects {
         text: String,
     ) -> Option<Message> {
         let message = Message {
-            msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
+            msg_id: MsgId::from_uuid(self.clock.new_id()),
             target: target.clone(),
             ticket,
             kind,

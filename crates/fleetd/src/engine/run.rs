@@ -118,6 +118,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
         push,
         LeadTabs::from_config(config),
         usize::try_from(config.delivery.max_inject_bytes).unwrap_or(4096),
+        Arc::clone(&parts.clock),
     );
     let events = parts.mux.events();
     let lagged = parts.mux.lagged();

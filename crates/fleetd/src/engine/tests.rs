@@ -53,7 +53,7 @@ impl Rig {
     async fn mail(&self, target: &str) -> MsgId {
         let target = Target::new(target).expect("target");
         let message = Message {
-            msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
+            msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
             target: target.clone(),
             ticket: None,
             kind: MessageKind::Reply,
@@ -240,7 +240,7 @@ async fn mail_from_before_a_restart_is_nudged_once_the_lead_is_known() {
     let target = Target::new("alice").expect("target");
     store
         .publish(Message {
-            msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
+            msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
             target: target.clone(),
             ticket: None,
             kind: MessageKind::Reply,
@@ -494,7 +494,7 @@ async fn a_reply_returned_by_a_waiter_is_kept_until_its_caller_calls_again_and_a
             .expect("queued");
         let waiter = rig.engine.wait(ticket).await.expect("engine");
         let reply = Message {
-            msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
+            msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
             target: alice.clone(),
             ticket: Some(ticket),
             kind: MessageKind::Reply,
@@ -607,7 +607,7 @@ async fn a_reload_moves_the_primary_tab_and_the_push_budget_at_once() {
     let alice = Target::new("alice").expect("target");
     store
         .publish(Message {
-            msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
+            msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
             target: alice.clone(),
             ticket: None,
             kind: MessageKind::Reply,

@@ -223,7 +223,9 @@ async fn a_reply_stored_just_before_the_kill_settles_its_ticket_after_the_restar
     // The member's reply reached the store, but the engine never heard of it.
     disk.store
         .publish(fleetd_core::Message {
-            msg_id: fleetd_core::MsgId::from_uuid(uuid::Uuid::now_v7()),
+            msg_id: fleetd_core::MsgId::from_uuid(crate::clock::Clock::new_id(
+                &crate::clock::SystemClock,
+            )),
             target: t("ann"),
             ticket: Some(ticket),
             kind: fleetd_core::MessageKind::Reply,

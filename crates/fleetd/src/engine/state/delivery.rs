@@ -42,7 +42,7 @@ impl State {
             );
             self.push_effects(effects, now, io);
         }
-        let ticket = Ticket::from_uuid(uuid::Uuid::now_v7());
+        let ticket = Ticket::from_uuid(self.ids.new_id());
         self.tickets.open_at(ticket, target.clone(), now);
         self.ticket_gauges();
         self.tasks.insert(ticket, task);

@@ -142,6 +142,8 @@ pub(super) struct State {
     typed: std::collections::HashSet<Ticket>,
     /// Keys changed since the last durable batch.
     dirty: durable::Dirty,
+    /// Where ticket and question ids come from (the clock seam).
+    ids: crate::clock::SharedClock,
     /// Replies given to a waiter and not yet acknowledged, by ticket.
     handed: HashMap<Ticket, handed::Handed>,
     /// Each inbox's depth as last read.
@@ -171,6 +173,7 @@ impl State {
         push: PushLoop,
         lead_tabs: LeadTabs,
         max_inject: usize,
+        ids: crate::clock::SharedClock,
     ) -> Self {
         Self {
             members: BTreeMap::new(),
@@ -191,6 +194,7 @@ impl State {
             sent_by: HashMap::new(),
             typed: std::collections::HashSet::new(),
             dirty: durable::Dirty::default(),
+            ids,
             handed: HashMap::new(),
             raw_depth: HashMap::new(),
             seen: std::collections::VecDeque::new(),

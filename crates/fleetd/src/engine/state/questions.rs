@@ -18,7 +18,7 @@ impl State {
         now: Timestamp,
         io: &mut Vec<Io>,
     ) -> (String, oneshot::Receiver<String>) {
-        let id = uuid::Uuid::now_v7().to_string();
+        let id = self.ids.new_id().to_string();
         let (tx, rx) = oneshot::channel();
         self.dirty.questions.insert(id.clone());
         self.questions.insert(

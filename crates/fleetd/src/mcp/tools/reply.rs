@@ -58,7 +58,7 @@ impl FleetTool for Reply {
                 .map_err(gone)?,
         };
         let message = Message {
-            msg_id: MsgId::from_uuid(uuid::Uuid::now_v7()),
+            msg_id: MsgId::from_uuid(fleet.clock.new_id()),
             target: target.clone(),
             ticket,
             kind: MessageKind::Reply,

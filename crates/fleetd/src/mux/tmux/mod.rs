@@ -110,6 +110,10 @@ const LAUNCH_FILE_TTL: Duration = Duration::from_secs(60);
 const LAUNCHER: &str = r#"f=$1; shift; set -a; . "$f"; set +a; rm -f -- "$f"; [ "$#" -gt 0 ] || set -- "${SHELL:-/bin/sh}"; exec "$@""#;
 
 /// Writes `env` as a launch file in `dir` (0600, a fresh random name) and returns its path.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a unique file name, not an id anything orders or keeps"
+)]
 fn write_launch_file(
     dir: &std::path::Path,
     env: &std::collections::BTreeMap<String, String>,
