@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use fleetd_core::injector::TypeOutcome;
 use fleetd_core::push::InjectOutcome;
 use fleetd_core::{Message, MessageKind, MsgId, QualifiedPaneId, Target, Ticket};
 use tokio::sync::mpsc;
@@ -225,10 +226,14 @@ impl Effects {
 
 /// How typing into a member's pane went (a submit or the one Enter retry).
 fn typed(target: Target, ticket: Ticket, result: &Result<(), MuxError>) -> Event {
+    let outcome = match result {
+        Ok(()) => TypeOutcome::Accepted,
+        Err(_) => TypeOutcome::Failed,
+    };
     Event::Typed {
         target,
         ticket,
-        ok: result.is_ok(),
+        outcome,
         gone: result.as_ref().err().is_some_and(MuxError::is_not_found),
     }
 }

@@ -2,7 +2,7 @@
 //! settled ticket.
 
 use fleetd_core::access::Refusal;
-use fleetd_core::injector::{InjectorEffect, InjectorInput};
+use fleetd_core::injector::{InjectorEffect, InjectorInput, TypeOutcome};
 use fleetd_core::push::PushInput;
 use fleetd_core::{Message, MessageKind, Target, Ticket, TicketEvent, TicketLookup};
 use jiff::Timestamp;
@@ -202,13 +202,18 @@ impl State {
         &mut self,
         target: Target,
         ticket: Ticket,
-        ok: bool,
+        outcome: TypeOutcome,
         now: Timestamp,
         io: &mut Vec<Io>,
     ) {
-        let effects = self
-            .injector
-            .handle_at(InjectorInput::Typed { target, ticket, ok }, now);
+        let effects = self.injector.handle_at(
+            InjectorInput::Typed {
+                target,
+                ticket,
+                outcome,
+            },
+            now,
+        );
         self.injector_effects(effects, now, io);
     }
 
