@@ -478,6 +478,105 @@ async fn transient_failures_are_never_reported_as_not_found() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_herdr_typed_then_answered_timeout_is_uncertain() {
+    let fx = start_fake(&[]);
+    let mut events = fx.herdr.events();
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude")],
+            sim_agent_command(&["--script", "silent", "--work-ms", "300"]),
+        ))
+        .await
+        .expect("open");
+    fx.herdr.watch(&pane.pane).await.expect("watch");
+    next_event(
+        &mut events,
+        "idle",
+        status_of(&pane.pane, AgentStatus::Idle),
+    )
+    .await;
+    fx.fake
+        .fault(&json!({ "fault": "input_timeout", "count": 1, "ms": 200 }))
+        .expect("fault");
+    let err = fx
+        .herdr
+        .submit(&pane.pane, "typed before the timeout")
+        .await
+        .expect_err("herdr answered timeout");
+    assert!(err.is_uncertain() && !err.is_not_found(), "{err}");
+    let tail = wait_tail(&fx.herdr, &pane.pane, "turn done").await;
+    assert_eq!(
+        tail.matches("typed before the timeout").count(),
+        1,
+        "{tail}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pane_input_answered_after_the_client_gave_up_is_uncertain() {
+    let fx = start_fake(&[]);
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[],
+            sim_agent_command(&["--script", "silent", "--work-ms", "200"]),
+        ))
+        .await
+        .expect("open");
+    wait_tail(&fx.herdr, &pane.pane, "sim-agent ready").await;
+    let mut impatient = HerdrConfig::new(fx.fake.socket());
+    impatient.call_timeout = Duration::from_millis(500);
+    let impatient = Herdr::new(impatient);
+    // The request line is out and applied; the answer comes after the client stopped waiting.
+    fx.fake
+        .fault(&json!({ "fault": "input_timeout", "count": 2, "ms": 1500 }))
+        .expect("fault");
+    let err = impatient
+        .submit(&pane.pane, "custom task, late ok")
+        .await
+        .expect_err("no answer in time");
+    assert!(err.is_uncertain() && !err.is_not_found(), "{err}");
+    wait_tail(&fx.herdr, &pane.pane, "turn done").await;
+    let err = impatient
+        .press_enter(&pane.pane)
+        .await
+        .expect_err("no answer in time");
+    assert!(err.is_uncertain() && !err.is_not_found(), "{err}");
+    fx.fake.fault(&json!({ "fault": "clear" })).expect("fault");
+
+    // Failures before anything was written are transient: the pane could not be read first
+    // (the connection dropped), or herdr is not there at all.
+    fx.fake
+        .fault(&json!({ "fault": "drop", "count": 1 }))
+        .expect("fault");
+    let err = fx
+        .herdr
+        .submit(&pane.pane, "never typed")
+        .await
+        .expect_err("dropped");
+    assert!(err.is_transient(), "{err}");
+    let gone_socket = Herdr::new(HerdrConfig::new(fx.fake.socket().with_extension("missing")));
+    for err in [
+        gone_socket
+            .submit(&pane.pane, "x")
+            .await
+            .map(|_| ())
+            .expect_err("no server"),
+        gone_socket
+            .press_enter(&pane.pane)
+            .await
+            .expect_err("no server"),
+    ] {
+        assert!(err.is_transient() && !err.is_not_found(), "{err}");
+    }
+    let tail = fx.herdr.read_tail(&pane.pane, 200).await.expect("tail");
+    assert!(!tail.contains("never typed"), "{tail}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_watch_survives_a_herdr_restart() {
     let fx = start_fake(&[]);
     let mut events = fx.herdr.events();

@@ -54,8 +54,13 @@ impl Effects {
                 text,
             } => {
                 let result = self.mux.submit(&pane, &text).await.map(|_| ());
-                if let Err(e) = &result {
-                    tracing::warn!(%target, %ticket, error = %e, "typing a task failed");
+                match &result {
+                    Ok(()) => {}
+                    Err(e) if e.is_uncertain() => tracing::warn!(
+                        %target, %ticket, error = %e,
+                        "typing a task may have typed it; its status decides, it is not typed again"
+                    ),
+                    Err(e) => tracing::warn!(%target, %ticket, error = %e, "typing a task failed"),
                 }
                 self.report(typed(target, ticket, &result)).await;
             }
@@ -228,6 +233,7 @@ impl Effects {
 fn typed(target: Target, ticket: Ticket, result: &Result<(), MuxError>) -> Event {
     let outcome = match result {
         Ok(()) => TypeOutcome::Accepted,
+        Err(e) if e.is_uncertain() => TypeOutcome::Uncertain,
         Err(_) => TypeOutcome::Failed,
     };
     Event::Typed {
@@ -283,6 +289,10 @@ async fn nudge(
     match mux.submit(pane, text).await {
         Ok(_) => InjectOutcome::Delivered,
         Err(e) if e.is_not_found() => InjectOutcome::NotFound,
+        Err(e) if e.is_uncertain() => {
+            tracing::warn!(%pane, error = %e, "a nudge may have been typed; counted as sent");
+            InjectOutcome::Uncertain
+        }
         Err(e) => {
             tracing::warn!(%pane, error = %e, "nudge failed; will retry");
             InjectOutcome::Transient

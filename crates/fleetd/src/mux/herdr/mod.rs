@@ -171,12 +171,39 @@ impl Herdr {
         what: &str,
         timeout: Duration,
     ) -> Result<Value, MuxError> {
-        match wire::call(self.socket(), method, params, timeout).await? {
-            Ok(result) => {
+        match wire::call(self.socket(), method, params, timeout).await {
+            Ok(Ok(result)) => {
                 check_type(method, &result, accepted)?;
                 Ok(result)
             }
-            Err(body) => Err(body.into_mux_error(method, what)),
+            Ok(Err(body)) => Err(body.into_mux_error(method, what)),
+            Err(no_answer) => Err(no_answer.into_mux_error()),
+        }
+    }
+
+    /// One call that types into a pane: like [`Herdr::request_with_timeout`], except that a
+    /// failure after herdr may have typed is [`MuxError::Uncertain`] — no answer once the request
+    /// line was out, an undecodable or unexpected answer, or an error code herdr gives after
+    /// typing (see `wire::ErrorBody::into_input_error`).
+    async fn input_request(
+        &self,
+        method: &str,
+        params: Value,
+        what: &str,
+        timeout: Duration,
+    ) -> Result<Value, MuxError> {
+        let accepted = match method {
+            "agent.prompt" => &["agent_prompted"][..],
+            _ => &["ok"][..],
+        };
+        match wire::call(self.socket(), method, params, timeout).await {
+            Ok(Ok(result)) => {
+                check_type(method, &result, accepted)
+                    .map_err(|e| MuxError::uncertain(method, e))?;
+                Ok(result)
+            }
+            Ok(Err(body)) => Err(body.into_input_error(method, what)),
+            Err(no_answer) => Err(no_answer.into_input_error()),
         }
     }
 
@@ -366,12 +393,13 @@ impl Herdr {
         let info = self.pane_inner(pane).await?;
         let what = format!("pane {pane}");
         let known = runs_known_agent(&info);
+        let call_timeout = self.inner.config.call_timeout;
         if !known {
-            self.request(
+            self.input_request(
                 "pane.send_input",
                 json!({ "pane_id": pane.as_str(), "text": text, "keys": ["enter"] }),
-                &["ok"],
                 &what,
+                call_timeout,
             )
             .await?;
             return Ok(Submitted {
@@ -386,9 +414,8 @@ impl Herdr {
             "text": text,
             "wait": { "until": ["working"], "timeout_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX) },
         });
-        let timeout = wait + self.inner.config.call_timeout;
         let outcome = self
-            .request_with_timeout("agent.prompt", params, &["agent_prompted"], &what, timeout)
+            .input_request("agent.prompt", params, &what, wait + call_timeout)
             .await;
         match outcome {
             Ok(_) => Ok(Submitted {
@@ -398,13 +425,21 @@ impl Herdr {
             }),
             Err(MuxError::Rejected { code, .. }) if code == "agent_prompt_stalled" => {
                 // Agent TUIs sometimes swallow the Enter that follows a paste: press it once more.
+                // The prompt is typed: however this fails, the text may be in the pane.
                 self.request(
                     "agent.send_keys",
                     json!({ "target": pane.as_str(), "keys": ["enter"] }),
                     &["ok"],
                     &what,
                 )
-                .await?;
+                .await
+                .map_err(|e| {
+                    if e.is_not_found() {
+                        e
+                    } else {
+                        MuxError::uncertain("agent.send_keys", e)
+                    }
+                })?;
                 Ok(Submitted {
                     path: SubmitPath::AgentPrompt,
                     started: None,
@@ -537,7 +572,7 @@ impl Multiplexer for Herdr {
                     json!({ "pane_id": pane.as_str(), "text": "", "keys": ["enter"] }),
                 )
             };
-            self.request(method, params, &["ok"], &what)
+            self.input_request(method, params, &what, self.inner.config.call_timeout)
                 .await
                 .map(|_| ())
         })
