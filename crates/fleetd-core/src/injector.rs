@@ -7,7 +7,9 @@
 //! A task's text is typed at most once (SPEC §13.7). Only a typing that affirmatively wrote
 //! nothing ([`TypeOutcome::Failed`]) is tried again; one that may have reached the pane
 //! ([`TypeOutcome::Uncertain`]) is verified like a typed one, and the one retry after that is
-//! an Enter press, never the text.
+//! an Enter press, never the text. That one Enter retry per delivery is decided here and only
+//! here: a multiplexer presses nothing of its own accord, and a typing it saw start the turn
+//! ([`TypeOutcome::Started`]) needs none.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -32,6 +34,9 @@ pub enum Activity {
 pub enum TypeOutcome {
     /// The multiplexer took it. Whether the member's turn started is for verification to see.
     Accepted,
+    /// The multiplexer took it and saw the member reach working: proof the turn started, as
+    /// good as a busy reading for this ticket.
+    Started,
     /// The call failed after the text may have reached the pane (it timed out or broke once the
     /// request was out). Treated as typed and verified from the member's status; never typed
     /// again.
@@ -379,6 +384,22 @@ impl Injector {
                 }
                 flight.phase = verify;
                 lane.type_failures = 0;
+            }
+            TypeOutcome::Started => {
+                // The multiplexer saw the turn start: what a busy reading would have proved.
+                if !resubmit {
+                    out.push(InjectorEffect::Ticket {
+                        ticket,
+                        event: TicketEvent::Delivered,
+                    });
+                }
+                lane.in_flight = None;
+                lane.current = Some((ticket, false));
+                lane.type_failures = 0;
+                out.push(InjectorEffect::Ticket {
+                    ticket,
+                    event: TicketEvent::TurnStarted,
+                });
             }
             TypeOutcome::Uncertain => {
                 // It may be in the pane: typing it again could run the task twice. The member's

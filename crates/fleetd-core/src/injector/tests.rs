@@ -1,5 +1,6 @@
 //! Injector tests: scripted inputs at given times, checked against the effects transcript, and a
-//! property test for SPEC §13.7 (a task is never typed twice unless its typing wrote nothing).
+//! property test for SPEC §13.7 (a task is never typed twice unless its typing wrote nothing) and
+//! review M6 (one Enter retry per delivery).
 
 use proptest::prelude::*;
 
@@ -361,6 +362,48 @@ fn a_failed_enter_retry_never_types_the_task_again() {
     );
 }
 
+#[test]
+fn a_typing_the_multiplexer_saw_start_is_the_turn_starting() {
+    // herdr saw the member reach working: no grace, no Enter retry; the turn's end is the
+    // usual status change.
+    check(
+        vec![
+            Step(0, status(Activity::AtRest)),
+            Step(0, presence()),
+            Step(0, enqueue(1)),
+            Step(0, enqueue(2)),
+            Step(1, typed(1, TypeOutcome::Started)),
+            Step(20, InjectorInput::Tick),
+            Step(21, status(Activity::Busy)),
+            Step(22, status(Activity::AtRest)),
+            Step(23, recorded()),
+        ],
+        &[
+            "@0 type a T1",
+            "@1 T1 Delivered",
+            "@1 T1 TurnStarted",
+            "@22 fallback a T1",
+            "@23 type a T2",
+        ],
+    );
+}
+
+#[test]
+fn a_started_report_after_the_busy_reading_changes_nothing() {
+    check(
+        vec![
+            Step(0, status(Activity::AtRest)),
+            Step(0, presence()),
+            Step(0, enqueue(1)),
+            Step(1, status(Activity::Busy)),
+            Step(1, typed(1, TypeOutcome::Started)),
+            Step(2, replied(1)),
+            Step(3, status(Activity::AtRest)),
+        ],
+        &["@0 type a T1", "@1 T1 TurnStarted"],
+    );
+}
+
 /// What a `Typed` report arriving now answers, as seen from the effects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Awaited {
@@ -383,6 +426,7 @@ fn any_step() -> impl Strategy<Value = (InjectorInput, i64)> {
             tickets.clone(),
             prop_oneof![
                 Just(TypeOutcome::Accepted),
+                Just(TypeOutcome::Started),
                 Just(TypeOutcome::Uncertain),
                 Just(TypeOutcome::Failed)
             ]
@@ -399,7 +443,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     /// SPEC §13.7: a task's text is typed again only after a typing of that text that wrote
-    /// nothing — never after one that may have typed it, and never after a failed Enter retry.
+    /// nothing — never after one that may have typed it, and never after a failed Enter retry;
+    /// and each typing gets one Enter retry at most.
     #[test]
     fn a_task_is_typed_again_only_after_a_typing_that_wrote_nothing(
         steps in proptest::collection::vec(any_step(), 1..80)
@@ -411,6 +456,7 @@ proptest! {
         let mut awaited: BTreeMap<Ticket, Awaited> = BTreeMap::new();
         let mut typings: BTreeMap<Ticket, u32> = BTreeMap::new();
         let mut allowed: BTreeMap<Ticket, u32> = BTreeMap::new();
+        let mut enters: BTreeMap<Ticket, u32> = BTreeMap::new();
         for (input, gap) in steps {
             now += SignedDuration::from_secs(gap);
             match &input {
@@ -431,6 +477,7 @@ proptest! {
                         awaited.insert(ticket, Awaited::Text);
                     }
                     InjectorEffect::Resubmit { ticket, .. } => {
+                        *enters.entry(ticket).or_default() += 1;
                         awaited.insert(ticket, Awaited::Enter);
                     }
                     _ => {}
@@ -440,6 +487,11 @@ proptest! {
         for (ticket, n) in &typings {
             let allowed = allowed.get(ticket).copied().unwrap_or(0);
             prop_assert!(*n <= 1 + allowed, "{ticket} typed {n} times, {allowed} failed typings");
+        }
+        // Review M6: one Enter retry per delivery, at most.
+        for (ticket, n) in &enters {
+            let typed = typings.get(ticket).copied().unwrap_or(0);
+            prop_assert!(*n <= typed, "{ticket}: {n} Enter retries for {typed} typings");
         }
     }
 }

@@ -1,11 +1,13 @@
 //! End-to-end tests of task delivery on herdr (the `fake-herdr` server: real PTYs, herdr's
 //! protocol and agent detection, fault injection) and the built `fleetd`: a prompt herdr typed
-//! but answered with its `timeout` error is never typed again (SPEC §13.7).
+//! but answered with its `timeout` error is never typed again (SPEC §13.7), and a prompt herdr
+//! reports stalled gets exactly one Enter retry in all, decided by fleetd's core (review M6).
 
+use std::path::Path;
 use std::time::Duration;
 
 use fleetd_testkit::rig_herdr::{HerdrRig, sim_profile};
-use fleetd_testkit::{http, wait_until};
+use fleetd_testkit::{bin_path, http, wait_until};
 use serde_json::{Value, json};
 
 /// Spawns `name` from `profile` through the lead's `fleet_spawn` and returns its bare pane id.
@@ -45,6 +47,16 @@ fn send_and_wait(rig: &HerdrRig, target: &str, task: &str) -> Value {
     answer.json()
 }
 
+/// How many events named `event` a sim-agent log holds.
+fn logged(log: &Path, event: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == event)
+        .count()
+}
+
 #[test]
 fn e2e_herdr_a_task_herdr_typed_but_answered_timeout_is_typed_once_and_completes() {
     let rig = HerdrRig::start(&format!(
@@ -71,5 +83,31 @@ fn e2e_herdr_a_task_herdr_typed_but_answered_timeout_is_typed_once_and_completes
         screen.matches(task).count(),
         1,
         "the task was typed exactly once:\n{screen}"
+    );
+}
+
+#[test]
+fn e2e_herdr_a_stalled_prompt_gets_exactly_one_enter_retry() {
+    let logs = tempfile::tempdir().expect("tempdir");
+    let log = logs.path().join("sticky.jsonl");
+    // The member swallows every Enter: its turn never starts, so every retry shows in its log.
+    let profile = format!(
+        "  sticky:\n    agent: custom\n    command: {}\n    env:\n      HERDR_AGENT: claude\n      SIM_AGENT_WORK_MS: \"300\"\n      SIM_AGENT_SWALLOW: \"9\"\n      SIM_AGENT_LOG: {}\n",
+        bin_path("sim-agent").display(),
+        log.display()
+    );
+    let rig = HerdrRig::start(&format!(
+        "primary:\n  tab: w1:t1\n  pushReminders: 0\ndelivery:\n  verifyGraceMs: 1000\nprofiles:\n{profile}"
+    ));
+    let (_, lead) = rig.agent_lead("boss");
+    spawn(&rig, &lead, "sticky", "max");
+    let sent = send_and_wait(&rig, "max", "stuck in the composer");
+    assert_eq!(sent["status"], "stalled", "{sent}");
+    // herdr's own Enter after the paste, then fleetd's one retry: two Enters, never three.
+    assert_eq!(
+        logged(&log, "swallowed"),
+        2,
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
     );
 }

@@ -343,16 +343,37 @@ async fn custom_agent_is_submitted_with_pane_input() {
     wait_tail(&fx.herdr, &pane.pane, "turn done").await;
 }
 
+/// How many `event` lines a sim-agent log holds.
+fn logged(log: &std::path::Path, event: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == event)
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stalled_prompt_gets_exactly_one_enter_retry() {
+async fn a_stalled_prompt_is_reported_and_the_adapter_presses_nothing() {
     let fx = start_fake(&[]);
+    let log = fx._dir.path().join("sticky.jsonl");
+    let log_arg = log.display().to_string();
     let mut events = fx.herdr.events();
     let pane = fx
         .herdr
         .open_pane(member(
             "fleet",
             &[("HERDR_AGENT", "claude")],
-            sim_agent_command(&["--script", "silent", "--swallow", "1", "--work-ms", "500"]),
+            sim_agent_command(&[
+                "--script",
+                "silent",
+                "--swallow",
+                "1",
+                "--work-ms",
+                "500",
+                "--log",
+                &log_arg,
+            ]),
         ))
         .await
         .expect("open");
@@ -368,8 +389,23 @@ async fn stalled_prompt_gets_exactly_one_enter_retry() {
         .submit(&pane.pane, "swallowed once")
         .await
         .expect("submit");
+    // herdr typed it and saw nothing happen within its 5 s: reported, not retried (review M6).
     assert_eq!(submitted.path, SubmitPath::AgentPrompt);
-    assert!(submitted.retried_enter, "{submitted:?}");
+    assert_eq!(submitted.started, Some(false), "{submitted:?}");
+    for _ in 0..300 {
+        if logged(&log, "swallowed") > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(logged(&log, "swallowed"), 1, "only herdr's own Enter");
+    assert_eq!(
+        logged(&log, "turn"),
+        0,
+        "the prompt still waits in the composer"
+    );
+    // The caller's one Enter retry gets the turn started.
+    fx.herdr.press_enter(&pane.pane).await.expect("enter");
     next_event(
         &mut events,
         "working after the retry",

@@ -53,7 +53,10 @@ impl Effects {
                 pane,
                 text,
             } => {
-                let result = self.mux.submit(&pane, &text).await.map(|_| ());
+                let submitted = self.mux.submit(&pane, &text).await;
+                // herdr saw the member reach working: the turn started (review M6).
+                let started = submitted.as_ref().is_ok_and(|s| s.started == Some(true));
+                let result = submitted.map(|_| ());
                 match &result {
                     Ok(()) => {}
                     Err(e) if e.is_uncertain() => tracing::warn!(
@@ -62,7 +65,7 @@ impl Effects {
                     ),
                     Err(e) => tracing::warn!(%target, %ticket, error = %e, "typing a task failed"),
                 }
-                self.report(typed(target, ticket, &result)).await;
+                self.report(typed(target, ticket, &result, started)).await;
             }
             Io::Enter {
                 target,
@@ -70,7 +73,7 @@ impl Effects {
                 pane,
             } => {
                 let result = self.mux.press_enter(&pane).await;
-                self.report(typed(target, ticket, &result)).await;
+                self.report(typed(target, ticket, &result, false)).await;
             }
             Io::Fallback {
                 target,
@@ -229,9 +232,11 @@ impl Effects {
     }
 }
 
-/// How typing into a member's pane went (a submit or the one Enter retry).
-fn typed(target: Target, ticket: Ticket, result: &Result<(), MuxError>) -> Event {
+/// How typing into a member's pane went (a submit or the one Enter retry); `started` when the
+/// multiplexer saw the turn start.
+fn typed(target: Target, ticket: Ticket, result: &Result<(), MuxError>, started: bool) -> Event {
     let outcome = match result {
+        Ok(()) if started => TypeOutcome::Started,
         Ok(()) => TypeOutcome::Accepted,
         Err(e) if e.is_uncertain() => TypeOutcome::Uncertain,
         Err(_) => TypeOutcome::Failed,

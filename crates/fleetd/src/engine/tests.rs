@@ -385,6 +385,24 @@ async fn a_task_that_may_have_been_typed_and_started_is_working() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_submit_the_multiplexer_saw_start_is_the_turn_and_gets_no_enter_retry() {
+    // herdr's agent.prompt saw alice reach working; its status event has not come (yet).
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    fake.reports_start("w2:p1");
+    let rig = rig(&fake);
+    let ticket = alice_with_a_task(&rig).await;
+    sleep(Duration::from_secs(30)).await;
+    assert_eq!(state_of(&rig, ticket).await, TicketState::Working);
+    assert_eq!(
+        fake.enters("w2:p1"),
+        0,
+        "a started turn needs no Enter retry"
+    );
+    assert_eq!(rig.nudges_into("w2:p1").len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn nudges_that_may_have_been_typed_spend_the_budget() {
     // Every nudge goes in and then loses its answer: each one counts, three in all.
     let fake = FakeMux::new();

@@ -43,6 +43,8 @@ struct Inner {
     panes: BTreeMap<PaneId, PaneInfo>,
     watched: std::collections::BTreeSet<PaneId>,
     faults: BTreeMap<PaneId, Fault>,
+    /// Panes whose submits report that the turn started (as herdr's `agent.prompt` does).
+    starts: std::collections::BTreeSet<PaneId>,
     list_fails: bool,
     typed: Vec<Typed>,
     enters: Vec<(Instant, PaneId)>,
@@ -136,6 +138,13 @@ impl FakeMux {
             Some(f) => self.lock().faults.insert(pane, f),
             None => self.lock().faults.remove(&pane),
         };
+    }
+
+    /// Makes submits into pane `id` report that the member's turn started (`started:
+    /// Some(true)`, as herdr's `agent.prompt` when it saw `working`), without any status event.
+    pub(crate) fn reports_start(&self, id: &str) {
+        let pane = PaneId::new(id).expect("pane id");
+        self.lock().starts.insert(pane);
     }
 
     /// Makes `list_panes` fail transiently (or work again).
@@ -233,10 +242,10 @@ impl Multiplexer for FakeMux {
                 text: text.to_owned(),
             });
             self.typing_answer(pane, "agent.prompt")?;
+            let started = self.lock().starts.contains(pane).then_some(true);
             Ok(Submitted {
                 path: SubmitPath::AgentPrompt,
-                started: None,
-                retried_enter: false,
+                started,
             })
         });
         ready(result)

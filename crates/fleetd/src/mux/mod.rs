@@ -255,17 +255,18 @@ pub enum SubmitPath {
     TmuxKeys,
 }
 
-/// The outcome of [`Multiplexer::submit`]: the bytes were written. Whether a turn started is
-/// `started`, when the backend could observe it; callers verify delivery themselves otherwise.
+/// The outcome of [`Multiplexer::submit`]: the text and its Enter were written. Whether a turn
+/// started is `started`, when the backend could observe it; callers verify delivery themselves
+/// otherwise. A backend never presses Enter again of its own accord: the one Enter retry of a
+/// delivery is the caller's ([`Multiplexer::press_enter`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submitted {
     /// Which path was used.
     pub path: SubmitPath,
-    /// `Some(true)` when the backend saw the agent reach `working`; `Some(false)` when it saw
-    /// nothing (prompt stalled, even after the one Enter retry); `None` when it could not tell.
+    /// `Some(true)` when the backend saw the agent reach `working` (proof the turn started);
+    /// `Some(false)` when it watched and saw no change (herdr's `agent_prompt_stalled`: typed,
+    /// not picked up yet); `None` when it could not tell.
     pub started: Option<bool>,
-    /// Whether the backend re-sent Enter once because the first submit stalled.
-    pub retried_enter: bool,
 }
 
 /// A change the backend observed on a watched pane.

@@ -1,7 +1,8 @@
 //! The herdr backend (socket protocol 20): a `Multiplexer` over herdr's NDJSON unix socket, one
-//! request per connection with a per-call timeout, a `ping` protocol gate, prompt submission with
-//! the stalled-Enter retry, and per-pane status subscriptions. Only this module (with `wire` and
-//! `watch`) knows herdr's wire format; it must not decide fleetd policy.
+//! request per connection with a per-call timeout, a `ping` protocol gate, prompt submission
+//! (reporting whether herdr saw the turn start), and per-pane status subscriptions. Only this
+//! module (with `wire` and `watch`) knows herdr's wire format; it must not decide fleetd policy:
+//! it retries nothing and presses no Enter of its own (the core's injector does, once).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -405,7 +406,6 @@ impl Herdr {
             return Ok(Submitted {
                 path: SubmitPath::PaneInput,
                 started: None,
-                retried_enter: false,
             });
         }
         let wait = self.inner.config.prompt_wait;
@@ -421,29 +421,14 @@ impl Herdr {
             Ok(_) => Ok(Submitted {
                 path: SubmitPath::AgentPrompt,
                 started: Some(true),
-                retried_enter: false,
             }),
+            // Typed, and herdr saw no state change within its 5 s: the prompt may sit in the
+            // composer (agent TUIs sometimes swallow the Enter after a paste). Whether and when
+            // to press Enter again is the caller's decision, not this adapter's.
             Err(MuxError::Rejected { code, .. }) if code == "agent_prompt_stalled" => {
-                // Agent TUIs sometimes swallow the Enter that follows a paste: press it once more.
-                // The prompt is typed: however this fails, the text may be in the pane.
-                self.request(
-                    "agent.send_keys",
-                    json!({ "target": pane.as_str(), "keys": ["enter"] }),
-                    &["ok"],
-                    &what,
-                )
-                .await
-                .map_err(|e| {
-                    if e.is_not_found() {
-                        e
-                    } else {
-                        MuxError::uncertain("agent.send_keys", e)
-                    }
-                })?;
                 Ok(Submitted {
                     path: SubmitPath::AgentPrompt,
-                    started: None,
-                    retried_enter: true,
+                    started: Some(false),
                 })
             }
             Err(e) => Err(e),

@@ -589,7 +589,6 @@ impl Tmux {
         Ok(Submitted {
             path: SubmitPath::TmuxKeys,
             started: None,
-            retried_enter: false,
         })
     }
 
