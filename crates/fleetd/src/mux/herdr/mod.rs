@@ -190,13 +190,10 @@ impl Herdr {
         &self,
         method: &str,
         params: Value,
+        accepted: &[&str],
         what: &str,
         timeout: Duration,
     ) -> Result<Value, MuxError> {
-        let accepted = match method {
-            "agent.prompt" => &["agent_prompted"][..],
-            _ => &["ok"][..],
-        };
         match wire::call(self.socket(), method, params, timeout).await {
             Ok(Ok(result)) => {
                 check_type(method, &result, accepted)
@@ -399,6 +396,7 @@ impl Herdr {
             self.input_request(
                 "pane.send_input",
                 json!({ "pane_id": pane.as_str(), "text": text, "keys": ["enter"] }),
+                &["ok"],
                 &what,
                 call_timeout,
             )
@@ -415,7 +413,13 @@ impl Herdr {
             "wait": { "until": ["working"], "timeout_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX) },
         });
         let outcome = self
-            .input_request("agent.prompt", params, &what, wait + call_timeout)
+            .input_request(
+                "agent.prompt",
+                params,
+                &["agent_prompted"],
+                &what,
+                wait + call_timeout,
+            )
             .await;
         match outcome {
             Ok(_) => Ok(Submitted {
@@ -557,7 +561,8 @@ impl Multiplexer for Herdr {
                     json!({ "pane_id": pane.as_str(), "text": "", "keys": ["enter"] }),
                 )
             };
-            self.input_request(method, params, &what, self.inner.config.call_timeout)
+            let timeout = self.inner.config.call_timeout;
+            self.input_request(method, params, &["ok"], &what, timeout)
                 .await
                 .map(|_| ())
         })
