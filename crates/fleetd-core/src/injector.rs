@@ -3,6 +3,13 @@
 //! leaving rest within a grace period (one retry of the submit, then `stalled`), and the
 //! turn-done fallback when a turn ends without a reply. Pure: inputs and `now` in, effects out;
 //! the driver performs them and reports results back as inputs.
+//!
+//! A task's text is typed at most once (SPEC §13.7). Only a typing that affirmatively wrote
+//! nothing ([`TypeOutcome::Failed`]) is tried again; one that may have reached the pane
+//! ([`TypeOutcome::Uncertain`]) is verified like a typed one, and the one retry after that is
+//! an Enter press, never the text. That one Enter retry per delivery is decided here and only
+//! here: a multiplexer presses nothing of its own accord, and a typing it saw start the turn
+//! ([`TypeOutcome::Started`]) needs none.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -20,6 +27,23 @@ pub enum Activity {
     Busy,
     /// No reading yet.
     Unknown,
+}
+
+/// How typing a task (or the Enter retry) went, as the driver learned it from the multiplexer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TypeOutcome {
+    /// The multiplexer took it. Whether the member's turn started is for verification to see.
+    Accepted,
+    /// The multiplexer took it and saw the member reach working: proof the turn started, as
+    /// good as a busy reading for this ticket.
+    Started,
+    /// The call failed after the text may have reached the pane (it timed out or broke once the
+    /// request was out). Treated as typed and verified from the member's status; never typed
+    /// again.
+    Uncertain,
+    /// Nothing was typed: the multiplexer refused, or the call failed before anything could be
+    /// written.
+    Failed,
 }
 
 /// Inputs to the injector.
@@ -55,8 +79,8 @@ pub enum InjectorInput {
         target: Target,
         /// The ticket typed.
         ticket: Ticket,
-        /// Whether the multiplexer accepted it.
-        ok: bool,
+        /// How it went.
+        outcome: TypeOutcome,
     },
     /// The member answered a ticket with `fleet_reply`.
     Replied {
@@ -113,9 +137,9 @@ pub enum InjectorEffect {
     },
 }
 
-/// How many times typing a task may fail (multiplexer error) before the ticket is `stalled`.
+/// How many times typing a task may fail (nothing typed) before the ticket is `stalled`.
 const MAX_TYPE_FAILURES: u8 = 3;
-/// Wait between attempts after a multiplexer error while typing.
+/// Wait between attempts after a typing that wrote nothing.
 const TYPE_RETRY: SignedDuration = SignedDuration::from_secs(1);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,8 +295,12 @@ impl Injector {
                 self.activity(&target, activity, &mut out);
                 self.pump(&target, now, &mut out);
             }
-            InjectorInput::Typed { target, ticket, ok } => {
-                self.typed(&target, ticket, ok, now, &mut out);
+            InjectorInput::Typed {
+                target,
+                ticket,
+                outcome,
+            } => {
+                self.typed(&target, ticket, outcome, now, &mut out);
                 self.pump(&target, now, &mut out);
             }
             InjectorInput::Replied { target, ticket } => {
@@ -346,7 +374,7 @@ impl Injector {
         &mut self,
         target: &Target,
         ticket: Ticket,
-        ok: bool,
+        outcome: TypeOutcome,
         now: Timestamp,
         out: &mut Vec<InjectorEffect>,
     ) {
@@ -359,35 +387,67 @@ impl Injector {
         let Phase::Typing { resubmit } = flight.phase else {
             return;
         };
-        if ok {
-            if !resubmit {
+        let verify = Phase::Verifying {
+            deadline: now.checked_add(self.grace).unwrap_or(now),
+            resubmitted: resubmit,
+        };
+        match outcome {
+            TypeOutcome::Accepted => {
+                if !resubmit {
+                    out.push(InjectorEffect::Ticket {
+                        ticket,
+                        event: TicketEvent::Delivered,
+                    });
+                }
+                flight.phase = verify;
+                lane.type_failures = 0;
+            }
+            TypeOutcome::Started => {
+                // The multiplexer saw the turn start: what a busy reading would have proved.
+                if !resubmit {
+                    out.push(InjectorEffect::Ticket {
+                        ticket,
+                        event: TicketEvent::Delivered,
+                    });
+                }
+                lane.in_flight = None;
+                lane.current = Some((ticket, false));
+                lane.type_failures = 0;
                 out.push(InjectorEffect::Ticket {
                     ticket,
-                    event: TicketEvent::Delivered,
+                    event: TicketEvent::TurnStarted,
                 });
             }
-            flight.phase = Phase::Verifying {
-                deadline: now.checked_add(self.grace).unwrap_or(now),
-                resubmitted: resubmit,
-            };
-            lane.type_failures = 0;
-            return;
-        }
-        lane.in_flight = None;
-        lane.type_failures += 1;
-        if lane.type_failures >= MAX_TYPE_FAILURES {
-            lane.type_failures = 0;
-            lane.queue.retain(|t| *t != ticket);
-            out.push(InjectorEffect::Ticket {
-                ticket,
-                event: TicketEvent::Stalled,
-            });
-        } else {
-            // Keep its place at the head and try again shortly.
-            if !lane.queue.contains(&ticket) {
-                lane.queue.push_front(ticket);
+            TypeOutcome::Uncertain => {
+                // It may be in the pane: typing it again could run the task twice. The member's
+                // status decides, as after any submit; the ticket claims no delivery it cannot
+                // vouch for (a turn seen starting moves it straight on).
+                flight.phase = verify;
+                lane.type_failures = 0;
             }
-            lane.retry_at = now.checked_add(TYPE_RETRY).ok();
+            TypeOutcome::Failed if resubmit => {
+                // Only the Enter retry failed; the text was typed before it. Never type it again:
+                // the member has one more grace to start, then the ticket is stalled.
+                flight.phase = verify;
+            }
+            TypeOutcome::Failed => {
+                lane.in_flight = None;
+                lane.type_failures += 1;
+                if lane.type_failures >= MAX_TYPE_FAILURES {
+                    lane.type_failures = 0;
+                    lane.queue.retain(|t| *t != ticket);
+                    out.push(InjectorEffect::Ticket {
+                        ticket,
+                        event: TicketEvent::Stalled,
+                    });
+                } else {
+                    // Nothing was typed: keep its place at the head and try again shortly.
+                    if !lane.queue.contains(&ticket) {
+                        lane.queue.push_front(ticket);
+                    }
+                    lane.retry_at = now.checked_add(TYPE_RETRY).ok();
+                }
+            }
         }
     }
 

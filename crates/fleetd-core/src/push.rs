@@ -52,8 +52,14 @@ pub enum InjectOutcome {
     Delivered,
     /// The multiplexer affirmatively says the lead's pane or agent is gone.
     NotFound,
-    /// Anything else (timeout, socket error, decode error): the lead is still presumed alive.
+    /// Nothing was typed (socket error, refusal, a pane that could not be read): the lead is
+    /// still presumed alive and the nudge is tried again soon.
     Transient,
+    /// The call failed after the nudge may have reached the pane (it timed out or broke once
+    /// the request was out). Counted as sent, never typed again at once: a duplicate nudge
+    /// interrupts the lead, a missing one is covered by the next reminder. The lead is still
+    /// presumed alive.
+    Uncertain,
 }
 
 /// Inputs to the push loop.
@@ -131,11 +137,13 @@ pub enum PushMetric {
     BindingForgotten,
     /// An injection failed transiently; the lead is kept and retried later.
     InjectFailed,
+    /// An injection may or may not have been typed; it counts as sent.
+    InjectUncertain,
 }
 
 impl PushMetric {
     /// The metric label: `nudged`, `deferred_busy`, `exhausted`, `no_lead`,
-    /// `binding_forgotten`, `inject_failed`.
+    /// `binding_forgotten`, `inject_failed`, `inject_uncertain`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Nudged => "nudged",
@@ -144,6 +152,7 @@ impl PushMetric {
             Self::NoLead => "no_lead",
             Self::BindingForgotten => "binding_forgotten",
             Self::InjectFailed => "inject_failed",
+            Self::InjectUncertain => "inject_uncertain",
         }
     }
 }
@@ -332,6 +341,14 @@ impl PushLoop {
                     state.in_flight = false;
                 }
             }
+            InjectOutcome::Uncertain => {
+                // As if delivered: the budget stays spent and the next reminder waits its
+                // backoff (SPEC §13.7: nothing is typed twice because a call timed out).
+                out.push(PushEffect::Count(PushMetric::InjectUncertain));
+                if let Some(state) = self.leads.get_mut(lead) {
+                    state.in_flight = false;
+                }
+            }
             InjectOutcome::Transient => {
                 out.push(PushEffect::Count(PushMetric::InjectFailed));
                 // Nothing reached the lead: try again soon, not after a whole reminder backoff.
@@ -437,7 +454,7 @@ impl PushLoop {
     }
 }
 
-/// How soon a nudge that failed transiently (socket blip, timeout) is tried again, at most.
+/// How soon a nudge that typed nothing (socket blip, unreadable pane) is tried again, at most.
 pub const TRANSIENT_RETRY: SignedDuration = SignedDuration::from_secs(2);
 
 /// The wait after the `sent`-th nudge: `backoff * 2^(sent-1)`, capped.

@@ -5,7 +5,7 @@
 //!
 //! - `fleetd_tool_calls_total{tool, outcome}` — outcome `ok` or the refusal code;
 //! - `fleetd_nudges_total{outcome}` — `nudged`, `deferred_busy`, `exhausted`, `no_lead`,
-//!   `binding_forgotten`, `inject_failed`;
+//!   `binding_forgotten`, `inject_failed`, `inject_uncertain`;
 //! - `fleetd_inbox_depth{target}` — pending messages per member inbox (as last read);
 //! - `fleetd_tickets{state}` — tickets the engine holds, by state;
 //! - `fleetd_delivery_seconds` — ticket opened → task typed into the member's pane;

@@ -1,4 +1,8 @@
-//! Injector tests: scripted inputs at given times, checked against the effects transcript.
+//! Injector tests: scripted inputs at given times, checked against the effects transcript, and a
+//! property test for SPEC §13.7 (a task is never typed twice unless its typing wrote nothing) and
+//! review M6 (one Enter retry per delivery).
+
+use proptest::prelude::*;
 
 use super::*;
 
@@ -67,11 +71,11 @@ fn presence() -> InjectorInput {
         target: target("a"),
     }
 }
-fn typed(n: u64, ok: bool) -> InjectorInput {
+fn typed(n: u64, outcome: TypeOutcome) -> InjectorInput {
     InjectorInput::Typed {
         target: target("a"),
         ticket: ticket(n),
-        ok,
+        outcome,
     }
 }
 fn replied(n: u64) -> InjectorInput {
@@ -93,7 +97,7 @@ fn task_waits_for_rest_and_presence_then_is_verified() {
             Step(0, enqueue(1)),
             Step(1, status(Activity::AtRest)),
             Step(2, presence()),
-            Step(2, typed(1, true)),
+            Step(2, typed(1, TypeOutcome::Accepted)),
             Step(3, status(Activity::Busy)),
             Step(9, replied(1)),
             Step(10, status(Activity::AtRest)),
@@ -110,12 +114,12 @@ fn tasks_are_delivered_in_order_one_turn_at_a_time() {
             Step(0, presence()),
             Step(1, enqueue(1)),
             Step(1, enqueue(2)),
-            Step(1, typed(1, true)),
+            Step(1, typed(1, TypeOutcome::Accepted)),
             Step(2, status(Activity::Busy)),
             Step(2, enqueue(3)),
             Step(5, replied(1)),
             Step(6, status(Activity::AtRest)),
-            Step(6, typed(2, true)),
+            Step(6, typed(2, TypeOutcome::Accepted)),
             Step(7, status(Activity::Busy)),
             Step(8, replied(2)),
             Step(9, status(Activity::AtRest)),
@@ -139,10 +143,10 @@ fn unverified_submit_is_retried_once_then_stalled() {
             Step(0, status(Activity::AtRest)),
             Step(0, presence()),
             Step(0, enqueue(1)),
-            Step(0, typed(1, true)),
+            Step(0, typed(1, TypeOutcome::Accepted)),
             Step(4, InjectorInput::Tick),
             Step(5, InjectorInput::Tick),
-            Step(5, typed(1, true)),
+            Step(5, typed(1, TypeOutcome::Accepted)),
             Step(10, InjectorInput::Tick),
             Step(10, enqueue(2)),
         ],
@@ -163,10 +167,10 @@ fn retry_that_starts_the_turn_is_not_stalled() {
             Step(0, status(Activity::AtRest)),
             Step(0, presence()),
             Step(0, enqueue(1)),
-            Step(0, typed(1, true)),
+            Step(0, typed(1, TypeOutcome::Accepted)),
             Step(5, InjectorInput::Tick),
             Step(6, status(Activity::Busy)),
-            Step(6, typed(1, true)),
+            Step(6, typed(1, TypeOutcome::Accepted)),
             Step(20, InjectorInput::Tick),
         ],
         &[
@@ -186,7 +190,7 @@ fn silent_turn_end_records_a_fallback_before_the_next_task() {
             Step(0, presence()),
             Step(0, enqueue(1)),
             Step(0, enqueue(2)),
-            Step(0, typed(1, true)),
+            Step(0, typed(1, TypeOutcome::Accepted)),
             Step(1, status(Activity::Busy)),
             Step(3, status(Activity::AtRest)),
             Step(4, recorded()),
@@ -208,12 +212,12 @@ fn typing_errors_retry_then_stall() {
             Step(0, status(Activity::AtRest)),
             Step(0, presence()),
             Step(0, enqueue(1)),
-            Step(0, typed(1, false)),
+            Step(0, typed(1, TypeOutcome::Failed)),
             Step(0, InjectorInput::Tick),
             Step(1, InjectorInput::Tick),
-            Step(1, typed(1, false)),
+            Step(1, typed(1, TypeOutcome::Failed)),
             Step(2, InjectorInput::Tick),
-            Step(2, typed(1, false)),
+            Step(2, typed(1, TypeOutcome::Failed)),
         ],
         &[
             "@0 type a T1",
@@ -264,7 +268,7 @@ fn next_wake_is_the_verify_deadline() {
         InjectorInput::Typed {
             target: a.clone(),
             ticket: ticket(1),
-            ok: true,
+            outcome: TypeOutcome::Accepted,
         },
         t(2),
     );
@@ -281,10 +285,10 @@ fn a_reply_verifies_delivery_even_when_working_was_never_seen() {
             Step(0, presence()),
             Step(0, enqueue(1)),
             Step(0, enqueue(2)),
-            Step(0, typed(1, true)),
+            Step(0, typed(1, TypeOutcome::Accepted)),
             // The turn was shorter than the status poll: only the reply shows it happened.
             Step(1, replied(1)),
-            Step(1, typed(2, true)),
+            Step(1, typed(2, TypeOutcome::Accepted)),
             Step(20, InjectorInput::Tick),
         ],
         &[
@@ -329,6 +333,26 @@ fn a_turn_restored_after_a_restart_is_never_typed_again() {
 }
 
 #[test]
+fn an_uncertain_typing_is_verified_and_never_typed_again() {
+    // The call timed out after the text went out: the member's status decides, and the text
+    // is not typed a second time even though the ticket is still at the head of the lane.
+    check(
+        vec![
+            Step(0, status(Activity::AtRest)),
+            Step(0, presence()),
+            Step(0, enqueue(1)),
+            Step(0, enqueue(2)),
+            Step(0, typed(1, TypeOutcome::Uncertain)),
+            Step(1, InjectorInput::Tick),
+            Step(2, status(Activity::Busy)),
+            Step(3, replied(1)),
+            Step(4, status(Activity::AtRest)),
+        ],
+        &["@0 type a T1", "@2 T1 TurnStarted", "@4 type a T2"],
+    );
+}
+
+#[test]
 fn a_restored_turn_that_is_answered_needs_no_fallback() {
     let mut inj = Injector::new(SignedDuration::from_secs(5));
     let a = target("a");
@@ -337,4 +361,179 @@ fn a_restored_turn_that_is_answered_needs_no_fallback() {
     inj.handle_at(status(Activity::Busy), t(0));
     assert!(inj.handle_at(replied(1), t(1)).is_empty());
     assert!(inj.handle_at(status(Activity::AtRest), t(2)).is_empty());
+}
+
+#[test]
+fn an_uncertain_typing_that_never_starts_gets_one_enter_then_stalls() {
+    check(
+        vec![
+            Step(0, status(Activity::AtRest)),
+            Step(0, presence()),
+            Step(0, enqueue(1)),
+            Step(0, typed(1, TypeOutcome::Uncertain)),
+            Step(5, InjectorInput::Tick),
+            Step(5, typed(1, TypeOutcome::Uncertain)),
+            Step(10, InjectorInput::Tick),
+            Step(11, InjectorInput::Tick),
+        ],
+        &["@0 type a T1", "@5 enter a T1", "@10 T1 Stalled"],
+    );
+}
+
+#[test]
+fn a_failed_enter_retry_never_types_the_task_again() {
+    // The text was typed; only the Enter press failed. Retyping would run the task twice.
+    check(
+        vec![
+            Step(0, status(Activity::AtRest)),
+            Step(0, presence()),
+            Step(0, enqueue(1)),
+            Step(0, typed(1, TypeOutcome::Accepted)),
+            Step(5, InjectorInput::Tick),
+            Step(5, typed(1, TypeOutcome::Failed)),
+            Step(6, InjectorInput::Tick),
+            Step(7, InjectorInput::Tick),
+            Step(10, InjectorInput::Tick),
+        ],
+        &[
+            "@0 type a T1",
+            "@0 T1 Delivered",
+            "@5 enter a T1",
+            "@10 T1 Stalled",
+        ],
+    );
+}
+
+#[test]
+fn a_typing_the_multiplexer_saw_start_is_the_turn_starting() {
+    // herdr saw the member reach working: no grace, no Enter retry; the turn's end is the
+    // usual status change.
+    check(
+        vec![
+            Step(0, status(Activity::AtRest)),
+            Step(0, presence()),
+            Step(0, enqueue(1)),
+            Step(0, enqueue(2)),
+            Step(1, typed(1, TypeOutcome::Started)),
+            Step(20, InjectorInput::Tick),
+            Step(21, status(Activity::Busy)),
+            Step(22, status(Activity::AtRest)),
+            Step(23, recorded()),
+        ],
+        &[
+            "@0 type a T1",
+            "@1 T1 Delivered",
+            "@1 T1 TurnStarted",
+            "@22 fallback a T1",
+            "@23 type a T2",
+        ],
+    );
+}
+
+#[test]
+fn a_started_report_after_the_busy_reading_changes_nothing() {
+    check(
+        vec![
+            Step(0, status(Activity::AtRest)),
+            Step(0, presence()),
+            Step(0, enqueue(1)),
+            Step(1, status(Activity::Busy)),
+            Step(1, typed(1, TypeOutcome::Started)),
+            Step(2, replied(1)),
+            Step(3, status(Activity::AtRest)),
+        ],
+        &["@0 type a T1", "@1 T1 TurnStarted"],
+    );
+}
+
+/// What a `Typed` report arriving now answers, as seen from the effects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaited {
+    Text,
+    Enter,
+}
+
+fn any_step() -> impl Strategy<Value = (InjectorInput, i64)> {
+    let tickets = 1u64..4;
+    let input = prop_oneof![
+        tickets.clone().prop_map(enqueue),
+        prop_oneof![
+            Just(Activity::AtRest),
+            Just(Activity::Busy),
+            Just(Activity::Unknown)
+        ]
+        .prop_map(status),
+        Just(presence()),
+        (
+            tickets.clone(),
+            prop_oneof![
+                Just(TypeOutcome::Accepted),
+                Just(TypeOutcome::Started),
+                Just(TypeOutcome::Uncertain),
+                Just(TypeOutcome::Failed)
+            ]
+        )
+            .prop_map(|(n, outcome)| typed(n, outcome)),
+        tickets.prop_map(replied),
+        Just(recorded()),
+        Just(InjectorInput::Tick),
+    ];
+    (input, 0i64..8)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// SPEC §13.7: a task's text is typed again only after a typing of that text that wrote
+    /// nothing — never after one that may have typed it, and never after a failed Enter retry;
+    /// and each typing gets one Enter retry at most.
+    #[test]
+    fn a_task_is_typed_again_only_after_a_typing_that_wrote_nothing(
+        steps in proptest::collection::vec(any_step(), 1..80)
+    ) {
+        let mut inj = Injector::new(SignedDuration::from_secs(5));
+        inj.handle_at(InjectorInput::MemberAdded { target: target("a") }, t(0));
+        let mut now = t(0);
+        let mut enqueued = std::collections::BTreeSet::new();
+        let mut awaited: BTreeMap<Ticket, Awaited> = BTreeMap::new();
+        let mut typings: BTreeMap<Ticket, u32> = BTreeMap::new();
+        let mut allowed: BTreeMap<Ticket, u32> = BTreeMap::new();
+        let mut enters: BTreeMap<Ticket, u32> = BTreeMap::new();
+        for (input, gap) in steps {
+            now += SignedDuration::from_secs(gap);
+            match &input {
+                // A ticket is enqueued once, as the daemon does.
+                InjectorInput::Enqueue { ticket, .. } if !enqueued.insert(*ticket) => continue,
+                InjectorInput::Typed { ticket, outcome, .. } => {
+                    let answers = awaited.remove(ticket);
+                    if answers == Some(Awaited::Text) && *outcome == TypeOutcome::Failed {
+                        *allowed.entry(*ticket).or_default() += 1;
+                    }
+                }
+                _ => {}
+            }
+            for effect in inj.handle_at(input, now) {
+                match effect {
+                    InjectorEffect::Type { ticket, .. } => {
+                        *typings.entry(ticket).or_default() += 1;
+                        awaited.insert(ticket, Awaited::Text);
+                    }
+                    InjectorEffect::Resubmit { ticket, .. } => {
+                        *enters.entry(ticket).or_default() += 1;
+                        awaited.insert(ticket, Awaited::Enter);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for (ticket, n) in &typings {
+            let allowed = allowed.get(ticket).copied().unwrap_or(0);
+            prop_assert!(*n <= 1 + allowed, "{ticket} typed {n} times, {allowed} failed typings");
+        }
+        // Review M6: one Enter retry per delivery, at most.
+        for (ticket, n) in &enters {
+            let typed = typings.get(ticket).copied().unwrap_or(0);
+            prop_assert!(*n <= typed, "{ticket}: {n} Enter retries for {typed} typings");
+        }
+    }
 }

@@ -222,6 +222,69 @@ fn transient_failure_keeps_the_binding_and_retries() {
 }
 
 #[test]
+fn an_uncertain_nudge_counts_as_sent_and_is_not_typed_again() {
+    let got = run(vec![
+        (0, PushInput::Primary(Some(lead("p")))),
+        (0, status("p", LeadActivity::Receptive)),
+        (1, inbox("alice", 1)),
+        (
+            2,
+            PushInput::Injected {
+                lead: lead("p"),
+                outcome: InjectOutcome::Uncertain,
+            },
+        ),
+        // A transient failure would be retried here (TRANSIENT_RETRY); this one is not.
+        (4, PushInput::Tick),
+        (10, PushInput::Tick),
+        // The next reminder comes after the ordinary backoff (30 s after the first).
+        (31, PushInput::Tick),
+    ]);
+    assert_eq!(
+        got.iter()
+            .map(|l| l.split(':').next().unwrap_or_default())
+            .collect::<Vec<_>>(),
+        [
+            "@1 count Nudged",
+            "@1 inject p",
+            "@2 count InjectUncertain",
+            "@31 count Nudged",
+            "@31 inject p"
+        ]
+    );
+}
+
+#[test]
+fn an_uncertain_nudge_spends_the_budget() {
+    let mut push = PushLoop::new(PushConfig {
+        reminders: 1,
+        ..config()
+    });
+    push.handle_at(PushInput::Primary(Some(lead("p"))), t(0));
+    push.handle_at(status("p", LeadActivity::Receptive), t(0));
+    assert!(
+        push.handle_at(inbox("alice", 1), t(0))
+            .contains(&PushEffect::Count(PushMetric::Nudged))
+    );
+    push.handle_at(
+        PushInput::Injected {
+            lead: lead("p"),
+            outcome: InjectOutcome::Uncertain,
+        },
+        t(1),
+    );
+    let later = push.handle_at(PushInput::Tick, t(40));
+    assert!(
+        later.contains(&PushEffect::Count(PushMetric::Exhausted)),
+        "{later:?}"
+    );
+    assert!(
+        !later.iter().any(|e| matches!(e, PushEffect::Inject { .. })),
+        "{later:?}"
+    );
+}
+
+#[test]
 fn no_lead_means_pull_only() {
     let got = run(vec![(0, inbox("alice", 1)), (50, PushInput::Tick)]);
     assert_eq!(got, ["@0 count NoLead"]);
@@ -291,7 +354,8 @@ fn any_input() -> impl Strategy<Value = PushInput> {
             prop_oneof![
                 Just(InjectOutcome::Delivered),
                 Just(InjectOutcome::NotFound),
-                Just(InjectOutcome::Transient)
+                Just(InjectOutcome::Transient),
+                Just(InjectOutcome::Uncertain)
             ]
         )
             .prop_map(|(l, outcome)| PushInput::Injected {

@@ -137,7 +137,6 @@ impl Multiplexer for Recording {
             Ok(Submitted {
                 path: SubmitPath::TmuxKeys,
                 started: None,
-                retried_enter: false,
             })
         })
     }

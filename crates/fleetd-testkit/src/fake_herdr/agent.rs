@@ -51,7 +51,9 @@ async fn wait_status(
     }
 }
 
-pub(super) async fn prompt(server: &Server, p: &Value) -> Outcome {
+/// `agent.prompt`. `late_ms` (the `input_timeout` fault) answers that long after the prompt was
+/// typed, whatever the agent did: herdr's `timeout` when a wait was asked for, else the ack.
+pub(super) async fn prompt(server: &Server, p: &Value, late_ms: Option<u64>) -> Outcome {
     let pane = agent_target(server, p)?;
     let text = opt_str(p, "text").unwrap_or_default();
     if text.is_empty() {
@@ -65,7 +67,17 @@ pub(super) async fn prompt(server: &Server, p: &Value) -> Outcome {
     pane.write(b"\r")
         .await
         .map_err(|e| ("agent_prompt_failed", e.to_string()))?;
-    let Some(wait) = p.get("wait").filter(|w| w.is_object()) else {
+    let wait = p.get("wait").filter(|w| w.is_object());
+    if let Some(ms) = late_ms {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        if wait.is_some() {
+            // herdr types the prompt before it waits (v0.8.2 src/api/wait.rs:206-213) and
+            // answers `timeout` when that wait runs out (:492, :617-618): the text is in the
+            // pane either way. Without a wait there is no `timeout` to answer, only a late ack.
+            return Err(("timeout", "timed out waiting for agent status".to_owned()));
+        }
+    }
+    let Some(wait) = wait else {
         return Ok(json!({ "type": "agent_prompted", "agent": agent_info(server, &pane) }));
     };
     let started = tokio::time::Instant::now();

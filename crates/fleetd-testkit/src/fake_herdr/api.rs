@@ -15,6 +15,8 @@ pub(super) struct Request {
     pub(super) id: String,
     pub(super) method: String,
     pub(super) params: Value,
+    /// Set by the `input_timeout` fault: carry the input out, then answer this many ms late.
+    pub(super) late_ms: Option<u64>,
 }
 
 /// An error response line.
@@ -46,6 +48,7 @@ pub(super) fn parse_request(line: &str) -> Result<Request, String> {
         id: id.to_owned(),
         method: method.to_owned(),
         params: params.clone(),
+        late_ms: None,
     })
 }
 
@@ -150,7 +153,17 @@ pub(super) async fn dispatch(server: &Arc<Server>, req: Request) -> String {
             }
             Err(e) => Err(e),
         },
-        "pane.send_keys" | "pane.send_input" => pane_input(server, p).await,
+        "pane.send_keys" => pane_input(server, p).await,
+        "pane.send_input" => {
+            let outcome = pane_input(server, p).await;
+            if let Some(ms) = req.late_ms {
+                // herdr answers an ordinary request when its app loop gets to it, with no
+                // timeout of its own (v0.8.2 src/api/server.rs:379): the input is applied, the
+                // answer is late.
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            outcome
+        }
         "pane.read" => pane_param(server, p, "pane_id").and_then(|pane| read(&pane, p)),
         "layout.apply" => layout_apply(server, p),
         "agent.list" => {
@@ -170,7 +183,7 @@ pub(super) async fn dispatch(server: &Arc<Server>, req: Request) -> String {
             },
             Err(e) => Err(e),
         },
-        "agent.prompt" => agent::prompt(server, p).await,
+        "agent.prompt" => agent::prompt(server, p, req.late_ms).await,
         "agent.start" => agent::start(server, p).await,
         "agent.wait" => agent::wait(server, p).await,
         other => Err((

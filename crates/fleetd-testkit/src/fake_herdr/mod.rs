@@ -10,6 +10,14 @@
 //! - `{"fault":"drop","count":N}` — accept and immediately close the next N API connections;
 //! - `{"fault":"delay","ms":M}` — hold every API response for M ms (0 turns it off);
 //! - `{"fault":"agent_not_found","count":N}` — the next N `agent.*` requests fail `agent_not_found`;
+//! - `{"fault":"input_timeout","count":N,"ms":M}` — the next N `agent.prompt` / `pane.send_input`
+//!   requests are carried out (their text reaches the pane) and answered only M ms later:
+//!   `agent.prompt` with a `wait` with herdr's `timeout` error, as herdr answers when the status
+//!   wait of a prompt it has already typed runs out (herdr v0.8.2 `src/api/wait.rs:206-213` types the prompt
+//!   before any wait, `:492` and `:617-618` answer `timeout`); `pane.send_input` with its usual
+//!   `ok`, as herdr answers an ordinary request whenever its app loop gets to it (v0.8.2
+//!   `src/api/server.rs:379` dispatches it with no timeout, so herdr never answers `timeout`
+//!   there) — a client with a shorter timeout sees no answer to a request that was applied;
 //! - `{"fault":"restart","down_ms":M}` — like a herdr restart: subscriptions drop, the socket is
 //!   gone for M ms, every pane comes back with the same pane id, a new terminal id and a fresh
 //!   shell, and the event ring is empty;
@@ -85,6 +93,9 @@ struct Faults {
     drop: u32,
     delay_ms: u64,
     agent_not_found: u32,
+    /// Input requests still to answer late, and how late.
+    input_timeout: u32,
+    input_timeout_ms: u64,
 }
 
 /// A running fake-herdr server (in this process).
@@ -258,6 +269,10 @@ impl Server {
             Some("drop") => faults.drop = count(),
             Some("delay") => faults.delay_ms = v.get("ms").and_then(Value::as_u64).unwrap_or(0),
             Some("agent_not_found") => faults.agent_not_found = count(),
+            Some("input_timeout") => {
+                faults.input_timeout = count();
+                faults.input_timeout_ms = v.get("ms").and_then(Value::as_u64).unwrap_or(0);
+            }
             Some("clear") => *faults = Faults::default(),
             Some("restart") => {
                 let down = v.get("down_ms").and_then(Value::as_u64).unwrap_or(300);
@@ -292,7 +307,7 @@ impl Server {
         }
         let response = match api::parse_request(line) {
             Err(error) => error,
-            Ok(request) => {
+            Ok(mut request) => {
                 if request.method == "events.subscribe" {
                     subscribe::subscribe(&self, request, stream).await;
                     return;
@@ -303,6 +318,13 @@ impl Server {
                     faults.agent_not_found = faults.agent_not_found.saturating_sub(u32::from(hit));
                     hit
                 };
+                if matches!(request.method.as_str(), "agent.prompt" | "pane.send_input") {
+                    let mut faults = lock(&self.faults);
+                    if faults.input_timeout > 0 {
+                        faults.input_timeout -= 1;
+                        request.late_ms = Some(faults.input_timeout_ms);
+                    }
+                }
                 if injected {
                     api::error(
                         &request.id,

@@ -13,8 +13,9 @@
 //! - `--work-ms N` / `SIM_AGENT_WORK_MS`: how long a turn shows working (default 1500);
 //! - `--reply T` / `SIM_AGENT_REPLY`: reply text, `{prompt}` replaced (default `sim-agent did: {prompt}`);
 //! - `--question Q` / `SIM_AGENT_QUESTION`: the `fleet_ask` question (default `sim-agent asks about: {prompt}`);
-//! - `--swallow N` / `SIM_AGENT_SWALLOW`: the first N submitted lines stay in the composer as a
-//!   draft (as when a TUI swallows the Enter glued to a paste); a later empty Enter submits it;
+//! - `--swallow N` / `SIM_AGENT_SWALLOW`: the first N Enters do not submit: the text stays in the
+//!   composer as a draft (as when a TUI swallows the Enter glued to a paste), and each swallowed
+//!   Enter is logged (`swallowed`), so a test can count them; the next Enter submits the draft;
 //! - `--log PATH` / `SIM_AGENT_LOG`: append one JSON line per event (ready, turn, tool call,
 //!   turn done);
 //! - `--connect ADDR` / `SIM_AGENT_CONNECT`: open a TCP connection to ADDR at start and hold it
@@ -293,7 +294,8 @@ impl Agent {
                     continue;
                 }
                 prompt = std::mem::take(&mut draft);
-            } else if swallow > 0 {
+            }
+            if swallow > 0 {
                 swallow -= 1;
                 self.log(&json!({ "event": "swallowed", "prompt": prompt }));
                 draft = prompt;

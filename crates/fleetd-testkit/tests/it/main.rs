@@ -7,6 +7,7 @@ mod cli;
 mod client;
 mod config;
 mod crash;
+mod delivery_herdr;
 mod demo;
 mod install;
 mod locate;

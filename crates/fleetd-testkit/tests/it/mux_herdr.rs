@@ -343,16 +343,37 @@ async fn custom_agent_is_submitted_with_pane_input() {
     wait_tail(&fx.herdr, &pane.pane, "turn done").await;
 }
 
+/// How many `event` lines a sim-agent log holds.
+fn logged(log: &std::path::Path, event: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == event)
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stalled_prompt_gets_exactly_one_enter_retry() {
+async fn a_stalled_prompt_is_reported_and_the_adapter_presses_nothing() {
     let fx = start_fake(&[]);
+    let log = fx._dir.path().join("sticky.jsonl");
+    let log_arg = log.display().to_string();
     let mut events = fx.herdr.events();
     let pane = fx
         .herdr
         .open_pane(member(
             "fleet",
             &[("HERDR_AGENT", "claude")],
-            sim_agent_command(&["--script", "silent", "--swallow", "1", "--work-ms", "500"]),
+            sim_agent_command(&[
+                "--script",
+                "silent",
+                "--swallow",
+                "1",
+                "--work-ms",
+                "500",
+                "--log",
+                &log_arg,
+            ]),
         ))
         .await
         .expect("open");
@@ -368,8 +389,23 @@ async fn stalled_prompt_gets_exactly_one_enter_retry() {
         .submit(&pane.pane, "swallowed once")
         .await
         .expect("submit");
+    // herdr typed it and saw nothing happen within its 5 s: reported, not retried (review M6).
     assert_eq!(submitted.path, SubmitPath::AgentPrompt);
-    assert!(submitted.retried_enter, "{submitted:?}");
+    assert_eq!(submitted.started, Some(false), "{submitted:?}");
+    for _ in 0..300 {
+        if logged(&log, "swallowed") > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(logged(&log, "swallowed"), 1, "only herdr's own Enter");
+    assert_eq!(
+        logged(&log, "turn"),
+        0,
+        "the prompt still waits in the composer"
+    );
+    // The caller's one Enter retry gets the turn started.
+    fx.herdr.press_enter(&pane.pane).await.expect("enter");
     next_event(
         &mut events,
         "working after the retry",
@@ -475,6 +511,105 @@ async fn transient_failures_are_never_reported_as_not_found() {
             .expect_err("closed twice")
             .is_not_found()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_herdr_typed_then_answered_timeout_is_uncertain() {
+    let fx = start_fake(&[]);
+    let mut events = fx.herdr.events();
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude")],
+            sim_agent_command(&["--script", "silent", "--work-ms", "300"]),
+        ))
+        .await
+        .expect("open");
+    fx.herdr.watch(&pane.pane).await.expect("watch");
+    next_event(
+        &mut events,
+        "idle",
+        status_of(&pane.pane, AgentStatus::Idle),
+    )
+    .await;
+    fx.fake
+        .fault(&json!({ "fault": "input_timeout", "count": 1, "ms": 200 }))
+        .expect("fault");
+    let err = fx
+        .herdr
+        .submit(&pane.pane, "typed before the timeout")
+        .await
+        .expect_err("herdr answered timeout");
+    assert!(err.is_uncertain() && !err.is_not_found(), "{err}");
+    let tail = wait_tail(&fx.herdr, &pane.pane, "turn done").await;
+    assert_eq!(
+        tail.matches("typed before the timeout").count(),
+        1,
+        "{tail}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pane_input_answered_after_the_client_gave_up_is_uncertain() {
+    let fx = start_fake(&[]);
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[],
+            sim_agent_command(&["--script", "silent", "--work-ms", "200"]),
+        ))
+        .await
+        .expect("open");
+    wait_tail(&fx.herdr, &pane.pane, "sim-agent ready").await;
+    let mut impatient = HerdrConfig::new(fx.fake.socket());
+    impatient.call_timeout = Duration::from_millis(500);
+    let impatient = Herdr::new(impatient);
+    // The request line is out and applied; the answer comes after the client stopped waiting.
+    fx.fake
+        .fault(&json!({ "fault": "input_timeout", "count": 2, "ms": 1500 }))
+        .expect("fault");
+    let err = impatient
+        .submit(&pane.pane, "custom task, late ok")
+        .await
+        .expect_err("no answer in time");
+    assert!(err.is_uncertain() && !err.is_not_found(), "{err}");
+    wait_tail(&fx.herdr, &pane.pane, "turn done").await;
+    let err = impatient
+        .press_enter(&pane.pane)
+        .await
+        .expect_err("no answer in time");
+    assert!(err.is_uncertain() && !err.is_not_found(), "{err}");
+    fx.fake.fault(&json!({ "fault": "clear" })).expect("fault");
+
+    // Failures before anything was written are transient: the pane could not be read first
+    // (the connection dropped), or herdr is not there at all.
+    fx.fake
+        .fault(&json!({ "fault": "drop", "count": 1 }))
+        .expect("fault");
+    let err = fx
+        .herdr
+        .submit(&pane.pane, "never typed")
+        .await
+        .expect_err("dropped");
+    assert!(err.is_transient(), "{err}");
+    let gone_socket = Herdr::new(HerdrConfig::new(fx.fake.socket().with_extension("missing")));
+    for err in [
+        gone_socket
+            .submit(&pane.pane, "x")
+            .await
+            .map(|_| ())
+            .expect_err("no server"),
+        gone_socket
+            .press_enter(&pane.pane)
+            .await
+            .expect_err("no server"),
+    ] {
+        assert!(err.is_transient() && !err.is_not_found(), "{err}");
+    }
+    let tail = fx.herdr.read_tail(&pane.pane, 200).await.expect("tail");
+    assert!(!tail.contains("never typed"), "{tail}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

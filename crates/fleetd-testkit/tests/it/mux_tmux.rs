@@ -1,6 +1,6 @@
 //! Integration tests: the tmux backend against real tmux on private `-S` sockets in tempdirs
 //! (never the user's server): member env read back from `/proc`, literal text delivery, derived
-//! status, not-found versus transient errors.
+//! status, not-found versus transient errors, and a typing that may have typed (uncertain).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -265,7 +265,46 @@ async fn missing_panes_are_not_found_and_a_missing_server_is_transient() {
     for err in [
         dead.list_panes().await.map(|_| ()).expect_err("no server"),
         dead.ping().await.map(|_| ()).expect_err("no server"),
+        // Typing into no server typed nothing: transient, never uncertain.
+        dead.submit(&missing, "x")
+            .await
+            .map(|_| ())
+            .expect_err("no server"),
+        dead.press_enter(&missing).await.expect_err("no server"),
     ] {
         assert!(err.is_transient() && !err.is_not_found(), "{err}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_keys_that_times_out_may_have_typed() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let server = TmuxServer::start().expect("tmux");
+    let tmux = backend(&server);
+    let pane = tmux
+        .open_pane(open("fleet", &[], vec!["cat".into()]))
+        .await
+        .expect("open");
+    // A tmux client killed at its timeout may already have handed the keys to the server.
+    let mut config = server.backend_config();
+    config.call_timeout = Duration::ZERO;
+    let impatient = Tmux::new(config);
+    for err in [
+        impatient
+            .submit(&pane.pane, "maybe typed")
+            .await
+            .map(|_| ())
+            .expect_err("timed out"),
+        impatient
+            .press_enter(&pane.pane)
+            .await
+            .expect_err("timed out"),
+    ] {
+        assert!(err.is_uncertain() && !err.is_not_found(), "{err}");
+    }
+    // Other calls that time out did nothing worth knowing: still transient.
+    let err = impatient.list_panes().await.expect_err("timed out");
+    assert!(err.is_transient(), "{err}");
 }

@@ -1,8 +1,8 @@
 //! End-to-end tests of the push loop on herdr (the `fake-herdr` server: real PTYs, herdr's
 //! protocol, status detection and restart behaviour): a late reply nudges the idle lead, a working
-//! lead is nudged only after its turn, a closed delegating lead's mail goes to the primary, and a
+//! lead is nudged only after its turn, a closed delegating lead's mail goes to the primary, a
 //! herdr restart between reply and nudge loses nothing — the nudge reaches the agent started again
-//! in the primary tab.
+//! in the primary tab — and a nudge herdr typed but answered with `timeout` is typed only once.
 
 use std::time::Duration;
 
@@ -167,5 +167,38 @@ fn e2e_herdr_with_no_lead_at_all_the_reply_waits_for_a_poll() {
             .first()
             .is_some_and(|t| t.contains("sim-agent did: job for nia")),
         "{replies:?}"
+    );
+}
+
+#[test]
+fn e2e_herdr_a_nudge_herdr_typed_but_answered_timeout_is_typed_once() {
+    // One reminder per batch: any second nudge in the lead's pane is a retyped one.
+    let mut rig = HerdrRig::start(&format!(
+        "primary:\n  tab: w1:t1\n  pushReminders: 1\n  pushBackoffMs: 1000\nprofiles:\n{}",
+        sim_profile("slow", 2500)
+    ));
+    let (_, lead) = rig.agent_lead("boss");
+    spawn(&rig, &lead, "slow", "nia");
+    send(&rig, &lead, "nia", 1);
+    // nia is working on the task (typed already); the next prompt herdr types is the nudge,
+    // answered with herdr's `timeout`.
+    rig.herdr
+        .fault(&json!({ "fault": "input_timeout", "count": 1, "ms": 0 }))
+        .expect("fault");
+    wait_until(
+        "the nudge in the lead's pane",
+        Duration::from_secs(60),
+        || rig.history(&lead).contains(&nudge("nia")),
+    );
+    rig.daemon.wait_for_log(
+        "the push loop to spend its budget",
+        Duration::from_secs(60),
+        |line| line.contains("stopped nudging"),
+    );
+    let screen = rig.history(&lead);
+    assert_eq!(
+        screen.matches(&nudge("nia")).count(),
+        1,
+        "typed once:\n{screen}"
     );
 }

@@ -31,6 +31,9 @@
 //! | §4 busy member: tasks queued in order | bridge::e2e_busy_member_gets_queued_tasks_in_order |
 //! | §4 silent turn: ended_without_reply + pane tail | bridge::e2e_silent_turn_ends_without_reply_with_the_pane_tail |
 //! | §4 swallowed submit: one Enter retry | bridge::e2e_a_swallowed_submit_is_retried_once_with_enter |
+//! | §3 a stalled herdr prompt: one Enter retry in all (review M6) | delivery_herdr::e2e_herdr_a_stalled_prompt_gets_exactly_one_enter_retry |
+//! | §13.7 a task herdr typed then answered `timeout`: typed once | delivery_herdr::e2e_herdr_a_task_herdr_typed_but_answered_timeout_is_typed_once_and_completes |
+//! | §13.7 a nudge herdr typed then answered `timeout`: typed once | push_herdr::e2e_herdr_a_nudge_herdr_typed_but_answered_timeout_is_typed_once |
 //! | §5 nudge an idle lead, no payload | push::e2e_late_reply_nudges_the_idle_lead_until_read |
 //! | §5 never while working | push::e2e_a_working_lead_is_nudged_only_after_it_goes_idle |
 //! | §5 delegating lead gone → primary | push::e2e_closing_the_delegating_lead_sends_the_next_nudge_to_the_primary |

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use fleetd_core::injector::TypeOutcome;
 use fleetd_core::push::InjectOutcome;
 use fleetd_core::{Message, MessageKind, MsgId, QualifiedPaneId, Target, Ticket};
 use tokio::sync::mpsc;
@@ -55,11 +56,19 @@ impl Effects {
                 pane,
                 text,
             } => {
-                let result = self.mux.submit(&pane, &text).await.map(|_| ());
-                if let Err(e) = &result {
-                    tracing::warn!(%target, %ticket, error = %e, "typing a task failed");
+                let submitted = self.mux.submit(&pane, &text).await;
+                // herdr saw the member reach working: the turn started (review M6).
+                let started = submitted.as_ref().is_ok_and(|s| s.started == Some(true));
+                let result = submitted.map(|_| ());
+                match &result {
+                    Ok(()) => {}
+                    Err(e) if e.is_uncertain() => tracing::warn!(
+                        %target, %ticket, error = %e,
+                        "typing a task may have typed it; its status decides, it is not typed again"
+                    ),
+                    Err(e) => tracing::warn!(%target, %ticket, error = %e, "typing a task failed"),
                 }
-                self.report(typed(target, ticket, &result)).await;
+                self.report(typed(target, ticket, &result, started)).await;
             }
             Io::Enter {
                 target,
@@ -67,7 +76,7 @@ impl Effects {
                 pane,
             } => {
                 let result = self.mux.press_enter(&pane).await;
-                self.report(typed(target, ticket, &result)).await;
+                self.report(typed(target, ticket, &result, false)).await;
             }
             Io::Fallback {
                 target,
@@ -222,12 +231,19 @@ impl Effects {
     }
 }
 
-/// How typing into a member's pane went (a submit or the one Enter retry).
-fn typed(target: Target, ticket: Ticket, result: &Result<(), MuxError>) -> Event {
+/// How typing into a member's pane went (a submit or the one Enter retry); `started` when the
+/// multiplexer saw the turn start.
+fn typed(target: Target, ticket: Ticket, result: &Result<(), MuxError>, started: bool) -> Event {
+    let outcome = match result {
+        Ok(()) if started => TypeOutcome::Started,
+        Ok(()) => TypeOutcome::Accepted,
+        Err(e) if e.is_uncertain() => TypeOutcome::Uncertain,
+        Err(_) => TypeOutcome::Failed,
+    };
     Event::Typed {
         target,
         ticket,
-        ok: result.is_ok(),
+        outcome,
         gone: result.as_ref().err().is_some_and(MuxError::is_not_found),
     }
 }
@@ -277,6 +293,10 @@ async fn nudge(
     match mux.submit(pane, text).await {
         Ok(_) => InjectOutcome::Delivered,
         Err(e) if e.is_not_found() => InjectOutcome::NotFound,
+        Err(e) if e.is_uncertain() => {
+            tracing::warn!(%pane, error = %e, "a nudge may have been typed; counted as sent");
+            InjectOutcome::Uncertain
+        }
         Err(e) => {
             tracing::warn!(%pane, error = %e, "nudge failed; will retry");
             InjectOutcome::Transient

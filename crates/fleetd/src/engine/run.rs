@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use fleetd_core::injector::TypeOutcome;
 use fleetd_core::push::{InjectOutcome, LeadId, PushLoop};
 use fleetd_core::{Message, QualifiedPaneId, Target, Ticket};
 use jiff::{SignedDuration, Timestamp};
@@ -35,10 +36,12 @@ pub(super) enum Msg {
 /// Results of spawned I/O, and multiplexer events.
 #[derive(Debug)]
 pub(super) enum Event {
+    /// Typing a task (or its Enter retry) finished: `gone` when the multiplexer says the pane
+    /// is gone (the member is released), else how it went.
     Typed {
         target: Target,
         ticket: Ticket,
-        ok: bool,
+        outcome: TypeOutcome,
         gone: bool,
     },
     /// A turn-done fallback was captured: `message` is `None` when it could not be stored (the
@@ -500,13 +503,13 @@ impl Engine {
             Event::Typed {
                 target,
                 ticket,
-                ok,
+                outcome,
                 gone,
             } => {
                 if gone {
                     self.state.release(&target, "exited", now, io);
                 } else {
-                    self.state.typed(target, ticket, ok, now, io);
+                    self.state.typed(target, ticket, outcome, now, io);
                 }
             }
             Event::FallbackStored {

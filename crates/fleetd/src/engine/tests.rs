@@ -1,11 +1,14 @@
 //! Driver tests of the engine on paused tokio time against the in-process fake multiplexer and
 //! the memory store: the push loop's spacing and give-up as the real task schedules them, the
-//! status gate, liveness self-heal of bindings, and the lead-tab scanner.
+//! status gate, liveness self-heal of bindings, the lead-tab scanner, and delivery when a typing
+//! may have typed (never typed twice).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetd_core::{AgentStatus, Message, MessageKind, MessageLimits, MsgId, Target};
+use fleetd_core::{
+    AgentStatus, Message, MessageKind, MessageLimits, MsgId, Target, Ticket, TicketState,
+};
 use jiff::Timestamp;
 use tokio::time::{Instant, sleep};
 
@@ -325,6 +328,93 @@ async fn the_idle_reaper_releases_exactly_after_the_timeout_and_never_while_work
     assert!(listed(&rig, "worker").await);
     sleep(Duration::from_secs(2)).await;
     assert!(!listed(&rig, "worker").await);
+}
+
+/// Adds member `alice` in pane `w2:p1` (incarnation `t-a`), marks it present, and sends it
+/// the task `job`; returns the ticket.
+async fn alice_with_a_task(rig: &Rig) -> Ticket {
+    rig.engine
+        .add_member(member("alice", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    let alice = Target::new("alice").expect("target");
+    rig.engine.presence(alice.clone()).await.expect("engine");
+    rig.engine
+        .submit(None, alice, "job".to_owned())
+        .await
+        .expect("engine")
+        .expect("queued")
+}
+
+async fn state_of(rig: &Rig, ticket: Ticket) -> TicketState {
+    match rig.engine.ticket(ticket).await.expect("engine") {
+        super::TicketAnswer::Live(view) => view.state,
+        other => panic!("ticket {ticket} is not live: {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_that_may_have_been_typed_is_verified_and_never_typed_again() {
+    // Every typing into alice's pane goes in and then loses its answer.
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    fake.fault("w2:p1", Some(Fault::LostAnswer));
+    let rig = rig(&fake);
+    let ticket = alice_with_a_task(&rig).await;
+    let settled = rig.engine.wait(ticket).await.expect("engine");
+    sleep(Duration::from_secs(30)).await;
+    assert_eq!(rig.nudges_into("w2:p1").len(), 1, "typed once");
+    assert_eq!(fake.enters("w2:p1"), 1, "then one Enter retry");
+    let settled = settled.await.expect("settled");
+    assert_eq!(settled.state, TicketState::Stalled);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_that_may_have_been_typed_and_started_is_working() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    fake.fault("w2:p1", Some(Fault::LostAnswer));
+    let rig = rig(&fake);
+    let ticket = alice_with_a_task(&rig).await;
+    sleep(Duration::from_millis(1500)).await;
+    fake.set_status("w2:p1", AgentStatus::Working);
+    sleep(Duration::from_secs(30)).await;
+    assert_eq!(state_of(&rig, ticket).await, TicketState::Working);
+    assert_eq!(rig.nudges_into("w2:p1").len(), 1, "typed once");
+    assert_eq!(fake.enters("w2:p1"), 0, "its turn started: no retry");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_submit_the_multiplexer_saw_start_is_the_turn_and_gets_no_enter_retry() {
+    // herdr's agent.prompt saw alice reach working; its status event has not come (yet).
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    fake.reports_start("w2:p1");
+    let rig = rig(&fake);
+    let ticket = alice_with_a_task(&rig).await;
+    sleep(Duration::from_secs(30)).await;
+    assert_eq!(state_of(&rig, ticket).await, TicketState::Working);
+    assert_eq!(
+        fake.enters("w2:p1"),
+        0,
+        "a started turn needs no Enter retry"
+    );
+    assert_eq!(rig.nudges_into("w2:p1").len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn nudges_that_may_have_been_typed_spend_the_budget() {
+    // Every nudge goes in and then loses its answer: each one counts, three in all.
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    fake.fault("w1:p1", Some(Fault::LostAnswer));
+    let rig = rig(&fake);
+    sleep(Duration::from_millis(100)).await;
+    rig.mail("alice").await;
+    sleep(Duration::from_secs(120)).await;
+    let nudges = rig.nudges_into("w1:p1");
+    assert_eq!(nudges.len(), 3, "the budget is three: {nudges:?}");
+    assert_eq!(spacing(&nudges), [1000, 2000], "each waits its backoff");
 }
 
 async fn inbox(rig: &Rig, target: &str) -> Vec<Message> {

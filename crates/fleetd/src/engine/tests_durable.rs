@@ -172,6 +172,39 @@ async fn a_queued_task_is_typed_exactly_once_across_a_restart() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_typing_that_wrote_nothing_is_typed_after_a_restart() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let disk = Disk::new();
+    let first = disk.start(&fake);
+    first
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    first.presence(t("ann")).await.expect("engine");
+    fake.fault("w2:p1", Some(crate::mux::fake::Fault::TypingRefused));
+    let ticket = first
+        .submit(None, t("ann"), "never reached the pane".to_owned())
+        .await
+        .expect("engine")
+        .expect("queued");
+    settle().await;
+    assert!(fake.typed().is_empty(), "the socket failed: nothing typed");
+    drop(first);
+    settle().await;
+    fake.fault("w2:p1", None);
+    let second = disk.start(&fake);
+    settle().await;
+    let typed = fake.typed();
+    assert_eq!(typed.len(), 1, "typed by the restarted engine: {typed:?}");
+    assert_eq!(typed[0].text, "never reached the pane");
+    assert_eq!(
+        state_of(&second, ticket).await,
+        Some(TicketState::Delivered)
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_task_typed_before_a_restart_is_never_typed_again_and_its_ticket_ends() {
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);

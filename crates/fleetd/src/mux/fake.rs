@@ -1,8 +1,9 @@
 //! An in-process multiplexer for the engine's driver tests: panes with a status the test sets,
-//! every submit recorded with its (tokio, pausable) time, and scripted failures. It keeps the
-//! trait's contract — `NotFound` only for a pane that is affirmatively gone, `watch` reports the
-//! current status first, a status change is one event, a closed pane is a `Gone` event — so the
-//! engine sees what it would see from herdr or tmux, minus the terminal.
+//! every submit and Enter press recorded with its (tokio, pausable) time, and scripted failures.
+//! It keeps the trait's contract — `NotFound` only for a pane that is affirmatively gone,
+//! `Uncertain` only from a call that typed, `watch` reports the current status first, a status
+//! change is one event, a closed pane is a `Gone` event — so the engine sees what it would see
+//! from herdr or tmux, minus the terminal.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -21,6 +22,12 @@ use super::{
 pub(crate) enum Fault {
     /// Socket blip: `Transient`.
     Transient,
+    /// The input goes in, the answer is lost: `submit` and `press_enter` record what they typed
+    /// and fail `Uncertain` (as a herdr that typed and then timed out); other calls work.
+    LostAnswer,
+    /// Typing calls (`submit`, `press_enter`) fail `Transient` before anything is typed (a
+    /// socket that refused the call); reads and watches work.
+    TypingRefused,
 }
 
 /// One submit the fake received.
@@ -39,8 +46,11 @@ struct Inner {
     panes: BTreeMap<PaneId, PaneInfo>,
     watched: std::collections::BTreeSet<PaneId>,
     faults: BTreeMap<PaneId, Fault>,
+    /// Panes whose submits report that the turn started (as herdr's `agent.prompt` does).
+    starts: std::collections::BTreeSet<PaneId>,
     list_fails: bool,
     typed: Vec<Typed>,
+    enters: Vec<(Instant, PaneId)>,
 }
 
 /// The fake. Cheap to clone; clones share state.
@@ -133,6 +143,13 @@ impl FakeMux {
         };
     }
 
+    /// Makes submits into pane `id` report that the member's turn started (`started:
+    /// Some(true)`, as herdr's `agent.prompt` when it saw `working`), without any status event.
+    pub(crate) fn reports_start(&self, id: &str) {
+        let pane = PaneId::new(id).expect("pane id");
+        self.lock().starts.insert(pane);
+    }
+
     /// Makes `list_panes` fail transiently (or work again).
     pub(crate) fn listing_fails(&self, fails: bool) {
         self.lock().list_fails = fails;
@@ -141,6 +158,30 @@ impl FakeMux {
     /// Every submit so far.
     pub(crate) fn typed(&self) -> Vec<Typed> {
         self.lock().typed.clone()
+    }
+
+    /// How many times Enter was pressed on its own (`press_enter`) in pane `id`.
+    pub(crate) fn enters(&self, id: &str) -> usize {
+        self.lock()
+            .enters
+            .iter()
+            .filter(|(_, p)| p.as_str() == id)
+            .count()
+    }
+
+    /// The answer a typing call gets once its input went in.
+    fn typing_answer(&self, pane: &PaneId, op: &str) -> Result<(), MuxError> {
+        if self.lock().faults.get(pane) == Some(&Fault::LostAnswer) {
+            return Err(MuxError::uncertain(op, "scripted: typed, then no answer"));
+        }
+        Ok(())
+    }
+
+    fn typing_refused(&self, pane: &PaneId, op: &str) -> Result<(), MuxError> {
+        if self.lock().faults.get(pane) == Some(&Fault::TypingRefused) {
+            return Err(MuxError::transient(op, "scripted: refused before typing"));
+        }
+        Ok(())
     }
 
     fn get(&self, pane: &PaneId, op: &str) -> Result<PaneInfo, MuxError> {
@@ -204,17 +245,19 @@ impl Multiplexer for FakeMux {
     }
 
     fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted> {
-        let result = self.get(pane, "agent.prompt").map(|_| {
+        let result = self.get(pane, "agent.prompt").and_then(|_| {
+            self.typing_refused(pane, "agent.prompt")?;
             self.lock().typed.push(Typed {
                 at: Instant::now(),
                 pane: pane.clone(),
                 text: text.to_owned(),
             });
-            Submitted {
+            self.typing_answer(pane, "agent.prompt")?;
+            let started = self.lock().starts.contains(pane).then_some(true);
+            Ok(Submitted {
                 path: SubmitPath::AgentPrompt,
-                started: None,
-                retried_enter: false,
-            }
+                started,
+            })
         });
         ready(result)
     }
@@ -230,7 +273,12 @@ impl Multiplexer for FakeMux {
     }
 
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
-        ready(self.get(pane, "agent.send_keys").map(|_| ()))
+        let result = self.get(pane, "agent.send_keys").and_then(|_| {
+            self.typing_refused(pane, "agent.send_keys")?;
+            self.lock().enters.push((Instant::now(), pane.clone()));
+            self.typing_answer(pane, "agent.send_keys")
+        });
+        ready(result)
     }
 
     fn read_tail<'a>(&'a self, pane: &'a PaneId, _lines: u32) -> MuxFuture<'a, String> {

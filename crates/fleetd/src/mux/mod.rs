@@ -37,9 +37,11 @@ pub enum BackendKind {
     Tmux,
 }
 
-/// A failed multiplexer call. The split that matters: [`MuxError::NotFound`] is an affirmative
-/// answer that the pane or agent is gone; everything transient (timeouts, socket errors, decode
-/// errors, a restarting server) is [`MuxError::Transient`] and must never be read as "gone".
+/// A failed multiplexer call. Two splits matter. [`MuxError::NotFound`] is an affirmative answer
+/// that the pane or agent is gone; everything else — transient failures (timeouts, socket errors,
+/// decode errors, a restarting server) and uncertain ones — must never be read as "gone". And a
+/// call that types into a pane either wrote nothing (`Transient`, `Rejected`, `NotFound`, ...) or
+/// may have typed before it failed ([`MuxError::Uncertain`]); only the first may be repeated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MuxError {
     /// The multiplexer answered that the pane, agent, tab or workspace does not exist.
@@ -57,6 +59,18 @@ pub enum MuxError {
     #[error("transient multiplexer failure during {op}: {reason}")]
     Transient {
         /// The operation (`pane.get`, `tmux list-panes`, ...).
+        op: String,
+        /// Why.
+        reason: String,
+    },
+    /// A call that types into a pane ([`Multiplexer::submit`], [`Multiplexer::press_enter`])
+    /// failed after its input may have reached the pane: the request was out when it timed out
+    /// or broke, or herdr answered its own `timeout` after typing. The text must be treated as
+    /// possibly typed — read the pane's status, never type it again blind (SPEC §8, §13.7).
+    /// Says nothing about whether the pane exists; no other call returns it.
+    #[error("{op} may have typed into the pane before it failed: {reason}")]
+    Uncertain {
+        /// The operation (`agent.prompt`, `tmux send-keys`, ...).
         op: String,
         /// Why.
         reason: String,
@@ -98,14 +112,27 @@ impl MuxError {
         matches!(self, MuxError::NotFound { .. })
     }
 
-    /// True for failures that may go away by themselves.
+    /// True for failures that may go away by themselves and did nothing.
     pub fn is_transient(&self) -> bool {
         matches!(self, MuxError::Transient { .. })
+    }
+
+    /// True when a call that types may have typed before it failed.
+    pub fn is_uncertain(&self) -> bool {
+        matches!(self, MuxError::Uncertain { .. })
     }
 
     /// Builds a transient error.
     pub fn transient(op: impl Into<String>, reason: impl fmt::Display) -> Self {
         MuxError::Transient {
+            op: op.into(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Builds an uncertain error.
+    pub fn uncertain(op: impl Into<String>, reason: impl fmt::Display) -> Self {
+        MuxError::Uncertain {
             op: op.into(),
             reason: reason.to_string(),
         }
@@ -228,17 +255,18 @@ pub enum SubmitPath {
     TmuxKeys,
 }
 
-/// The outcome of [`Multiplexer::submit`]: the bytes were written. Whether a turn started is
-/// `started`, when the backend could observe it; callers verify delivery themselves otherwise.
+/// The outcome of [`Multiplexer::submit`]: the text and its Enter were written. Whether a turn
+/// started is `started`, when the backend could observe it; callers verify delivery themselves
+/// otherwise. A backend never presses Enter again of its own accord: the one Enter retry of a
+/// delivery is the caller's ([`Multiplexer::press_enter`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submitted {
     /// Which path was used.
     pub path: SubmitPath,
-    /// `Some(true)` when the backend saw the agent reach `working`; `Some(false)` when it saw
-    /// nothing (prompt stalled, even after the one Enter retry); `None` when it could not tell.
+    /// `Some(true)` when the backend saw the agent reach `working` (proof the turn started);
+    /// `Some(false)` when it watched and saw no change (herdr's `agent_prompt_stalled`: typed,
+    /// not picked up yet); `None` when it could not tell.
     pub started: Option<bool>,
-    /// Whether the backend re-sent Enter once because the first submit stalled.
-    pub retried_enter: bool,
 }
 
 /// A change the backend observed on a watched pane.
@@ -297,9 +325,12 @@ pub trait Multiplexer: Send + Sync + fmt::Debug {
     fn open_pane(&self, req: OpenPane) -> MuxFuture<'_, PaneInfo>;
 
     /// Types `text` into the pane's agent and submits it (Enter). The caller sanitises `text`.
+    /// A failure after the text may have reached the pane is [`MuxError::Uncertain`]; any other
+    /// error means nothing was typed.
     fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted>;
 
-    /// Presses Enter once in the pane (the retry of a submit the agent did not pick up).
+    /// Presses Enter once in the pane (the retry of a submit the agent did not pick up). A
+    /// failure after the key may have been sent is [`MuxError::Uncertain`].
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()>;
 
     /// Starts a known agent kind (`claude`, `codex`, ...) named `name` in the idle shell of

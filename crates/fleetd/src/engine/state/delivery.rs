@@ -2,7 +2,7 @@
 //! settled ticket.
 
 use fleetd_core::access::Refusal;
-use fleetd_core::injector::{InjectorEffect, InjectorInput};
+use fleetd_core::injector::{InjectorEffect, InjectorInput, TypeOutcome};
 use fleetd_core::push::PushInput;
 use fleetd_core::{Message, MessageKind, Target, Ticket, TicketEvent, TicketLookup};
 use jiff::Timestamp;
@@ -213,13 +213,26 @@ impl State {
         &mut self,
         target: Target,
         ticket: Ticket,
-        ok: bool,
+        outcome: TypeOutcome,
         now: Timestamp,
         io: &mut Vec<Io>,
     ) {
-        let effects = self
-            .injector
-            .handle_at(InjectorInput::Typed { target, ticket, ok }, now);
+        let effects = self.injector.handle_at(
+            InjectorInput::Typed {
+                target: target.clone(),
+                ticket,
+                outcome,
+            },
+            now,
+        );
+        // A typing that wrote nothing gave the task back to its queue (a failed Enter retry
+        // keeps it in flight): it is untyped again, and a restart may type it.
+        if outcome == TypeOutcome::Failed
+            && self.injector.current(&target) != Some(ticket)
+            && self.typed.remove(&ticket)
+        {
+            self.dirty.tickets.insert(ticket);
+        }
         self.injector_effects(effects, now, io);
     }
 

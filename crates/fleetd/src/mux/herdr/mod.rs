@@ -1,7 +1,8 @@
 //! The herdr backend (socket protocol 20): a `Multiplexer` over herdr's NDJSON unix socket, one
-//! request per connection with a per-call timeout, a `ping` protocol gate, prompt submission with
-//! the stalled-Enter retry, and per-pane status subscriptions. Only this module (with `wire` and
-//! `watch`) knows herdr's wire format; it must not decide fleetd policy.
+//! request per connection with a per-call timeout, a `ping` protocol gate, prompt submission
+//! (reporting whether herdr saw the turn start), and per-pane status subscriptions. Only this
+//! module (with `wire` and `watch`) knows herdr's wire format; it must not decide fleetd policy:
+//! it retries nothing and presses no Enter of its own (the core's injector does, once).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -171,12 +172,36 @@ impl Herdr {
         what: &str,
         timeout: Duration,
     ) -> Result<Value, MuxError> {
-        match wire::call(self.socket(), method, params, timeout).await? {
-            Ok(result) => {
+        match wire::call(self.socket(), method, params, timeout).await {
+            Ok(Ok(result)) => {
                 check_type(method, &result, accepted)?;
                 Ok(result)
             }
-            Err(body) => Err(body.into_mux_error(method, what)),
+            Ok(Err(body)) => Err(body.into_mux_error(method, what)),
+            Err(no_answer) => Err(no_answer.into_mux_error()),
+        }
+    }
+
+    /// One call that types into a pane: like [`Herdr::request_with_timeout`], except that a
+    /// failure after herdr may have typed is [`MuxError::Uncertain`] — no answer once the request
+    /// line was out, an undecodable or unexpected answer, or an error code herdr gives after
+    /// typing (see `wire::ErrorBody::into_input_error`).
+    async fn input_request(
+        &self,
+        method: &str,
+        params: Value,
+        accepted: &[&str],
+        what: &str,
+        timeout: Duration,
+    ) -> Result<Value, MuxError> {
+        match wire::call(self.socket(), method, params, timeout).await {
+            Ok(Ok(result)) => {
+                check_type(method, &result, accepted)
+                    .map_err(|e| MuxError::uncertain(method, e))?;
+                Ok(result)
+            }
+            Ok(Err(body)) => Err(body.into_input_error(method, what)),
+            Err(no_answer) => Err(no_answer.into_input_error()),
         }
     }
 
@@ -366,18 +391,19 @@ impl Herdr {
         let info = self.pane_inner(pane).await?;
         let what = format!("pane {pane}");
         let known = runs_known_agent(&info);
+        let call_timeout = self.inner.config.call_timeout;
         if !known {
-            self.request(
+            self.input_request(
                 "pane.send_input",
                 json!({ "pane_id": pane.as_str(), "text": text, "keys": ["enter"] }),
                 &["ok"],
                 &what,
+                call_timeout,
             )
             .await?;
             return Ok(Submitted {
                 path: SubmitPath::PaneInput,
                 started: None,
-                retried_enter: false,
             });
         }
         let wait = self.inner.config.prompt_wait;
@@ -386,29 +412,27 @@ impl Herdr {
             "text": text,
             "wait": { "until": ["working"], "timeout_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX) },
         });
-        let timeout = wait + self.inner.config.call_timeout;
         let outcome = self
-            .request_with_timeout("agent.prompt", params, &["agent_prompted"], &what, timeout)
+            .input_request(
+                "agent.prompt",
+                params,
+                &["agent_prompted"],
+                &what,
+                wait + call_timeout,
+            )
             .await;
         match outcome {
             Ok(_) => Ok(Submitted {
                 path: SubmitPath::AgentPrompt,
                 started: Some(true),
-                retried_enter: false,
             }),
+            // Typed, and herdr saw no state change within its 5 s: the prompt may sit in the
+            // composer (agent TUIs sometimes swallow the Enter after a paste). Whether and when
+            // to press Enter again is the caller's decision, not this adapter's.
             Err(MuxError::Rejected { code, .. }) if code == "agent_prompt_stalled" => {
-                // Agent TUIs sometimes swallow the Enter that follows a paste: press it once more.
-                self.request(
-                    "agent.send_keys",
-                    json!({ "target": pane.as_str(), "keys": ["enter"] }),
-                    &["ok"],
-                    &what,
-                )
-                .await?;
                 Ok(Submitted {
                     path: SubmitPath::AgentPrompt,
-                    started: None,
-                    retried_enter: true,
+                    started: Some(false),
                 })
             }
             Err(e) => Err(e),
@@ -537,7 +561,8 @@ impl Multiplexer for Herdr {
                     json!({ "pane_id": pane.as_str(), "text": "", "keys": ["enter"] }),
                 )
             };
-            self.request(method, params, &["ok"], &what)
+            let timeout = self.inner.config.call_timeout;
+            self.input_request(method, params, &["ok"], &what, timeout)
                 .await
                 .map(|_| ())
         })

@@ -3,7 +3,7 @@
 //! JSON; it must not decide policy (what to retry, what "gone" means for a binding).
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -63,6 +63,22 @@ const NOT_FOUND_CODES: &[&str] = &[
 /// herdr error codes that say "try again later".
 const TRANSIENT_CODES: &[&str] = &["timeout", "server_unavailable", "internal_error"];
 
+/// herdr error codes that, answered to a request that types, may come after it typed. herdr
+/// answers `timeout` only from its waits, which run after the request's action: an
+/// `agent.prompt` is typed before its wait starts (herdr v0.8.2 src/api/wait.rs:206-213) and the
+/// wait answers `timeout` when it runs out (:492, :617-618). Ordinary requests such as
+/// `pane.send_input` get no `timeout` from herdr 0.8.2 at all (src/api/server.rs:379 waits for
+/// the app without one); a newer herdr that adds one would answer it for input it may still
+/// apply, so it counts as uncertain there too.
+const UNCERTAIN_INPUT_CODES: &[&str] = &["timeout"];
+
+/// What else `agent.prompt` with a wait may answer after typing: the wait's probes of the agent
+/// (wait.rs:445, :474, via `agent_get` :549-563) fail with `server_unavailable` when the app
+/// loop does not answer within 5 s (server.rs:843-872) and with `internal_error` when an answer
+/// cannot be decoded (wait.rs:567-598). Before the prompt herdr answers the same codes for the
+/// same probe (wait.rs:197), so which one it was cannot be told.
+const UNCERTAIN_PROMPT_CODES: &[&str] = &["server_unavailable", "internal_error"];
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// An error reply from herdr, before classification.
@@ -73,6 +89,22 @@ pub(crate) struct ErrorBody {
 }
 
 impl ErrorBody {
+    /// Maps herdr's code, answered to a request that types into a pane (`op`), onto fleetd's
+    /// split: the codes herdr may answer after typing are uncertain, the rest as for any call.
+    pub(crate) fn into_input_error(self, op: &str, what: &str) -> MuxError {
+        let code = self.code.as_str();
+        let after_typing = UNCERTAIN_INPUT_CODES.contains(&code)
+            || (op == "agent.prompt" && UNCERTAIN_PROMPT_CODES.contains(&code));
+        if after_typing {
+            MuxError::Uncertain {
+                op: op.to_owned(),
+                reason: format!("herdr answered {code}: {}", self.message),
+            }
+        } else {
+            self.into_mux_error(op, what)
+        }
+    }
+
     /// Maps herdr's code onto fleetd's not-found / transient / rejected split.
     pub(crate) fn into_mux_error(self, op: &str, what: &str) -> MuxError {
         let code = self.code;
@@ -185,14 +217,45 @@ pub(crate) fn field<T: serde::de::DeserializeOwned>(
         .map_err(|e| MuxError::transient(op, format!("undecodable field {name}: {e}")))
 }
 
+/// A call that got no usable answer, and whether herdr may have acted on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NoAnswer {
+    /// The operation.
+    pub(crate) op: String,
+    /// Why.
+    pub(crate) reason: String,
+    /// The whole request line went out. herdr acts on a request only once its newline has
+    /// arrived: it reads up to it and drops a connection closed before (herdr v0.8.2
+    /// src/api/server.rs:520-531, :173-175). From here on the request may have been carried out.
+    pub(crate) sent: bool,
+}
+
+impl NoAnswer {
+    /// The error for an ordinary call: transient, whatever herdr did.
+    pub(crate) fn into_mux_error(self) -> MuxError {
+        MuxError::transient(self.op, self.reason)
+    }
+
+    /// The error for a call that types into a pane: uncertain once the request was out.
+    pub(crate) fn into_input_error(self) -> MuxError {
+        if self.sent {
+            MuxError::uncertain(self.op, self.reason)
+        } else {
+            self.into_mux_error()
+        }
+    }
+}
+
 /// One request on a fresh connection: connect, write one line, read one line, close. The whole
-/// exchange is bounded by `timeout`; any I/O or decode failure is transient.
+/// exchange is bounded by `timeout`. No usable answer (an I/O or decode failure, the timeout) is
+/// a [`NoAnswer`] saying whether the request was out.
 pub(crate) async fn call(
     socket: &Path,
     method: &str,
     params: Value,
     timeout: Duration,
-) -> Result<RawOutcome, MuxError> {
+) -> Result<RawOutcome, NoAnswer> {
+    let sent = AtomicBool::new(false);
     let exchange = async {
         let stream = UnixStream::connect(socket)
             .await
@@ -200,10 +263,12 @@ pub(crate) async fn call(
         let (read, mut write) = stream.into_split();
         let mut line = request_line(method, &params);
         line.push('\n');
+        // A failed write_all never wrote the final newline, so herdr ignores what it got.
         write
             .write_all(line.as_bytes())
             .await
             .map_err(|e| format!("write: {e}"))?;
+        sent.store(true, Ordering::Relaxed);
         let mut reader = BufReader::new(read);
         let response = read_line_limited(&mut reader, MAX_LINE_BYTES)
             .await
@@ -211,14 +276,16 @@ pub(crate) async fn call(
             .ok_or_else(|| "connection closed before a response".to_owned())?;
         parse_response(&response)
     };
-    match tokio::time::timeout(timeout, exchange).await {
-        Ok(Ok(outcome)) => Ok(outcome),
-        Ok(Err(reason)) => Err(MuxError::transient(method, reason)),
-        Err(_) => Err(MuxError::transient(
-            method,
-            format!("no response within {} ms", timeout.as_millis()),
-        )),
-    }
+    let failed = match tokio::time::timeout(timeout, exchange).await {
+        Ok(Ok(outcome)) => return Ok(outcome),
+        Ok(Err(reason)) => reason,
+        Err(_) => format!("no response within {} ms", timeout.as_millis()),
+    };
+    Err(NoAnswer {
+        op: method.to_owned(),
+        reason: failed,
+        sent: sent.load(Ordering::Relaxed),
+    })
 }
 
 /// `PaneInfo` as herdr sends it (fields fleetd reads; unknown fields are ignored).
@@ -332,6 +399,42 @@ mod tests {
         );
         let rejected = body("agent_not_ready").into_mux_error("agent.prompt", "x");
         assert!(!rejected.is_not_found() && !rejected.is_transient());
+    }
+
+    #[test]
+    fn answers_to_typing_calls_that_may_come_after_typing_are_uncertain() {
+        let body = |code: &str| ErrorBody {
+            code: code.to_owned(),
+            message: "m".to_owned(),
+        };
+        let input = |code: &str, op: &str| body(code).into_input_error(op, "pane w1:p1");
+        for (code, op) in [
+            ("timeout", "agent.prompt"),
+            ("server_unavailable", "agent.prompt"),
+            ("internal_error", "agent.prompt"),
+            ("timeout", "pane.send_input"),
+            ("timeout", "agent.send_keys"),
+        ] {
+            assert!(input(code, op).is_uncertain(), "{code} to {op}");
+        }
+        // Answered before anything reached the pane.
+        assert!(input("server_unavailable", "pane.send_input").is_transient());
+        assert!(matches!(
+            input("agent_not_ready", "agent.prompt"),
+            MuxError::Rejected { .. }
+        ));
+        // Gone stays gone; uncertain is never not-found.
+        assert!(input("agent_not_found", "agent.prompt").is_not_found());
+        assert!(input("pane_not_found", "pane.send_input").is_not_found());
+
+        let no_answer = |sent: bool| NoAnswer {
+            op: "agent.prompt".to_owned(),
+            reason: "no response within 8000 ms".to_owned(),
+            sent,
+        };
+        assert!(no_answer(true).into_input_error().is_uncertain());
+        assert!(no_answer(false).into_input_error().is_transient());
+        assert!(no_answer(true).into_mux_error().is_transient());
     }
 
     #[test]

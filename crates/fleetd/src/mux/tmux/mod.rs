@@ -8,7 +8,9 @@
 //! foreground command is a shell has no agent (`unknown`); an approval UI in the bottom screen lines
 //! means `blocked`; anything else is `idle`. There is no `done`, no state-change sequence, and no push:
 //! watches poll. Server-level failures ("no server running", a bad socket) are transient; only
-//! tmux's "can't find pane/window/session" is an affirmative not-found.
+//! tmux's "can't find pane/window/session" is an affirmative not-found. A `send-keys` that timed
+//! out or lost its server, or an Enter that failed after the text went in, may have typed:
+//! `submit` and `press_enter` report those as uncertain, never as transient.
 //!
 //! tmux runs with a cleared environment (a short allowlist such as `PATH` and `HOME`): a tmux
 //! server started by fleetd must not inherit fleetd's secrets into every pane.
@@ -149,6 +151,30 @@ fn write_launch_file(
     Ok(path)
 }
 
+/// A failed `tmux` invocation: the error, and whether the command may have been carried out
+/// (tmux ran and was killed at the timeout, or lost its server) — what tells a typing that wrote
+/// nothing from one that may have written.
+struct RunFailure {
+    error: MuxError,
+    maybe_done: bool,
+}
+
+impl RunFailure {
+    fn not_done(op: &str, reason: impl std::fmt::Display) -> Self {
+        Self {
+            error: MuxError::transient(op, reason),
+            maybe_done: false,
+        }
+    }
+
+    fn maybe_done(op: &str, reason: impl std::fmt::Display) -> Self {
+        Self {
+            error: MuxError::transient(op, reason),
+            maybe_done: true,
+        }
+    }
+}
+
 /// The tmux backend. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Tmux {
@@ -221,6 +247,24 @@ impl Tmux {
     /// Runs `tmux <socket args> <args>` and returns stdout; `what` names the looked-up object for
     /// not-found errors.
     async fn run(&self, args: &[String], what: &str) -> Result<String, MuxError> {
+        self.exec(args, what).await.map_err(|failure| failure.error)
+    }
+
+    /// Runs a `tmux` command that types into a pane: a failure after the command may have
+    /// reached the server is [`MuxError::Uncertain`].
+    async fn run_input(&self, args: &[String], what: &str) -> Result<String, MuxError> {
+        self.exec(args, what)
+            .await
+            .map_err(|failure| match failure.error {
+                MuxError::Transient { op, reason } if failure.maybe_done => {
+                    MuxError::Uncertain { op, reason }
+                }
+                error => error,
+            })
+    }
+
+    /// [`Tmux::run`], saying on failure whether the command may have been carried out.
+    async fn exec(&self, args: &[String], what: &str) -> Result<String, RunFailure> {
         let op = format!("tmux {}", args.first().map_or("", String::as_str));
         // `new-session` may start the server, which then keeps the umask it was started with
         // for every pane: give it the user's own, through a shell (std cannot set a child's
@@ -252,29 +296,38 @@ impl Tmux {
         cmd.args(args)
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true);
+        // Killed at the timeout (`kill_on_drop`), the client may already have handed the command
+        // to the server.
         let output = tokio::time::timeout(self.inner.config.call_timeout, cmd.output())
             .await
-            .map_err(|_| MuxError::transient(&op, "tmux did not answer in time"))?
-            .map_err(|e| MuxError::transient(&op, format!("cannot run tmux: {e}")))?;
+            .map_err(|_| RunFailure::maybe_done(&op, "tmux did not answer in time"))?
+            .map_err(|e| RunFailure::not_done(&op, format!("cannot run tmux: {e}")))?;
         if output.status.success() {
+            // The command ran; only its output is unreadable.
             return String::from_utf8(output.stdout)
-                .map_err(|e| MuxError::transient(&op, format!("non-UTF-8 output: {e}")));
+                .map_err(|e| RunFailure::maybe_done(&op, format!("non-UTF-8 output: {e}")));
         }
         let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
         if stderr.contains("can't find pane")
             || stderr.contains("can't find window")
             || stderr.contains("can't find session")
         {
-            return Err(MuxError::NotFound {
-                what: what.to_owned(),
-                code: "tmux_not_found".to_owned(),
-                message: stderr,
+            return Err(RunFailure {
+                error: MuxError::NotFound {
+                    what: what.to_owned(),
+                    code: "tmux_not_found".to_owned(),
+                    message: stderr,
+                },
+                maybe_done: false,
             });
         }
-        Err(MuxError::transient(
-            &op,
-            format!("{}: {stderr}", output.status),
-        ))
+        let reason = format!("{}: {stderr}", output.status);
+        // The server went away while the command was with it; any other failure (no server,
+        // a refused command) is tmux saying it did nothing.
+        if stderr.contains("server exited unexpectedly") || stderr.contains("lost server") {
+            return Err(RunFailure::maybe_done(&op, reason));
+        }
+        Err(RunFailure::not_done(&op, reason))
     }
 
     fn parse_pane_line(line: &str) -> Option<RawPane> {
@@ -499,11 +552,15 @@ impl Tmux {
         self.pane_inner(&pane).await
     }
 
+    /// `send-keys -l` with the text, then a separate `send-keys Enter`. The text call wrote
+    /// nothing when it fails before tmux could act (tmux not runnable, no server, no such pane);
+    /// it timing out, or anything but a not-found after it succeeded, is uncertain: the text may
+    /// be in the pane.
     async fn submit_inner(&self, pane: &PaneId, text: &str) -> Result<Submitted, MuxError> {
         let what = format!("pane {pane}");
         let target = pane.to_string();
         if !text.is_empty() {
-            self.run(
+            self.run_input(
                 &[
                     "send-keys".into(),
                     "-t".into(),
@@ -517,15 +574,26 @@ impl Tmux {
             .await?;
         }
         // A separate Enter: agent TUIs treat an Enter glued to pasted text as part of the paste.
-        self.run(
-            &["send-keys".into(), "-t".into(), target, "Enter".into()],
-            &what,
-        )
-        .await?;
+        let enter = self
+            .run_input(
+                &["send-keys".into(), "-t".into(), target, "Enter".into()],
+                &what,
+            )
+            .await;
+        match enter {
+            Ok(_) => {}
+            // The pane is gone: an affirmative answer, whatever was typed before.
+            Err(e) if e.is_not_found() || text.is_empty() => return Err(e),
+            Err(e) => {
+                return Err(MuxError::uncertain(
+                    "tmux send-keys",
+                    format!("the text was typed, then Enter failed: {e}"),
+                ));
+            }
+        }
         Ok(Submitted {
             path: SubmitPath::TmuxKeys,
             started: None,
-            retried_enter: false,
         })
     }
 
@@ -620,7 +688,7 @@ impl Multiplexer for Tmux {
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
         Box::pin(async move {
             let what = format!("pane {pane}");
-            self.run(
+            self.run_input(
                 &[
                     "send-keys".into(),
                     "-t".into(),

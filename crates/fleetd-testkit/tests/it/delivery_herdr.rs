@@ -1,0 +1,113 @@
+//! End-to-end tests of task delivery on herdr (the `fake-herdr` server: real PTYs, herdr's
+//! protocol and agent detection, fault injection) and the built `fleetd`: a prompt herdr typed
+//! but answered with its `timeout` error is never typed again (SPEC §13.7), and a prompt herdr
+//! reports stalled gets exactly one Enter retry in all, decided by fleetd's core (review M6).
+
+use std::path::Path;
+use std::time::Duration;
+
+use fleetd_testkit::rig_herdr::{HerdrRig, sim_profile};
+use fleetd_testkit::{bin_path, http, wait_until};
+use serde_json::{Value, json};
+
+/// Spawns `name` from `profile` through the lead's `fleet_spawn` and returns its bare pane id.
+fn spawn(rig: &HerdrRig, lead: &str, profile: &str, name: &str) -> String {
+    rig.call_from(
+        lead,
+        &format!(r#"fleet_spawn {{"profile":"{profile}","name":"{name}"}}"#),
+    );
+    let mut pane = None;
+    wait_until(
+        &format!("{name} to be listed"),
+        Duration::from_secs(60),
+        || {
+            pane = http::get(rig.daemon.operator(), &format!("/sessions/{name}"))
+                .ok()
+                .filter(|r| r.status == 200)
+                .and_then(|r| r.json()["paneId"].as_str().map(str::to_owned));
+            pane.is_some()
+        },
+    );
+    let pane = pane.expect("listed with a pane");
+    pane.strip_prefix("lead:").unwrap_or(&pane).to_owned()
+}
+
+/// Sends `task` to `target` as the operator (`fleet_send`'s REST route) and waits for the
+/// ticket to settle; returns the tool's answer.
+fn send_and_wait(rig: &HerdrRig, target: &str, task: &str) -> Value {
+    let body = json!({ "task": task, "wait": true, "timeoutSecs": 90 }).to_string();
+    let answer = http::request(
+        rig.daemon.operator(),
+        "POST",
+        &format!("/sessions/{target}/tasks"),
+        Some(&body),
+    )
+    .expect("fleetd answers");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.json()
+}
+
+/// How many events named `event` a sim-agent log holds.
+fn logged(log: &Path, event: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == event)
+        .count()
+}
+
+#[test]
+fn e2e_herdr_a_task_herdr_typed_but_answered_timeout_is_typed_once_and_completes() {
+    let rig = HerdrRig::start(&format!(
+        "primary:\n  tab: w1:t1\n  pushReminders: 0\nprofiles:\n{}",
+        sim_profile("slow", 1500)
+    ));
+    let (_, lead) = rig.agent_lead("boss");
+    let member = spawn(&rig, &lead, "slow", "nia");
+    // herdr types the next prompt, then answers `timeout` at once — before it (or fleetd) could
+    // see the member start: the worst case for a blind retry.
+    rig.herdr
+        .fault(&json!({ "fault": "input_timeout", "count": 1, "ms": 0 }))
+        .expect("fault");
+    let task = "count the files exactly once";
+    let sent = send_and_wait(&rig, "nia", task);
+    assert_eq!(sent["status"], "replied", "{sent}");
+    assert_eq!(sent["reply"], format!("sim-agent did: {task}"), "{sent}");
+    wait_until("nia at rest again", Duration::from_secs(30), || {
+        http::get(rig.daemon.operator(), "/sessions/nia")
+            .is_ok_and(|r| r.json()["status"] == "done" || r.json()["status"] == "idle")
+    });
+    let screen = rig.history(&member);
+    assert_eq!(
+        screen.matches(task).count(),
+        1,
+        "the task was typed exactly once:\n{screen}"
+    );
+}
+
+#[test]
+fn e2e_herdr_a_stalled_prompt_gets_exactly_one_enter_retry() {
+    let logs = tempfile::tempdir().expect("tempdir");
+    let log = logs.path().join("sticky.jsonl");
+    // The member swallows every Enter: its turn never starts, so every retry shows in its log.
+    let profile = format!(
+        "  sticky:\n    agent: custom\n    command: {}\n    env:\n      HERDR_AGENT: claude\n      SIM_AGENT_WORK_MS: \"300\"\n      SIM_AGENT_SWALLOW: \"9\"\n      SIM_AGENT_LOG: {}\n",
+        bin_path("sim-agent").display(),
+        log.display()
+    );
+    let rig = HerdrRig::start(&format!(
+        "primary:\n  tab: w1:t1\n  pushReminders: 0\ndelivery:\n  verifyGraceMs: 1000\nprofiles:\n{profile}"
+    ));
+    let (_, lead) = rig.agent_lead("boss");
+    spawn(&rig, &lead, "sticky", "max");
+    let sent = send_and_wait(&rig, "max", "stuck in the composer");
+    assert_eq!(sent["status"], "stalled", "{sent}");
+    // herdr's own Enter after the paste, then fleetd's one retry: two Enters, never three.
+    assert_eq!(
+        logged(&log, "swallowed"),
+        2,
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
