@@ -509,7 +509,7 @@ impl Engine {
                 if gone {
                     self.state.release(&target, "exited", now, io);
                 } else {
-                    self.state.typed(target, ticket, outcome, now, io);
+                    self.state.typed(&target, ticket, outcome, now, io);
                 }
             }
             Event::FallbackStored {

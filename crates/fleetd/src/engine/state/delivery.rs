@@ -211,7 +211,7 @@ impl State {
 
     pub(in crate::engine) fn typed(
         &mut self,
-        target: Target,
+        target: &Target,
         ticket: Ticket,
         outcome: TypeOutcome,
         now: Timestamp,
@@ -228,7 +228,7 @@ impl State {
         // A typing that wrote nothing gave the task back to its queue (a failed Enter retry
         // keeps it in flight): it is untyped again, and a restart may type it.
         if outcome == TypeOutcome::Failed
-            && self.injector.current(&target) != Some(ticket)
+            && self.injector.current(target) != Some(ticket)
             && self.typed.remove(&ticket)
         {
             self.dirty.tickets.insert(ticket);
