@@ -565,3 +565,23 @@ async fn the_engine_ends_when_every_handle_is_dropped() {
         .await
         .expect("the engine ended once no strong handle was left");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_name_reservation_that_outlives_its_spawn_expires() {
+    let fake = FakeMux::new();
+    let rig = rig(&fake);
+    let reserve = || rig.engine.reserve(Some("ann".to_owned()));
+    reserve().await.expect("engine").expect("free");
+    sleep(Duration::from_secs(119)).await;
+    let taken = reserve()
+        .await
+        .expect("engine")
+        .expect_err("still reserved");
+    assert_eq!(taken.code, "name_taken");
+    // Past the ready timeout plus a margin: no saga can still be using it.
+    sleep(Duration::from_secs(2)).await;
+    reserve()
+        .await
+        .expect("engine")
+        .expect("expired, free again");
+}

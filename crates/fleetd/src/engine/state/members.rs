@@ -10,7 +10,7 @@ use fleetd_core::{
 use jiff::{SignedDuration, Timestamp};
 
 use super::super::{MemberView, NewMember};
-use super::{Io, Member, NAMES, SEEN_PANES, State};
+use super::{Io, Member, NAMES, RESERVATION_TTL, SEEN_PANES, State};
 
 impl State {
     pub(in crate::engine) fn member_at(
@@ -191,6 +191,23 @@ impl State {
 
     pub(in crate::engine) fn unreserve(&mut self, target: &Target) {
         self.reserved.remove(target);
+    }
+
+    /// When the oldest name reservation expires.
+    pub(super) fn reservations_expire(&self) -> Option<Timestamp> {
+        let oldest = self.reserved.values().min()?;
+        oldest.checked_add(RESERVATION_TTL).ok()
+    }
+
+    /// Gives back every name reserved longer than [`RESERVATION_TTL`] ago: its spawn is gone.
+    pub(super) fn expire_reservations(&mut self, now: Timestamp) {
+        self.reserved.retain(|target, at| {
+            let live = at.checked_add(RESERVATION_TTL).is_ok_and(|until| now < until);
+            if !live {
+                tracing::warn!(%target, reserved_at = %at, "a name reservation outlived its spawn; the name is free again");
+            }
+            live
+        });
     }
 
     pub(in crate::engine) fn add_member(

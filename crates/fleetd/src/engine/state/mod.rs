@@ -117,6 +117,8 @@ const NAMES: &[&str] = &[
 #[derive(Debug)]
 pub(super) struct State {
     members: BTreeMap<Target, Member>,
+    /// Names a spawn holds between reserving them and registering its member, with when each
+    /// was reserved; one older than [`RESERVATION_TTL`] expires on the next tick.
     reserved: BTreeMap<Target, Timestamp>,
     by_pane: HashMap<QualifiedPaneId, Target>,
     tickets: TicketBook,
@@ -143,6 +145,12 @@ pub(super) struct State {
 /// moments between a pane opening and its member being registered matter, so a few hundred is
 /// plenty even with many leads.
 const SEEN_PANES: usize = 256;
+
+/// How long a name reservation lasts when its spawn neither registers a member nor gives the
+/// name back. A spawn gives up on its agent after 90 s (`members::READY_TIMEOUT`, which starts
+/// after the reservation has already become a member); one still holding a bare reservation
+/// after that plus a margin is a spawn that died without cleaning up (a lost message, a bug).
+pub(super) const RESERVATION_TTL: SignedDuration = SignedDuration::from_secs(120);
 
 /// How long after a failed status watch it is tried again. Without a watch a lead is never seen
 /// idle (so never nudged) and a member never at rest, so this retries until the pane is gone.
@@ -189,6 +197,7 @@ impl State {
             self.tickets.next_expiry(),
             self.lead_tabs.next_scan(!self.leads.is_empty()),
             self.rewatch.values().min().copied(),
+            self.reservations_expire(),
         ]
         .into_iter()
         .flatten()
@@ -261,6 +270,7 @@ impl State {
         self.push_effects(effects, now, io);
         self.scan_if_due(now, io);
         self.rewatch_due(now, io);
+        self.expire_reservations(now);
         let pruned = self.tickets.prune_at(now);
         if !pruned.is_empty() {
             self.ticket_gauges();
