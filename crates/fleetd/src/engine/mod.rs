@@ -130,6 +130,17 @@ pub enum TicketAnswer {
     Unknown,
 }
 
+/// How a wait for a member's readiness ended ([`EngineHandle::when_ready`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Its agent is at rest (idle or done) and a process in its pane has spoken MCP to fleetd
+    /// since the pane's current incarnation: a task can be delivered.
+    Ready,
+    /// It was released (its pane closed, it was stopped) or was never a member: it will never be
+    /// ready.
+    Gone,
+}
+
 /// A new member to register (the pane exists already). Also the record kept in
 /// `<state dir>/members.json`, from which a restarted daemon re-adopts the members still running.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -248,6 +259,10 @@ pub(crate) enum Command {
     },
     AddMember {
         member: Box<NewMember>,
+    },
+    WhenReady {
+        target: Target,
+        reply: oneshot::Sender<Readiness>,
     },
     Release {
         target: Target,
@@ -491,6 +506,18 @@ impl EngineHandle {
             member: Box::new(member),
         })
         .await
+    }
+
+    /// A receiver that fires once `target` is ready (at once if it is), or with
+    /// [`Readiness::Gone`] when it is released or is no member. The engine fires it from the
+    /// status and presence it handles; nothing polls.
+    pub async fn when_ready(
+        &self,
+        target: Target,
+    ) -> Result<oneshot::Receiver<Readiness>, EngineGone> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::WhenReady { target, reply: tx }).await?;
+        Ok(rx)
     }
 
     /// Releases a member: its open tickets fail with `cause`, its bindings go. Returns its pane

@@ -18,7 +18,7 @@ mod push;
 mod questions;
 
 use super::leads::LeadTabs;
-use super::{NewMember, Settled, TicketView};
+use super::{NewMember, Readiness, Settled, TicketView};
 
 /// I/O the engine wants done; `run` spawns a task per request and reports back as an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +120,8 @@ pub(super) struct State {
     /// Names a spawn holds between reserving them and registering its member, with when each
     /// was reserved; one older than [`RESERVATION_TTL`] expires on the next tick.
     reserved: BTreeMap<Target, Timestamp>,
+    /// Spawns waiting for a member to become ready.
+    ready_waiters: BTreeMap<Target, Vec<oneshot::Sender<Readiness>>>,
     by_pane: HashMap<QualifiedPaneId, Target>,
     tickets: TicketBook,
     tasks: HashMap<Ticket, String>,
@@ -167,6 +169,7 @@ impl State {
         Self {
             members: BTreeMap::new(),
             reserved: BTreeMap::new(),
+            ready_waiters: BTreeMap::new(),
             by_pane: HashMap::new(),
             tickets: TicketBook::new(ttl),
             tasks: HashMap::new(),
