@@ -219,16 +219,6 @@ impl Multiplexer for FakeMux {
         ready(result)
     }
 
-    fn start_agent<'a>(
-        &'a self,
-        _pane: &'a PaneId,
-        _name: &'a str,
-        _kind: &'a str,
-        _args: &'a [String],
-    ) -> MuxFuture<'a, ()> {
-        ready(Err(MuxError::Unsupported("start_agent".to_owned())))
-    }
-
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
         ready(self.get(pane, "agent.send_keys").map(|_| ()))
     }

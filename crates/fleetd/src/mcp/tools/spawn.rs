@@ -13,7 +13,7 @@ use super::{FleetTool, gone, output};
 use crate::config::{Config, Profile};
 use crate::engine::NewMember;
 use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
-use crate::mux::{OpenPane, Placement};
+use crate::mux::{Launch, OpenPane, Placement};
 use crate::secrets::Secrets;
 
 /// How long a spawned agent has to show up ready (status at rest and its MCP session seen).
@@ -227,25 +227,19 @@ async fn open(
         target,
     } = member;
     let env = member_env(fleet, config, profile, target.as_str())?;
-    // On herdr a known agent kind without its own command is started herdr's way (`agent.start`
-    // in the tab's shell, so herdr knows it launched that agent); anything else runs its argv.
-    let herdr_start = profile.command.is_none()
-        && fleetd_core::pane::KNOWN_AGENT_KINDS.contains(&profile.agent.as_str())
-        && fleet
-            .mux
-            .daemon(fleet.mux.member_daemon())
-            .is_ok_and(|d| d.kind() == crate::mux::BackendKind::Herdr);
-    let command = if herdr_start {
-        Vec::new()
-    } else {
-        let mut argv = vec![
-            profile
-                .command
-                .clone()
-                .unwrap_or_else(|| profile.agent.clone()),
-        ];
-        argv.extend(profile.args.iter().cloned());
-        argv
+    // A known agent kind without its own command is started the multiplexer's way (herdr's
+    // `agent.start`); the multiplexer decides how.
+    let launch = match &profile.command {
+        Some(command) => Launch::Argv(
+            std::iter::once(command.clone())
+                .chain(profile.args.iter().cloned())
+                .collect(),
+        ),
+        None => Launch::Agent {
+            name: target.to_string(),
+            kind: profile.agent.clone(),
+            args: profile.args.clone(),
+        },
     };
     let request = OpenPane {
         placement: Placement::NewTab {
@@ -254,31 +248,15 @@ async fn open(
         label: Some(target.to_string()),
         cwd: cwd.map(Into::into).or_else(|| profile.cwd.clone()),
         env,
-        command,
+        launch,
     };
-    tracing::info!(%target, profile = profile_name, herdr_start, "spawning member");
-    let pane = fleet.mux.open_member_pane(request).await.map_err(|e| {
+    tracing::info!(%target, profile = profile_name, "spawning member");
+    fleet.mux.open_member_pane(request).await.map_err(|e| {
         ToolError::new(
             "spawn_failed",
             format!("the multiplexer could not open a pane for {target}: {e}"),
         )
-    })?;
-    if herdr_start
-        && let Err(e) = fleet
-            .mux
-            .start_agent(&pane.id, target.as_str(), &profile.agent, &profile.args)
-            .await
-    {
-        let _ = fleet.mux.close_pane(&pane.id).await;
-        return Err(ToolError::new(
-            "spawn_failed",
-            format!(
-                "herdr could not start a {} agent for {target}: {e}",
-                profile.agent
-            ),
-        ));
-    }
-    Ok(pane)
+    })
 }
 
 /// Waits until `target` is at rest with its MCP presence seen; fails if it leaves or times out.
