@@ -67,7 +67,7 @@ impl Daemon {
             daemons = mux.daemons().len(),
             "fleetd opened its store and multiplexer"
         );
-        crate::mcp::log_secret_names(&config);
+        crate::members::log_secret_names(&config);
         Ok(Self {
             inner: Arc::new(Inner {
                 config: Arc::new(crate::config::channel(config).0),
@@ -259,6 +259,15 @@ impl Daemon {
         } else {
             local.ip()
         };
+        let url = format!("http://{}", SocketAddr::new(host, local.port()));
+        let spawner = crate::members::Spawner {
+            engine: engine.clone(),
+            mux: self.inner.mux.clone(),
+            locator: locator.clone(),
+            config: self.live_config(),
+            redactor: redactor.clone(),
+            url,
+        };
         Ok(crate::mcp::Fleet {
             engine,
             store: Arc::clone(&self.inner.store),
@@ -267,8 +276,8 @@ impl Daemon {
             config: self.live_config(),
             clock,
             api_token,
-            url: format!("http://{}", SocketAddr::new(host, local.port())),
             redactor,
+            spawner,
         })
     }
 }

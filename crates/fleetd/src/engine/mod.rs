@@ -327,6 +327,13 @@ impl EngineHandle {
 #[error("the fleet engine has stopped (fleetd is shutting down)")]
 pub struct EngineGone;
 
+impl From<EngineGone> for Refusal {
+    /// The engine stopped under a call: the daemon is shutting down.
+    fn from(e: EngineGone) -> Self {
+        Refusal::new("shutting_down", format!("{e}; retry once it is back"))
+    }
+}
+
 impl EngineHandle {
     async fn send(&self, command: Command) -> Result<(), EngineGone> {
         self.tx
