@@ -76,6 +76,7 @@ fn lead() -> Caller {
     Caller {
         role: Role::Lead,
         pane: None,
+        unregistered: None,
         cancel: tokio_util::sync::CancellationToken::new(),
     }
 }
@@ -314,4 +315,40 @@ async fn the_pane_runs_the_profiles_command_or_its_agent_kind_with_the_members_e
     assert_eq!(opens[1].label.as_deref(), Some("bo"));
     assert_eq!(opens[1].env["FLEETD_TARGET"], "bo");
     assert_eq!(opens[1].env["FLEETD_URL"], "http://127.0.0.1:1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_that_connects_before_its_member_is_registered_counts_as_present() {
+    let Setup { fleet, fake } = setup();
+    fake.hold_opens(true);
+    let mut call = pin!(spawn(&fleet, json!({ "profile": "sim", "name": "ann" })));
+    tokio::select! {
+        done = &mut call => panic!("ended early: {done:?}"),
+        () = until("the pane to be asked for", Duration::from_secs(5), || async { fake.opens().len() == 1 }) => {}
+    }
+    // Its agent's MCP session arrives while fleetd still waits for the multiplexer's answer:
+    // a caller in the members' space whose pane holds no member yet is nobody.
+    let early = Caller {
+        role: Role::Nobody,
+        pane: None,
+        unregistered: Some(crate::locate::CallerPane {
+            pane: fleetd_core::QualifiedPaneId::new(
+                fleetd_core::MuxDaemon::Lead,
+                fleetd_core::PaneId::new("w9:p1").expect("pane"),
+            ),
+            terminal: fleetd_core::TerminalId::new("t-open1").expect("terminal"),
+            shell_pid: 1,
+            workspace_label: None,
+        }),
+        cancel: tokio_util::sync::CancellationToken::new(),
+    };
+    crate::identity::note_presence(&fleet, &early).await;
+    fake.hold_opens(false);
+    tokio::select! {
+        done = &mut call => panic!("ended early: {done:?}"),
+        () = until("ann to be registered", Duration::from_secs(5), || listed(&fleet.engine, "ann")) => {}
+    }
+    fake.set_status("w9:p1", AgentStatus::Idle);
+    let spawned = call.await.expect("ready without another MCP session");
+    assert_eq!(spawned["target"], "ann");
 }
