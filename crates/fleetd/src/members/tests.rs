@@ -3,7 +3,7 @@
 //! name, an orphan pane or a member that never gets ready; every failure after the pane opened
 //! closes it and frees the name.
 
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -125,13 +125,22 @@ async fn name_free(engine: &EngineHandle, name: &str) -> bool {
     }
 }
 
+/// Drives `call` until `stage` holds, leaving it pending; fails if it ends first.
+async fn drive_until<T: std::fmt::Debug, F: Future<Output = bool>>(
+    call: Pin<&mut impl Future<Output = T>>,
+    what: &str,
+    stage: impl FnMut() -> F,
+) {
+    tokio::select! {
+        done = call => panic!("the spawn ended before {what}: {done:?}"),
+        () = until(what, Duration::from_secs(30), stage) => {}
+    }
+}
+
 /// Drives the spawn of `ann` until `stage` holds, then drops the request mid-way.
 async fn spawn_and_drop<F: Future<Output = bool>>(fleet: &Fleet, stage: impl FnMut() -> F) {
     let mut call = pin!(spawn(fleet, json!({ "profile": "sim", "name": "ann" })));
-    tokio::select! {
-        done = &mut call => panic!("the spawn ended before it was dropped: {done:?}"),
-        () = until("the spawn to reach its stage", Duration::from_secs(30), stage) => {}
-    }
+    drive_until(call.as_mut(), "the spawn to reach its stage", stage).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -196,10 +205,10 @@ async fn an_agent_not_ready_in_time_fails_the_spawn_and_closes_its_pane() {
 async fn a_pane_that_closes_before_its_agent_is_ready_fails_the_spawn_and_frees_the_name() {
     let Setup { fleet, fake } = setup();
     let mut call = pin!(spawn(&fleet, json!({ "profile": "sim", "name": "ann" })));
-    tokio::select! {
-        done = &mut call => panic!("ended early: {done:?}"),
-        () = until("ann to be registered", Duration::from_secs(5), || listed(&fleet.engine, "ann")) => {}
-    }
+    drive_until(call.as_mut(), "ann to be registered", || {
+        listed(&fleet.engine, "ann")
+    })
+    .await;
     fake.close("w9:p1");
     let (code, message) = call.await.expect_err("closed");
     assert_eq!(code, "spawn_failed", "{message}");
@@ -232,10 +241,10 @@ async fn a_ready_member_gets_its_first_task_and_a_taken_name_is_refused() {
         &fleet,
         json!({ "profile": "sim", "name": "ann", "task": "hello" })
     ));
-    tokio::select! {
-        done = &mut call => panic!("ended early: {done:?}"),
-        () = until("ann to be registered", Duration::from_secs(5), || listed(&fleet.engine, "ann")) => {}
-    }
+    drive_until(call.as_mut(), "ann to be registered", || {
+        listed(&fleet.engine, "ann")
+    })
+    .await;
     fake.set_status("w9:p1", AgentStatus::Idle);
     fleet.engine.presence(ann()).await.expect("engine");
     let spawned = call.await.expect("spawned");
@@ -322,10 +331,10 @@ async fn an_agent_that_connects_before_its_member_is_registered_counts_as_presen
     let Setup { fleet, fake } = setup();
     fake.hold_opens(true);
     let mut call = pin!(spawn(&fleet, json!({ "profile": "sim", "name": "ann" })));
-    tokio::select! {
-        done = &mut call => panic!("ended early: {done:?}"),
-        () = until("the pane to be asked for", Duration::from_secs(5), || async { fake.opens().len() == 1 }) => {}
-    }
+    drive_until(call.as_mut(), "the pane to be asked for", || async {
+        fake.opens().len() == 1
+    })
+    .await;
     // Its agent's MCP session arrives while fleetd still waits for the multiplexer's answer:
     // a caller in the members' space whose pane holds no member yet is nobody.
     let early = Caller {
@@ -344,10 +353,10 @@ async fn an_agent_that_connects_before_its_member_is_registered_counts_as_presen
     };
     crate::identity::note_presence(&fleet, &early).await;
     fake.hold_opens(false);
-    tokio::select! {
-        done = &mut call => panic!("ended early: {done:?}"),
-        () = until("ann to be registered", Duration::from_secs(5), || listed(&fleet.engine, "ann")) => {}
-    }
+    drive_until(call.as_mut(), "ann to be registered", || {
+        listed(&fleet.engine, "ann")
+    })
+    .await;
     fake.set_status("w9:p1", AgentStatus::Idle);
     let spawned = call.await.expect("ready without another MCP session");
     assert_eq!(spawned["target"], "ann");
