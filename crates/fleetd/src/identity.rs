@@ -108,6 +108,11 @@ pub struct Caller {
     pub role: Role,
     /// The caller's pane, for a member or a lead (never for nobody: such a pane is nothing).
     pub pane: Option<CallerPane>,
+    /// For nobody only: the pane in the members' space it called from, which holds no member
+    /// (yet). Never an identity; only remembered as that pane incarnation's MCP presence
+    /// ([`note_presence`]), because a spawned member's agent may connect before fleetd has
+    /// registered the member, and it connects only once.
+    pub unregistered: Option<CallerPane>,
     /// Cancelled when the request is abandoned (the client went away or cancelled it): a
     /// waiting tool stops waiting, so a reply is never handed to a waiter nobody reads.
     pub cancel: tokio_util::sync::CancellationToken,
@@ -195,14 +200,20 @@ pub async fn resolve(
         place,
     };
     let role = role_of(&facts);
-    let pane = match role {
-        Role::Member { .. } | Role::Lead => pane,
-        _ => None,
+    let (pane, unregistered) = match role {
+        Role::Member { .. } | Role::Lead => (pane, None),
+        Role::Nobody => (None, pane),
+        _ => (None, None),
     };
     if !same_uid && located.is_some() {
         tracing::debug!(uid = ?located.as_ref().and_then(|l| l.uid), role = role.as_str(), "caller of another user");
     }
-    Caller { role, pane, cancel }
+    Caller {
+        role,
+        pane,
+        unregistered,
+        cancel,
+    }
 }
 
 /// The connection's located peer: the cached answer while it holds (its pane still has the same
@@ -239,17 +250,23 @@ async fn locate(fleet: &Fleet, conn: &ConnInfo) -> Option<Located> {
     }
 }
 
-/// A member that speaks MCP is present; a lead that does is remembered.
+/// A member that speaks MCP is present; a lead that does, or a process in a members'-space pane
+/// that holds no member yet, is remembered by its pane incarnation.
 pub async fn note_presence(fleet: &Fleet, caller: &Caller) {
     match (&caller.role, &caller.pane) {
         (Role::Member { target, .. }, _) => {
             let _ = fleet.engine.presence(target.clone()).await;
         }
-        (Role::Lead, Some(pane)) => {
-            let _ = fleet
-                .engine
-                .pane_seen(pane.pane.clone(), pane.terminal.clone())
-                .await;
+        // A lead's pane, or a members'-space pane that holds no member yet (a spawned agent
+        // that connected before its member was registered): the engine remembers the
+        // incarnation, so a member registered there counts as present.
+        (Role::Lead, Some(_)) | (Role::Nobody, _) => {
+            if let Some(pane) = caller.pane.as_ref().or(caller.unregistered.as_ref()) {
+                let _ = fleet
+                    .engine
+                    .pane_seen(pane.pane.clone(), pane.terminal.clone())
+                    .await;
+            }
         }
         _ => {}
     }

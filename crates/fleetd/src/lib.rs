@@ -18,6 +18,7 @@ pub mod install;
 pub mod locate;
 pub mod logging;
 pub mod mcp;
+pub mod members;
 pub mod mux;
 pub mod notify;
 pub mod reload;

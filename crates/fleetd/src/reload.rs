@@ -103,7 +103,7 @@ impl Reloader {
                     Outcome::Refused(diff)
                 } else {
                     let level = diff.touches("log.level").then(|| new.log.level.clone());
-                    crate::mcp::log_secret_names(&new);
+                    crate::members::log_secret_names(&new);
                     self.publisher.publish(new);
                     if let Some(level) = level {
                         crate::logging::set_level(&level);

@@ -72,7 +72,7 @@ impl Daemon {
             daemons = mux.daemons().len(),
             "fleetd opened its store and multiplexer"
         );
-        crate::mcp::log_secret_names(&config);
+        crate::members::log_secret_names(&config);
         Ok(Self {
             inner: Arc::new(Inner {
                 config: Arc::new(crate::config::channel(config).0),
@@ -269,6 +269,15 @@ impl Daemon {
             local.ip()
         };
         let inbox = crate::inbox::Inbox::new(Arc::clone(&self.inner.store), engine.clone());
+        let url = format!("http://{}", SocketAddr::new(host, local.port()));
+        let spawner = crate::members::Spawner {
+            engine: engine.clone(),
+            mux: self.inner.mux.clone(),
+            locator: locator.clone(),
+            config: self.live_config(),
+            redactor: redactor.clone(),
+            url,
+        };
         Ok(crate::mcp::Fleet {
             engine,
             store: Arc::clone(&self.inner.store),
@@ -277,9 +286,9 @@ impl Daemon {
             config: self.live_config(),
             clock,
             api_token,
-            url: format!("http://{}", SocketAddr::new(host, local.port())),
             redactor,
             inbox,
+            spawner,
         })
     }
 }

@@ -140,16 +140,6 @@ impl Multiplexer for Recording {
             })
         })
     }
-    fn start_agent<'a>(
-        &'a self,
-        _: &'a PaneId,
-        _: &'a str,
-        _: &'a str,
-        _: &'a [String],
-    ) -> MuxFuture<'a, ()> {
-        Box::pin(async { Err(MuxError::Unsupported("start_agent".to_owned())) })
-    }
-
     fn press_enter<'a>(&'a self, _: &'a PaneId) -> MuxFuture<'a, ()> {
         Box::pin(async { Ok(()) })
     }

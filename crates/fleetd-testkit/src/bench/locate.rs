@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use fleetd::locate::{Locator, LocatorConfig};
 use fleetd::mux::herdr::{Herdr, HerdrConfig};
-use fleetd::mux::{Multiplexer, MuxRouter, OpenPane, Placement};
+use fleetd::mux::{Launch, Multiplexer, MuxRouter, OpenPane, Placement};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
@@ -103,12 +103,12 @@ async fn measure(herdr: &Herdr, panes: usize) -> anyhow::Result<Vec<Row>> {
                 label: None,
                 cwd: None,
                 env: Default::default(),
-                command: vec![
+                launch: Launch::Argv(vec![
                     exe.clone(),
                     "locate".into(),
                     "--hold".into(),
                     local.to_string(),
-                ],
+                ]),
             })
             .await?;
     }

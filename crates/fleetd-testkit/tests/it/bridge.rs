@@ -129,9 +129,14 @@ fn e2e_busy_member_gets_queued_tasks_in_order() {
 
 #[test]
 fn e2e_silent_turn_ends_without_reply_with_the_pane_tail() {
+    // The turn outlasts two of tmux's 400 ms status polls: the only sign of a silent turn is
+    // the status, and a shorter one can fall between two polls and read as never started.
     let Some(rig) = rig(&[(
         "mute",
-        &[("SIM_AGENT_SCRIPT", "silent"), ("SIM_AGENT_WORK_MS", "300")],
+        &[
+            ("SIM_AGENT_SCRIPT", "silent"),
+            ("SIM_AGENT_WORK_MS", "1200"),
+        ],
     )]) else {
         return;
     };

@@ -9,7 +9,7 @@ use std::time::Duration;
 use fleetd::locate::{Locator, LocatorConfig};
 use fleetd::mux::herdr::{Herdr, HerdrConfig};
 use fleetd::mux::tmux::Tmux;
-use fleetd::mux::{MuxRouter, OpenPane, Placement};
+use fleetd::mux::{Launch, MuxRouter, OpenPane, Placement};
 use fleetd_core::{MuxDaemon, QualifiedPaneId};
 use fleetd_testkit::fake_herdr::process::FakeHerdrProcess;
 use fleetd_testkit::tmux::TmuxServer;
@@ -30,7 +30,7 @@ fn connecting_agent(addr: &str, tag: &str, depth: u32, env: &[(&str, &str)]) -> 
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect::<BTreeMap<_, _>>(),
-        command: vec![
+        launch: Launch::Argv(vec![
             bin_path("sim-agent").display().to_string(),
             "--script".into(),
             "silent".into(),
@@ -40,7 +40,7 @@ fn connecting_agent(addr: &str, tag: &str, depth: u32, env: &[(&str, &str)]) -> 
             tag.to_owned(),
             "--connect-depth".into(),
             depth.to_string(),
-        ],
+        ]),
     }
 }
 

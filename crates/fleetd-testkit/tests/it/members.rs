@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 const SECRET: &str = "sk-fleetd-test-9f8e7d6c5b4a";
 
 /// A rig with backend `lab` whose token is a file secret, and profiles `sim` (claude kind, on
-/// `lab`) and `hang` (a member whose turns never end).
+/// `lab`), `hang` (a member whose turns never end) and `slow` (an agent that starts after 2 s).
 fn rig() -> Option<Rig> {
     if require_tmux() == Service::Skip {
         return None;
@@ -27,7 +27,8 @@ fn rig() -> Option<Rig> {
          backends:\n  lab:\n    baseUrl: http://127.0.0.1:9/v1\n    authTokenSecret: lab-token\n\
          secrets:\n  lab-token:\n    file: {}\n\
          profiles:\n  sim:\n    agent: claude\n    command: {sim}\n    backend: lab\n    env:\n      SIM_AGENT_WORK_MS: \"300\"\n\
-         \x20 hang:\n    agent: custom\n    command: {sim}\n    env:\n      SIM_AGENT_SCRIPT: hang\n",
+         \x20 hang:\n    agent: custom\n    command: {sim}\n    env:\n      SIM_AGENT_SCRIPT: hang\n\
+         \x20 slow:\n    agent: custom\n    command: /bin/sh\n    args: [-c, \"sleep 2; exec {sim}\"]\n",
         token.display()
     )))
 }
@@ -170,6 +171,49 @@ fn e2e_a_member_whose_process_dies_is_released_as_exited() {
         let list = structured_ok(&rig.lead("fleet_list", &json!({})));
         !list.to_string().contains("\"cy\"")
     });
+}
+
+/// The process the shell in tmux target `pane` runs in the foreground now (its one child).
+fn foreground_child(rig: &Rig, pane: &str) -> Option<u32> {
+    let shell = pane_pid(rig, pane);
+    let children = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).ok()?;
+    children.split_whitespace().next()?.parse().ok()
+}
+
+#[test]
+fn e2e_a_spawn_whose_caller_is_killed_midway_still_finishes() {
+    let Some(rig) = rig() else {
+        return;
+    };
+    let out = rig.lead_async("fleet_spawn", &json!({ "profile": "slow", "name": "eve" }));
+    // The pane is open and its agent not started yet (it sleeps 2 s): the lead's call goes away.
+    wait_until("eve's window to open", Duration::from_secs(30), || {
+        window_exists(&rig, "fleet:eve")
+    });
+    let caller = foreground_child(&rig, LEAD).expect("the lead's mcp-call is still running");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &caller.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    wait_until(
+        "eve to be ready all the same",
+        Duration::from_secs(60),
+        || {
+            let list = structured_ok(&rig.lead("fleet_list", &json!({})));
+            list["members"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|m| m["target"] == "eve" && m["connected"] == true && m["status"] == "idle")
+        },
+    );
+    assert!(!out.exists(), "the killed call never answered");
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "eve", "task": "still there?", "timeoutSecs": 60 }),
+    ));
+    assert_eq!(sent["status"], "replied", "{sent}");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use fleetd::mux::herdr::{Herdr, HerdrConfig};
 use fleetd::mux::{
-    Multiplexer, MuxError, OpenPane, PaneEvent, Placement, SplitDirection, SubmitPath,
+    Launch, Multiplexer, MuxError, OpenPane, PaneEvent, Placement, SplitDirection, SubmitPath,
 };
 use fleetd_core::{AgentStatus, PaneId, TerminalId};
 use fleetd_testkit::bin_path;
@@ -57,7 +57,7 @@ fn member(workspace: &str, env: &[(&str, &str)], command: Vec<String>) -> OpenPa
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect::<BTreeMap<_, _>>(),
-        command,
+        launch: Launch::Argv(command),
     }
 }
 
@@ -186,6 +186,34 @@ async fn protocol_gate_refuses_older_and_accepts_newer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_kind_is_started_with_agent_start_and_a_failed_start_leaves_no_pane() {
+    let fx = start_fake(&[]);
+    let agent = |name: &str| OpenPane {
+        launch: Launch::Agent {
+            name: name.to_owned(),
+            kind: "claude".to_owned(),
+            args: vec!["--print".to_owned()],
+        },
+        ..member("fleet", &[], Vec::new())
+    };
+    // herdr refuses the agent's name: the tab it opened for it is closed again.
+    let refused = fx.herdr.open_pane(agent("Not A Name")).await;
+    assert!(
+        matches!(&refused, Err(MuxError::Rejected { op, .. }) if op == "agent.start"),
+        "{refused:?}"
+    );
+    let panes = fx.herdr.list_panes().await.expect("list panes");
+    assert!(
+        panes.iter().all(|p| p.label.as_deref() != Some("member")),
+        "no pane is left behind: {panes:?}"
+    );
+    // A good name: a shell tab, then `agent.start` types the kind's executable into it.
+    let pane = fx.herdr.open_pane(agent("ann")).await.expect("open agent");
+    let tail = wait_tail(&fx.herdr, &pane.pane, "claude").await;
+    assert!(tail.contains("'claude' '--print'"), "{tail}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_pane_gets_env_command_and_herdr_identity() {
     let fx = start_fake(&[]);
     let req = member(
@@ -243,7 +271,7 @@ async fn member_pane_gets_env_command_and_herdr_identity() {
             label: None,
             cwd: None,
             env: BTreeMap::from([("SPLIT_VAR".to_owned(), "yes".to_owned())]),
-            command: sim_agent_command(&["--script", "silent"]),
+            launch: Launch::Argv(sim_agent_command(&["--script", "silent"])),
         })
         .await
         .expect("split");

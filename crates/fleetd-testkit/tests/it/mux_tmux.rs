@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use fleetd::mux::tmux::Tmux;
-use fleetd::mux::{Multiplexer, OpenPane, PaneEvent, Placement, SplitDirection, SubmitPath};
+use fleetd::mux::{
+    Launch, Multiplexer, OpenPane, PaneEvent, Placement, SplitDirection, SubmitPath,
+};
 use fleetd_core::{AgentStatus, PaneId};
 use fleetd_testkit::tmux::TmuxServer;
 use fleetd_testkit::{Service, bin_path, require_tmux, wait_until};
@@ -29,7 +31,7 @@ fn open(workspace: &str, env: &[(&str, &str)], command: Vec<String>) -> OpenPane
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect::<BTreeMap<_, _>>(),
-        command,
+        launch: Launch::Argv(command),
     }
 }
 
@@ -118,7 +120,7 @@ async fn member_env_reaches_the_process_and_fleetd_env_does_not() {
             label: None,
             cwd: None,
             env: BTreeMap::from([("SPLIT".to_owned(), "1".to_owned())]),
-            command: sim_agent(&["--script", "silent"]),
+            launch: Launch::Argv(sim_agent(&["--script", "silent"])),
         })
         .await
         .expect("split");

@@ -135,6 +135,17 @@ pub enum TicketAnswer {
     Unknown,
 }
 
+/// How a wait for a member's readiness ended ([`EngineHandle::when_ready`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Its agent is at rest (idle or done) and a process in its pane has spoken MCP to fleetd
+    /// since the pane's current incarnation: a task can be delivered.
+    Ready,
+    /// It was released (its pane closed, it was stopped) or was never a member: it will never be
+    /// ready.
+    Gone,
+}
+
 /// A new member to register (the pane exists already). Also the record kept in
 /// `<state dir>/members.json`, from which a restarted daemon re-adopts the members still running.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -256,6 +267,10 @@ pub(crate) enum Command {
     AddMember {
         member: Box<NewMember>,
     },
+    WhenReady {
+        target: Target,
+        reply: oneshot::Sender<Readiness>,
+    },
     Release {
         target: Target,
         cause: String,
@@ -333,6 +348,13 @@ impl EngineHandle {
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("the fleet engine has stopped (fleetd is shutting down)")]
 pub struct EngineGone;
+
+impl From<EngineGone> for Refusal {
+    /// The engine stopped under a call: the daemon is shutting down.
+    fn from(e: EngineGone) -> Self {
+        Refusal::new("shutting_down", format!("{e}; retry once it is back"))
+    }
+}
 
 impl EngineHandle {
     async fn send(&self, command: Command) -> Result<(), EngineGone> {
@@ -532,6 +554,18 @@ impl EngineHandle {
             member: Box::new(member),
         })
         .await
+    }
+
+    /// A receiver that fires once `target` is ready (at once if it is), or with
+    /// [`Readiness::Gone`] when it is released or is no member. The engine fires it from the
+    /// status and presence it handles; nothing polls.
+    pub async fn when_ready(
+        &self,
+        target: Target,
+    ) -> Result<oneshot::Receiver<Readiness>, EngineGone> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::WhenReady { target, reply: tx }).await?;
+        Ok(rx)
     }
 
     /// Releases a member: its open tickets fail with `cause`, its bindings go. Returns its pane

@@ -397,7 +397,7 @@ impl Engine {
             } => {
                 let _ = reply.send(s.member_at(&pane, &terminal));
             }
-            Command::Presence { target } => s.presence(target, now, io),
+            Command::Presence { target } => s.presence(&target, now, io),
             Command::PaneSeen { pane, terminal } => s.pane_seen(pane, terminal, now, io),
             Command::LeadSeen { lead } => s.lead_seen(&lead, now, io),
             Command::BackendHealth { name, down } => s.backend_health(&name, down, io),
@@ -474,6 +474,7 @@ impl Engine {
             }
             Command::Unreserve { target } => s.unreserve(&target),
             Command::AddMember { member } => s.add_member(*member, now, io),
+            Command::WhenReady { target, reply } => s.when_ready(target, reply),
             Command::Release {
                 target,
                 cause,

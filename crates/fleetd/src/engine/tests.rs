@@ -12,7 +12,7 @@ use fleetd_core::{
 use jiff::Timestamp;
 use tokio::time::{Instant, sleep};
 
-use super::{EngineHandle, EngineParts, LeadRef, NewMember, spawn};
+use super::{EngineHandle, EngineParts, LeadRef, NewMember, Readiness, spawn};
 use crate::clock::TokioClock;
 use crate::config::{Config, Environment};
 use crate::mux::MuxRouter;
@@ -721,4 +721,90 @@ async fn a_reload_moves_the_primary_tab_and_the_push_budget_at_once() {
         1,
         "the new one, once: the reloaded budget is one"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_name_reservation_that_outlives_its_spawn_expires() {
+    let fake = FakeMux::new();
+    let rig = rig(&fake);
+    let reserve = || rig.engine.reserve(Some("ann".to_owned()));
+    reserve().await.expect("engine").expect("free");
+    sleep(Duration::from_secs(119)).await;
+    let taken = reserve()
+        .await
+        .expect("engine")
+        .expect_err("still reserved");
+    assert_eq!(taken.code, "name_taken");
+    // Past the ready timeout plus a margin: no saga can still be using it.
+    sleep(Duration::from_secs(2)).await;
+    reserve()
+        .await
+        .expect("engine")
+        .expect("expired, free again");
+}
+
+#[tokio::test(start_paused = true)]
+async fn readiness_fires_on_the_status_and_presence_that_complete_it_never_on_a_poll() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-ann", "w2:t1", AgentStatus::Unknown);
+    fake.add_pane("w2:p2", "t-bo", "w2:t2", AgentStatus::Working);
+    fake.add_pane("w2:p3", "t-cy", "w2:t3", AgentStatus::Unknown);
+    let rig = rig(&fake);
+    let when_ready = |name: &str| rig.engine.when_ready(Target::new(name).expect("target"));
+    assert_eq!(
+        when_ready("ann").await.expect("engine").await,
+        Ok(Readiness::Gone),
+        "no such member: gone at once"
+    );
+    for (name, pane, terminal) in [
+        ("ann", "w2:p1", "t-ann"),
+        ("bo", "w2:p2", "t-bo"),
+        ("cy", "w2:p3", "t-cy"),
+    ] {
+        rig.engine
+            .add_member(member(name, pane, terminal, None))
+            .await
+            .expect("engine");
+    }
+    // ann: at rest first, its MCP session last.
+    let mut ann = when_ready("ann").await.expect("engine");
+    sleep(Duration::from_secs(60)).await;
+    assert!(ann.try_recv().is_err(), "no status, no presence: not ready");
+    fake.set_status("w2:p1", AgentStatus::Idle);
+    sleep(Duration::from_secs(60)).await;
+    assert!(
+        ann.try_recv().is_err(),
+        "at rest, never connected: not ready"
+    );
+    let at = Instant::now();
+    rig.engine
+        .presence(Target::new("ann").expect("target"))
+        .await
+        .expect("engine");
+    assert_eq!(ann.await, Ok(Readiness::Ready));
+    assert_eq!(at.elapsed(), Duration::ZERO, "fired by the presence itself");
+    assert_eq!(
+        when_ready("ann").await.expect("engine").await,
+        Ok(Readiness::Ready),
+        "ready already: at once"
+    );
+    // bo: connected while working; ready the moment its turn ends.
+    let bo = when_ready("bo").await.expect("engine");
+    rig.engine
+        .presence(Target::new("bo").expect("target"))
+        .await
+        .expect("engine");
+    sleep(Duration::from_secs(60)).await;
+    let at = Instant::now();
+    fake.set_status("w2:p2", AgentStatus::Done);
+    assert_eq!(bo.await, Ok(Readiness::Ready));
+    assert_eq!(
+        at.elapsed(),
+        Duration::ZERO,
+        "fired by the status event itself"
+    );
+    // cy: its pane closes first.
+    let cy = when_ready("cy").await.expect("engine");
+    fake.close("w2:p3");
+    assert_eq!(cy.await, Ok(Readiness::Gone));
 }

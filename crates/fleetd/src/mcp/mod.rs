@@ -23,8 +23,6 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
 
-pub(crate) use tools::spawn::log_secret_names;
-
 use crate::clock::SharedClock;
 use crate::config::Live;
 use crate::engine::EngineHandle;
@@ -77,12 +75,12 @@ pub struct Fleet {
     pub clock: SharedClock,
     /// The API token's value, when configured (compared with a caller's bearer token).
     pub api_token: Option<crate::secrets::SecretValue>,
-    /// fleetd's own URL as members reach it (`FLEETD_URL`), e.g. `http://127.0.0.1:7797`.
-    pub url: String,
     /// Takes secret values out of what members send towards a lead (replies, questions).
     pub redactor: crate::secrets::Redactor,
     /// The inbox with its engine notifications (acks, replies handed to waiters).
     pub inbox: crate::inbox::Inbox,
+    /// Spawns members (`fleet_spawn`), each on a task of its own.
+    pub spawner: crate::members::Spawner,
 }
 
 impl Fleet {

@@ -1,9 +1,12 @@
 //! An in-process multiplexer for the engine's driver tests: panes with a status the test sets,
+//! An in-process multiplexer for the engine's driver tests: panes with a status the test sets,
 //! every submit and Enter press recorded with its (tokio, pausable) time, and scripted failures.
 //! It keeps the trait's contract — `NotFound` only for a pane that is affirmatively gone,
 //! `Uncertain` only from a call that typed, `watch` reports the current status first, a status
 //! change is one event, a closed pane is a `Gone` event — so the engine sees what it would see
-//! from herdr or tmux, minus the terminal.
+//! from herdr or tmux, minus the terminal. Opening a pane gives a new incarnation with no agent
+//! status yet (its agent is starting), and opens can be held back or made to fail, to drive a
+//! spawn through its slow and failing paths.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -51,6 +54,12 @@ struct Inner {
     list_fails: bool,
     typed: Vec<Typed>,
     enters: Vec<(Instant, PaneId)>,
+    /// Every open request received, in order (counted before any hold).
+    opens: Vec<OpenPane>,
+    /// Make the next opens fail transiently.
+    open_fails: bool,
+    /// Panes opened so far (numbers the next one).
+    opened: usize,
 }
 
 /// The fake. Cheap to clone; clones share state.
@@ -58,6 +67,8 @@ struct Inner {
 pub(crate) struct FakeMux {
     inner: Arc<Mutex<Inner>>,
     events: broadcast::Sender<PaneEvent>,
+    /// While true, `open_pane` waits before it opens anything.
+    hold_opens: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl FakeMux {
@@ -65,7 +76,55 @@ impl FakeMux {
         Self {
             inner: Arc::default(),
             events: broadcast::channel(super::PANE_EVENT_CAPACITY).0,
+            hold_opens: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
+    }
+
+    /// Holds every `open_pane` (true) until released (false): a slow multiplexer.
+    pub(crate) fn hold_opens(&self, hold: bool) {
+        self.hold_opens.send_replace(hold);
+    }
+
+    /// Makes `open_pane` fail transiently (or work again).
+    pub(crate) fn opens_fail(&self, fails: bool) {
+        self.lock().open_fails = fails;
+    }
+
+    /// Every open request so far (held ones included).
+    pub(crate) fn opens(&self) -> Vec<OpenPane> {
+        self.lock().opens.clone()
+    }
+
+    /// Whether pane `id` exists.
+    pub(crate) fn has_pane(&self, id: &str) -> bool {
+        let pane = PaneId::new(id).expect("pane id");
+        self.lock().panes.contains_key(&pane)
+    }
+
+    /// Opens the pane an `open_pane` asked for: `w9:pN` (incarnation `t-openN`) in its own tab,
+    /// with no agent detected yet.
+    fn open(&self, req: &OpenPane) -> Result<PaneInfo, MuxError> {
+        let mut inner = self.lock();
+        if inner.open_fails {
+            return Err(MuxError::transient("layout.apply", "scripted socket blip"));
+        }
+        inner.opened += 1;
+        let n = inner.opened;
+        let pane = PaneId::new(format!("w9:p{n}")).expect("pane id");
+        let info = PaneInfo {
+            pane: pane.clone(),
+            terminal: TerminalId::new(format!("t-open{n}")).expect("terminal id"),
+            tab: TabId::new(format!("w9:t{n}")).expect("tab id"),
+            workspace: WorkspaceId::new("w9").expect("ws"),
+            label: req.label.clone(),
+            title: None,
+            agent: None,
+            status: AgentStatus::Unknown,
+            shell_pid: None,
+            workspace_label: None,
+        };
+        inner.panes.insert(pane, info.clone());
+        Ok(info)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -240,8 +299,14 @@ impl Multiplexer for FakeMux {
         ready(Err(MuxError::Unsupported("process_info".to_owned())))
     }
 
-    fn open_pane(&self, _req: OpenPane) -> MuxFuture<'_, PaneInfo> {
-        ready(Err(MuxError::Unsupported("open_pane".to_owned())))
+    fn open_pane(&self, req: OpenPane) -> MuxFuture<'_, PaneInfo> {
+        self.lock().opens.push(req.clone());
+        let mut held = self.hold_opens.subscribe();
+        Box::pin(async move {
+            // A dropped request drops this future too: nothing is opened then.
+            let _ = held.wait_for(|hold| !hold).await;
+            self.open(&req)
+        })
     }
 
     fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted> {
@@ -260,16 +325,6 @@ impl Multiplexer for FakeMux {
             })
         });
         ready(result)
-    }
-
-    fn start_agent<'a>(
-        &'a self,
-        _pane: &'a PaneId,
-        _name: &'a str,
-        _kind: &'a str,
-        _args: &'a [String],
-    ) -> MuxFuture<'a, ()> {
-        ready(Err(MuxError::Unsupported("start_agent".to_owned())))
     }
 
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {

@@ -229,7 +229,39 @@ pub enum SplitDirection {
     Down,
 }
 
-/// A request to open a member pane running `command`.
+/// What a new pane runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Launch {
+    /// An agent of kind `kind` (`claude`, `codex`, ...) without a command of its own, named
+    /// `name`. The backend starts it its own way: herdr, for a kind it knows, opens the tab with a
+    /// shell and runs `agent.start` in it (so herdr knows it launched that agent); otherwise, and
+    /// on tmux, the pane runs the kind's canonical executable with `args`.
+    Agent {
+        /// The agent's name, where the multiplexer names agents (the member's name).
+        name: String,
+        /// The agent kind.
+        kind: String,
+        /// Arguments after the executable.
+        args: Vec<String>,
+    },
+    /// This argv. Empty runs the multiplexer's default shell.
+    Argv(Vec<String>),
+}
+
+impl Launch {
+    /// The argv that runs it where the backend has no agent launcher of its own: the kind's
+    /// canonical executable (named like the kind) with its arguments, or the argv itself.
+    pub fn argv(&self) -> Vec<String> {
+        match self {
+            Launch::Agent { kind, args, .. } => std::iter::once(kind.clone())
+                .chain(args.iter().cloned())
+                .collect(),
+            Launch::Argv(argv) => argv.clone(),
+        }
+    }
+}
+
+/// A request to open a member pane running `launch`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenPane {
     /// Where.
@@ -240,8 +272,8 @@ pub struct OpenPane {
     pub cwd: Option<PathBuf>,
     /// Extra environment for the pane's process only (herdr's own `HERDR_*` values win).
     pub env: BTreeMap<String, String>,
-    /// The argv to run. Empty runs the multiplexer's default shell.
-    pub command: Vec<String>,
+    /// What the pane runs.
+    pub launch: Launch,
 }
 
 /// How a submitted text was handed over.
@@ -321,7 +353,8 @@ pub trait Multiplexer: Send + Sync + fmt::Debug {
     /// The pane's shell pid and foreground processes.
     fn process_info<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ProcessInfo>;
 
-    /// Opens a member pane running `req.command` with `req.env`, and returns it.
+    /// Opens a member pane running `req.launch` with `req.env`, and returns it. A pane whose
+    /// launch failed after it opened is closed again before the error is returned.
     fn open_pane(&self, req: OpenPane) -> MuxFuture<'_, PaneInfo>;
 
     /// Types `text` into the pane's agent and submits it (Enter). The caller sanitises `text`.
@@ -332,17 +365,6 @@ pub trait Multiplexer: Send + Sync + fmt::Debug {
     /// Presses Enter once in the pane (the retry of a submit the agent did not pick up). A
     /// failure after the key may have been sent is [`MuxError::Uncertain`].
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()>;
-
-    /// Starts a known agent kind (`claude`, `codex`, ...) named `name` in the idle shell of
-    /// `pane`, the multiplexer's own way (herdr `agent.start`: its canonical executable plus
-    /// `args`). `Unsupported` where the backend has no such thing (tmux runs a command instead).
-    fn start_agent<'a>(
-        &'a self,
-        pane: &'a PaneId,
-        name: &'a str,
-        kind: &'a str,
-        args: &'a [String],
-    ) -> MuxFuture<'a, ()>;
 
     /// The last `lines` lines of the pane's output, as plain text.
     fn read_tail<'a>(&'a self, pane: &'a PaneId, lines: u32) -> MuxFuture<'a, String>;

@@ -240,19 +240,6 @@ impl MuxRouter {
         self.daemon(id.daemon)?.press_enter(&id.pane).await
     }
 
-    /// Starts a known agent kind in a pane's idle shell (herdr `agent.start`).
-    pub async fn start_agent(
-        &self,
-        id: &QualifiedPaneId,
-        name: &str,
-        kind: &str,
-        args: &[String],
-    ) -> Result<(), MuxError> {
-        self.daemon(id.daemon)?
-            .start_agent(&id.pane, name, kind, args)
-            .await
-    }
-
     /// The tail of a pane's output.
     pub async fn read_tail(&self, id: &QualifiedPaneId, lines: u32) -> Result<String, MuxError> {
         self.daemon(id.daemon)?.read_tail(&id.pane, lines).await
@@ -368,15 +355,6 @@ mod tests {
             unsupported()
         }
         fn submit<'a>(&'a self, _: &'a PaneId, _: &'a str) -> MuxFuture<'a, Submitted> {
-            unsupported()
-        }
-        fn start_agent<'a>(
-            &'a self,
-            _: &'a PaneId,
-            _: &'a str,
-            _: &'a str,
-            _: &'a [String],
-        ) -> MuxFuture<'a, ()> {
             unsupported()
         }
         fn press_enter<'a>(&'a self, _: &'a PaneId) -> MuxFuture<'a, ()> {

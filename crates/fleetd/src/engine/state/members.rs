@@ -9,8 +9,10 @@ use fleetd_core::{
 };
 use jiff::{SignedDuration, Timestamp};
 
-use super::super::{MemberView, NewMember};
-use super::{Io, Member, NAMES, SEEN_PANES, State};
+use tokio::sync::oneshot;
+
+use super::super::{MemberView, NewMember, Readiness};
+use super::{Io, Member, NAMES, RESERVATION_TTL, SEEN_PANES, State};
 
 impl State {
     pub(in crate::engine) fn member_at(
@@ -95,11 +97,58 @@ impl State {
         }
     }
 
-    pub(in crate::engine) fn presence(&mut self, target: Target, now: Timestamp, io: &mut Vec<Io>) {
-        let effects = self
-            .injector
-            .handle_at(InjectorInput::PresenceSeen { target }, now);
+    pub(in crate::engine) fn presence(
+        &mut self,
+        target: &Target,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        let effects = self.injector.handle_at(
+            InjectorInput::PresenceSeen {
+                target: target.clone(),
+            },
+            now,
+        );
         self.injector_effects(effects, now, io);
+        self.ready_check(target);
+    }
+
+    /// Whether `target` is ready for a task: its agent at rest and its MCP presence seen (what
+    /// the injector waits for before it types a task).
+    fn is_ready(&self, target: &Target) -> bool {
+        self.members
+            .get(target)
+            .is_some_and(|m| m.status.is_at_rest())
+            && self.injector.presence(target)
+    }
+
+    /// Answers `reply` once `target` is ready, or gone.
+    pub(in crate::engine) fn when_ready(
+        &mut self,
+        target: Target,
+        reply: oneshot::Sender<Readiness>,
+    ) {
+        if !self.members.contains_key(&target) {
+            let _ = reply.send(Readiness::Gone);
+        } else if self.is_ready(&target) {
+            let _ = reply.send(Readiness::Ready);
+        } else {
+            let waiters = self.ready_waiters.entry(target).or_default();
+            // A waiter that gave up (timed out) is dropped here rather than kept to the end.
+            waiters.retain(|w| !w.is_closed());
+            waiters.push(reply);
+        }
+    }
+
+    /// Fires the readiness waiters of `target` if it is ready now.
+    fn ready_check(&mut self, target: &Target) {
+        if self.is_ready(target)
+            && let Some(waiters) = self.ready_waiters.remove(target)
+        {
+            for waiter in waiters {
+                let _ = waiter.send(Readiness::Ready);
+            }
+        }
     }
 
     pub(in crate::engine) fn pane_seen(
@@ -111,7 +160,7 @@ impl State {
     ) {
         // The member may have been registered between the caller's lookup and this message.
         if let Some((target, _)) = self.member_at(&pane, &terminal) {
-            self.presence(target, now, io);
+            self.presence(&target, now, io);
             return;
         }
         tracing::debug!(%pane, %terminal, "MCP seen from a pane that holds no member yet");
@@ -193,6 +242,23 @@ impl State {
         self.reserved.remove(target);
     }
 
+    /// When the oldest name reservation expires.
+    pub(super) fn reservations_expire(&self) -> Option<Timestamp> {
+        let oldest = self.reserved.values().min()?;
+        oldest.checked_add(RESERVATION_TTL).ok()
+    }
+
+    /// Gives back every name reserved longer than [`RESERVATION_TTL`] ago: its spawn is gone.
+    pub(super) fn expire_reservations(&mut self, now: Timestamp) {
+        self.reserved.retain(|target, at| {
+            let live = at.checked_add(RESERVATION_TTL).is_ok_and(|until| now < until);
+            if !live {
+                tracing::warn!(%target, reserved_at = %at, "a name reservation outlived its spawn; the name is free again");
+            }
+            live
+        });
+    }
+
     pub(in crate::engine) fn add_member(
         &mut self,
         new: NewMember,
@@ -234,7 +300,7 @@ impl State {
         if let Some(i) = self.seen.iter().position(|k| *k == incarnation) {
             // Its agent connected before the member was registered: that was its presence.
             self.seen.remove(i);
-            self.presence(new.target.clone(), now, io);
+            self.presence(&new.target, now, io);
         }
         if let Some(lead) = lead {
             let effects = self.push.handle_at(
@@ -288,6 +354,9 @@ impl State {
     ) -> Option<QualifiedPaneId> {
         let member = self.members.remove(target)?;
         self.by_pane.remove(&member.pane);
+        for waiter in self.ready_waiters.remove(target).unwrap_or_default() {
+            let _ = waiter.send(Readiness::Gone);
+        }
         self.registry.remove(target);
         self.dirty.members.insert(target.clone());
         io.push(Io::Unwatch {
@@ -382,5 +451,6 @@ impl State {
             now,
         );
         self.injector_effects(effects, now, io);
+        self.ready_check(target);
     }
 }

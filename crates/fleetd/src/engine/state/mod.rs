@@ -23,7 +23,7 @@ pub(in crate::engine) use durable::Restored;
 pub(in crate::engine) use push::push_config;
 
 use super::leads::LeadTabs;
-use super::{NewMember, Settled, TicketView};
+use super::{NewMember, Readiness, Settled, TicketView};
 
 /// I/O the engine wants done; `run` spawns a task per request and reports back as an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,7 +123,11 @@ const NAMES: &[&str] = &[
 #[derive(Debug)]
 pub(super) struct State {
     members: BTreeMap<Target, Member>,
+    /// Names a spawn holds between reserving them and registering its member, with when each
+    /// was reserved; one older than [`RESERVATION_TTL`] expires on the next tick.
     reserved: BTreeMap<Target, Timestamp>,
+    /// Spawns waiting for a member to become ready.
+    ready_waiters: BTreeMap<Target, Vec<oneshot::Sender<Readiness>>>,
     by_pane: HashMap<QualifiedPaneId, Target>,
     tickets: TicketBook,
     tasks: HashMap<Ticket, String>,
@@ -162,6 +166,12 @@ pub(super) struct State {
 /// plenty even with many leads.
 const SEEN_PANES: usize = 256;
 
+/// How long a name reservation lasts when its spawn neither registers a member nor gives the
+/// name back. A spawn gives up on its agent after 90 s (`members::READY_TIMEOUT`, which starts
+/// after the reservation has already become a member); one still holding a bare reservation
+/// after that plus a margin is a spawn that died without cleaning up (a lost message, a bug).
+pub(super) const RESERVATION_TTL: SignedDuration = SignedDuration::from_secs(120);
+
 /// How long after a failed status watch it is tried again. Without a watch a lead is never seen
 /// idle (so never nudged) and a member never at rest, so this retries until the pane is gone.
 const REWATCH_AFTER: SignedDuration = SignedDuration::from_secs(2);
@@ -178,6 +188,7 @@ impl State {
         Self {
             members: BTreeMap::new(),
             reserved: BTreeMap::new(),
+            ready_waiters: BTreeMap::new(),
             by_pane: HashMap::new(),
             tickets: TicketBook::new(ttl),
             tasks: HashMap::new(),
@@ -219,6 +230,7 @@ impl State {
             self.tickets.next_expiry(),
             self.lead_tabs.next_scan(!self.leads.is_empty()),
             self.rewatch.values().min().copied(),
+            self.reservations_expire(),
         ]
         .into_iter()
         .flatten()
@@ -291,6 +303,7 @@ impl State {
         self.push_effects(effects, now, io);
         self.scan_if_due(now, io);
         self.rewatch_due(now, io);
+        self.expire_reservations(now);
         let pruned = self.tickets.prune_at(now);
         if !pruned.is_empty() {
             self.ticket_gauges();

@@ -159,7 +159,7 @@ pub(crate) fn target(name: &str) -> Result<Target, ToolError> {
 
 /// The engine stopped under a call: the daemon is shutting down.
 pub(crate) fn gone(e: EngineGone) -> ToolError {
-    ToolError::new("shutting_down", format!("{e}; retry once it is back"))
+    e.into()
 }
 
 /// A store failure, as a tool error.

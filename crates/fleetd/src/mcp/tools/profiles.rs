@@ -28,7 +28,7 @@ impl FleetTool for Profiles {
             .profiles
             .iter()
             .map(|(name, p)| {
-                let missing = super::spawn::missing_secret(&config, p);
+                let missing = crate::members::missing_secret(&config, p);
                 json!({
                     "name": name,
                     "agent": p.agent,

@@ -14,8 +14,9 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 use crate::mux::{
-    BackendKind, Multiplexer, MuxError, MuxFuture, OpenPane, PaneEvent, PaneInfo, Placement,
-    ProcessInfo, ServerInfo, SplitDirection, SubmitPath, Submitted, TabInfo, shell_quote_argv,
+    BackendKind, Launch, Multiplexer, MuxError, MuxFuture, OpenPane, PaneEvent, PaneInfo,
+    Placement, ProcessInfo, ServerInfo, SplitDirection, SubmitPath, Submitted, TabInfo,
+    shell_quote_argv,
 };
 
 mod watch;
@@ -327,14 +328,57 @@ impl Herdr {
         Ok((ws.workspace_id, Some(tab.tab_id)))
     }
 
+    /// Opens the pane. A known agent kind without its own command is started herdr's way: the
+    /// tab opens with a shell and `agent.start` types the kind's canonical executable into it, so
+    /// herdr knows it launched that agent; if that fails the pane is closed again. Anything else
+    /// runs its argv.
     async fn open_pane_inner(&self, req: OpenPane) -> Result<PaneInfo, MuxError> {
+        let (command, agent) = match &req.launch {
+            Launch::Agent { name, kind, args } if KNOWN_AGENT_KINDS.contains(&kind.as_str()) => {
+                (Vec::new(), Some((name, kind, args)))
+            }
+            launch => (launch.argv(), None),
+        };
+        let pane = self.open_command(&req, &command).await?;
+        if let Some((name, kind, args)) = agent
+            && let Err(e) = self.start_agent(&pane.pane, name, kind, args).await
+        {
+            if let Err(closing) = self.close_inner(&pane.pane).await {
+                tracing::warn!(pane = %pane.pane, error = %closing, "cannot close a pane whose agent did not start");
+            }
+            return Err(e);
+        }
+        Ok(pane)
+    }
+
+    /// `agent.start`: `kind`'s canonical executable plus `args`, typed into the idle shell of
+    /// `pane`, as agent `name`.
+    async fn start_agent(
+        &self,
+        pane: &PaneId,
+        name: &str,
+        kind: &str,
+        args: &[String],
+    ) -> Result<(), MuxError> {
+        self.request(
+            "agent.start",
+            json!({ "name": name, "kind": kind, "pane_id": pane.as_str(), "args": args }),
+            &["agent_started"],
+            &format!("pane {pane}"),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Opens a pane running `command` (empty: herdr's default shell).
+    async fn open_command(&self, req: &OpenPane, command: &[String]) -> Result<PaneInfo, MuxError> {
         let env = env_json(&req.env);
         let cwd = req.cwd.as_deref().map(Path::to_string_lossy);
         let pane_id = match &req.placement {
             Placement::NewTab { workspace } => {
                 let (workspace_id, fresh_tab) =
                     self.ensure_workspace(workspace, req.cwd.as_deref()).await?;
-                let command = (!req.command.is_empty()).then(|| req.command.clone());
+                let command = (!command.is_empty()).then_some(command);
                 // A pane that runs an argv directly (no shell) is only possible via layout.apply;
                 // applying onto a just-created workspace's tab replaces its placeholder shell.
                 let target = match fresh_tab {
@@ -368,10 +412,10 @@ impl Herdr {
                     )
                     .await?;
                 let pane: WirePane = field("pane.split", &result, "pane")?;
-                if !req.command.is_empty() {
+                if !command.is_empty() {
                     // pane.split always starts the default shell; `exec` makes the command the
                     // pane's process, so the pane closes when it exits, as with layout.apply.
-                    let line = format!("exec {}", shell_quote_argv(&req.command));
+                    let line = format!("exec {}", shell_quote_argv(command));
                     self.request(
                         "pane.send_input",
                         json!({ "pane_id": pane.pane_id, "text": line, "keys": ["enter"] }),
@@ -523,25 +567,6 @@ impl Multiplexer for Herdr {
 
     fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted> {
         Box::pin(self.submit_inner(pane, text))
-    }
-
-    fn start_agent<'a>(
-        &'a self,
-        pane: &'a PaneId,
-        name: &'a str,
-        kind: &'a str,
-        args: &'a [String],
-    ) -> MuxFuture<'a, ()> {
-        Box::pin(async move {
-            self.request(
-                "agent.start",
-                json!({ "name": name, "kind": kind, "pane_id": pane.as_str(), "args": args }),
-                &["agent_started"],
-                &format!("pane {pane}"),
-            )
-            .await
-            .map(|_| ())
-        })
     }
 
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {

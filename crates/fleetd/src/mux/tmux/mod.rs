@@ -450,13 +450,16 @@ impl Tmux {
             .collect()
     }
 
-    /// The shell command line a new window runs: `req.command` itself, or the launcher that
-    /// gives it `req.env` (see the module header). The command becomes the pane's process (its
-    /// pid is `#{pane_pid}`) and no argument is re-split.
+    /// The shell command line a new window runs: the launch's argv itself (tmux has no agent
+    /// launcher: an agent kind runs its canonical executable), or the launcher that gives it
+    /// `req.env` (see the module header). The command becomes the pane's process (its pid is
+    /// `#{pane_pid}`) and no argument is re-split.
     fn window_command(&self, req: &OpenPane) -> Result<Option<String>, MuxError> {
+        let command = req.launch.argv();
         if req.env.is_empty() {
-            return Ok((!req.command.is_empty())
-                .then(|| format!("exec {}", shell_quote_argv(&req.command))));
+            return Ok(
+                (!command.is_empty()).then(|| format!("exec {}", shell_quote_argv(&command)))
+            );
         }
         let Some(dir) = &self.inner.config.launch_dir else {
             return Err(MuxError::Unsupported(
@@ -477,7 +480,7 @@ impl Tmux {
             "fleetd-launch".to_owned(),
             file.display().to_string(),
         ];
-        argv.extend(req.command.iter().cloned());
+        argv.extend(command);
         Ok(Some(format!("exec {}", shell_quote_argv(&argv))))
     }
 
@@ -669,20 +672,6 @@ impl Multiplexer for Tmux {
 
     fn open_pane(&self, req: OpenPane) -> MuxFuture<'_, PaneInfo> {
         Box::pin(self.open_pane_inner(req))
-    }
-
-    fn start_agent<'a>(
-        &'a self,
-        _pane: &'a PaneId,
-        _name: &'a str,
-        _kind: &'a str,
-        _args: &'a [String],
-    ) -> MuxFuture<'a, ()> {
-        Box::pin(async {
-            Err(MuxError::Unsupported(
-                "starting an agent by kind (tmux windows run the profile's command)".to_owned(),
-            ))
-        })
     }
 
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
