@@ -303,32 +303,6 @@ opaque_id!(
     "workspace id"
 );
 
-/// Agent kinds herdr knows (its `detect::lookup_agent` list, PROTOCOL.md §3): `agent.prompt` and
-/// `agent.start` work for these; any other program is a `custom` agent.
-pub const KNOWN_AGENT_KINDS: &[&str] = &[
-    "pi",
-    "claude",
-    "codex",
-    "gemini",
-    "cursor",
-    "devin",
-    "agy",
-    "cline",
-    "omp",
-    "mastracode",
-    "opencode",
-    "copilot",
-    "kimi",
-    "kiro",
-    "droid",
-    "amp",
-    "grok",
-    "hermes",
-    "kilo",
-    "qodercli",
-    "maki",
-];
-
 /// What an agent in a pane is doing, as the multiplexer reports it (herdr's five values; tmux
 /// derives them from the title and screen, less reliably).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]

@@ -45,10 +45,6 @@ fn main() -> ExitCode {
     }
 }
 
-fn env_lookup(key: &str) -> Option<String> {
-    std::env::var(key).ok().filter(|v| !v.is_empty())
-}
-
 /// Runs one client command against the daemon; false when it did not achieve what was asked.
 fn ask(
     config_path: Option<&std::path::Path>,
@@ -60,7 +56,7 @@ fn ask(
         client.daemon.as_deref(),
         client.token.clone(),
         Config::load(config_path, env),
-        &env_lookup,
+        &fleetd::secrets::process_env,
     )?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

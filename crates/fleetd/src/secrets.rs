@@ -166,7 +166,9 @@ impl fmt::Debug for Redactor {
     }
 }
 
-fn process_env(key: &str) -> Option<String> {
+/// A non-empty variable of the daemon's own environment: where `env` secrets resolve from. The one
+/// place a secret value is read from the environment.
+pub fn process_env(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.is_empty())
 }
 

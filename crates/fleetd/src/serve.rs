@@ -239,7 +239,7 @@ impl Daemon {
         let config = self.config();
         let api_token = match &config.api_token {
             Some(name) => Some(
-                Secrets::new(&config.secrets, &env_lookup)
+                Secrets::new(&config.secrets, &crate::secrets::process_env)
                     .resolve(name)
                     .context("failed to resolve apiToken")?,
             ),
@@ -306,10 +306,6 @@ pub fn operator_socket_path(state_dir: &std::path::Path) -> std::path::PathBuf {
     state_dir.join(OPERATOR_SOCKET)
 }
 
-fn env_lookup(key: &str) -> Option<String> {
-    std::env::var(key).ok().filter(|v| !v.is_empty())
-}
-
 async fn open_store(config: &Config) -> anyhow::Result<crate::store::Stores> {
     let spec = match &config.store {
         Store::Embedded { path } => StoreSpec::Embedded { path: path.clone() },
@@ -319,7 +315,7 @@ async fn open_store(config: &Config) -> anyhow::Result<crate::store::Stores> {
         Store::Amqp {
             url: AmqpUrl::Secret(name),
         } => {
-            let secrets = Secrets::new(&config.secrets, &env_lookup);
+            let secrets = Secrets::new(&config.secrets, &crate::secrets::process_env);
             let url = secrets
                 .resolve(name)
                 .context("failed to resolve store.url")?;

@@ -24,7 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
 /// Agent kinds herdr recognises by argv0 or `HERDR_AGENT`.
-pub(crate) use fleetd_core::pane::KNOWN_AGENT_KINDS as KNOWN_AGENTS;
+pub(crate) use fleetd::mux::herdr::KNOWN_AGENT_KINDS as KNOWN_AGENTS;
 
 /// Screen size of every fake pane (herdr sizes headless panes from its estimate; fixed here).
 const ROWS: u16 = 40;

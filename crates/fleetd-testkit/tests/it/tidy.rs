@@ -1,6 +1,7 @@
 //! Tidy: repository rules checked as a test — every `.rs` file opens with a `//!` line, no test
-//! is skipped with the ignore attribute, and the core crate depends on no async runtime or I/O
-//! crate (read from `cargo metadata`).
+//! is skipped with the ignore attribute, the core crate depends on no async runtime or I/O crate
+//! (read from `cargo metadata`), no file is far over the house size, and only the named modules
+//! read the process environment.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -158,4 +159,105 @@ fn core_crate_has_no_runtime_or_io_dependency() {
         names.iter().any(|n| n == "uuid"),
         "walk found the core's real dependencies: {names:?}"
     );
+}
+
+/// The house size (STYLE.md: "files around 500 lines of non-test code"), with the margin a file
+/// may run over it before it has to be split.
+const MAX_CODE_LINES: usize = 600;
+
+/// Lines of non-test code in `text`: neither blank nor a comment, and before an inline
+/// `#[cfg(test)] mod ... {` block (which closes a file, by house style).
+fn code_lines(text: &str) -> usize {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut count = 0;
+    for (i, line) in lines.iter().enumerate() {
+        let line = line.trim();
+        let next = lines.get(i + 1).map_or("", |l| l.trim());
+        if line == "#[cfg(test)]" && next.starts_with("mod ") && next.ends_with('{') {
+            break;
+        }
+        if !line.is_empty() && !line.starts_with("//") {
+            count += 1;
+        }
+    }
+    count
+}
+
+/// Test code: integration tests, `tests.rs` / `tests_*.rs` modules.
+fn is_test_file(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    path.components().any(|c| c.as_os_str() == "tests")
+        || name == "tests.rs"
+        || name.starts_with("tests_")
+}
+
+#[test]
+fn no_file_is_far_over_the_house_size() {
+    let mut big: Vec<(usize, PathBuf)> = all_rust_files()
+        .into_iter()
+        .filter(|f| !is_test_file(f))
+        .map(|f| {
+            (
+                code_lines(&std::fs::read_to_string(&f).unwrap_or_default()),
+                f,
+            )
+        })
+        .filter(|(n, _)| *n > MAX_CODE_LINES)
+        .collect();
+    big.sort();
+    assert!(
+        big.is_empty(),
+        "files over {MAX_CODE_LINES} lines of non-test code (split them by concern): {big:#?}"
+    );
+    // The count itself: code, not comments, blanks or the test module.
+    let sample =
+        "//! doc\n\nfn a() {}\n// note\nfn b() {}\n#[cfg(test)]\nmod tests {\n fn t() {}\n}\n";
+    assert_eq!(code_lines(sample), 2);
+}
+
+/// The daemon's sources that may read the process environment, and what each reads (the
+/// ARCHITECTURE.md invariant under "Configuration defaults").
+const ENV_READERS: &[(&str, &str)] = &[
+    ("config/mod.rs", "config::Environment, read once in main"),
+    ("logging.rs", "FLEETD_LOG, when the subscriber is built"),
+    ("main.rs", "NOTIFY_SOCKET, at start"),
+    ("notify.rs", "NOTIFY_SOCKET, at start"),
+    ("secrets.rs", "secret values, when a secret is resolved"),
+    (
+        "mux/tmux/launch.rs",
+        "the allowlist tmux runs with, when the backend is built",
+    ),
+];
+
+#[test]
+fn only_the_named_modules_read_the_environment() {
+    let src = repo_root().join("crates/fleetd/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let needles = ["env::var(", "env::var_os(", "env::vars("];
+    let mut bad = Vec::new();
+    let mut seen = 0;
+    for file in files {
+        let rel = file
+            .strip_prefix(&src)
+            .expect("under src")
+            .to_string_lossy()
+            .into_owned();
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let reads = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .filter(|l| needles.iter().any(|n| l.contains(n)))
+            .count();
+        seen += reads;
+        if reads > 0 && !ENV_READERS.iter().any(|(path, _)| *path == rel) {
+            bad.push(rel);
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "these read the process environment; take the value from config::Environment (or \
+         secrets::process_env for a secret), or add the file to ENV_READERS and ARCHITECTURE.md: {bad:?}"
+    );
+    assert!(seen >= 4, "the scan found the known readers ({seen})");
 }

@@ -15,11 +15,11 @@ use super::{
 
 /// Whether `agent` is a kind a profile may name: one herdr knows, or `custom` for anything else.
 pub fn is_known_agent(agent: &str) -> bool {
-    agent == "custom" || fleetd_core::pane::KNOWN_AGENT_KINDS.contains(&agent)
+    agent == "custom" || crate::mux::herdr::KNOWN_AGENT_KINDS.contains(&agent)
 }
 
 fn agent_kinds() -> String {
-    let mut kinds = fleetd_core::pane::KNOWN_AGENT_KINDS.to_vec();
+    let mut kinds = crate::mux::herdr::KNOWN_AGENT_KINDS.to_vec();
     kinds.push("custom");
     kinds.join(", ")
 }

@@ -10,22 +10,18 @@ use fleetd_core::access::Refusal;
 use crate::config::{Config, Profile};
 use crate::secrets::{Redactor, Secrets};
 
-fn env_lookup(key: &str) -> Option<String> {
-    std::env::var(key).ok().filter(|v| !v.is_empty())
-}
-
 /// The first secret `profile` needs that does not resolve, if any (names only).
 pub(crate) fn missing_secret(config: &Config, profile: &Profile) -> Option<String> {
     let backend = config.backends.get(profile.backend.as_deref()?)?;
     let name = backend.auth_token_secret.as_deref()?;
-    let secrets = Secrets::new(&config.secrets, &env_lookup);
+    let secrets = Secrets::new(&config.secrets, &crate::secrets::process_env);
     secrets.resolve(name).err().map(|e| e.to_string())
 }
 
 /// Logs, per profile, which secret names it needs and whether each resolved — names only, never
 /// a value (SPEC §7). Run at start and after each applied reload.
 pub(crate) fn log_secret_names(config: &Config) {
-    let secrets = Secrets::new(&config.secrets, &env_lookup);
+    let secrets = Secrets::new(&config.secrets, &crate::secrets::process_env);
     for (name, profile) in &config.profiles {
         let needed = profile
             .backend
@@ -84,7 +80,7 @@ impl MemberEnv<'_> {
             let (url_var, token_var) = backend_vars(&profile.agent);
             env.insert(url_var.to_owned(), backend.base_url.clone());
             if let Some(secret) = &backend.auth_token_secret {
-                let value = Secrets::new(&self.config.secrets, &env_lookup)
+                let value = Secrets::new(&self.config.secrets, &crate::secrets::process_env)
                     .resolve(secret)
                     .map_err(|e| Refusal::new("profile_not_ready", e.to_string()))?;
                 // Redacted from whatever this member sends towards a lead, even after a reload.

@@ -27,9 +27,31 @@ use wire::{
     first_layout_pane_id,
 };
 
-/// Agent kinds herdr knows: `agent.prompt` only works for these, so anything else is submitted
-/// with `pane.send_input`.
-pub use fleetd_core::pane::KNOWN_AGENT_KINDS;
+/// Agent kinds herdr knows (its `detect::lookup_agent` list, PROTOCOL.md §3): `agent.prompt` and
+/// `agent.start` work for these; any other program is a `custom` agent, submitted with `pane.send_input`.
+pub const KNOWN_AGENT_KINDS: &[&str] = &[
+    "pi",
+    "claude",
+    "codex",
+    "gemini",
+    "cursor",
+    "devin",
+    "agy",
+    "cline",
+    "omp",
+    "mastracode",
+    "opencode",
+    "copilot",
+    "kimi",
+    "kiro",
+    "droid",
+    "amp",
+    "grok",
+    "hermes",
+    "kilo",
+    "qodercli",
+    "maki",
+];
 
 /// How to reach one herdr daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]

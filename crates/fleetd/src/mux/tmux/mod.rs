@@ -1,6 +1,6 @@
 //! The tmux backend: a `Multiplexer` over the `tmux` CLI on one server (`-L name` / `-S path`).
 //! The only module that runs `tmux`. Panes come from `list-panes -a -F`, members from `new-window`
-//! (or `new-session` / `split-window`) with `-e` env, text from `send-keys -l` plus a separate
+//! (or `new-session` / `split-window`) running a launcher (`launch`), text from `send-keys -l` plus a separate
 //! `Enter`, output from `capture-pane -p`.
 //!
 //! Status is derived, and weaker than herdr's: tmux knows nothing about agents. A braille spinner
@@ -33,34 +33,20 @@ use tokio::task::AbortHandle;
 
 use crate::mux::{
     BackendKind, Multiplexer, MuxError, MuxFuture, OpenPane, PaneEvent, PaneInfo, Placement,
-    ProcessInfo, ServerInfo, SplitDirection, SubmitPath, Submitted, TabInfo, shell_quote_argv,
+    ProcessInfo, ServerInfo, SplitDirection, SubmitPath, Submitted, TabInfo,
 };
 
 use status::SHELLS;
 /// Field separator in `-F` formats (a control character no id or name contains).
 pub use status::derive_status;
 
+mod launch;
 mod status;
 mod watch;
 
 const SEP: char = '\u{1f}';
 /// Pane fields, in order; the title goes last because it may contain anything.
 const PANE_FORMAT: &str = "#{pane_id}\u{1f}#{pane_pid}\u{1f}#{session_name}\u{1f}#{window_index}\u{1f}#{window_name}\u{1f}#{pane_current_command}\u{1f}#{pane_title}";
-/// Environment variables passed to `tmux`; everything else is cleared.
-const ENV_ALLOWLIST: &[&str] = &[
-    "PATH",
-    "HOME",
-    "USER",
-    "LOGNAME",
-    "SHELL",
-    "LANG",
-    "LC_ALL",
-    "LC_CTYPE",
-    "TERM",
-    "TMPDIR",
-    "TMUX_TMPDIR",
-    "XDG_RUNTIME_DIR",
-];
 
 /// Which tmux server to drive.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,54 +89,6 @@ impl TmuxConfig {
     }
 }
 
-/// How long a launch file may wait for its pane's launcher before fleetd removes it itself (the
-/// launcher removes it at once; this only covers a pane that never ran).
-const LAUNCH_FILE_TTL: Duration = Duration::from_secs(60);
-
-/// The launcher a member window runs: `sh -c LAUNCHER fleetd-launch FILE ARGV...` reads the
-/// variables from FILE (exported), removes FILE and `exec`s ARGV (the user's shell when empty).
-const LAUNCHER: &str = r#"f=$1; shift; set -a; . "$f"; set +a; rm -f -- "$f"; [ "$#" -gt 0 ] || set -- "${SHELL:-/bin/sh}"; exec "$@""#;
-
-/// Writes `env` as a launch file in `dir` (0600, a fresh random name) and returns its path.
-#[expect(
-    clippy::disallowed_methods,
-    reason = "a unique file name, not an id anything orders or keeps"
-)]
-fn write_launch_file(
-    dir: &std::path::Path,
-    env: &std::collections::BTreeMap<String, String>,
-) -> Result<PathBuf, MuxError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt;
-    let failed = |e: std::io::Error| MuxError::transient("write a launch file", e);
-    let mut text = String::new();
-    for (name, value) in env {
-        if !crate::config::is_env_name(name) {
-            return Err(MuxError::Rejected {
-                op: "open a pane".to_owned(),
-                code: "invalid_env_name".to_owned(),
-                message: format!("{name:?} is not an environment variable name"),
-            });
-        }
-        text.push_str(name);
-        text.push('=');
-        text.push_str(&shell_quote_argv(std::slice::from_ref(value)));
-        text.push('\n');
-    }
-    crate::state::private_dir(dir).map_err(failed)?;
-    // A fresh name opened with `create_new` in the owner-only directory: nothing can be there
-    // before us, and nobody else can look in.
-    let path = dir.join(format!("env-{}", uuid::Uuid::now_v7().simple()));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(crate::state::FILE_MODE)
-        .open(&path)
-        .map_err(failed)?;
-    file.write_all(text.as_bytes()).map_err(failed)?;
-    Ok(path)
-}
-
 /// A failed `tmux` invocation: the error, and whether the command may have been carried out
 /// (tmux ran and was killed at the timeout, or lost its server) — what tells a typing that wrote
 /// nothing from one that may have written.
@@ -184,6 +122,9 @@ pub struct Tmux {
 #[derive(Debug)]
 struct Inner {
     config: TmuxConfig,
+    /// The allowlisted part of fleetd's environment every `tmux` runs with, read once when the
+    /// backend is built.
+    inherited: Vec<(&'static str, std::ffi::OsString)>,
     /// Each watched pane's polling task and the poke that makes it read at once.
     watches: Mutex<HashMap<PaneId, (AbortHandle, Arc<tokio::sync::Notify>)>>,
     events: broadcast::Sender<PaneEvent>,
@@ -238,6 +179,7 @@ impl Tmux {
         Self {
             inner: Arc::new(Inner {
                 config,
+                inherited: launch::inherited_env(),
                 watches: Mutex::new(HashMap::new()),
                 events,
             }),
@@ -279,11 +221,7 @@ impl Tmux {
             _ => tokio::process::Command::new("tmux"),
         };
         cmd.env_clear();
-        for key in ENV_ALLOWLIST {
-            if let Some(value) = std::env::var_os(key) {
-                cmd.env(key, value);
-            }
-        }
+        cmd.envs(self.inner.inherited.iter().map(|(k, v)| (k, v)));
         match &self.inner.config.socket {
             TmuxSocket::Default => {}
             TmuxSocket::Name(name) => {
@@ -448,40 +386,6 @@ impl Tmux {
                 })
             })
             .collect()
-    }
-
-    /// The shell command line a new window runs: the launch's argv itself (tmux has no agent
-    /// launcher: an agent kind runs its canonical executable), or the launcher that gives it
-    /// `req.env` (see the module header). The command becomes the pane's process (its pid is
-    /// `#{pane_pid}`) and no argument is re-split.
-    fn window_command(&self, req: &OpenPane) -> Result<Option<String>, MuxError> {
-        let command = req.launch.argv();
-        if req.env.is_empty() {
-            return Ok(
-                (!command.is_empty()).then(|| format!("exec {}", shell_quote_argv(&command)))
-            );
-        }
-        let Some(dir) = &self.inner.config.launch_dir else {
-            return Err(MuxError::Unsupported(
-                "a pane environment without a launch directory".to_owned(),
-            ));
-        };
-        let file = write_launch_file(dir, &req.env)?;
-        let leftover = file.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(LAUNCH_FILE_TTL).await;
-            // Normally gone already: the launcher removed it when it read it.
-            let _ = std::fs::remove_file(leftover);
-        });
-        let mut argv = vec![
-            "/bin/sh".to_owned(),
-            "-c".to_owned(),
-            LAUNCHER.to_owned(),
-            "fleetd-launch".to_owned(),
-            file.display().to_string(),
-        ];
-        argv.extend(command);
-        Ok(Some(format!("exec {}", shell_quote_argv(&argv))))
     }
 
     async fn open_pane_inner(&self, req: OpenPane) -> Result<PaneInfo, MuxError> {
