@@ -261,3 +261,42 @@ fn only_the_named_modules_read_the_environment() {
     );
     assert!(seen >= 4, "the scan found the known readers ({seen})");
 }
+
+#[test]
+fn only_the_inbox_facade_takes_mail_out_of_the_store() {
+    // Review L2: "after a store mutation, tell the engine" was a convention repeated in four
+    // places; `inbox::Inbox` does both, so nothing else may ack or drain the store directly.
+    let src = repo_root().join("crates/fleetd/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let needles = [
+        "store.ack(",
+        "store().ack(",
+        "store.drain(",
+        "store().drain(",
+    ];
+    let bad: Vec<String> = files
+        .iter()
+        .filter(|f| !is_test_file(f))
+        .map(|f| {
+            f.strip_prefix(&src)
+                .expect("under src")
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|rel| rel != "inbox.rs" && !rel.starts_with("store/"))
+        .filter(|rel| {
+            // Whitespace removed: a call chain split over lines still reads `store.ack(`.
+            let text: String = std::fs::read_to_string(src.join(rel))
+                .unwrap_or_default()
+                .chars()
+                .filter(|c| !c.is_whitespace())
+                .collect();
+            needles.iter().any(|n| text.contains(n))
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "these take mail out of the store without telling the engine; use inbox::Inbox: {bad:?}"
+    );
+}

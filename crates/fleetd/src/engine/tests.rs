@@ -808,3 +808,76 @@ async fn readiness_fires_on_the_status_and_presence_that_complete_it_never_on_a_
     fake.close("w2:p3");
     assert_eq!(cy.await, Ok(Readiness::Gone));
 }
+
+#[tokio::test(start_paused = true)]
+async fn each_input_is_handled_at_the_time_it_arrives() {
+    // Review M1: the loop read the time before it waited for an input, so a command that came
+    // after a quiet spell was handled up to an idle tick in the past (its ticket opened then,
+    // its deadlines counted from then).
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let rig = rig(&fake);
+    rig.engine
+        .add_member(member("alice", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    sleep(Duration::from_millis(4500)).await;
+    let ticket = rig
+        .engine
+        .submit(
+            None,
+            Target::new("alice").expect("target"),
+            "job".to_owned(),
+        )
+        .await
+        .expect("engine")
+        .expect("queued");
+    let super::TicketAnswer::Live(view) = rig.engine.ticket(ticket).await.expect("engine") else {
+        panic!("ticket {ticket} is live");
+    };
+    let opened = view.created_at.duration_since(Timestamp::UNIX_EPOCH);
+    assert!(
+        opened >= jiff::SignedDuration::from_millis(4500),
+        "opened when it was sent (4.5 s), not when the loop last woke: {opened:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_turn_whose_fallback_cannot_be_stored_still_ends_its_ticket() {
+    // Review M7: a failed fallback publish only cleared the recording flag, so the ticket stayed
+    // working forever and a waiting fleet_send hung to its timeout.
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let rig = rig(&fake);
+    let ticket = alice_with_a_task(&rig).await;
+    let settled = rig.engine.wait(ticket).await.expect("engine");
+    sleep(Duration::from_millis(500)).await;
+    fake.set_status("w2:p1", AgentStatus::Working);
+    sleep(Duration::from_millis(500)).await;
+    assert_eq!(state_of(&rig, ticket).await, TicketState::Working);
+    rig.store.set_publish_fails(true);
+    fake.set_status("w2:p1", AgentStatus::Idle);
+    let settled = tokio::time::timeout(Duration::from_secs(30), settled)
+        .await
+        .expect("the ticket ends without waiting for a timeout")
+        .expect("settled");
+    assert_eq!(settled.state, TicketState::EndedWithoutReply);
+    assert!(
+        inbox(&rig, "alice").await.is_empty(),
+        "the store took nothing"
+    );
+    // The member takes its next task.
+    rig.store.set_publish_fails(false);
+    let next = rig
+        .engine
+        .submit(
+            None,
+            Target::new("alice").expect("target"),
+            "next".to_owned(),
+        )
+        .await
+        .expect("engine")
+        .expect("queued");
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(state_of(&rig, next).await, TicketState::Delivered);
+}

@@ -24,6 +24,8 @@ struct State {
     acked: RecentIds,
     /// The fleet state: (kind, key) → value.
     records: BTreeMap<(String, String), String>,
+    /// Publishes fail as a full disk would make them (a test's fault).
+    publish_fails: bool,
 }
 
 impl MemoryStore {
@@ -34,6 +36,7 @@ impl MemoryStore {
                 queues: BTreeMap::new(),
                 acked: RecentIds::new(DEDUP_WINDOW),
                 records: BTreeMap::new(),
+                publish_fails: false,
             })),
             limits,
         }
@@ -44,9 +47,21 @@ impl MemoryStore {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Makes every later publish fail (`true`) as a storage engine's write error would, or
+    /// work again (`false`): the fault a test of "the store could not take it" needs.
+    pub fn set_publish_fails(&self, fails: bool) {
+        self.state().publish_fails = fails;
+    }
+
     fn publish_now(&self, message: Message) -> Result<PublishOutcome, StoreError> {
         message.check(&self.limits)?;
         let mut state = self.state();
+        if state.publish_fails {
+            return Err(StoreError::Backend {
+                op: "commit a batch of inbox writes",
+                source: Arc::new(std::io::Error::other("scripted: no space left on device")),
+            });
+        }
         let known = state.acked.contains(&message.msg_id)
             || state
                 .queues
