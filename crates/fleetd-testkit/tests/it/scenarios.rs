@@ -56,6 +56,9 @@
 //! | §9 one policy on every door; Host and Origin | security::e2e_security_rest_and_mcp_follow_one_policy_for_anonymous_callers_and_web_pages |
 //! | §13.4 a member uses no lead door (MCP, REST, CLI) | security::e2e_security_a_member_can_use_no_lead_door |
 //! | §13.9 owner-only state | security::e2e_security_state_is_owner_only_and_a_loose_one_is_tightened |
+//! | §15 durable fleet state: kill -9 at random points, restart, nothing lost or repeated | recovery::e2e_recovery_kill_9_at_random_points_loses_and_repeats_nothing |
+//! | §15 an engine panic ends the daemon non-zero | serve::an_engine_panic_makes_the_daemon_exit_non_zero |
+//! | §3 a spawn whose caller is killed midway still finishes | members::e2e_a_spawn_whose_caller_is_killed_midway_still_finishes |
 //! | §10 config errors name key, line, column | config::bad_files_exit_1_with_the_reason |
 //! | §10 hot reload + SIGHUP | reload::reload_on_sighup_even_with_config_reload_false |
 //! | §11 human CLI | client::e2e_cli_sends_reads_and_acknowledges |
