@@ -179,6 +179,40 @@ async fn send_keys_deliver_quotes_unicode_and_newlines_literally() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn texts_ending_in_a_semicolon_arrive_whole() {
+    // tmux reads an argument ending in `;` as a command separator and drops it (`a;` typed `a`,
+    // a task of just `;` typed an empty line) and one ending in `\;` as an escaped `;`.
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let server = TmuxServer::start().expect("tmux");
+    let tmux = backend(&server);
+    let record = server.dir().join("received.bin");
+    let script = format!("stty raw -echo; exec cat > '{}'", record.display());
+    let pane = tmux
+        .open_pane(open("fleet", &[], vec!["sh".into(), "-c".into(), script]))
+        .await
+        .expect("open recorder");
+    eventually("the recorder to start", async || {
+        record.exists().then_some(())
+    })
+    .await;
+    let texts = ["run the tests;", ";", "a\\;", "x;;", "a \\\\;", "end\\"];
+    let mut expected = String::new();
+    for text in texts {
+        tmux.submit(&pane.pane, text).await.expect("submit");
+        expected.push_str(text);
+        expected.push('\r');
+    }
+    let got = eventually("every text to arrive", async || {
+        let bytes = std::fs::read(&record).ok()?;
+        (bytes.len() >= expected.len()).then_some(bytes)
+    })
+    .await;
+    assert_eq!(String::from_utf8_lossy(&got), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_follows_the_title_spinner_and_closing_reports_gone() {
     if require_tmux() == Service::Skip {
         return;

@@ -153,6 +153,17 @@ struct RawPane {
     title: String,
 }
 
+/// `text` as a tmux argument that stays literal. tmux reads an argument ending in `;` as the end
+/// of a command (the `;` dropped) and one ending in `\;` as a literal `;` (the backslash dropped),
+/// and nothing else: so a backslash before the final `;` keeps any text whole — `a;` → `a\;`,
+/// `a\;` → `a\\;`. tmux 3.3a `cmd-parse.c`, `cmd_parse_from_arguments`.
+fn literal_arg(text: &str) -> String {
+    match text.strip_suffix(';') {
+        Some(head) => format!("{head}\\;"),
+        None => text.to_owned(),
+    }
+}
+
 /// Replaces characters fleetd's ids refuse (whitespace, controls) so every pane has an id.
 fn id_text(text: &str) -> String {
     let cleaned: String = text
@@ -474,7 +485,7 @@ impl Tmux {
                     target.clone(),
                     "-l".into(),
                     "--".into(),
-                    text.to_owned(),
+                    literal_arg(text),
                 ],
                 &what,
             )
