@@ -454,6 +454,25 @@ pub mod daemon {
             crate::http::Endpoint::Unix(state_dir(&self.home).join("api.sock"))
         }
 
+        /// The daemon's process id.
+        pub fn pid(&self) -> u32 {
+            self.child.id()
+        }
+
+        /// How many inotify instances the daemon holds open (its config file watcher's).
+        pub fn inotify_instances(&self) -> usize {
+            std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+                .map(|fds| {
+                    fds.flatten()
+                        .filter(|fd| {
+                            std::fs::read_link(fd.path())
+                                .is_ok_and(|l| l.as_os_str() == "anon_inode:inotify")
+                        })
+                        .count()
+                })
+                .unwrap_or(0)
+        }
+
         /// Sends `signal` (e.g. "TERM") to the process.
         pub fn signal(&self, signal: &str) {
             let status = Command::new("kill")

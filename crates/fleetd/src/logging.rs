@@ -19,23 +19,45 @@ struct Installed {
 
 static INSTALLED: OnceLock<Installed> = OnceLock::new();
 
-/// `level` as a filter. rmcp logs every HTTP request's session start and end at info; unless the
-/// filter names rmcp itself, it is held to warn so fleetd's own lines stay readable.
-fn filter_for(level: &str) -> Option<EnvFilter> {
-    let level = if level.contains("rmcp") {
-        level.to_owned()
-    } else {
-        format!("{level},rmcp=warn")
+/// Crates held to a level unless a filter names them: rmcp logs every HTTP request's session
+/// start and end at info; the file watcher (`notify`, `notify_debouncer_full`) logs every raw
+/// event at trace — with a log file in the watched config directory, each of those lines is an
+/// event of its own, a loop that wrote tens of MB a second while idle.
+const QUIET: &[(&str, &str)] = &[
+    ("rmcp", "warn"),
+    ("notify", "info"),
+    ("notify_debouncer_full", "info"),
+];
+
+/// `filter` with [`QUIET`]'s directives added for the crates it does not name.
+fn quieted(filter: &str) -> String {
+    let mut out = filter.to_owned();
+    let names = |krate: &str| {
+        filter.split(',').any(|directive| {
+            let target = directive.split(['=', '[']).next().unwrap_or("").trim();
+            target == krate || target.starts_with(&format!("{krate}::"))
+        })
     };
-    EnvFilter::try_new(level).ok()
+    for (krate, level) in QUIET {
+        if !names(krate) {
+            out.push_str(&format!(",{krate}={level}"));
+        }
+    }
+    out
 }
 
-/// Installs the global subscriber. `FLEETD_LOG` (a tracing filter) overrides `level` when set.
+/// `level` as a filter, with the [`QUIET`] crates held back.
+fn filter_for(level: &str) -> Option<EnvFilter> {
+    EnvFilter::try_new(quieted(level)).ok()
+}
+
+/// Installs the global subscriber. `FLEETD_LOG` (a tracing filter) overrides `level` when set
+/// ([`QUIET`] applies to it too, unless it names those crates).
 /// Calling it twice is harmless: the second call leaves the first subscriber in place.
 pub fn init(format: LogFormat, level: &str) {
     let from_env = std::env::var("FLEETD_LOG")
         .ok()
-        .and_then(|f| EnvFilter::try_new(f).ok());
+        .and_then(|f| EnvFilter::try_new(quieted(&f)).ok());
     let pinned_by_env = from_env.is_some();
     let filter = from_env
         .or_else(|| filter_for(level))
@@ -84,5 +106,22 @@ pub fn set_level(level: &str) {
     };
     if let Err(e) = (installed.set_filter)(filter) {
         tracing::warn!(error = %e, "failed to change the log level");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quieted;
+
+    #[test]
+    fn the_watcher_and_rmcp_are_held_back_unless_named() {
+        assert_eq!(
+            quieted("trace"),
+            "trace,rmcp=warn,notify=info,notify_debouncer_full=info"
+        );
+        assert_eq!(
+            quieted("debug,notify::inotify=trace,rmcp=debug"),
+            "debug,notify::inotify=trace,rmcp=debug,notify_debouncer_full=info"
+        );
     }
 }

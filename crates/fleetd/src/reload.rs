@@ -1,5 +1,6 @@
 //! Config hot reload (SPEC §10): re-reads the config file when it changes (its directory watched,
-//! so an editor's atomic rename is seen; only while `configReload` is true) and on every SIGHUP,
+//! so an editor's atomic rename is seen; the watcher runs only while `configReload` is true, and
+//! events naming other files are dropped before a reload is asked for) and on every SIGHUP,
 //! then applies the new configuration whole, or nothing of it. Owns the watcher, the signal and
 //! the decision to publish; must not judge keys itself (that is `config::ConfigDiff`) nor reach
 //! into the parts that read the configuration (they read `config::Live` per call or subscribe).
@@ -162,19 +163,23 @@ impl Drop for ReloadTask {
 }
 
 /// Starts reloading `daemon`'s configuration from `source`: on SIGHUP always, on file changes
-/// while `configReload` is true. The signal handler and the watcher are in place when this
-/// returns, so a SIGHUP sent afterwards reloads instead of ending the process.
+/// while `configReload` is true. The signal handler and (with `configReload: true`) the watcher
+/// are in place when this returns, so a SIGHUP sent afterwards reloads instead of ending the
+/// process. The watcher exists only while `configReload` is true: a reload that turns it off
+/// drops the watcher (no inotify watch, nothing woken by the directory's other files), one that
+/// turns it on starts it.
 pub fn start(daemon: &Daemon, source: ReloadSource) -> anyhow::Result<ReloadTask> {
     let mut hangup =
         signal(SignalKind::hangup()).context("failed to listen for SIGHUP (config reload)")?;
     let (tx, mut requests) = mpsc::channel(REQUESTS_QUEUE);
-    let watcher = watch_file(&source.path, tx);
-    let mut watching = watcher.is_some();
+    let path = source.path.clone();
     let reloader = Reloader::new(source, daemon.publisher());
+    let mut watcher = if reloader.watching() {
+        watch_file(&path, tx.clone())
+    } else {
+        None
+    };
     let handle = tokio::spawn(async move {
-        // Dropping the debouncer stops its thread and the inotify watch; it lives as long as
-        // this task.
-        let _watcher = watcher;
         loop {
             tokio::select! {
                 signalled = hangup.recv() => {
@@ -183,15 +188,24 @@ pub fn start(daemon: &Daemon, source: ReloadSource) -> anyhow::Result<ReloadTask
                     }
                     reloader.reload(Trigger::Hangup);
                 }
-                request = requests.recv(), if watching => match request {
-                    Some(()) if reloader.watching() => {
+                // Never `None`: this task holds a sender for the watchers it starts.
+                Some(()) = requests.recv() => {
+                    if reloader.watching() {
                         reloader.reload(Trigger::FileChanged);
                     }
-                    Some(()) => {
-                        tracing::debug!("config file changed; configReload is false, so it waits for SIGHUP");
-                    }
-                    None => watching = false,
-                },
+                }
+            }
+            // What was just applied may have turned `configReload` on or off.
+            match (reloader.watching(), watcher.is_some()) {
+                (true, false) => watcher = watch_file(&path, tx.clone()),
+                (false, true) => {
+                    // Dropping the debouncer stops its thread and the inotify watch.
+                    watcher = None;
+                    tracing::info!(
+                        "configReload is false: the config file is no longer watched; SIGHUP still reloads"
+                    );
+                }
+                _ => {}
             }
         }
     });

@@ -171,22 +171,18 @@ fn reload_refuses_a_boot_only_change_and_applies_nothing_of_it() {
 #[test]
 fn reload_on_sighup_even_with_config_reload_false() {
     let home = tempfile::tempdir().expect("tempdir");
-    // Debug logging shows the watcher declining, so the test knows the edit was seen and
-    // deliberately not applied before it sends SIGHUP.
-    let log = "log: {level: 'fleetd=debug,info'}\n";
-    let mut daemon = start(home.path(), &format!("configReload: false\n{log}{CODER}"));
+    let mut daemon = start(home.path(), &format!("configReload: false\n{CODER}"));
+    // No watcher at all while configReload is false: nothing is woken by the directory.
+    assert_eq!(daemon.inotify_instances(), 0, "no config watcher");
     let base = isolated_config(home.path());
     save_atomically(
         home.path(),
-        &format!("{base}configReload: false\n{log}{CODER}  reviewer: {{agent: pi}}\n"),
+        &format!("{base}configReload: false\n{CODER}  reviewer: {{agent: pi}}\n"),
     );
-    daemon.wait_for_log("the watcher to see the edit", RELOAD_TIMEOUT, |l| {
-        l.contains("it waits for SIGHUP")
-    });
     assert_eq!(
         profile_names(&daemon),
         ["coder"],
-        "not applied by the watcher"
+        "not applied without SIGHUP"
     );
     daemon.signal("HUP");
     wait_until("the reviewer profile after SIGHUP", RELOAD_TIMEOUT, || {
@@ -206,6 +202,78 @@ fn reload_on_sighup_even_with_config_reload_false() {
         daemon.child.try_wait().expect("try_wait").is_none(),
         "still running"
     );
+}
+
+#[test]
+fn the_watcher_follows_config_reload_and_ignores_the_directorys_other_files() {
+    // Issue 15: with the log at trace and a log file in the config directory, each log write was
+    // a watcher event the watcher logged at trace: a loop writing tens of MB a second while
+    // idle. The watcher now runs only while configReload is true, and its own crates stay at
+    // info whatever the level.
+    let home = tempfile::tempdir().expect("tempdir");
+    let log = "log: {level: trace}\n";
+    let mut daemon = start(home.path(), &format!("configReload: false\n{log}{CODER}"));
+    assert_eq!(
+        daemon.inotify_instances(),
+        0,
+        "off while configReload is false"
+    );
+    let base = isolated_config(home.path());
+    save_atomically(
+        home.path(),
+        &format!("{base}configReload: true\n{log}{CODER}"),
+    );
+    daemon.signal("HUP");
+    daemon.wait_for_log("the SIGHUP reload", RELOAD_TIMEOUT, |l| {
+        l.contains("configuration reloaded") && l.contains("configReload")
+    });
+    wait_until("the watcher to start", RELOAD_TIMEOUT, || {
+        daemon.inotify_instances() == 1
+    });
+    // A busy neighbour of the config file: a log file in the same directory.
+    let neighbour = config_path(home.path()).with_file_name("fleetd.log");
+    for n in 0..200 {
+        use std::io::Write as _;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&neighbour)
+            .expect("open the neighbour");
+        writeln!(f, "line {n}").expect("write the neighbour");
+    }
+    // Then a real edit: once it is applied, the watcher has handled the neighbour's events.
+    save_atomically(
+        home.path(),
+        &format!("{base}configReload: true\n{log}{CODER}  reviewer: {{agent: pi}}\n"),
+    );
+    let line = daemon.wait_for_log("the watcher's reload", RELOAD_TIMEOUT, |l| {
+        l.contains("configuration reloaded") && l.contains("profiles (+reviewer)")
+    });
+    assert!(line.contains("file"), "{line}");
+    let noisy: Vec<&String> = daemon
+        .seen_logs()
+        .iter()
+        .filter(|l| l.contains("\"target\":\"notify") || l.contains("raw event"))
+        .collect();
+    assert!(noisy.is_empty(), "the watcher's own trace lines: {noisy:?}");
+    let reloads = daemon
+        .seen_logs()
+        .iter()
+        .filter(|l| l.contains("file changed") || l.contains("nothing changed"))
+        .count();
+    assert!(
+        reloads <= 1,
+        "the neighbour's writes asked for reloads: {reloads}"
+    );
+    // And off again.
+    save_atomically(
+        home.path(),
+        &format!("{base}configReload: false\n{log}{CODER}  reviewer: {{agent: pi}}\n"),
+    );
+    daemon.wait_for_log("the reload that turns it off", RELOAD_TIMEOUT, |l| {
+        l.contains("no longer watched")
+    });
+    assert_eq!(daemon.inotify_instances(), 0, "off again");
 }
 
 #[test]
