@@ -506,6 +506,18 @@ pub mod daemon {
             found.expect("wait_until returned, so a line matched")
         }
 
+        /// Prints every log line received so far (read or not) to stderr: a failing check's
+        /// evidence when the daemon is not dropped while panicking.
+        pub fn print_logs(&mut self) {
+            while let Ok(line) = self.logs.try_recv() {
+                self.early.push(line);
+            }
+            eprintln!("---- fleetd log (pid {}) ----", self.child.id());
+            for line in &self.early {
+                eprintln!("{line}");
+            }
+        }
+
         /// Every log line read so far by [`Daemon::wait_for_log`] or while starting.
         pub fn seen_logs(&self) -> &[String] {
             &self.early

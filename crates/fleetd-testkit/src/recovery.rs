@@ -280,13 +280,18 @@ impl Session {
                 .iter()
                 .any(|((m, _), ticket)| m == q && ticket.is_some())
         });
-        wait_for("the fleet to settle after the restart", SETTLE, || {
+        let waited = wait_for("the fleet to settle after the restart", SETTLE, || {
             if let Some(q) = asker {
                 self.answer_questions(q);
             }
             self.read_inboxes();
             self.settled(asker).then_some(())
-        })?;
+        });
+        if let Err(e) = waited {
+            let detail = self.unsettled(asker);
+            self.rig.daemon.print_logs();
+            return Err(e.context(format!("still unsettled: {detail}")));
+        }
         if let Some(q) = asker {
             self.counts.questions_answered += 1;
             let _ = self.operator.tool("fleet_stop", &json!({ "target": q }));
@@ -352,6 +357,36 @@ impl Session {
                 .unwrap_or(0);
             typed >= 1 && self.ended(ticket)
         })
+    }
+
+    /// What [`Self::settled`] still waits for, in words: each unended ticket with its state
+    /// and how often its task was typed, and an asker without its answer.
+    fn unsettled(&self, asker: Option<&str>) -> String {
+        let mut out = Vec::new();
+        if let Some(q) = asker.filter(|q| !self.answer_seen(q)) {
+            out.push(format!("{q} never got its answer"));
+        }
+        for ((member, text), ticket) in &self.tasks {
+            let Some(ticket) = ticket else { continue };
+            let typed = self
+                .members
+                .get(member)
+                .and_then(|m| m.prompts().get(text).copied())
+                .unwrap_or(0);
+            let state = self
+                .operator
+                .tool("fleet_poll", &json!({ "ticket": ticket }))
+                .map_or_else(
+                    |e| format!("poll failed: {e:#}"),
+                    |v| v["state"].to_string(),
+                );
+            if typed == 0 || !self.ended(ticket) {
+                out.push(format!(
+                    "{member} {text:?} ticket {ticket}: {state}, typed {typed}x"
+                ));
+            }
+        }
+        out.join("; ")
     }
 
     fn ended(&self, ticket: &str) -> bool {
