@@ -213,6 +213,92 @@ async fn texts_ending_in_a_semicolon_arrive_whole() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_listing_per_poll_serves_every_watched_pane() {
+    // Review L11: each watched pane had its own poll, a `list-panes` and a `capture-pane` every
+    // 400 ms; now one `list-panes -a` per poll serves them all (the screen is still read for an
+    // agent whose status depends on it).
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let server = TmuxServer::start().expect("tmux");
+    // A tmux that writes down each of its subcommands, then runs the real one.
+    let calls = server.dir().join("calls.log");
+    let wrapper = server.dir().join("tmux-wrapper");
+    let real = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", "command -v tmux"])
+            .output()
+            .expect("sh")
+            .stdout,
+    )
+    .expect("utf-8");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in -*|/*) ;; *) echo \"$a\" >> '{}'; break;; esac; done\nexec {} \"$@\"\n",
+            calls.display(),
+            real.trim()
+        ),
+    )
+    .expect("write the wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let mut config = server.backend_config();
+    config.program = wrapper;
+    config.poll_interval = Duration::from_millis(50);
+    let tmux = Tmux::new(config);
+    let mut panes = Vec::new();
+    for _ in 0..4 {
+        let pane = tmux
+            .open_pane(open("fleet", &[], vec!["sleep".into(), "600".into()]))
+            .await
+            .expect("open");
+        panes.push(pane.pane);
+    }
+    let mut events = tmux.events();
+    for pane in &panes {
+        tmux.watch(pane).await.expect("watch");
+    }
+    // Their first readings, in whatever order one poll publishes them.
+    let mut unseen: std::collections::BTreeSet<PaneId> = panes.iter().cloned().collect();
+    tokio::time::timeout(PATIENCE, async {
+        while !unseen.is_empty() {
+            if let Ok(PaneEvent::StatusChanged { pane, status, .. }) = events.recv().await {
+                assert_eq!(status, AgentStatus::Idle, "{pane}");
+                unseen.remove(&pane);
+            }
+        }
+    })
+    .await
+    .expect("every watched pane's first reading");
+    let count = |what: &str| {
+        std::fs::read_to_string(&calls)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == what)
+            .count()
+    };
+    let (lists, captures) = (count("list-panes"), count("capture-pane"));
+    eventually("a dozen polls", async || {
+        (count("capture-pane") >= captures + 48).then_some(())
+    })
+    .await;
+    let lists = count("list-panes") - lists;
+    let captures = count("capture-pane") - captures;
+    // Four agent panes: four screens per poll, one listing for all of them.
+    assert!(
+        lists * 2 <= captures,
+        "{lists} listings for {captures} screen reads: a listing per pane"
+    );
+    for pane in &panes {
+        tmux.unwatch(pane);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_follows_the_title_spinner_and_closing_reports_gone() {
     if require_tmux() == Service::Skip {
         return;

@@ -22,14 +22,12 @@
 //! `sh` that reads the file, removes it and `exec`s the member's command with the values in its
 //! environment only. Only the file's path is ever on an argv.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetd_core::{PaneId, TabId, TerminalId, WorkspaceId};
 use tokio::sync::broadcast;
-use tokio::task::AbortHandle;
 
 use crate::mux::{
     BackendKind, Multiplexer, MuxError, MuxFuture, OpenPane, PaneEvent, PaneInfo, Placement,
@@ -74,6 +72,8 @@ pub struct TmuxConfig {
     /// The umask a tmux server fleetd starts is given (the user's own, not fleetd's
     /// owner-only one); `None` leaves fleetd's.
     pub server_umask: Option<u32>,
+    /// The `tmux` executable (looked up on `PATH` when it is a bare name).
+    pub program: PathBuf,
 }
 
 impl TmuxConfig {
@@ -85,6 +85,7 @@ impl TmuxConfig {
             poll_interval: Duration::from_millis(400),
             launch_dir: None,
             server_umask: None,
+            program: PathBuf::from("tmux"),
         }
     }
 }
@@ -126,19 +127,16 @@ struct Inner {
     /// backend is built.
     inherited: Vec<(&'static str, std::ffi::OsString)>,
     /// Each watched pane's polling task and the poke that makes it read at once.
-    watches: Mutex<HashMap<PaneId, (AbortHandle, Arc<tokio::sync::Notify>)>>,
+    watches: Mutex<watch::Watches>,
     events: broadcast::Sender<PaneEvent>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let watches = self
-            .watches
+        self.watches
             .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (task, _) in watches.values() {
-            task.abort();
-        }
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .stop();
     }
 }
 
@@ -191,7 +189,7 @@ impl Tmux {
             inner: Arc::new(Inner {
                 config,
                 inherited: launch::inherited_env(),
-                watches: Mutex::new(HashMap::new()),
+                watches: Mutex::new(watch::Watches::default()),
                 events,
             }),
         }
@@ -226,10 +224,11 @@ impl Tmux {
         let mut cmd = match self.inner.config.server_umask {
             Some(mask) if starts_server => {
                 let mut sh = tokio::process::Command::new("/bin/sh");
-                sh.args(["-c", &format!("umask {mask:04o}; exec tmux \"$@\""), "tmux"]);
+                sh.args(["-c", &format!("umask {mask:04o}; exec \"$0\" \"$@\"")])
+                    .arg(&self.inner.config.program);
                 sh
             }
-            _ => tokio::process::Command::new("tmux"),
+            _ => tokio::process::Command::new(&self.inner.config.program),
         };
         cmd.env_clear();
         cmd.envs(self.inner.inherited.iter().map(|(k, v)| (k, v)));
@@ -310,7 +309,8 @@ impl Tmux {
         })
     }
 
-    async fn list_panes_inner(&self) -> Result<Vec<PaneInfo>, MuxError> {
+    /// Every pane of the server, in tmux's order: one `list-panes -a`.
+    async fn raw_panes(&self) -> Result<Vec<RawPane>, MuxError> {
         let out = self
             .run(
                 &[
@@ -322,9 +322,14 @@ impl Tmux {
                 "panes",
             )
             .await?;
-        out.lines()
-            .filter_map(Self::parse_pane_line)
-            .map(|raw| Self::convert(&raw, None))
+        Ok(out.lines().filter_map(Self::parse_pane_line).collect())
+    }
+
+    async fn list_panes_inner(&self) -> Result<Vec<PaneInfo>, MuxError> {
+        self.raw_panes()
+            .await?
+            .iter()
+            .map(|raw| Self::convert(raw, None))
             .collect()
     }
 
@@ -634,15 +639,7 @@ impl Multiplexer for Tmux {
     }
 
     fn unwatch(&self, pane: &PaneId) {
-        let task = self
-            .inner
-            .watches
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(pane);
-        if let Some((task, _)) = task {
-            task.abort();
-        }
+        self.stop_watch(pane);
     }
 
     fn events(&self) -> broadcast::Receiver<PaneEvent> {

@@ -8,16 +8,21 @@ pub(super) const SHELLS: &[&str] = &[
     "sh", "bash", "dash", "zsh", "fish", "ksh", "mksh", "csh", "tcsh", "nu", "elvish", "xonsh",
 ];
 
+/// A braille spinner (U+2800–U+28FF) leading the title: Claude Code's "working".
+pub(super) fn has_spinner(title: &str) -> bool {
+    title
+        .chars()
+        .next()
+        .is_some_and(|c| ('\u{2800}'..='\u{28FF}').contains(&c))
+}
+
 /// Status from what tmux knows: title, foreground command and (optionally) the screen.
 pub fn derive_status(
     title: &str,
     command: &str,
     screen: Option<&str>,
 ) -> (Option<String>, AgentStatus) {
-    let spinner = title
-        .chars()
-        .next()
-        .is_some_and(|c| ('\u{2800}'..='\u{28FF}').contains(&c));
+    let spinner = has_spinner(title);
     let is_shell = SHELLS.contains(&command);
     let agent = (!is_shell && !command.is_empty()).then(|| command.to_owned());
     if spinner {
