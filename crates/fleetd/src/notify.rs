@@ -2,6 +2,19 @@
 //! `STOPPING=1` when it begins to shut down, as datagrams to `$NOTIFY_SOCKET` (a path, or an
 //! abstract name written `@name`). Owns that wire format only; a notification that cannot be
 //! sent is logged, never fatal — fleetd runs the same with or without a service manager.
+//!
+//! This module is readiness notification's one platform seam, and it is Linux's: the abstract
+//! `@name` sockets systemd may hand out exist only there (`std::os::linux`). Any other target
+//! fails to compile here, naming what a port must decide.
+
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "fleetd: readiness notification (notify) is implemented for Linux only: systemd's \
+     sd_notify on $NOTIFY_SOCKET, whose abstract @name sockets need std::os::linux. \
+     A macOS port must supply its launchd counterpart, and launchd has no readiness \
+     protocol: Notifier becomes a documented no-op there (launchd only knows the process \
+     started), without the abstract-socket variant."
+);
 
 use std::io;
 use std::os::unix::net::UnixDatagram;

@@ -176,10 +176,10 @@ async fn measure(herdr: &Herdr, panes: usize) -> anyhow::Result<Vec<Row>> {
     let mut inode_t = Vec::new();
     let mut index_t = Vec::new();
     let mut scan_t = Vec::new();
-    let mut index = fleetd::locate::proc::ProcessIndex::default();
+    let mut index = fleetd::locate::process::ProcessIndex::default();
     for (_, peer) in held.iter().take(50) {
         let t = Instant::now();
-        let inode = fleetd::locate::client_socket(*peer, local)?
+        let inode = fleetd::locate::platform::client_socket(*peer, local)?
             .context("inode")?
             .inode;
         inode_t.push(t.elapsed());
@@ -188,7 +188,7 @@ async fn measure(herdr: &Herdr, panes: usize) -> anyhow::Result<Vec<Row>> {
         index_t.push(t.elapsed());
         let candidates = index.candidates(&[], &Default::default());
         let t = Instant::now();
-        fleetd::locate::proc::find_socket_owner(inode, &candidates);
+        fleetd::locate::platform::find_socket_owner(inode, &candidates);
         scan_t.push(t.elapsed());
     }
 

@@ -66,7 +66,9 @@ async fn accept_hello(listener: &TcpListener) -> (TcpStream, std::net::SocketAdd
 }
 
 fn session_of(pid: u32) -> u32 {
-    fleetd::locate::proc::read_stat(pid).expect("stat").session
+    fleetd::locate::platform::read_stat(pid)
+        .expect("stat")
+        .session
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

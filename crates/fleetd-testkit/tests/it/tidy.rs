@@ -1,7 +1,8 @@
 //! Tidy: repository rules checked as a test — every `.rs` file opens with a `//!` line, no test
 //! is skipped with the ignore attribute, the core crate depends on no async runtime or I/O crate
-//! (read from `cargo metadata`), no file is far over the house size, and only the named modules
-//! read the process environment.
+//! (read from `cargo metadata`), no file is far over the house size, only the named modules read
+//! the process environment, only the inbox facade takes mail out of the store, and the daemon's
+//! platform-specific code stays behind its platform seams.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -60,6 +61,81 @@ fn no_test_is_ignored() {
         })
         .collect();
     assert!(bad.is_empty(), "ignored tests are not allowed: {bad:#?}");
+}
+
+/// The daemon's platform seams, relative to the repository root: the only places that may use a
+/// Linux-only API or a `target_os` cfg. Each fails to compile on other targets with a message
+/// naming what a port must supply (ARCHITECTURE.md, "Platforms").
+const PLATFORM_SEAMS: &[&str] = &[
+    "crates/fleetd/src/locate/platform/",
+    "crates/fleetd/src/notify.rs",
+];
+
+/// Code (not comments) that works on Linux alone, or picks a platform: `/proc` paths, the
+/// `procfs` crate, netlink sockets, `std::os::linux`, and `target_os` cfgs. Found anywhere else
+/// in the daemon, it would make a port fail somewhere no `compile_error!` names.
+const PLATFORM_SPECIFIC: &[&str] = &[
+    "std::os::linux",
+    "\"/proc",
+    "procfs::",
+    "netlink",
+    "target_os",
+];
+
+/// The lines of `text` that name a [`PLATFORM_SPECIFIC`] pattern outside a comment line, as
+/// `line number: text`.
+fn platform_specific_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim_start().starts_with("//"))
+        .filter(|(_, line)| PLATFORM_SPECIFIC.iter().any(|p| line.contains(p)))
+        .map(|(n, line)| format!("{}: {}", n + 1, line.trim()))
+        .collect()
+}
+
+#[test]
+fn platform_specific_code_stays_behind_its_seams() {
+    let root = repo_root();
+    let mut files = Vec::new();
+    rust_files(&root.join("crates/fleetd/src"), &mut files);
+    let mut bad = Vec::new();
+    let mut seams_seen = std::collections::BTreeSet::new();
+    for file in files {
+        let rel = file
+            .strip_prefix(&root)
+            .expect("under the root")
+            .to_string_lossy()
+            .into_owned();
+        if let Some(seam) = PLATFORM_SEAMS.iter().find(|seam| rel.starts_with(**seam)) {
+            seams_seen.insert(*seam);
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("readable source");
+        bad.extend(
+            platform_specific_lines(&text)
+                .into_iter()
+                .map(|line| format!("{rel}:{line}")),
+        );
+    }
+    // A seam moved without this list would leave an entry that exempts nothing: say so.
+    assert_eq!(
+        seams_seen.len(),
+        PLATFORM_SEAMS.len(),
+        "every listed seam exists; found {seams_seen:?}"
+    );
+    assert!(
+        bad.is_empty(),
+        "platform-specific code outside the platform seams {PLATFORM_SEAMS:?} (move it behind \
+         one, or give it a seam of its own with a compile_error! naming what other targets \
+         lack):\n{}",
+        bad.join("\n")
+    );
+    // The scan itself: a seam's own code is what it would flag.
+    let seam = std::fs::read_to_string(root.join("crates/fleetd/src/notify.rs")).expect("notify");
+    assert!(
+        !platform_specific_lines(&seam).is_empty(),
+        "the patterns still match the code they exist to find"
+    );
 }
 
 /// Crates whose presence in the core's dependency tree would mean it can do I/O or run async.

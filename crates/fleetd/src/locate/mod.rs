@@ -1,15 +1,17 @@
 //! Caller locator: from a connection (loopback TCP peer or unix-socket peer) to the OS user and
 //! process, and from the process to the pane it runs in — the nearest pane whose process (its
 //! shell, or the command it runs) is the caller itself or one of its ancestors, cross-checked
-//! with `HERDR_PANE_ID` / `TMUX_PANE` from its environment. Only this module reads `/proc` for
-//! identity. It never trusts what a caller claims: environment variables are hints that can
-//! raise a warning or mark a process as a member's, never lift what it may do.
+//! with `HERDR_PANE_ID` / `TMUX_PANE` from its environment. Only this module asks the kernel
+//! about identity, and only through `platform`, its one seam to the operating system (Linux's
+//! `/proc` and netlink today; any other target fails to compile there, naming what it lacks).
+//! It never trusts what a caller claims: environment variables are hints that can raise a
+//! warning or mark a process as a member's, never lift what it may do.
 //!
 //! Ancestry, not the session id, decides the pane (SPEC §2): a member's child that calls
 //! `setsid` and whose parent lives on is still found through its parent, and one re-parented
 //! out of the pane's process tree is in no pane (a pid recycled as a session id can never make
 //! an orphan look like another pane's process). A peer of another user is not traced at all:
-//! the socket's owner (netlink `sock_diag`, or `/proc/net/tcp`) or `SO_PEERCRED` says who it is.
+//! the socket's owner ([`platform::client_socket`]) or the unix peer's credentials say who it is.
 //!
 //! The pane map (pane process pid → pane incarnation) is cached. It is refreshed when older than
 //! `pane_ttl`, on a miss (at most every `miss_refresh`: a miss waits for that), after a pane of
@@ -18,7 +20,7 @@
 //! time, so a recycled pid is never mistaken for the old pane process.
 
 use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,8 +31,8 @@ use tokio::time::Instant;
 
 use crate::mux::{MuxError, MuxRouter, PaneEvent};
 
-pub mod diag;
-pub mod proc;
+pub mod platform;
+pub mod process;
 
 /// How many recent callers are tried first in an fd scan.
 const RECENT_CALLERS: usize = 32;
@@ -45,8 +47,8 @@ pub fn own_uid() -> u32 {
 /// Why a caller could not be located. Not being in a pane is not an error (see [`Located`]).
 #[derive(Debug, thiserror::Error)]
 pub enum LocateError {
-    /// The connection's socket is no longer in `/proc/net/tcp{,6}` (it closed) or no readable
-    /// process holds it.
+    /// The kernel no longer lists the connection's socket (it closed), or no readable process
+    /// holds it.
     #[error("no process holds the connection from {peer}; it may have closed")]
     NoOwner {
         /// The peer address.
@@ -58,8 +60,8 @@ pub enum LocateError {
     /// The unix-socket peer's credentials carry no pid.
     #[error("the unix-socket peer has no pid")]
     NoPeerPid,
-    /// `/proc` could not be read.
-    #[error("failed to read /proc: {0}")]
+    /// The kernel's process or socket tables could not be read (`/proc` on Linux).
+    #[error("failed to read the kernel's process tables: {0}")]
     Proc(#[from] std::io::Error),
     /// The multiplexer could not list panes, and no earlier list is cached.
     #[error("failed to list panes: {0}")]
@@ -158,7 +160,7 @@ pub struct Locator {
     config: LocatorConfig,
     map: Arc<tokio::sync::Mutex<PaneMap>>,
     stale: Arc<AtomicBool>,
-    procs: Arc<Mutex<proc::ProcessIndex>>,
+    procs: Arc<Mutex<process::ProcessIndex>>,
     recent: Arc<Mutex<Vec<u32>>>,
     /// Socket inode → the pid found holding it. An inode names one live socket, so a hit only
     /// needs the pid re-checked (one fd listing), not a scan.
@@ -193,7 +195,7 @@ impl Locator {
             config,
             map: Arc::new(tokio::sync::Mutex::new(PaneMap::default())),
             stale,
-            procs: Arc::new(Mutex::new(proc::ProcessIndex::default())),
+            procs: Arc::new(Mutex::new(process::ProcessIndex::default())),
             recent: Arc::new(Mutex::new(Vec::new())),
             sockets: Arc::new(Mutex::new(HashMap::new())),
         }
@@ -214,10 +216,10 @@ impl Locator {
         peer: SocketAddr,
         local: SocketAddr,
     ) -> Result<Located, LocateError> {
-        if !proc::is_loopback(&peer) {
+        if !is_loopback(&peer) {
             return Err(LocateError::NotLoopback(peer));
         }
-        let owner = tokio::task::spawn_blocking(move || client_socket(peer, local))
+        let owner = tokio::task::spawn_blocking(move || platform::client_socket(peer, local))
             .await
             .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??
             .ok_or(LocateError::NoOwner { peer })?;
@@ -228,7 +230,8 @@ impl Locator {
         self.locate_process(pid, owner.uid).await
     }
 
-    /// Locates the process at the other end of a unix-socket connection (`SO_PEERCRED`).
+    /// Locates the process at the other end of a unix-socket connection from the credentials the
+    /// kernel recorded for it (tokio's `peer_cred`: `SO_PEERCRED` on Linux).
     pub async fn locate_unix(&self, stream: &UnixStream) -> Result<Located, LocateError> {
         let cred = stream.peer_cred()?;
         let pid = cred.pid().and_then(|p| u32::try_from(p).ok());
@@ -254,10 +257,10 @@ impl Locator {
         let found = tokio::task::spawn_blocking(move || -> std::io::Result<Option<u32>> {
             let known = lock(&sockets).get(&inode).copied();
             // The same connection again: re-check the pid that held it.
-            let mut found = known.and_then(|pid| proc::find_socket_owner(inode, &[pid]));
+            let mut found = known.and_then(|pid| platform::find_socket_owner(inode, &[pid]));
             // Recent callers next: most calls come from processes that called before.
             if found.is_none() {
-                found = proc::find_socket_owner(inode, &recent);
+                found = platform::find_socket_owner(inode, &recent);
             }
             if found.is_none() {
                 let mut index = procs
@@ -265,7 +268,7 @@ impl Locator {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 index.refresh()?;
                 let candidates = index.candidates(&[], &sessions);
-                found = proc::find_socket_owner(inode, &candidates);
+                found = platform::find_socket_owner(inode, &candidates);
             }
             if let Some(pid) = found {
                 let mut sockets = lock(&sockets);
@@ -294,7 +297,7 @@ impl Locator {
     /// Locates process `pid`, which runs as `uid`: its nearest ancestor that is a pane's process.
     async fn locate_process(&self, pid: u32, uid: u32) -> Result<Located, LocateError> {
         let (chain, hints) = tokio::task::spawn_blocking(move || {
-            proc::ancestry(pid).map(|chain| (chain, proc::read_env_hints(pid)))
+            process::ancestry(pid).map(|chain| (chain, platform::read_env_hints(pid)))
         })
         .await
         .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
@@ -352,7 +355,7 @@ impl Locator {
     /// in no known pane is never more than anonymous over TCP or the shim.
     async fn lookup_or_none(
         &self,
-        chain: &[proc::ProcStat],
+        chain: &[platform::ProcStat],
     ) -> Result<Option<CallerPane>, LocateError> {
         match self.lookup_chain(chain).await {
             Err(LocateError::Mux(e)) => {
@@ -367,7 +370,7 @@ impl Locator {
     /// a pane's process with the start time the map recorded for it.
     async fn lookup_chain(
         &self,
-        chain: &[proc::ProcStat],
+        chain: &[platform::ProcStat],
     ) -> Result<Option<CallerPane>, LocateError> {
         let map = self.current_map().await?;
         Ok(chain.iter().find_map(|stat| {
@@ -426,7 +429,7 @@ impl Locator {
         let starts = tokio::task::spawn_blocking(move || {
             shells
                 .into_iter()
-                .filter_map(|pid| proc::read_stat(pid).ok().map(|s| (pid, s.start_time)))
+                .filter_map(|pid| platform::read_stat(pid).ok().map(|s| (pid, s.start_time)))
                 .collect::<HashMap<u32, u64>>()
         })
         .await
@@ -453,22 +456,32 @@ impl Locator {
     }
 }
 
-/// The client side of an accepted loopback connection, its inode and owner: an exact netlink
-/// `sock_diag` lookup, falling back to scanning `/proc/net/tcp{,6}` where netlink is unavailable.
-/// Blocking.
-pub fn client_socket(
-    peer: SocketAddr,
-    local: SocketAddr,
-) -> std::io::Result<Option<proc::SocketOwner>> {
-    match diag::tcp_socket(peer, local) {
-        Ok(found) => Ok(found),
-        Err(e) => {
-            tracing::debug!(error = %e, "sock_diag lookup failed; reading /proc/net/tcp instead");
-            proc::client_socket(peer, local)
-        }
+/// Whether `addr` is a loopback address (after unmapping IPv4-in-IPv6).
+pub fn is_loopback(addr: &SocketAddr) -> bool {
+    match addr.ip().to_canonical() {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => v6.is_loopback(),
     }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_peers_are_traced() {
+        let addr = |s: &str| s.parse::<SocketAddr>().expect("addr");
+        assert!(is_loopback(&addr("127.0.0.1:4000")));
+        assert!(is_loopback(&addr("[::1]:4000")));
+        assert!(
+            is_loopback(&addr("[::ffff:127.0.0.1]:4000")),
+            "IPv4-mapped loopback"
+        );
+        assert!(!is_loopback(&addr("192.0.2.1:4000")));
+        assert!(!is_loopback(&addr("[::ffff:192.0.2.1]:4000")));
+    }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use rustix::net::netlink::{self, SocketAddrNetlink};
 use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketType};
 
-use super::proc::SocketOwner;
+use crate::locate::platform::SocketOwner;
 
 /// `SOCK_DIAG_BY_FAMILY`.
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
@@ -111,7 +111,7 @@ fn parse_reply(reply: &[u8]) -> io::Result<Option<SocketOwner>> {
 /// The TCP socket whose local address is `src` and remote address is `dst` (for a connection we
 /// accepted: `src` = the peer, `dst` = our listening address): its inode and owner. Tries IPv4
 /// and, for IPv4 addresses, the IPv4-mapped IPv6 form a dual-stack client socket uses.
-pub fn tcp_socket(src: SocketAddr, dst: SocketAddr) -> io::Result<Option<SocketOwner>> {
+pub(super) fn tcp_socket(src: SocketAddr, dst: SocketAddr) -> io::Result<Option<SocketOwner>> {
     let fd = rustix::net::socket(
         AddressFamily::NETLINK,
         SocketType::DGRAM,
@@ -171,7 +171,7 @@ mod tests {
         let client = std::net::TcpStream::connect(local).expect("connect");
         let (_server, peer) = listener.accept().expect("accept");
         let via_netlink = tcp_socket(peer, local).expect("netlink answers");
-        let via_proc = crate::locate::proc::client_socket(peer, local).expect("proc");
+        let via_proc = super::super::proc::client_socket(peer, local).expect("proc");
         assert!(via_netlink.is_some());
         assert_eq!(
             via_netlink, via_proc,
