@@ -234,6 +234,16 @@ impl Injector {
             .or_else(|| lane.in_flight.as_ref().map(|f| f.ticket))
     }
 
+    /// The ticket being typed into `target` (handed to the driver, no answer yet), if any.
+    pub fn typing(&self, target: &Target) -> Option<Ticket> {
+        self.lanes
+            .get(target)?
+            .in_flight
+            .as_ref()
+            .filter(|f| matches!(f.phase, Phase::Typing { .. }))
+            .map(|f| f.ticket)
+    }
+
     /// Whether fleetd has seen an MCP session from `target`'s pane since it joined.
     pub fn presence(&self, target: &Target) -> bool {
         self.lanes.get(target).is_some_and(|l| l.presence)
@@ -247,6 +257,22 @@ impl Injector {
         if let Some(lane) = self.lanes.get_mut(target) {
             lane.queue.retain(|t| *t != ticket);
             lane.current = Some((ticket, false));
+        }
+    }
+
+    /// After a restart: `ticket` was handed to the multiplexer before, and whether it reached
+    /// `target`'s pane is not known until the driver has looked. The lane types nothing until
+    /// the driver says, with `InjectorInput::Typed`: [`TypeOutcome::Uncertain`] when it may
+    /// have arrived (verified like any uncertain typing), [`TypeOutcome::Failed`] when it did
+    /// not (typed again, first in its lane). A busy reading meanwhile is its turn. The member
+    /// must have been added.
+    pub fn restore_typing(&mut self, target: &Target, ticket: Ticket) {
+        if let Some(lane) = self.lanes.get_mut(target) {
+            lane.queue.retain(|t| *t != ticket);
+            lane.in_flight = Some(InFlight {
+                ticket,
+                phase: Phase::Typing { resubmit: false },
+            });
         }
     }
 

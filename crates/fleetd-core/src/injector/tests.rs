@@ -353,6 +353,54 @@ fn an_uncertain_typing_is_verified_and_never_typed_again() {
 }
 
 #[test]
+fn a_typing_in_doubt_after_a_restart_holds_its_lane_until_the_driver_has_looked() {
+    let mut inj = Injector::new(SignedDuration::from_secs(5));
+    let a = target("a");
+    inj.handle_at(InjectorInput::MemberAdded { target: a.clone() }, t(0));
+    inj.handle_at(presence(), t(0));
+    inj.handle_at(status(Activity::AtRest), t(0));
+    // T1 was handed to the multiplexer before the restart; T2 was queued behind it.
+    inj.restore_typing(&a, ticket(1));
+    assert!(
+        inj.handle_at(enqueue(2), t(0)).is_empty(),
+        "nothing is typed while T1 is in doubt"
+    );
+    assert!(inj.handle_at(InjectorInput::Tick, t(3)).is_empty());
+    // The pane shows it never arrived: T1 is typed again, before T2.
+    assert!(
+        inj.handle_at(typed(1, TypeOutcome::Failed), t(4))
+            .is_empty(),
+        "after the retry pause"
+    );
+    assert_eq!(
+        inj.handle_at(InjectorInput::Tick, t(6)),
+        [InjectorEffect::Type {
+            target: a.clone(),
+            ticket: ticket(1)
+        }]
+    );
+    // Had the pane shown it, it would have been verified like an uncertain typing: never typed
+    // again, its one Enter retry after the grace.
+    let mut arrived = Injector::new(SignedDuration::from_secs(5));
+    arrived.handle_at(InjectorInput::MemberAdded { target: a.clone() }, t(0));
+    arrived.handle_at(presence(), t(0));
+    arrived.handle_at(status(Activity::AtRest), t(0));
+    arrived.restore_typing(&a, ticket(1));
+    assert!(
+        arrived
+            .handle_at(typed(1, TypeOutcome::Uncertain), t(1))
+            .is_empty()
+    );
+    assert_eq!(
+        arrived.handle_at(InjectorInput::Tick, t(6)),
+        [InjectorEffect::Resubmit {
+            target: a.clone(),
+            ticket: ticket(1)
+        }]
+    );
+}
+
+#[test]
 fn a_restored_turn_that_is_answered_needs_no_fallback() {
     let mut inj = Injector::new(SignedDuration::from_secs(5));
     let a = target("a");

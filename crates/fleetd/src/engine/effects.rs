@@ -20,6 +20,28 @@ use crate::store::InboxStore;
 
 /// How many lines of a member's pane a turn-done fallback carries.
 const FALLBACK_TAIL_LINES: u32 = 40;
+/// Lines of a pane searched for a task in doubt after a restart.
+const FIND_TYPED_LINES: u32 = 200;
+/// How much of a typed text identifies it on a screen (short enough to fit on one line of a
+/// narrow terminal, so a wrapped or boxed prompt still shows it whole).
+const FIND_TYPED_CHARS: usize = 48;
+
+/// Whether `screen` shows the start of `text`, ignoring whitespace (a TUI wraps and indents
+/// what was typed). A TUI that draws a box around a long prompt still shows its first line.
+fn shows(screen: &str, text: &str) -> bool {
+    let needle: String = text
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .take(FIND_TYPED_CHARS)
+        .collect();
+    if needle.is_empty() {
+        return false;
+    }
+    // Whitespace (line ends included) removed: a prompt wrapped at the terminal's width reads
+    // as one line again.
+    let screen: String = screen.chars().filter(|c| !c.is_whitespace()).collect();
+    screen.contains(&needle)
+}
 /// How many of a member's pending messages are read to settle its open tickets after a restart:
 /// far more than the replies any member has outstanding.
 const RECONCILE_LIMIT: usize = 1000;
@@ -77,6 +99,20 @@ impl Effects {
             } => {
                 let result = self.mux.press_enter(&pane).await;
                 self.report(typed(target, ticket, &result, false)).await;
+            }
+            Io::FindTyped {
+                target,
+                ticket,
+                pane,
+                text,
+            } => {
+                let arrived = self.find_typed(&pane, &text).await;
+                self.report(Event::TypedFound {
+                    target,
+                    ticket,
+                    arrived,
+                })
+                .await;
             }
             Io::Fallback {
                 target,
@@ -174,6 +210,27 @@ impl Effects {
             message,
         })
         .await;
+    }
+
+    /// Whether `text`, handed to the multiplexer before a restart, reached `pane`: it shows in
+    /// the pane's recent lines, or the member is busy (its turn runs). A pane that cannot be
+    /// read counts as arrived: a task is never typed twice.
+    async fn find_typed(&self, pane: &QualifiedPaneId, text: &str) -> bool {
+        match self.mux.read_tail(pane, FIND_TYPED_LINES).await {
+            Ok(screen) if shows(&screen, text) => return true,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(%pane, error = %e, "cannot read the pane to learn whether a task reached it; it is taken as typed");
+                return true;
+            }
+        }
+        match self.mux.pane(pane).await {
+            Ok(found) => !found.info.status.is_at_rest(),
+            Err(e) => {
+                tracing::warn!(%pane, error = %e, "cannot read the pane's status; a task in doubt is taken as typed");
+                true
+            }
+        }
     }
 
     /// Starts watching a pane, or has its watch publish the current status again: the reading
@@ -301,5 +358,24 @@ async fn nudge(
             tracing::warn!(%pane, error = %e, "nudge failed; will retry");
             InjectOutcome::Transient
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shows;
+
+    #[test]
+    fn a_typed_text_is_found_by_its_start_whatever_the_spacing() {
+        let screen = "some output\n> please  run the\n  tests\n$ ";
+        assert!(shows(screen, "please run"));
+        assert!(shows(screen, "please run the tests"), "across a wrap");
+        assert!(!shows(screen, "something else"));
+        assert!(!shows(screen, "   "), "an empty text is never found");
+        let long = "x".repeat(300);
+        assert!(
+            shows(&format!("> {}", &long[..60]), &long),
+            "its first 48 characters"
+        );
     }
 }

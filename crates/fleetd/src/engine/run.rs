@@ -44,6 +44,13 @@ pub(super) enum Event {
         outcome: TypeOutcome,
         gone: bool,
     },
+    /// Whether a task in doubt after a restart reached its member's pane (`true` also when the
+    /// pane could not be read: it is never typed twice).
+    TypedFound {
+        target: Target,
+        ticket: Ticket,
+        arrived: bool,
+    },
     /// A turn-done fallback was captured: `message` is `None` when it could not be stored (the
     /// ticket still ends).
     FallbackStored {
@@ -513,6 +520,11 @@ impl Engine {
                     self.state.typed(&target, ticket, outcome, now, io);
                 }
             }
+            Event::TypedFound {
+                target,
+                ticket,
+                arrived,
+            } => self.state.typed_found(&target, ticket, arrived, now, io),
             Event::FallbackStored {
                 target,
                 ticket,

@@ -205,6 +205,82 @@ async fn a_typing_that_wrote_nothing_is_typed_after_a_restart() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_task_in_doubt_that_never_reached_its_pane_is_typed_after_the_restart() {
+    // Killed after the task was marked typed and before the multiplexer typed it: the pane
+    // does not show it and the member is idle, so the restarted daemon types it, once.
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let disk = Disk::new();
+    let first = disk.start(&fake);
+    first
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    first.presence(t("ann")).await.expect("engine");
+    fake.fault("w2:p1", Some(crate::mux::fake::Fault::TypingHangs));
+    let ticket = first
+        .submit(None, t("ann"), "lost in the kill".to_owned())
+        .await
+        .expect("engine")
+        .expect("queued");
+    let second_task = first
+        .submit(None, t("ann"), "queued behind it".to_owned())
+        .await
+        .expect("engine")
+        .expect("queued");
+    settle().await;
+    assert!(fake.typed().is_empty(), "the typing call never came back");
+    drop(first);
+    settle().await;
+    fake.fault("w2:p1", None);
+    let second = disk.start(&fake);
+    sleep(Duration::from_secs(5)).await;
+    let typed: Vec<String> = fake.typed().into_iter().map(|t| t.text).collect();
+    assert_eq!(typed, ["lost in the kill"], "typed once, and first");
+    assert_ne!(
+        state_of(&second, ticket).await,
+        Some(TicketState::EndedWithoutReply)
+    );
+    assert_eq!(
+        state_of(&second, second_task).await,
+        Some(TicketState::Queued)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_in_doubt_that_shows_in_its_pane_is_never_typed_again() {
+    // Killed after the text reached the pane and before its answer: the pane shows it, so the
+    // restarted daemon never types it again. The member stays idle: one Enter (a text left
+    // unsubmitted in its input line would go in now), then the ticket is stalled.
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let disk = Disk::new();
+    let first = disk.start(&fake);
+    first
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    first.presence(t("ann")).await.expect("engine");
+    fake.fault("w2:p1", Some(crate::mux::fake::Fault::LostAnswer));
+    let ticket = first
+        .submit(None, t("ann"), "typed, answer lost".to_owned())
+        .await
+        .expect("engine")
+        .expect("queued");
+    settle().await;
+    assert_eq!(fake.typed().len(), 1);
+    assert_eq!(state_of(&first, ticket).await, Some(TicketState::Queued));
+    drop(first);
+    settle().await;
+    fake.fault("w2:p1", None);
+    let second = disk.start(&fake);
+    sleep(Duration::from_secs(30)).await;
+    assert_eq!(fake.typed().len(), 1, "never typed twice");
+    assert_eq!(fake.enters("w2:p1"), 1, "its one Enter retry");
+    assert_eq!(state_of(&second, ticket).await, Some(TicketState::Stalled));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_task_typed_before_a_restart_is_never_typed_again_and_its_ticket_ends() {
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);

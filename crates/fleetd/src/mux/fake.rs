@@ -31,6 +31,8 @@ pub(crate) enum Fault {
     /// Typing calls (`submit`, `press_enter`) fail `Transient` before anything is typed (a
     /// socket that refused the call); reads and watches work.
     TypingRefused,
+    /// `submit` never answers and types nothing (a daemon killed while its call was out).
+    TypingHangs,
 }
 
 /// One submit the fake received.
@@ -310,6 +312,9 @@ impl Multiplexer for FakeMux {
     }
 
     fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted> {
+        if self.lock().faults.get(pane) == Some(&Fault::TypingHangs) {
+            return Box::pin(std::future::pending());
+        }
         let result = self.get(pane, "agent.prompt").and_then(|_| {
             self.typing_refused(pane, "agent.prompt")?;
             self.lock().typed.push(Typed {
@@ -337,7 +342,17 @@ impl Multiplexer for FakeMux {
     }
 
     fn read_tail<'a>(&'a self, pane: &'a PaneId, _lines: u32) -> MuxFuture<'a, String> {
-        ready(self.get(pane, "pane.read").map(|_| String::new()))
+        // The screen echoes what was typed into the pane, a line each.
+        ready(self.get(pane, "pane.read").map(|_| {
+            let inner = self.lock();
+            let lines: Vec<&str> = inner
+                .typed
+                .iter()
+                .filter(|t| t.pane == *pane)
+                .map(|t| t.text.as_str())
+                .collect();
+            lines.join("\n")
+        }))
     }
 
     fn close_pane<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use fleetd_core::injector::InjectorInput;
+use fleetd_core::injector::{InjectorInput, TypeOutcome};
 use fleetd_core::push::{LeadId, PushInput};
 use fleetd_core::{
     QualifiedPaneId, Target, TerminalId, Ticket, TicketEvent, TicketRecord, TicketState,
@@ -388,11 +388,57 @@ impl State {
                 self.injector_effects(effects, now, io);
             }
             TicketState::Queued => {
-                // Typed, never confirmed: it may have arrived, so it is never typed again.
-                self.apply(ticket, TicketEvent::Delivered, now);
-                self.injector.restore_current(&target, ticket);
+                // Handed to the multiplexer, never confirmed: the kill may have come before or
+                // after it reached the pane. The pane says which; until it has, nothing else
+                // is typed into that member.
+                self.injector.restore_typing(&target, ticket);
+                if let Some(pane) = self.members.get(&target).map(|m| m.pane.clone()) {
+                    let task = self
+                        .tasks
+                        .get(&ticket)
+                        .map(String::as_str)
+                        .unwrap_or_default();
+                    let text = fleetd_core::plan_injection(task, ticket, self.max_inject)
+                        .text()
+                        .to_owned();
+                    io.push(Io::FindTyped {
+                        target,
+                        ticket,
+                        pane,
+                        text,
+                    });
+                }
             }
             _ => self.injector.restore_current(&target, ticket),
         }
+    }
+}
+
+impl State {
+    /// What the pane said of a task in doubt after a restart. Not there and the member at rest:
+    /// it never arrived, and is typed again, first in its lane. There (or the member busy, or
+    /// the pane unreadable): it may have arrived, so it is verified as an uncertain typing —
+    /// a busy member is its turn; one still at rest after the grace gets the one Enter retry
+    /// (a text left in the input line by a kill between typing and Enter is submitted), then
+    /// the ticket is stalled. Nothing happens when the doubt was settled meanwhile (the member
+    /// was seen busy, or released).
+    pub(in crate::engine) fn typed_found(
+        &mut self,
+        target: &Target,
+        ticket: Ticket,
+        arrived: bool,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        if self.injector.typing(target) != Some(ticket) {
+            return;
+        }
+        let outcome = if arrived {
+            TypeOutcome::Uncertain
+        } else {
+            tracing::info!(%target, %ticket, "a task typed just before the restart never reached its pane; typing it again");
+            TypeOutcome::Failed
+        };
+        self.typed(target, ticket, outcome, now, io);
     }
 }

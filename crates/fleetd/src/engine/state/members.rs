@@ -438,19 +438,23 @@ impl State {
             (true, None) => Some(now),
             (false, _) => None,
         };
-        let activity = match status {
-            AgentStatus::Idle | AgentStatus::Done => Activity::AtRest,
-            AgentStatus::Working | AgentStatus::Blocked => Activity::Busy,
-            AgentStatus::Unknown => Activity::Unknown,
-        };
         let effects = self.injector.handle_at(
             InjectorInput::Activity {
                 target: target.clone(),
-                activity,
+                activity: activity_of(status),
             },
             now,
         );
         self.injector_effects(effects, now, io);
         self.ready_check(target);
+    }
+}
+
+/// What the injector needs to know of an agent status.
+pub(super) fn activity_of(status: AgentStatus) -> Activity {
+    match status {
+        AgentStatus::Idle | AgentStatus::Done => Activity::AtRest,
+        AgentStatus::Working | AgentStatus::Blocked => Activity::Busy,
+        AgentStatus::Unknown => Activity::Unknown,
     }
 }

@@ -41,6 +41,14 @@ pub(super) enum Io {
         ticket: Ticket,
         pane: QualifiedPaneId,
     },
+    /// After a restart: read a member's pane to learn whether a task handed to the
+    /// multiplexer before the restart reached it (its `text` on the screen, or the member busy).
+    FindTyped {
+        target: Target,
+        ticket: Ticket,
+        pane: QualifiedPaneId,
+        text: String,
+    },
     /// Capture the tail of a member's pane and publish it as the ticket's fallback.
     Fallback {
         target: Target,
