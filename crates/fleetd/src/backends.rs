@@ -53,9 +53,9 @@ pub fn spawn(config: Live, engine: WeakEngineHandle) -> JoinHandle<()> {
 
 /// `Ok` when `url` answers 2xx in time; else why not.
 async fn probe(url: &str, timeout: Duration) -> Result<(), String> {
-    match crate::client::wire::get_status(url, timeout).await {
+    match crate::client::wire::probe::get_status(url, timeout).await {
         Ok(status) if (200..300).contains(&status) => Ok(()),
-        Ok(status) => Err(format!("health check answered HTTP {status}")),
+        Ok(status) => Err(format!("its health endpoint {url} answered HTTP {status}")),
         Err(e) => Err(e.to_string()),
     }
 }

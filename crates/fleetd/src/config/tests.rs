@@ -169,6 +169,12 @@ fn semantic_refusals_name_the_key_and_what_to_do() {
         "backends:\n  b: {baseUrl: ftp://x}\n",
         &["backends.b.baseUrl", "http"],
     );
+    // Review H1: the prober cannot fetch https; accepting it meant a false "backend down"
+    // incident for every member on the backend, forever.
+    check_refused(
+        "backends:\n  b: {baseUrl: 'https://api.example.com', healthUrl: 'https://api.example.com/health'}\n",
+        &["backends.b.healthUrl", "plain http://", "no TLS client"],
+    );
     check_refused("log:\n  level: \"[\"\n", &["log.level"]);
     check_refused(
         "leads:\n  - {tab: w1:t2, name: a}\n  - {tab: w1:t2, name: b}\n",

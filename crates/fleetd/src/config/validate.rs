@@ -445,14 +445,18 @@ fn backends(
                     secrets,
                 )?;
             }
-            if let Some(health) = &b.value.health_url
-                && !is_http_url(health)
-            {
-                return Err(judge.at(
-                    &format!("{key}.healthUrl"),
-                    &b,
-                    "needs an http:// or https:// URL",
-                ));
+            if let Some(health) = &b.value.health_url {
+                let plain = health
+                    .strip_prefix("http://")
+                    .is_some_and(|rest| !rest.is_empty());
+                if !plain {
+                    let why = if health.starts_with("https://") {
+                        "needs a plain http:// URL: fleetd's health prober has no TLS client. Point it at a plain-http health port (or a local proxy), or leave healthUrl out (no incidents for this backend)"
+                    } else {
+                        "needs an http:// URL"
+                    };
+                    return Err(judge.at(&format!("{key}.healthUrl"), &b, why));
+                }
             }
             let interval = b
                 .value

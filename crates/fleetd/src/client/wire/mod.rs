@@ -2,6 +2,8 @@
 //! hyper's connection API (no pool, no TLS), answers parsed as JSON. Owns the daemon URL's shape
 //! and the "no daemon answers" error; knows nothing about what the endpoints mean.
 
+pub(crate) mod probe;
+
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -220,20 +222,6 @@ async fn exchange(
         snippet: String::from_utf8_lossy(&bytes).chars().take(200).collect(),
     })?;
     Ok(Answer { status, body })
-}
-
-/// The status code of `GET url` (any body), within `timeout`: the backend health probe.
-pub(crate) async fn get_status(url: &str, timeout: Duration) -> Result<u16, WireError> {
-    let url = DaemonUrl::parse(url)?;
-    let path = if url.prefix().is_empty() { "/" } else { "" };
-    let get = exchange_raw(&url, None, http::Method::GET, path, None);
-    match tokio::time::timeout(timeout, get).await {
-        Ok(answer) => answer.map(|(status, _)| status),
-        Err(_) => Err(WireError::Timeout {
-            url: url.to_string(),
-            secs: timeout.as_secs(),
-        }),
-    }
 }
 
 async fn exchange_raw(
