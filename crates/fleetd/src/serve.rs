@@ -44,7 +44,7 @@ impl Daemon {
     /// reports it — but a herdr that answers with a too-old protocol is.
     pub async fn open(config: Config) -> anyhow::Result<Self> {
         // The metrics recorder goes in first, so nothing recorded from here on is lost.
-        crate::telemetry::handle();
+        crate::telemetry::describe();
         // Owner-only before anything is written there (and tightened when an older fleetd
         // left it looser).
         crate::state::private_dir(&config.state_dir).with_context(|| {

@@ -38,9 +38,102 @@ pub fn handle() -> &'static PrometheusHandle {
     })
 }
 
-/// The Prometheus text of every metric now.
+/// Every family fleetd records: name, Prometheus type, help. A scrape shows each one from
+/// start-up, before any traffic (a family with no series yet is its `HELP` and `TYPE` lines).
+const FAMILIES: &[(&str, &str, &str)] = &[
+    (
+        "fleetd_tool_calls_total",
+        "counter",
+        "MCP tool calls (REST routes included), by tool and outcome (ok or the refusal code)",
+    ),
+    (
+        "fleetd_nudges_total",
+        "counter",
+        "Nudge decisions for leads, by outcome",
+    ),
+    (
+        "fleetd_inbox_depth",
+        "gauge",
+        "Pending messages per member inbox, as last read",
+    ),
+    (
+        "fleetd_tickets",
+        "gauge",
+        "Tickets the engine holds, by state",
+    ),
+    (
+        "fleetd_delivery_seconds",
+        "histogram",
+        "Ticket opened to its task typed into the member's pane",
+    ),
+    (
+        "fleetd_nudge_seconds",
+        "histogram",
+        "A nudge decided to its text typed into the lead's pane",
+    ),
+    (
+        "fleetd_store_publish_seconds",
+        "histogram",
+        "Durable store commit of a published message",
+    ),
+    (
+        "fleetd_store_ack_seconds",
+        "histogram",
+        "Durable store commit of an acknowledgement",
+    ),
+];
+
+/// Installs the recorder and describes every family (so a series, once it exists, carries its
+/// help text). Called once at start-up; calling it again is harmless.
+pub fn describe() {
+    handle();
+    for (name, kind, help) in FAMILIES {
+        match *kind {
+            "counter" => metrics::describe_counter!(*name, *help),
+            "gauge" => metrics::describe_gauge!(*name, *help),
+            _ => metrics::describe_histogram!(*name, *help),
+        }
+    }
+}
+
+/// The Prometheus text of every metric now: the recorder's series, then the `HELP` and `TYPE`
+/// lines of each family that has none yet.
 pub fn render() -> String {
     let handle = handle();
     handle.run_upkeep();
-    handle.render()
+    with_every_family(handle.render())
+}
+
+fn with_every_family(mut text: String) -> String {
+    for (name, kind, help) in FAMILIES {
+        if !text.contains(&format!("# TYPE {name} ")) {
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_family_without_series_is_still_described() {
+        let rendered = "# HELP fleetd_tickets x\n# TYPE fleetd_tickets gauge\nfleetd_tickets{state=\"queued\"} 1\n";
+        let text = with_every_family(rendered.to_owned());
+        for (name, kind, _) in FAMILIES {
+            assert_eq!(
+                text.matches(&format!("# TYPE {name} {kind}\n")).count(),
+                1,
+                "{name} in {text}"
+            );
+        }
+        assert!(
+            text.starts_with(rendered),
+            "the recorder's series come first"
+        );
+    }
 }

@@ -91,3 +91,36 @@ fn e2e_metrics_parse_and_move_when_tools_are_called() {
         "a push decision was counted"
     );
 }
+
+#[test]
+fn a_fresh_daemon_describes_every_family_before_any_traffic() {
+    // Issue 15: a scrape before the first call was an empty body; a dashboard or alert rule saw
+    // no family at all.
+    let home = tempfile::tempdir().expect("tempdir");
+    let daemon = fleetd_testkit::daemon::Daemon::start(home.path(), &[]);
+    let response = http::get(daemon.addr, "/metrics").expect("GET /metrics");
+    assert_eq!(response.status, 200);
+    let scrape = Scrape::parse(response.body.lines().map(|l| Ok(l.to_owned())))
+        .expect("the Prometheus text parses");
+    for (family, kind) in [
+        ("fleetd_tool_calls_total", "counter"),
+        ("fleetd_nudges_total", "counter"),
+        ("fleetd_inbox_depth", "gauge"),
+        ("fleetd_tickets", "gauge"),
+        ("fleetd_delivery_seconds", "histogram"),
+        ("fleetd_nudge_seconds", "histogram"),
+        ("fleetd_store_publish_seconds", "histogram"),
+        ("fleetd_store_ack_seconds", "histogram"),
+    ] {
+        assert!(
+            response.body.contains(&format!("# TYPE {family} {kind}\n")),
+            "{family} is not described: {}",
+            response.body
+        );
+        assert!(
+            scrape.docs.contains_key(family),
+            "{family} has no HELP: {:?}",
+            scrape.docs
+        );
+    }
+}
