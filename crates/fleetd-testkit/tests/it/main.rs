@@ -9,6 +9,7 @@ mod config;
 mod crash;
 mod delivery_herdr;
 mod demo;
+mod faults;
 mod install;
 mod locate;
 mod members;

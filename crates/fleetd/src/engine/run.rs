@@ -193,28 +193,89 @@ struct Job {
     done: Option<oneshot::Sender<()>>,
 }
 
+/// How long the persister waits before it tries a failed commit again (a full disk, say).
+const STATE_RETRY: Duration = Duration::from_secs(1);
+
+/// What waits for a commit that failed: its changes, and the I/O that must not run before them.
+#[derive(Default)]
+struct Held {
+    ops: Vec<StateOp>,
+    io: Vec<Io>,
+}
+
 /// The persister: commits each batch in order, then answers and performs what waited for it.
+/// A commit that fails is answered with its error, and its changes and I/O are held: later
+/// batches join them, nothing held is performed (no task is typed whose ticket is not kept),
+/// and the whole is committed again every [`STATE_RETRY`] until the store takes it; then the
+/// held I/O runs, in order.
 async fn persist(
     mut jobs: mpsc::UnboundedReceiver<Job>,
     store: Arc<dyn StateStore>,
     effects: Effects,
 ) {
-    while let Some(job) = jobs.recv().await {
-        let stored = if job.ops.is_empty() {
+    let mut held = Held::default();
+    let mut failing = false;
+    loop {
+        let job = if failing {
+            tokio::select! {
+                job = jobs.recv() => match job {
+                    Some(job) => Some(job),
+                    None => break,
+                },
+                () = tokio::time::sleep(STATE_RETRY) => None,
+            }
+        } else {
+            match jobs.recv().await {
+                Some(job) => Some(job),
+                None => break,
+            }
+        };
+        let (replies, done) = match job {
+            Some(job) => {
+                held.ops.extend(job.ops);
+                held.io.extend(job.io);
+                (job.replies, job.done)
+            }
+            None => (Vec::new(), None),
+        };
+        let stored = if held.ops.is_empty() {
             Ok(())
         } else {
-            store.commit_state(job.ops).await
+            store.commit_state(held.ops.clone()).await
         };
-        if let Err(e) = &stored {
-            tracing::error!(error = %e, "failed to make the fleet state durable; tools that changed it report so");
+        match &stored {
+            Ok(()) => {
+                if failing {
+                    tracing::info!(
+                        held = held.io.len(),
+                        "the fleet state is written again; what waited for it goes ahead"
+                    );
+                }
+                failing = false;
+                held.ops.clear();
+            }
+            Err(e) if !failing => {
+                failing = true;
+                tracing::error!(error = %e, "failed to make the fleet state durable; tools that changed it say so, and nothing that depends on it is done until it is written (retried every second)");
+            }
+            Err(e) => tracing::debug!(error = %e, "the fleet state still cannot be written"),
         }
-        for reply in job.replies {
+        for reply in replies {
             reply(stored.clone());
         }
-        for request in job.io {
-            effects.perform(request);
+        if !failing {
+            for request in held.io.drain(..) {
+                effects.perform(request);
+            }
         }
-        if let Some(done) = job.done {
+        // Shutdown waits for this; it must not wait for a disk that may never have room.
+        if let Some(done) = done {
+            if failing {
+                tracing::error!(
+                    changes = held.ops.len(),
+                    "shutting down with fleet state that could not be written: a restart forgets it"
+                );
+            }
             let _ = done.send(());
         }
     }
@@ -427,7 +488,12 @@ impl Engine {
                         Ok(()) => submitted,
                         Err(e) => Err(Refusal::new(
                             "store_unavailable",
-                            format!("fleetd failed to {e}; the task may not survive a restart: retry shortly"),
+                            match &submitted {
+                                Ok(ticket) => format!(
+                                    "fleetd failed to {e}. Ticket {ticket} is held and its task is typed once the state is written (retried every second; a restart before then forgets it): do not send it again, poll the ticket"
+                                ),
+                                Err(_) => format!("fleetd failed to {e}: retry shortly"),
+                            },
                         )),
                     };
                     let _ = reply.send(answer);

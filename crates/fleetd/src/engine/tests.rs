@@ -855,7 +855,7 @@ async fn a_turn_whose_fallback_cannot_be_stored_still_ends_its_ticket() {
     fake.set_status("w2:p1", AgentStatus::Working);
     sleep(Duration::from_millis(500)).await;
     assert_eq!(state_of(&rig, ticket).await, TicketState::Working);
-    rig.store.set_publish_fails(true);
+    rig.store.set_writes_fail(true);
     fake.set_status("w2:p1", AgentStatus::Idle);
     let settled = tokio::time::timeout(Duration::from_secs(30), settled)
         .await
@@ -867,7 +867,7 @@ async fn a_turn_whose_fallback_cannot_be_stored_still_ends_its_ticket() {
         "the store took nothing"
     );
     // The member takes its next task.
-    rig.store.set_publish_fails(false);
+    rig.store.set_writes_fail(false);
     let next = rig
         .engine
         .submit(

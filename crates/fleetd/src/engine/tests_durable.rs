@@ -442,3 +442,38 @@ async fn a_clean_shutdown_keeps_members_and_their_open_tickets() {
     assert_eq!(second.list().await.expect("engine").len(), 1);
     assert_eq!(state_of(&second, ticket).await, Some(TicketState::Queued));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_task_whose_ticket_cannot_be_written_is_not_typed_until_it_is() {
+    // Issue 15: with the state directory's disk full the sender heard "store_unavailable, retry"
+    // while the task was typed anyway; a retry typed it twice.
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let disk = Disk::new();
+    let engine = disk.start(&fake);
+    engine
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    engine.presence(t("ann")).await.expect("engine");
+    settle().await;
+    disk.store.set_writes_fail(true);
+    let refused = engine
+        .submit(None, t("ann"), "wait for the disk".to_owned())
+        .await
+        .expect("engine")
+        .expect_err("not durable");
+    assert_eq!(refused.code, "store_unavailable");
+    assert!(
+        refused.message.contains("do not send it again"),
+        "{}",
+        refused.message
+    );
+    sleep(Duration::from_secs(10)).await;
+    assert!(fake.typed().is_empty(), "nothing typed before it is kept");
+    disk.store.set_writes_fail(false);
+    sleep(Duration::from_secs(2)).await;
+    let typed = fake.typed();
+    assert_eq!(typed.len(), 1, "typed once the state is written: {typed:?}");
+    assert_eq!(typed[0].text, "wait for the disk");
+}

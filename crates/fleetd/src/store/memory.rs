@@ -24,8 +24,8 @@ struct State {
     acked: RecentIds,
     /// The fleet state: (kind, key) → value.
     records: BTreeMap<(String, String), String>,
-    /// Publishes fail as a full disk would make them (a test's fault).
-    publish_fails: bool,
+    /// Writes (publishes and state commits) fail as on a full disk (a test's fault).
+    writes_fail: bool,
 }
 
 impl MemoryStore {
@@ -36,7 +36,7 @@ impl MemoryStore {
                 queues: BTreeMap::new(),
                 acked: RecentIds::new(DEDUP_WINDOW),
                 records: BTreeMap::new(),
-                publish_fails: false,
+                writes_fail: false,
             })),
             limits,
         }
@@ -47,20 +47,24 @@ impl MemoryStore {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Makes every later publish fail (`true`) as a storage engine's write error would, or
+    /// Makes every later write (publish, state commit) fail (`true`) as on a full disk, or
     /// work again (`false`): the fault a test of "the store could not take it" needs.
-    pub fn set_publish_fails(&self, fails: bool) {
-        self.state().publish_fails = fails;
+    pub fn set_writes_fail(&self, fails: bool) {
+        self.state().writes_fail = fails;
+    }
+
+    fn disk_full() -> StoreError {
+        StoreError::Backend {
+            op: "commit a batch of inbox writes",
+            source: Arc::new(std::io::Error::other("scripted: no space left on device")),
+        }
     }
 
     fn publish_now(&self, message: Message) -> Result<PublishOutcome, StoreError> {
         message.check(&self.limits)?;
         let mut state = self.state();
-        if state.publish_fails {
-            return Err(StoreError::Backend {
-                op: "commit a batch of inbox writes",
-                source: Arc::new(std::io::Error::other("scripted: no space left on device")),
-            });
+        if state.writes_fail {
+            return Err(Self::disk_full());
         }
         let known = state.acked.contains(&message.msg_id)
             || state
@@ -184,6 +188,9 @@ impl StateStore for MemoryStore {
     fn commit_state(&self, ops: Vec<StateOp>) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let mut state = self.state();
+            if state.writes_fail {
+                return Err(Self::disk_full());
+            }
             for op in ops {
                 match op {
                     StateOp::Put(r) => {

@@ -39,8 +39,12 @@ pub(crate) enum Op {
         target: Target,
         reply: oneshot::Sender<Result<Vec<Message>, StoreError>>,
     },
-    /// Take the write lock and let go: proves the writer is alive and the file writable.
+    /// Write one record: proves the writer is alive and the file takes a write now (an empty
+    /// transaction commits even on a full disk). `heavy` writes [`HEAVY_PROBE_BYTES`], as
+    /// much as a sizeable reply: after a write failed, only that proves writes work again (a
+    /// small one may fit the files' free pages while real writes still fail).
     Probe {
+        heavy: bool,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
     /// Apply changes to the fleet state, in order.
@@ -59,9 +63,15 @@ enum Outcome {
     StateApplied,
 }
 
+/// The size of a heavy probe's record.
+pub(crate) const HEAVY_PROBE_BYTES: i64 = 256 * 1024;
+
 /// Counters the writer keeps, readable from any thread (for metrics and tests).
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
+    /// The error of the last batch of real writes (not probes) that failed, until a batch of
+    /// real writes or a heavy probe commits: `/healthz` reports it.
+    pub(crate) last_failure: std::sync::Mutex<Option<StoreError>>,
     /// Transactions committed.
     pub(crate) commits: AtomicU64,
     /// Operations carried by those transactions.
@@ -88,6 +98,23 @@ pub(crate) fn run(mut conn: Connection, mut ops: mpsc::Receiver<Op>, stats: &Sta
 
 fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, stats: &Stats) {
     let result = apply(conn, batch);
+    // Probes alone say little about real writes; a heavy one or a real write says enough.
+    let telling = batch
+        .iter()
+        .any(|op| !matches!(op, Op::Probe { heavy: false, .. }));
+    if telling {
+        let mut last = stats
+            .last_failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &result {
+            Ok(_) => *last = None,
+            Err(err) if batch.iter().any(|op| !matches!(op, Op::Probe { .. })) => {
+                *last = Some(err.clone());
+            }
+            Err(_) => {}
+        }
+    }
     match result {
         Ok(outcomes) => {
             stats.commits.fetch_add(1, Ordering::Relaxed);
@@ -126,7 +153,18 @@ fn apply(conn: &mut Connection, batch: &[Op]) -> Result<Vec<Outcome>, StoreError
                 acked_any |= !drained.is_empty();
                 Outcome::Drained(drained)
             }
-            Op::Probe { .. } => Outcome::Probed,
+            Op::Probe { heavy, .. } => {
+                let size = if *heavy { HEAVY_PROBE_BYTES } else { 1 };
+                tx.execute(
+                    // Text, like every fleet_state value (the engine skips this kind).
+                    "INSERT INTO fleet_state (kind, key, value)
+                     VALUES ('health', 'probe', substr(hex(zeroblob(?1)), 1, ?1))
+                     ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value",
+                    [size],
+                )
+                .map_err(fail)?;
+                Outcome::Probed
+            }
             Op::State { ops, .. } => {
                 apply_state(&tx, ops).map_err(fail)?;
                 Outcome::StateApplied
@@ -228,7 +266,7 @@ fn reply(op: Op, result: Result<Outcome, StoreError>) {
         (Op::Drain { reply, .. }, Ok(Outcome::Drained(messages))) => {
             let _ = reply.send(Ok(messages));
         }
-        (Op::Probe { reply }, Ok(Outcome::Probed))
+        (Op::Probe { reply, .. }, Ok(Outcome::Probed))
         | (Op::State { reply, .. }, Ok(Outcome::StateApplied)) => {
             let _ = reply.send(Ok(()));
         }
@@ -244,7 +282,7 @@ fn reply(op: Op, result: Result<Outcome, StoreError>) {
         (Op::Drain { reply, .. }, Err(err)) => {
             let _ = reply.send(Err(err));
         }
-        (Op::Probe { reply } | Op::State { reply, .. }, Err(err)) => {
+        (Op::Probe { reply, .. } | Op::State { reply, .. }, Err(err)) => {
             let _ = reply.send(Err(err));
         }
     }
