@@ -6,13 +6,15 @@
 //! - `fleetd_tool_calls_total{tool, outcome}` — outcome `ok` or the refusal code;
 //! - `fleetd_nudges_total{outcome}` — `nudged`, `deferred_busy`, `exhausted`, `no_lead`,
 //!   `binding_forgotten`, `inject_failed`, `inject_uncertain`;
-//! - `fleetd_inbox_depth{target}` — pending messages per member inbox (as last read);
+//! - `fleetd_inbox_depth{target}` — pending messages per member inbox (as last read), one series
+//!   per inbox that exists: a member's, or a released member's still holding mail;
 //! - `fleetd_tickets{state}` — tickets the engine holds, by state;
 //! - `fleetd_delivery_seconds` — ticket opened → task typed into the member's pane;
 //! - `fleetd_nudge_seconds` — a nudge decided → typed into the lead's pane;
 //! - `fleetd_store_publish_seconds`, `fleetd_store_ack_seconds` — durable store commits.
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -51,11 +53,7 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "counter",
         "Nudge decisions for leads, by outcome",
     ),
-    (
-        "fleetd_inbox_depth",
-        "gauge",
-        "Pending messages per member inbox, as last read",
-    ),
+    ("fleetd_inbox_depth", "gauge", DEPTH_HELP),
     (
         "fleetd_tickets",
         "gauge",
@@ -96,13 +94,52 @@ pub fn describe() {
     }
 }
 
-/// The Prometheus text of every metric now: the recorder's series, then the `HELP` and `TYPE`
-/// lines of each family that has none yet.
+/// The `fleetd_inbox_depth` series: one per member inbox that exists (a member's, or a released
+/// member's that still holds mail), kept here rather than in the recorder, which never forgets
+/// a series — one per name ever used.
+static DEPTHS: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
+
+fn depths() -> std::sync::MutexGuard<'static, BTreeMap<String, u64>> {
+    DEPTHS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Sets `target`'s inbox depth.
+pub fn set_inbox_depth(target: &str, pending: u64) {
+    depths().insert(target.to_owned(), pending);
+}
+
+/// Drops `target`'s inbox depth series (the member is gone and its inbox empty).
+pub fn forget_inbox_depth(target: &str) {
+    depths().remove(target);
+}
+
+/// The Prometheus text of every metric now: the recorder's series, the inbox depths, then the
+/// `HELP` and `TYPE` lines of each family that has no series yet.
 pub fn render() -> String {
     let handle = handle();
     handle.run_upkeep();
-    with_every_family(handle.render())
+    let mut text = handle.render();
+    let depths = depths();
+    if !depths.is_empty() {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&format!(
+            "# HELP fleetd_inbox_depth {DEPTH_HELP}\n# TYPE fleetd_inbox_depth gauge\n"
+        ));
+        for (target, pending) in depths.iter() {
+            let label = target.replace('\\', "\\\\").replace('"', "\\\"");
+            text.push_str(&format!(
+                "fleetd_inbox_depth{{target=\"{label}\"}} {pending}\n"
+            ));
+        }
+    }
+    with_every_family(text)
 }
+
+const DEPTH_HELP: &str = "Pending messages per member inbox, as last read";
 
 fn with_every_family(mut text: String) -> String {
     for (name, kind, help) in FAMILIES {

@@ -90,6 +90,28 @@ fn e2e_metrics_parse_and_move_when_tools_are_called() {
         value(&after, "fleetd_nudges_total", &[]) >= 1.0,
         "a push decision was counted"
     );
+    // Review L8: a series per member name ever used. Once alice is gone and her inbox read,
+    // her depth series goes too.
+    structured_ok(&rig.lead("fleet_stop", &json!({ "target": "alice" })));
+    let has_alice = || {
+        scrape(&rig)
+            .samples
+            .iter()
+            .any(|s| s.metric == "fleetd_inbox_depth" && s.labels.get("target") == Some("alice"))
+    };
+    assert!(has_alice(), "her inbox still holds mail");
+    let drained = structured_ok(&rig.lead("fleet_poll", &json!({ "target": "alice" })));
+    for reply in drained["replies"].as_array().into_iter().flatten() {
+        structured_ok(&rig.lead(
+            "fleet_ack",
+            &json!({ "target": "alice", "msgId": reply["msgId"] }),
+        ));
+    }
+    wait_until(
+        "alice's depth series to go",
+        Duration::from_secs(30),
+        || !has_alice(),
+    );
 }
 
 #[test]

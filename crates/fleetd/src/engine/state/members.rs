@@ -385,6 +385,11 @@ impl State {
                         .join(", ")
                 ),
             });
+        } else {
+            // Read again: an empty inbox of a gone member has no depth series.
+            io.push(Io::Depth {
+                target: target.clone(),
+            });
         }
         let effects = self.injector.handle_at(
             InjectorInput::MemberRemoved {

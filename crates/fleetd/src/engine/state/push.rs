@@ -233,11 +233,12 @@ impl State {
         now: Timestamp,
         io: &mut Vec<Io>,
     ) {
-        #[expect(
-            clippy::cast_precision_loss,
-            reason = "a gauge: inbox depths are far below 2^52"
-        )]
-        metrics::gauge!("fleetd_inbox_depth", "target" => target.to_string()).set(pending as f64);
+        // A series per inbox that exists: a member's, or a gone member's still holding mail.
+        if pending == 0 && !self.members.contains_key(&target) {
+            crate::telemetry::forget_inbox_depth(target.as_str());
+        } else {
+            crate::telemetry::set_inbox_depth(target.as_str(), pending);
+        }
         self.raw_depth.insert(target.clone(), pending);
         self.push_depth(target, now, io);
     }

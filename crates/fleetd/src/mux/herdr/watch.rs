@@ -67,6 +67,8 @@ impl Watches {
         if tasks.get(&pane).is_some_and(|(t, _)| !t.is_finished()) {
             return;
         }
+        // Watches that ended (their pane gone) are dropped here, so the table holds live ones.
+        tasks.retain(|_, (task, _)| !task.is_finished());
         let poke = Arc::new(Notify::new());
         let watcher = Watcher {
             herdr,
