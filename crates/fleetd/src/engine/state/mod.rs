@@ -75,9 +75,12 @@ pub(super) enum Io {
     DepthAll,
     /// Check that a member from before a restart still runs in its pane incarnation.
     Adopt(Box<NewMember>),
-    /// Read `target`'s inbox for replies to its open tickets (after a restart: a reply stored
+    /// Read `target`'s inbox for replies to its open `tickets` (after a restart: a reply stored
     /// just before it may not have settled its ticket).
-    Reconcile { target: Target },
+    Reconcile {
+        target: Target,
+        tickets: std::collections::BTreeSet<Ticket>,
+    },
 }
 
 #[derive(Debug, Clone)]
