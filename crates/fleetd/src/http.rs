@@ -269,6 +269,8 @@ impl ApiError {
             "invalid_target" | "empty_task" | "invalid_arguments" | "invalid_msg_id"
             | "invalid_ticket" => StatusCode::BAD_REQUEST,
             "task_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
+            // A per-member cap (`limits:`): the same request succeeds once the member catches up.
+            "queue_full" | "too_many_questions" => StatusCode::TOO_MANY_REQUESTS,
             "not_a_lead" | "not_a_member" | "anonymous_caller" | "unregistered_pane"
             | "not_your_ticket" => StatusCode::FORBIDDEN,
             _ => StatusCode::SERVICE_UNAVAILABLE,
@@ -528,6 +530,14 @@ async fn not_found() -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_per_member_cap_is_429_and_a_bad_paging_argument_400() {
+        let status = |code| ApiError::tool(crate::mcp::ToolError::new(code, "x")).status;
+        assert_eq!(status("queue_full"), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(status("too_many_questions"), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(status("invalid_arguments"), StatusCode::BAD_REQUEST);
+    }
 
     #[test]
     fn a_query_limit_goes_to_the_tool_as_a_number_when_it_is_one() {

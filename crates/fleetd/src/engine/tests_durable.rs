@@ -338,7 +338,8 @@ async fn questions_and_bindings_survive_and_the_answer_reaches_the_member() {
     let (id, _answer) = first
         .ask_question(t("ann"), "which branch?".to_owned())
         .await
-        .expect("engine");
+        .expect("engine")
+        .expect("under the cap");
     settle().await;
     drop(first);
     settle().await;

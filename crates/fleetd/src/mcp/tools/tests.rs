@@ -1,6 +1,7 @@
 //! Tool-level tests on paused tokio time, through `tools::call` as the MCP and REST doors call
 //! it, against the memory store and the fake multiplexer: `fleet_poll`'s pages (`limit`,
-//! `after`, `more`, the byte budget, bad arguments).
+//! `after`, `more`, the byte budget, bad arguments) and the per-member caps on queued tasks and
+//! open questions (`limits:`), refused naming the cap and its config key, and live on reload.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use serde_json::{Value, json};
 
 use super::poll::{MAX_LIMIT, PAGE_BYTES};
 use crate::clock::{SharedClock, TokioClock};
-use crate::config::{Config, Environment};
+use crate::config::{Config, Environment, Publisher};
 use crate::engine::{EngineParts, NewMember};
 use crate::mcp::{Caller, Fleet};
 use crate::mux::MuxRouter;
@@ -25,12 +26,13 @@ const MAX_MESSAGE: usize = 2 << 20;
 struct Setup {
     fleet: Fleet,
     store: Arc<MemoryStore>,
+    config: Publisher,
 }
 
 fn setup(yaml: &str) -> Setup {
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-ann", "w2:t1", AgentStatus::Idle);
-    let (_config, live) = crate::config::channel(
+    let (config, live) = crate::config::channel(
         Config::parse(yaml, "test", &Environment::default()).expect("config"),
     );
     let store = Arc::new(MemoryStore::new(MessageLimits {
@@ -70,7 +72,11 @@ fn setup(yaml: &str) -> Setup {
         inbox,
         spawner,
     };
-    Setup { fleet, store }
+    Setup {
+        fleet,
+        store,
+        config,
+    }
 }
 
 fn caller(role: Role) -> Caller {
@@ -84,6 +90,13 @@ fn caller(role: Role) -> Caller {
 
 fn ann() -> Target {
     Target::new("ann").expect("target")
+}
+
+fn as_ann() -> Caller {
+    caller(Role::Member {
+        target: ann(),
+        allow_delegation: false,
+    })
 }
 
 /// Runs tool `name` as the operator (or `as`); the answer's value, or (code, message).
@@ -338,4 +351,116 @@ async fn poll_of_a_ticket_finds_its_reply_past_the_first_page() {
     let polled = poll(&s.fleet, json!({ "ticket": ticket.to_string() })).await;
     assert_eq!(polled["reply"]["msgId"], json!(id.to_string()), "{polled}");
     assert_eq!(polled["reply"]["text"], "the answer");
+}
+
+/// Sends `ann` a task without waiting; the ticket, or (code, message).
+async fn send(fleet: &Fleet, task: &str) -> Result<Value, (String, String)> {
+    call(
+        fleet,
+        "fleet_send",
+        json!({ "target": "ann", "task": task, "wait": false }),
+    )
+    .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_beyond_max_queued_tasks_is_refused_naming_the_cap_and_its_key() {
+    let s = setup("limits:\n  maxQueuedTasks: 2\n");
+    add_ann(&s.fleet).await;
+    send(&s.fleet, "one").await.expect("under the cap");
+    send(&s.fleet, "two").await.expect("at the cap");
+    let (code, message) = send(&s.fleet, "three").await.expect_err("over the cap");
+    assert_eq!(code, "queue_full");
+    assert!(
+        message.contains("limits.maxQueuedTasks = 2") && message.contains("ann"),
+        "{message}"
+    );
+    // The member's agent connects: the first task is typed, which frees a place in the queue.
+    s.fleet.engine.presence(ann()).await.expect("engine");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    send(&s.fleet, "three").await.expect("a place was freed");
+    assert_eq!(
+        send(&s.fleet, "four").await.expect_err("full again").0,
+        "queue_full"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_queue_cap_follows_a_reload_and_drops_nothing_already_queued() {
+    let s = setup("limits:\n  maxQueuedTasks: 1\n");
+    add_ann(&s.fleet).await;
+    send(&s.fleet, "one").await.expect("under the cap");
+    assert_eq!(
+        send(&s.fleet, "two").await.expect_err("full").0,
+        "queue_full"
+    );
+    s.config.publish(
+        Config::parse(
+            "limits:\n  maxQueuedTasks: 3\n",
+            "test",
+            &Environment::default(),
+        )
+        .expect("config"),
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    send(&s.fleet, "two").await.expect("the new cap applies");
+    send(&s.fleet, "three").await.expect("the new cap applies");
+    assert_eq!(
+        send(&s.fleet, "four").await.expect_err("full").0,
+        "queue_full"
+    );
+    s.config.publish(
+        Config::parse(
+            "limits:\n  maxQueuedTasks: 1\n",
+            "test",
+            &Environment::default(),
+        )
+        .expect("config"),
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let listed = call(&s.fleet, "fleet_list", json!({})).await.expect("list");
+    assert_eq!(
+        listed["members"][0]["openTickets"].as_array().map(Vec::len),
+        Some(3),
+        "a lower cap drops nothing: {listed}"
+    );
+}
+
+/// `fleet_ask` from ann that stops waiting after a second; its answer.
+async fn ask(fleet: &Fleet, question: &str) -> Result<Value, (String, String)> {
+    call_as(
+        fleet,
+        &as_ann(),
+        "fleet_ask",
+        json!({ "question": question, "waitSecs": 1 }),
+    )
+    .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_question_beyond_max_open_questions_is_refused_naming_the_cap_and_its_key() {
+    let s = setup("limits:\n  maxOpenQuestions: 2\n  maxQueuedTasks: 1\n");
+    add_ann(&s.fleet).await;
+    let first = ask(&s.fleet, "which branch?").await.expect("asked");
+    assert_eq!(first["status"], "pending");
+    ask(&s.fleet, "which test?").await.expect("asked");
+    let (code, message) = ask(&s.fleet, "which file?")
+        .await
+        .expect_err("over the cap");
+    assert_eq!(code, "too_many_questions");
+    assert!(message.contains("limits.maxOpenQuestions = 2"), "{message}");
+    // The member's queue is full as well; the lead's answer still reaches it as a task (the
+    // question is closed by then, so refusing the task would lose the answer).
+    send(&s.fleet, "work").await.expect("under the queue cap");
+    let answered = call(
+        &s.fleet,
+        "fleet_answer",
+        json!({ "questionId": first["questionId"], "answer": "main" }),
+    )
+    .await
+    .expect("answered");
+    assert_eq!(answered["deliveredTo"], "task");
+    ask(&s.fleet, "which file?")
+        .await
+        .expect("an answered question frees a place");
 }
