@@ -41,10 +41,18 @@ pub enum Command {
     /// Show the running daemon's members: target, profile, pane, status, inbox depth, open
     /// tickets and delegating lead.
     Status(ClientArgs),
-    /// Show the replies waiting in a member's inbox (non-destructive: `fleetd ack` removes one).
+    /// Show the replies waiting in a member's inbox, a page at a time (non-destructive: `fleetd
+    /// ack` removes one).
     Inbox {
         /// The member's name.
         target: String,
+        /// Start after this reply (the last msgId of the page before).
+        #[arg(long, value_name = "MSGID")]
+        after: Option<String>,
+        /// Most replies on the page (1 to 100; default 20). A page also holds at most about 1 MiB
+        /// of text.
+        #[arg(long, value_name = "N")]
+        limit: Option<u32>,
         /// How to reach the daemon.
         #[command(flatten)]
         client: ClientArgs,

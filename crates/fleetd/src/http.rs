@@ -269,6 +269,8 @@ impl ApiError {
             "invalid_target" | "empty_task" | "invalid_arguments" | "invalid_msg_id"
             | "invalid_ticket" => StatusCode::BAD_REQUEST,
             "task_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
+            // A per-member cap (`limits:`): the same request succeeds once the member catches up.
+            "queue_full" | "too_many_questions" => StatusCode::TOO_MANY_REQUESTS,
             "not_a_lead" | "not_a_member" | "anonymous_caller" | "unregistered_pane"
             | "not_your_ticket" => StatusCode::FORBIDDEN,
             _ => StatusCode::SERVICE_UNAVAILABLE,
@@ -333,15 +335,41 @@ async fn session(
     .map(Json)
 }
 
-/// The query of `GET /sessions/{target}/replies`. `drain` is only here to say where it went.
+/// The query of `GET /sessions/{target}/replies`: `fleet_poll`'s paging arguments. `drain` is
+/// only here to say where it went.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RepliesQuery {
+    limit: Option<String>,
+    after: Option<String>,
     drain: Option<String>,
 }
 
-/// `GET /sessions/{target}/replies` = `fleet_poll{target}`: pending replies and open
-/// questions, non-destructive.
+/// `fleet_poll{target}`'s arguments from a query: `limit` goes as a number when it is one (else
+/// as given, for the tool to refuse naming it).
+fn poll_args(name: &str, limit: Option<String>, after: Option<String>) -> Value {
+    let mut args = json!({ "target": name });
+    if let Some(limit) = limit {
+        args["limit"] = limit
+            .parse::<u64>()
+            .map_or(Value::String(limit), Value::from);
+    }
+    if let Some(after) = after {
+        args["after"] = Value::String(after);
+    }
+    args
+}
+
+fn bad_query(e: &axum::extract::rejection::QueryRejection, route: &str, takes: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_query",
+        format!("{e}: {route} takes {takes}"),
+    )
+}
+
+/// `GET /sessions/{target}/replies?limit=&after=` = `fleet_poll{target}`: a page of pending
+/// replies and the open questions, non-destructive.
 async fn replies(
     State(app): State<App>,
     ConnectInfo(conn): ConnectInfo<ConnInfo>,
@@ -349,14 +377,14 @@ async fn replies(
     Path(name): Path<String>,
     query: Result<Query<RepliesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
-    let query = query.map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_query",
-            format!("{e}: GET /sessions/{{target}}/replies takes no parameters"),
+    let Query(query) = query.map_err(|e| {
+        bad_query(
+            &e,
+            "GET /sessions/{target}/replies",
+            "only `limit` and `after`",
         )
     })?;
-    if query.0.drain.is_some() {
+    if query.drain.is_some() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "drain_is_post",
@@ -368,28 +396,43 @@ async fn replies(
         &conn,
         &headers,
         "fleet_poll",
-        json!({ "target": name }),
+        poll_args(&name, query.limit, query.after),
     )
     .await
     .map(Json)
 }
 
-/// `POST /sessions/{target}/replies/drain` = `fleet_poll{target}` then `fleet_ack` of every
-/// reply it returned: the destructive read, one page (repeat while replies come back).
+/// The query of `POST /sessions/{target}/replies/drain`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DrainQuery {
+    limit: Option<String>,
+}
+
+/// `POST /sessions/{target}/replies/drain?limit=` = `fleet_poll{target}` then `fleet_ack` of
+/// every reply it returned: the destructive read, one page (the first: at most `limit` replies
+/// and ~1 MiB of text). Repeat while `more` is true; memory stays one page whatever the depth.
 async fn drain(
     State(app): State<App>,
     ConnectInfo(conn): ConnectInfo<ConnInfo>,
     headers: HeaderMap,
     Path(name): Path<String>,
+    query: Result<Query<DrainQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
     // The ack's class first, so a caller who may read but not remove learns nothing.
     let caller = caller(&app, &conn, &headers).await;
     authorize(&caller.role, ToolClass::Orchestration, "drain").map_err(ApiError::tool)?;
-    let mut polled =
-        crate::mcp::tools::call(&app.fleet, &caller, "fleet_poll", json!({ "target": name }))
-            .await
-            .map_err(ApiError::tool)?
-            .value;
+    let Query(query) = query
+        .map_err(|e| bad_query(&e, "POST /sessions/{target}/replies/drain", "only `limit`"))?;
+    let mut polled = crate::mcp::tools::call(
+        &app.fleet,
+        &caller,
+        "fleet_poll",
+        poll_args(&name, query.limit, None),
+    )
+    .await
+    .map_err(ApiError::tool)?
+    .value;
     let ids: Vec<Value> = polled["replies"]
         .as_array()
         .into_iter()
@@ -487,6 +530,28 @@ async fn not_found() -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_per_member_cap_is_429_and_a_bad_paging_argument_400() {
+        let status = |code| ApiError::tool(crate::mcp::ToolError::new(code, "x")).status;
+        assert_eq!(status("queue_full"), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(status("too_many_questions"), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(status("invalid_arguments"), StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn a_query_limit_goes_to_the_tool_as_a_number_when_it_is_one() {
+        assert_eq!(
+            poll_args("ann", Some("7".into()), Some("m".into())),
+            json!({ "target": "ann", "limit": 7, "after": "m" })
+        );
+        assert_eq!(
+            poll_args("ann", Some("-1".into()), None),
+            json!({ "target": "ann", "limit": "-1" }),
+            "left for the tool to refuse, naming `limit`"
+        );
+        assert_eq!(poll_args("ann", None, None), json!({ "target": "ann" }));
+    }
 
     fn host(value: Option<&str>, local: &str, allowed: &[&str]) -> Result<(), &'static str> {
         let allowed: Vec<String> = allowed.iter().map(|s| (*s).to_owned()).collect();

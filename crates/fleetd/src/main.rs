@@ -23,7 +23,21 @@ fn main() -> ExitCode {
         Command::Config(ConfigCommand::Check { file }) => config_check(&file, &env).map(|()| true),
         Command::Mcp => mcp_shim(config, &env).map(|()| true),
         Command::Status(client) => ask(config, &env, &client, &Request::Status),
-        Command::Inbox { target, client } => ask(config, &env, &client, &Request::Inbox { target }),
+        Command::Inbox {
+            target,
+            after,
+            limit,
+            client,
+        } => ask(
+            config,
+            &env,
+            &client,
+            &Request::Inbox {
+                target,
+                after,
+                limit,
+            },
+        ),
         Command::Ack {
             target,
             msg_id,

@@ -16,6 +16,7 @@ mod members;
 mod metrics;
 mod mux_herdr;
 mod mux_tmux;
+mod paging;
 mod push;
 mod push_herdr;
 mod recovery;

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetd::store::{
-    self, AmqpStore, InboxStore, LockHolder, MemoryStore, PublishOutcome, StoreError, StoreOptions,
-    StoreSpec,
+    self, AmqpStore, InboxStore, LockHolder, MemoryStore, Page, PageRequest, PublishOutcome,
+    StoreError, StoreOptions, StoreSpec,
 };
 use fleetd_core::{Message, MessageError, MessageKind, MessageLimits, MsgId, Target, Ticket};
 use fleetd_testkit::{RABBITMQ_ADDR, RABBITMQ_URL, Service, require_rabbitmq};
@@ -172,6 +172,153 @@ async fn peek_all(store: &dyn InboxStore, target: &Target) -> Vec<Message> {
 
 fn ids(messages: &[Message]) -> Vec<MsgId> {
     messages.iter().map(|m| m.msg_id).collect()
+}
+
+async fn page(
+    store: &dyn InboxStore,
+    target: &Target,
+    after: Option<MsgId>,
+    limit: usize,
+    max_bytes: usize,
+) -> Page {
+    store
+        .page(
+            target,
+            PageRequest {
+                after,
+                limit,
+                max_bytes,
+            },
+        )
+        .await
+        .expect("page")
+}
+
+/// Paging (SPEC §3 `limit`, `after`, `more` and the byte budget) told the same way by every
+/// backend, on a fresh target that it leaves empty.
+async fn paging_story(store: &dyn InboxStore, pager: &Target, other: &Message) {
+    let unlimited = usize::MAX;
+    let empty = page(store, pager, None, 5, unlimited).await;
+    assert_eq!(
+        (empty.messages.len(), empty.more, empty.after_not_pending),
+        (0, false, false),
+        "an empty inbox is one empty last page"
+    );
+    // Texts of 10, 10, 30, 5, 5, 5 and 10 bytes.
+    let sizes = [10, 10, 30, 5, 5, 5, 10];
+    let pagers: Vec<Message> = sizes
+        .iter()
+        .enumerate()
+        .map(|(n, len)| message(pager, n as u64, &"p".repeat(*len)))
+        .collect();
+    publish_all(store, &pagers).await;
+
+    // The count limit, and `after` continuing exactly where the last page ended.
+    let first = page(store, pager, None, 3, unlimited).await;
+    assert_eq!(first.messages, pagers[..3]);
+    assert!(first.more && !first.after_not_pending);
+    let second = page(store, pager, Some(pagers[2].msg_id), 3, unlimited).await;
+    assert_eq!(second.messages, pagers[3..6]);
+    assert!(second.more);
+    let last = page(store, pager, Some(pagers[5].msg_id), 3, unlimited).await;
+    assert_eq!(last.messages, pagers[6..]);
+    assert!(!last.more, "the last page says so");
+    let beyond = page(store, pager, Some(pagers[6].msg_id), 3, unlimited).await;
+    assert!(beyond.messages.is_empty() && !beyond.more && !beyond.after_not_pending);
+    let exact = page(store, pager, Some(pagers[3].msg_id), 3, unlimited).await;
+    assert_eq!(exact.messages, pagers[4..]);
+    assert!(
+        !exact.more,
+        "a page that takes exactly the rest has no more"
+    );
+
+    // Paging through by `more` sees every message exactly once, in order.
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let next = page(store, pager, after, 2, unlimited).await;
+        assert!(!next.after_not_pending);
+        seen.extend(next.messages.iter().cloned());
+        after = next.messages.last().map(|m| m.msg_id);
+        if !next.more {
+            break;
+        }
+    }
+    assert_eq!(seen, pagers);
+
+    // The byte budget: a page stops before the message that would take it over; the first
+    // message of a page is always there, however large.
+    let budget = page(store, pager, None, 10, 25).await;
+    assert_eq!(
+        budget.messages,
+        pagers[..2],
+        "10 + 10 fit in 25; 30 more does not"
+    );
+    assert!(budget.more);
+    let big = page(store, pager, Some(pagers[1].msg_id), 10, 25).await;
+    assert_eq!(
+        big.messages,
+        pagers[2..3],
+        "30 bytes alone, over the budget"
+    );
+    assert!(big.more);
+    let small = page(store, pager, Some(pagers[2].msg_id), 10, 25).await;
+    assert_eq!(
+        small.messages,
+        pagers[3..],
+        "5 + 5 + 5 + 10 = 25 fits exactly"
+    );
+    assert!(!small.more);
+    let tiny = page(store, pager, None, 10, 0).await;
+    assert_eq!(tiny.messages, pagers[..1], "a zero budget still shows one");
+    let none = page(store, pager, None, 0, unlimited).await;
+    assert!(
+        none.messages.is_empty() && none.more,
+        "limit 0 only says more wait"
+    );
+
+    // An `after` that is not pending here starts from the oldest and says so: an id never
+    // seen, another target's message, and one acknowledged between two pages.
+    let stranger = MsgId::from_uuid(uuid::Uuid::from_u128(
+        0x0123_4567_89ab_7def_8123_4567_89ab_cdee,
+    ));
+    for (why, after) in [("unknown", stranger), ("another target's", other.msg_id)] {
+        let restarted = page(store, pager, Some(after), 2, unlimited).await;
+        assert_eq!(restarted.messages, pagers[..2], "{why}");
+        assert!(restarted.after_not_pending && restarted.more, "{why}");
+    }
+    let read = page(store, pager, None, 3, unlimited).await;
+    assert!(store.ack(pager, pagers[2].msg_id).await.expect("ack"));
+    let next = page(
+        store,
+        pager,
+        read.messages.last().map(|m| m.msg_id),
+        3,
+        unlimited,
+    )
+    .await;
+    assert!(next.after_not_pending, "the cursor was acknowledged");
+    assert_eq!(
+        ids(&next.messages),
+        ids(&[&pagers[..2], &pagers[3..4]].concat()),
+        "from the oldest still pending: seen again, never missed"
+    );
+    // The usual way to read: acknowledge a page, then read the next from the oldest.
+    let mut left = vec![pagers[0].clone(), pagers[1].clone()];
+    left.extend_from_slice(&pagers[3..]);
+    let mut read = Vec::new();
+    loop {
+        let next = page(store, pager, None, 2, unlimited).await;
+        for m in &next.messages {
+            assert!(store.ack(pager, m.msg_id).await.expect("ack"));
+        }
+        read.extend(next.messages);
+        if !next.more {
+            break;
+        }
+    }
+    assert_eq!(read, left);
+    assert_eq!(store.depth(pager).await.expect("depth"), 0);
 }
 
 /// The one story every backend must tell the same way.
@@ -345,6 +492,8 @@ async fn conformance_story(backend: &impl Backend) {
         ids(&crowd_messages).into_iter().collect::<BTreeSet<_>>()
     );
     assert_eq!(store.depth(&crowd).await.expect("depth"), 64);
+
+    paging_story(&*store, &backend.target("pager"), &bobs[0]).await;
 
     let mut all_targets: BTreeSet<Target> = [&alice, &bob, &carol, &crowd]
         .into_iter()

@@ -37,10 +37,14 @@ pub struct Connection {
 pub enum Request {
     /// Every member.
     Status,
-    /// A member's pending replies.
+    /// A page of a member's pending replies.
     Inbox {
         /// The member.
         target: String,
+        /// Start after this reply.
+        after: Option<String>,
+        /// Most replies on the page.
+        limit: Option<u32>,
     },
     /// Remove one reply.
     Ack {
@@ -163,7 +167,7 @@ pub async fn run(
     }
     match request {
         Request::Status => render_status(&answer.body, out)?,
-        Request::Inbox { target } => render_inbox(target, &answer.body, out)?,
+        Request::Inbox { target, .. } => render_inbox(target, &answer.body, out)?,
         Request::Ack { target, .. } => render_ack(target, &answer.body, out)?,
         Request::Send { target, .. } => render_send(target, &answer.body, out)?,
     }
@@ -177,9 +181,25 @@ fn route(
         |name: &str| Target::new(name).map_err(|e| ClientError::Argument(format!("{name:?}: {e}")));
     Ok(match request {
         Request::Status => (http::Method::GET, "/sessions".into(), None, QUICK_TIMEOUT),
-        Request::Inbox { target: name } => {
+        Request::Inbox {
+            target: name,
+            after,
+            limit,
+        } => {
             let t = target(name)?;
-            let path = format!("/sessions/{t}/replies");
+            let mut query = Vec::new();
+            if let Some(after) = after {
+                let id = MsgId::parse(after)
+                    .map_err(|e| ClientError::Argument(format!("--after {after:?}: {e}")))?;
+                query.push(format!("after={id}"));
+            }
+            if let Some(limit) = limit {
+                query.push(format!("limit={limit}"));
+            }
+            let mut path = format!("/sessions/{t}/replies");
+            if !query.is_empty() {
+                path = format!("{path}?{}", query.join("&"));
+            }
             (http::Method::GET, path, None, QUICK_TIMEOUT)
         }
         Request::Ack {
@@ -281,9 +301,11 @@ fn render_inbox(target: &str, body: &Value, out: &mut dyn Write) -> std::io::Res
         return writeln!(out, "{target}: no replies waiting");
     }
     let s = if replies.len() == 1 { "y" } else { "ies" };
+    let more = body["more"] == true;
+    let shown = if more { "on this page" } else { "waiting" };
     writeln!(
         out,
-        "{target}: {} repl{s} waiting (`fleetd ack {target} MSGID` removes one)",
+        "{target}: {} repl{s} {shown} (`fleetd ack {target} MSGID` removes one)",
         replies.len()
     )?;
     for r in replies {
@@ -298,6 +320,13 @@ fn render_inbox(target: &str, body: &Value, out: &mut dyn Write) -> std::io::Res
         for l in text(r, "text").lines() {
             writeln!(out, "    {l}")?;
         }
+    }
+    if let Some(last) = replies.last().filter(|_| more) {
+        writeln!(
+            out,
+            "\nmore replies wait: `fleetd inbox {target} --after {}`",
+            text(last, "msgId")
+        )?;
     }
     Ok(())
 }
@@ -370,6 +399,34 @@ mod tests {
     }
 
     #[test]
+    fn an_inbox_page_with_more_says_how_to_read_the_next() {
+        let id = "019b0000-0000-7000-8000-000000000001";
+        let body = json!({ "more": true, "replies": [
+            { "msgId": id, "kind": "reply", "ticket": null, "text": "done", "createdAt": "t" }
+        ] });
+        let text = rendered(|out| render_inbox("alice", &body, out));
+        assert!(text.starts_with("alice: 1 reply on this page"), "{text}");
+        assert!(
+            text.ends_with(&format!("`fleetd inbox alice --after {id}`\n")),
+            "{text}"
+        );
+        let (_, path, _, _) = route(&Request::Inbox {
+            target: "alice".into(),
+            after: Some(id.into()),
+            limit: Some(5),
+        })
+        .expect("routed");
+        assert_eq!(path, format!("/sessions/alice/replies?after={id}&limit=5"));
+        let err = route(&Request::Inbox {
+            target: "alice".into(),
+            after: Some("nope".into()),
+            limit: None,
+        })
+        .expect_err("refused");
+        assert!(err.to_string().contains("--after"), "{err}");
+    }
+
+    #[test]
     fn send_without_a_reply_only_succeeds_without_wait() {
         let send = |wait| Request::Send {
             target: "alice".into(),
@@ -390,6 +447,8 @@ mod tests {
     fn bad_names_are_refused_before_any_request() {
         let err = route(&Request::Inbox {
             target: "../etc".into(),
+            after: None,
+            limit: None,
         })
         .expect_err("refused");
         assert!(matches!(err, ClientError::Argument(_)), "{err}");

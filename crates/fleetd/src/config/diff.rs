@@ -44,6 +44,8 @@ const KEYS: &[(&str, KeyClass)] = &[
     ("inbox", KeyClass::BootOnly),
     ("tickets", KeyClass::Live),
     ("delivery", KeyClass::Live),
+    // Read by the engine on each submit and question; a reload applies to what comes next.
+    ("limits", KeyClass::Live),
     ("profiles", KeyClass::Live),
     ("backends", KeyClass::Live),
     ("secrets", KeyClass::Live),
@@ -116,6 +118,7 @@ impl ConfigDiff {
             ("inbox", old.inbox != new.inbox),
             ("tickets", old.tickets != new.tickets),
             ("delivery", old.delivery != new.delivery),
+            ("limits", old.limits != new.limits),
         ];
         let mut changes: Vec<Change> = flat
             .into_iter()
@@ -322,8 +325,8 @@ mod tests {
         );
         check(
             "",
-            "tickets: {ttlAfterFinishSecs: 5}\ndelivery: {verifyGraceMs: 1}\n",
-            &["Live tickets", "Live delivery"],
+            "tickets: {ttlAfterFinishSecs: 5}\ndelivery: {verifyGraceMs: 1}\nlimits: {maxQueuedTasks: 2}\n",
+            &["Live tickets", "Live delivery", "Live limits"],
         );
     }
 

@@ -204,6 +204,8 @@ pub struct Config {
     pub tickets: Tickets,
     /// Task delivery.
     pub delivery: Delivery,
+    /// Per-member caps.
+    pub limits: Limits,
     /// Member profiles by name.
     pub profiles: BTreeMap<String, Profile>,
     /// Model backends by name.
@@ -308,6 +310,19 @@ pub struct Delivery {
     pub verify_grace_ms: u64,
     /// Longest text injected into a pane; longer tasks go as a pointer to `fleet_poll`.
     pub max_inject_bytes: u64,
+}
+
+/// `limits:` — per-member caps on what may pile up in the daemon. Applied by a reload at once
+/// (to what is asked next: nothing already queued or open is dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Limits {
+    /// Most tasks queued for one member and not yet typed into its pane; `fleet_send` beyond it
+    /// is refused (`queue_full`).
+    pub max_queued_tasks: u64,
+    /// Most open questions (`fleet_ask`) of one member; another is refused
+    /// (`too_many_questions`).
+    pub max_open_questions: u64,
 }
 
 /// A member profile.

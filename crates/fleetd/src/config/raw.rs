@@ -29,6 +29,7 @@ pub(crate) struct RawConfig {
     pub(crate) inbox: Option<RawInbox>,
     pub(crate) tickets: Option<RawTickets>,
     pub(crate) delivery: Option<RawDelivery>,
+    pub(crate) limits: Option<RawLimits>,
     pub(crate) profiles: Option<BTreeMap<String, At<RawProfile>>>,
     pub(crate) backends: Option<BTreeMap<String, At<RawBackend>>>,
     pub(crate) secrets: Option<BTreeMap<String, At<RawSecret>>>,
@@ -109,6 +110,14 @@ pub(crate) struct RawTickets {
 pub(crate) struct RawDelivery {
     pub(crate) verify_grace_ms: Option<u64>,
     pub(crate) max_inject_bytes: Option<At<u64>>,
+}
+
+/// `limits:` — per-member caps on what may pile up in the daemon.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawLimits {
+    pub(crate) max_queued_tasks: Option<At<u64>>,
+    pub(crate) max_open_questions: Option<At<u64>>,
 }
 
 /// One entry of `profiles:`.

@@ -49,6 +49,8 @@ fn empty_file_gives_every_default() {
     assert_eq!(config.tickets.ttl_after_finish_secs, 600);
     assert_eq!(config.delivery.verify_grace_ms, 5_000);
     assert_eq!(config.delivery.max_inject_bytes, 4_096);
+    assert_eq!(config.limits.max_queued_tasks, 64);
+    assert_eq!(config.limits.max_open_questions, 16);
     assert!(!config.config_reload);
     assert_eq!(config.log.level, "info");
     assert_eq!(config.log.format, LogFormat::Human);
@@ -150,6 +152,19 @@ fn semantic_refusals_name_the_key_and_what_to_do() {
     check_refused(
         "inbox:\n  maxMessageBytes: 0\n",
         &["inbox.maxMessageBytes", "out of range"],
+    );
+    check_refused(
+        "limits:\n  maxQueuedTasks: 0\n",
+        &[
+            "limits.maxQueuedTasks",
+            "out of range",
+            "1 to 10000",
+            "default 64",
+        ],
+    );
+    check_refused(
+        "limits:\n  maxOpenQuestions: 1001\n",
+        &["limits.maxOpenQuestions", "1 to 1000", "default 16"],
     );
     check_refused("primary:\n  tab: main\n", &["primary.tab", "not a tab"]);
     check_refused(

@@ -9,8 +9,8 @@ use serde_saphyr::Spanned;
 
 use super::raw::{At, RawBackend, RawConfig, RawProfile, RawSecret, StoreKind};
 use super::{
-    AmqpUrl, Backend, Config, ConfigError, DEFAULT_LISTEN, Delivery, Environment, Inbox, Lead, Log,
-    Position, Primary, Profile, SecretSource, Store, Tickets,
+    AmqpUrl, Backend, Config, ConfigError, DEFAULT_LISTEN, Delivery, Environment, Inbox, Lead,
+    Limits, Log, Position, Primary, Profile, SecretSource, Store, Tickets,
 };
 
 /// Whether `agent` is a kind a profile may name: one herdr knows, or `custom` for anything else.
@@ -35,6 +35,15 @@ const DEFAULT_VERIFY_GRACE_MS: u64 = 5_000;
 const DEFAULT_MAX_INJECT_BYTES: u64 = 4_096;
 /// A pane line buffer copes with a few tens of KiB; beyond that injection itself misbehaves.
 const MAX_MAX_INJECT_BYTES: u64 = 65_536;
+/// A member works through its queue one task at a time; 64 waiting tasks is far more than a lead
+/// hands out on purpose, and few enough that a runaway loop is stopped early.
+const DEFAULT_MAX_QUEUED_TASKS: u64 = 64;
+/// Each queued task is held in memory and in the state file (up to `inbox.maxMessageBytes`).
+const MAX_MAX_QUEUED_TASKS: u64 = 10_000;
+/// A member asks one question at a time and waits; 16 open ones means its lead is not answering.
+const DEFAULT_MAX_OPEN_QUESTIONS: u64 = 16;
+/// Each open question is listed on every `fleet_poll` page of its member.
+const MAX_MAX_OPEN_QUESTIONS: u64 = 1_000;
 const DEFAULT_HEALTH_INTERVAL_SECS: u64 = 30;
 const DEFAULT_MEMBERS_WORKSPACE: &str = "fleet";
 
@@ -145,6 +154,7 @@ pub(super) fn validate(
                 MAX_MAX_INJECT_BYTES,
             )?,
         },
+        limits: limits(&judge, raw.limits)?,
         profiles,
         backends,
         secrets,
@@ -216,6 +226,27 @@ fn bounded(
             ),
         )),
     }
+}
+
+fn limits(judge: &Judge<'_>, raw: Option<super::raw::RawLimits>) -> Result<Limits, ConfigError> {
+    let (queued, questions) =
+        raw.map_or((None, None), |l| (l.max_queued_tasks, l.max_open_questions));
+    Ok(Limits {
+        max_queued_tasks: bounded(
+            judge,
+            "limits.maxQueuedTasks",
+            queued,
+            DEFAULT_MAX_QUEUED_TASKS,
+            MAX_MAX_QUEUED_TASKS,
+        )?,
+        max_open_questions: bounded(
+            judge,
+            "limits.maxOpenQuestions",
+            questions,
+            DEFAULT_MAX_OPEN_QUESTIONS,
+            MAX_MAX_OPEN_QUESTIONS,
+        )?,
+    })
 }
 
 fn members_workspace(judge: &Judge<'_>, raw: Option<At<String>>) -> Result<String, ConfigError> {

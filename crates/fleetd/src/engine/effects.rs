@@ -43,8 +43,11 @@ fn shows(screen: &str, text: &str) -> bool {
     screen.contains(&needle)
 }
 /// How many of a member's pending messages are read to settle its open tickets after a restart:
-/// far more than the replies any member has outstanding.
+/// far more than the replies any member has outstanding. Read a bounded page at a time, keeping
+/// only the replies to those tickets.
 const RECONCILE_LIMIT: usize = 1000;
+/// Most bytes of message text in one page of that read.
+const RECONCILE_PAGE_BYTES: usize = 1024 * 1024;
 
 /// What an effect task works with.
 #[derive(Debug, Clone)]
@@ -57,6 +60,42 @@ pub(super) struct Effects {
 }
 
 impl Effects {
+    /// The replies to `tickets` among the oldest [`RECONCILE_LIMIT`] pending messages of
+    /// `target` (the last one per ticket, as they would have been stored), read a bounded page
+    /// at a time: memory holds one page plus those replies, never the whole inbox.
+    async fn reconcile(
+        &self,
+        target: &Target,
+        tickets: &std::collections::BTreeSet<Ticket>,
+    ) -> Result<Vec<Message>, crate::store::StoreError> {
+        let mut replies = std::collections::BTreeMap::new();
+        let mut after = None;
+        let mut seen = 0;
+        while seen < RECONCILE_LIMIT {
+            let request = crate::store::PageRequest {
+                after,
+                limit: RECONCILE_LIMIT - seen,
+                max_bytes: RECONCILE_PAGE_BYTES,
+            };
+            let page = self.store.page(target, request).await?;
+            for message in page.messages {
+                seen += 1;
+                after = Some(message.msg_id);
+                if message.kind == MessageKind::Reply
+                    && let Some(ticket) = message.ticket.filter(|t| tickets.contains(t))
+                {
+                    replies.insert(ticket, message);
+                }
+            }
+            if !page.more {
+                break;
+            }
+        }
+        let mut replies: Vec<Message> = replies.into_values().collect();
+        replies.sort_by_key(|m| m.msg_id);
+        Ok(replies)
+    }
+
     /// Tells the engine, if it still runs.
     async fn report(&self, event: Event) {
         if let Some(tx) = self.tx.upgrade() {
@@ -151,14 +190,8 @@ impl Effects {
                 Err(e) => tracing::warn!(%target, error = %e, "cannot read inbox depth"),
             },
             Io::DepthAll => self.depth_all().await,
-            Io::Reconcile { target } => match self.store.peek(&target, RECONCILE_LIMIT).await {
-                Ok(messages) => {
-                    let replies = messages
-                        .into_iter()
-                        .filter(|m| m.kind == MessageKind::Reply && m.ticket.is_some())
-                        .collect();
-                    self.report(Event::Reconciled { replies }).await;
-                }
+            Io::Reconcile { target, tickets } => match self.reconcile(&target, &tickets).await {
+                Ok(replies) => self.report(Event::Reconciled { replies }).await,
                 Err(e) => {
                     tracing::warn!(%target, error = %e, "cannot read an inbox to settle its tickets")
                 }

@@ -239,7 +239,7 @@ pub(crate) enum Command {
     Ask {
         target: Target,
         question: String,
-        reply: oneshot::Sender<(String, oneshot::Receiver<String>)>,
+        reply: oneshot::Sender<Result<(String, oneshot::Receiver<String>), Refusal>>,
     },
     Answer {
         question_id: String,
@@ -423,7 +423,8 @@ impl EngineHandle {
         self.send(Command::LeadSeen { lead }).await
     }
 
-    /// Queues `task` for `target`; returns its ticket.
+    /// Queues `task` for `target`; returns its ticket, or the refusal (no such member, or
+    /// `limits.maxQueuedTasks` tasks already wait for it).
     pub async fn submit(
         &self,
         lead: Option<LeadRef>,
@@ -492,12 +493,13 @@ impl EngineHandle {
         self.send(Command::InboxChanged { target }).await
     }
 
-    /// Opens a question; returns its id and a receiver for the answer.
+    /// Opens a question; returns its id and a receiver for the answer, or the refusal when
+    /// `target` already has `limits.maxOpenQuestions` open.
     pub async fn ask_question(
         &self,
         target: Target,
         question: String,
-    ) -> Result<(String, oneshot::Receiver<String>), EngineGone> {
+    ) -> Result<Result<(String, oneshot::Receiver<String>), Refusal>, EngineGone> {
         self.ask(|reply| Command::Ask {
             target,
             question,

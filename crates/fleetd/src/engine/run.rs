@@ -120,7 +120,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
     };
     let config = &*parts.config.current();
     let push = PushLoop::new(push_config(config));
-    let state = State::new(
+    let mut state = State::new(
         secs(config.tickets.ttl_after_finish_secs),
         SignedDuration::from_millis(
             i64::try_from(config.delivery.verify_grace_ms).unwrap_or(i64::MAX),
@@ -130,6 +130,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
         usize::try_from(config.delivery.max_inject_bytes).unwrap_or(4096),
         Arc::clone(&parts.clock),
     );
+    state.set_limits(config.limits);
     let events = parts.mux.events();
     let lagged = parts.mux.lagged();
     let reloads = parts.config.subscribe();

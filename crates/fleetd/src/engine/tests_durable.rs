@@ -350,6 +350,51 @@ async fn a_reply_stored_just_before_the_kill_settles_its_ticket_after_the_restar
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_reply_behind_pages_of_other_mail_still_settles_its_ticket_after_the_restart() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let disk = Disk::new();
+    let first = disk.start(&fake);
+    first
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    let ticket = first
+        .submit(None, t("ann"), "job".to_owned())
+        .await
+        .expect("engine")
+        .expect("queued");
+    settle().await;
+    drop(first);
+    settle().await;
+    // Three 900 KiB messages first: the restart reads the inbox a ~1 MiB page at a time.
+    let publish = |ticket, text: String| {
+        disk.store.publish(fleetd_core::Message {
+            msg_id: fleetd_core::MsgId::from_uuid(crate::clock::Clock::new_id(
+                &crate::clock::SystemClock,
+            )),
+            target: t("ann"),
+            ticket,
+            kind: fleetd_core::MessageKind::Reply,
+            text,
+            from: "ann".to_owned(),
+            created_at: Timestamp::UNIX_EPOCH,
+        })
+    };
+    for _ in 0..3 {
+        publish(None, "x".repeat(900 * 1024))
+            .await
+            .expect("publish");
+    }
+    publish(Some(ticket), "done".to_owned())
+        .await
+        .expect("publish");
+    let second = disk.start(&fake);
+    settle().await;
+    assert_eq!(state_of(&second, ticket).await, Some(TicketState::Replied));
+}
+
+#[tokio::test(start_paused = true)]
 async fn questions_and_bindings_survive_and_the_answer_reaches_the_member() {
     let fake = FakeMux::new();
     fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Working);
@@ -369,7 +414,8 @@ async fn questions_and_bindings_survive_and_the_answer_reaches_the_member() {
     let (id, _answer) = first
         .ask_question(t("ann"), "which branch?".to_owned())
         .await
-        .expect("engine");
+        .expect("engine")
+        .expect("under the cap");
     settle().await;
     drop(first);
     settle().await;

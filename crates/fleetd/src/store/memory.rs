@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use fleetd_core::{Message, MessageLimits, MsgId, Target};
 
 use super::{
-    DEDUP_WINDOW, InboxStore, PublishOutcome, RecentIds, StateOp, StateRecord, StateStore,
-    StoreError, StoreFuture,
+    DEDUP_WINDOW, InboxStore, Page, PageRequest, PublishOutcome, RecentIds, StateOp, StateRecord,
+    StateStore, StoreError, StoreFuture,
 };
 
 /// An inbox in memory. Clones share the same contents, so a test can "reopen" by cloning.
@@ -111,14 +111,11 @@ impl InboxStore for MemoryStore {
         Box::pin(async move { self.publish_now(message) })
     }
 
-    fn peek<'a>(&'a self, target: &'a Target, limit: usize) -> StoreFuture<'a, Vec<Message>> {
+    fn page<'a>(&'a self, target: &'a Target, request: PageRequest) -> StoreFuture<'a, Page> {
         Box::pin(async move {
             let state = self.state();
-            Ok(state
-                .queues
-                .get(target)
-                .map(|queue| queue.iter().take(limit).cloned().collect())
-                .unwrap_or_default())
+            let empty = VecDeque::new();
+            Ok(request.cut(state.queues.get(target).unwrap_or(&empty)))
         })
     }
 

@@ -7,7 +7,7 @@ use std::fmt;
 use fleetd_core::{Message, MsgId, Target};
 use tokio::time::Instant;
 
-use super::{InboxStore, PublishOutcome, StoreFuture};
+use super::{InboxStore, Page, PageRequest, PublishOutcome, StoreFuture};
 
 /// `S`, timed. Holds the backend behind an `Arc`, so the embedded store can be the fleet-state
 /// store too.
@@ -30,8 +30,8 @@ impl<S: InboxStore> InboxStore for Metered<S> {
         })
     }
 
-    fn peek<'a>(&'a self, target: &'a Target, limit: usize) -> StoreFuture<'a, Vec<Message>> {
-        self.0.peek(target, limit)
+    fn page<'a>(&'a self, target: &'a Target, request: PageRequest) -> StoreFuture<'a, Page> {
+        self.0.page(target, request)
     }
 
     fn ack<'a>(&'a self, target: &'a Target, msg_id: MsgId) -> StoreFuture<'a, bool> {

@@ -45,8 +45,21 @@ pub trait InboxStore: Send + Sync + fmt::Debug {
     /// A message that breaks the limits is refused with [`StoreError::Refused`].
     fn publish(&self, message: Message) -> StoreFuture<'_, PublishOutcome>;
 
-    /// Up to `limit` pending messages of `target`, oldest first. Non-destructive.
-    fn peek<'a>(&'a self, target: &'a Target, limit: usize) -> StoreFuture<'a, Vec<Message>>;
+    /// One page of `target`'s pending messages, oldest first, as `request` describes (see
+    /// [`PageRequest`] for the cursor and the byte budget). Non-destructive. A backend holds at
+    /// most about one page of message bodies in memory to answer, however deep the inbox.
+    fn page<'a>(&'a self, target: &'a Target, request: PageRequest) -> StoreFuture<'a, Page>;
+
+    /// Up to `limit` pending messages of `target`, oldest first, with no byte budget: a page
+    /// from the oldest. Non-destructive. For tests and small limits; the tools page.
+    fn peek<'a>(&'a self, target: &'a Target, limit: usize) -> StoreFuture<'a, Vec<Message>> {
+        Box::pin(async move {
+            Ok(self
+                .page(target, PageRequest::oldest(limit, usize::MAX))
+                .await?
+                .messages)
+        })
+    }
 
     /// Removes one message from `target`'s inbox. `Ok(false)` when `target` holds no pending
     /// message with that id (unknown, already acknowledged, or another target's) — not an error.
@@ -73,6 +86,86 @@ pub trait InboxStore: Send + Sync + fmt::Debug {
 
     /// The backend's name for logs and `/healthz`: `memory`, `embedded` or `amqp`.
     fn kind(&self) -> &'static str;
+}
+
+/// Which page of a target's pending messages [`InboxStore::page`] returns.
+///
+/// The page starts just after the pending message `after` (the last one the reader saw) and
+/// holds at most `limit` messages whose texts add up to at most `max_bytes` — except that the
+/// first message of a page is always included, whatever its size, so a message larger than the
+/// budget can still be read. An `after` that is not pending in this target's inbox (it was
+/// acknowledged since, or never was there) starts the page from the oldest pending message and
+/// says so in [`Page::after_not_pending`]: a reader may see a message again, never miss one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageRequest {
+    /// Start after this message; `None` starts from the oldest.
+    pub after: Option<MsgId>,
+    /// Most messages in the page. 0 returns none (and says whether any are pending).
+    pub limit: usize,
+    /// Most bytes of message text in the page (the first message is always included).
+    pub max_bytes: usize,
+}
+
+impl PageRequest {
+    /// The first page: from the oldest pending message.
+    pub fn oldest(limit: usize, max_bytes: usize) -> Self {
+        Self {
+            after: None,
+            limit,
+            max_bytes,
+        }
+    }
+
+    /// Cuts this page out of `pending`, a target's pending messages oldest first: the rule every
+    /// backend follows, written once for those that hold the messages in memory.
+    pub(crate) fn cut<'a, I>(&self, pending: I) -> Page
+    where
+        I: IntoIterator<Item = &'a Message>,
+        I::IntoIter: Clone,
+    {
+        let pending = pending.into_iter();
+        let start = match self.after {
+            None => Some(0),
+            Some(id) => pending
+                .clone()
+                .position(|m| m.msg_id == id)
+                .map(|at| at + 1),
+        };
+        let mut rest = pending.skip(start.unwrap_or(0)).peekable();
+        let mut page = Page {
+            after_not_pending: start.is_none(),
+            ..Page::default()
+        };
+        let mut bytes = 0usize;
+        while let Some(next) = rest.peek() {
+            if !self.fits(page.messages.len(), bytes, next.text.len()) {
+                break;
+            }
+            bytes = bytes.saturating_add(next.text.len());
+            page.messages.push((*next).clone());
+            rest.next();
+        }
+        page.more = rest.peek().is_some();
+        page
+    }
+
+    /// Whether a message of `len` bytes joins a page that holds `taken` messages of `bytes`.
+    pub(crate) fn fits(&self, taken: usize, bytes: usize, len: usize) -> bool {
+        taken < self.limit && (taken == 0 || bytes.saturating_add(len) <= self.max_bytes)
+    }
+}
+
+/// What [`InboxStore::page`] returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Page {
+    /// The messages, oldest first.
+    pub messages: Vec<Message>,
+    /// More pending messages follow the last one: ask again with `after` = its msgId. (With the
+    /// AMQP backend only as far as its held window reaches: see `store::amqp`.)
+    pub more: bool,
+    /// The request's `after` is not pending in this inbox (acknowledged since, or unknown): the
+    /// page starts from the oldest pending message instead.
+    pub after_not_pending: bool,
 }
 
 /// One record of the engine's durable state: a `kind` (`member`, `ticket`, `question`, `lead`,

@@ -12,7 +12,33 @@ use super::super::{Delivered, LeadRef, Settled, TicketAnswer, TicketView};
 use super::{Io, State, view};
 
 impl State {
+    /// Queues `task` for `target` (a `fleet_send`), unless `limits.maxQueuedTasks` tasks already
+    /// wait to be typed into its pane.
     pub(in crate::engine) fn submit(
+        &mut self,
+        lead: Option<&LeadRef>,
+        by: Option<Target>,
+        target: Target,
+        task: String,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> Result<Ticket, Refusal> {
+        let queued = self.injector.queued(&target);
+        let max = self.limits.max_queued_tasks;
+        if self.members.contains_key(&target) && u64::try_from(queued).unwrap_or(u64::MAX) >= max {
+            return Err(Refusal::new(
+                "queue_full",
+                format!(
+                    "{target} already has {queued} tasks waiting to be typed, the most allowed (limits.maxQueuedTasks = {max}): wait for it to work through them (fleet_status shows its tickets), or raise limits.maxQueuedTasks in the config"
+                ),
+            ));
+        }
+        self.enqueue(lead, by, target, task, now, io)
+    }
+
+    /// Queues `task` for `target` whatever its queue holds: `submit` past the cap check, and
+    /// the path of a question's late answer.
+    pub(super) fn enqueue(
         &mut self,
         lead: Option<&LeadRef>,
         by: Option<Target>,

@@ -296,14 +296,19 @@ impl State {
         }
         self.ticket_gauges();
         // Replies stored just before the restart may not have settled their tickets yet.
-        let open: BTreeSet<Target> = self
-            .members
-            .keys()
-            .filter(|t| !self.tickets.open_for(t).is_empty())
-            .cloned()
-            .collect();
-        for target in open {
-            io.push(Io::Reconcile { target });
+        for target in self.members.keys() {
+            let tickets: BTreeSet<Ticket> = self
+                .tickets
+                .open_for(target)
+                .iter()
+                .map(|r| r.ticket)
+                .collect();
+            if !tickets.is_empty() {
+                io.push(Io::Reconcile {
+                    target: target.clone(),
+                    tickets,
+                });
+            }
         }
     }
 

@@ -83,9 +83,12 @@ pub(super) enum Io {
     DepthAll,
     /// Check that a member from before a restart still runs in its pane incarnation.
     Adopt(Box<NewMember>),
-    /// Read `target`'s inbox for replies to its open tickets (after a restart: a reply stored
+    /// Read `target`'s inbox for replies to its open `tickets` (after a restart: a reply stored
     /// just before it may not have settled its ticket).
-    Reconcile { target: Target },
+    Reconcile {
+        target: Target,
+        tickets: std::collections::BTreeSet<Ticket>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -167,6 +170,8 @@ pub(super) struct State {
     /// Pane incarnations that spoke MCP before they held a member (newest last, bounded).
     seen: std::collections::VecDeque<(QualifiedPaneId, TerminalId)>,
     max_inject: usize,
+    /// The per-member caps (`limits:`), as last configured.
+    limits: crate::config::Limits,
 }
 
 /// How many not-yet-member pane incarnations are remembered as having spoken MCP. Only the
@@ -218,7 +223,16 @@ impl State {
             raw_depth: HashMap::new(),
             seen: std::collections::VecDeque::new(),
             max_inject,
+            limits: crate::config::Limits {
+                max_queued_tasks: u64::MAX,
+                max_open_questions: u64::MAX,
+            },
         }
+    }
+
+    /// Applies the per-member caps (at start, and on each reload: to what is asked next).
+    pub(super) fn set_limits(&mut self, limits: crate::config::Limits) {
+        self.limits = limits;
     }
 
     /// Forgets which records changed (state kept in memory only).

@@ -137,8 +137,9 @@ impl State {
     }
 
     /// A reload was applied: the keys the engine reads take effect now — `tickets`
-    /// (retention), `delivery` (verify grace, longest typed text), `primary` (the push budget and
-    /// the pinned tab) and `leads` (the lead tabs, scanned again at once).
+    /// (retention), `delivery` (verify grace, longest typed text), `limits` (the per-member caps,
+    /// for what is asked next), `primary` (the push budget and the pinned tab) and `leads` (the
+    /// lead tabs, scanned again at once).
     pub(in crate::engine) fn engine_config_reloaded(
         &mut self,
         config: &crate::config::Config,
@@ -154,6 +155,7 @@ impl State {
                 config.delivery.verify_grace_ms,
             )));
         self.max_inject = usize::try_from(config.delivery.max_inject_bytes).unwrap_or(usize::MAX);
+        self.limits = config.limits;
         self.push.set_config(push_config(config));
         let tabs = LeadTabs::from_config(config);
         if !tabs.same_tabs(&self.lead_tabs) {

@@ -11,13 +11,28 @@ use super::super::{AnswerRoute, QuestionView};
 use super::{Io, Question, State};
 
 impl State {
+    /// Opens a question of `target`, unless it already has `limits.maxOpenQuestions` open.
     pub(in crate::engine) fn ask(
         &mut self,
         target: Target,
         text: String,
         now: Timestamp,
         io: &mut Vec<Io>,
-    ) -> (String, oneshot::Receiver<String>) {
+    ) -> Result<(String, oneshot::Receiver<String>), Refusal> {
+        let open = self
+            .questions
+            .values()
+            .filter(|q| q.target == target)
+            .count();
+        let max = self.limits.max_open_questions;
+        if u64::try_from(open).unwrap_or(u64::MAX) >= max {
+            return Err(Refusal::new(
+                "too_many_questions",
+                format!(
+                    "{target} already has {open} open questions, the most allowed (limits.maxOpenQuestions = {max}): your lead has not answered them yet; keep working with what you know, or wait for the answers (they arrive as tasks) before asking again"
+                ),
+            ));
+        }
         let id = self.ids.new_id().to_string();
         let (tx, rx) = oneshot::channel();
         self.dirty.questions.insert(id.clone());
@@ -37,7 +52,7 @@ impl State {
             now,
         );
         self.push_effects(effects, now, io);
-        (id, rx)
+        Ok((id, rx))
     }
 
     pub(in crate::engine) fn answer(
@@ -74,8 +89,10 @@ impl State {
             None => answer,
         };
         // The member stopped waiting: the answer reaches it as a task, in order with its others.
+        // Past the queue cap too: the question was let in under its own cap, and its answer is
+        // already taken out of the open questions, so refusing it here would lose it.
         let task = format!("Answer to your question {id} ({}): {answer}", question.text);
-        match self.submit(None, None, question.target.clone(), task, now, io) {
+        match self.enqueue(None, None, question.target.clone(), task, now, io) {
             Ok(_) => Ok(AnswerRoute::Task),
             Err(refusal) => Err(refusal),
         }

@@ -56,7 +56,7 @@ impl FleetTool for Ask {
                 fleet.redactor.redact(&args.question).into_owned(),
             )
             .await
-            .map_err(gone)?;
+            .map_err(gone)??;
         let secs = args
             .wait_secs
             .unwrap_or(DEFAULT_WAIT_SECS)

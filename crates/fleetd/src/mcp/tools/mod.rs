@@ -169,3 +169,6 @@ pub(crate) fn store_error(e: &crate::store::StoreError) -> ToolError {
         format!("fleetd failed to {e}; retry shortly"),
     )
 }
+
+#[cfg(test)]
+mod tests;

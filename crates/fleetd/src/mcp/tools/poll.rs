@@ -1,18 +1,28 @@
-//! `fleet_poll`: read a ticket's state, or a member's pending replies and questions. Never
-//! destructive: messages stay until `fleet_ack`.
+//! `fleet_poll`: read a ticket's state, or a member's pending replies and questions a page at a
+//! time (SPEC §3: `limit`, `after`, `more`, a byte budget per answer). Never destructive:
+//! messages stay until `fleet_ack`. Holds one page of bodies in memory, however deep the inbox.
 
 use fleetd_core::access::{Role, ToolClass};
-use fleetd_core::{MessageKind, Ticket};
+use fleetd_core::{Message, MessageKind, MsgId, Target, Ticket};
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{FleetTool, gone, output, store_error, target};
 use crate::engine::TicketAnswer;
 use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
+use crate::store::{InboxStore, PageRequest, StoreError};
 
-/// How many messages one poll returns at most; ack them to see the rest.
-const POLL_LIMIT: usize = 100;
+/// Replies in one answer when the caller gives no `limit` (SPEC §3).
+pub(crate) const DEFAULT_LIMIT: u64 = 20;
+/// The largest `limit` a caller may ask for.
+pub(crate) const MAX_LIMIT: u64 = 100;
+/// Most bytes of reply text in one answer (~1 MiB, SPEC §3). The first reply of a page is always
+/// included whatever its size, so a reply as large as `inbox.maxMessageBytes` can be read.
+pub(crate) const PAGE_BYTES: usize = 1024 * 1024;
+/// How many of a member's oldest pending messages `fleet_poll{ticket}` looks through for the
+/// ticket's reply, a page at a time. A reply further back is read with `fleet_poll{target}`.
+const TICKET_SCAN: usize = 100;
 
 /// Arguments of `fleet_poll`: exactly one of `ticket` or `target`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -21,15 +31,23 @@ const POLL_LIMIT: usize = 100;
 pub(crate) struct Args {
     /// A ticket from fleet_send: returns its state and reply.
     ticket: Option<String>,
-    /// A member's name: returns its pending replies and open questions.
+    /// A member's name: returns a page of its pending replies and its open questions.
     target: Option<String>,
+    /// With target: most replies in this answer (default 20, at most 100). An answer also holds
+    /// at most about 1 MiB of reply text (always at least one reply).
+    #[schemars(with = "Option<u32>", range(min = 1, max = 100))]
+    limit: Option<Value>,
+    /// With target: the msgId of the last reply you have seen; the page starts after it. Omit it
+    /// for the oldest. If that reply is no longer pending (acknowledged), the page starts from the
+    /// oldest pending reply and says afterNotPending=true.
+    after: Option<String>,
 }
 
 pub(crate) struct Poll;
 
 impl FleetTool for Poll {
     const NAME: &'static str = "fleet_poll";
-    const DESCRIPTION: &'static str = "Read without removing. ticket=T → {ticket, state, reply?}. target=NAME → {target, replies:[{msgId, kind, ticket?, text, createdAt}], questions:[{questionId, question}]}. Acknowledge what you have read with fleet_ack so it is not shown (or nudged about) again. A member may call it with its own ticket to read a long task.";
+    const DESCRIPTION: &'static str = "Read without removing. ticket=T → {ticket, state, reply?}. target=NAME → {target, replies:[{msgId, kind, ticket?, text, createdAt}], questions:[{questionId, question}], more}: one page of the member's pending replies, oldest first — at most `limit` (default 20, max 100) and about 1 MiB of text. When more=true, call again with after=<the last msgId you got> for the next page, or fleet_ack what you have read and poll again. Acknowledge what you have read with fleet_ack so it is not shown (or nudged about) again. A member may call it with its own ticket to read a long task.";
     const CLASS: ToolClass = ToolClass::ReadOnly;
     type Args = Args;
 
@@ -45,8 +63,19 @@ impl FleetTool for Poll {
 
     async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
         match (args.ticket, args.target) {
-            (Some(ticket), None) => by_ticket(fleet, caller, &ticket).await,
-            (None, Some(name)) => by_target(fleet, &name).await,
+            (Some(ticket), None) => {
+                if args.limit.is_some() || args.after.is_some() {
+                    return Err(ToolError::new(
+                        "invalid_arguments",
+                        "`limit` and `after` page a member's inbox: give them with `target`, not `ticket`",
+                    ));
+                }
+                by_ticket(fleet, caller, &ticket).await
+            }
+            (None, Some(name)) => {
+                let request = page_request(args.limit.as_ref(), args.after.as_deref())?;
+                by_target(fleet, &name, request).await
+            }
             _ => Err(ToolError::new(
                 "invalid_arguments",
                 "give exactly one of `ticket` (a ticket from fleet_send) or `target` (a member's name)",
@@ -85,18 +114,11 @@ async fn by_ticket(fleet: &Fleet, caller: &Caller, text: &str) -> Result<ToolOut
     }
     match answer {
         TicketAnswer::Live(view) => {
-            let pending = fleet
-                .store
-                .peek(&view.target, POLL_LIMIT)
+            let reply = find_reply(&*fleet.store, &view.target, ticket)
                 .await
                 .map_err(|e| store_error(&e))?;
-            let reply = pending
-                .iter()
-                .filter(|m| m.ticket == Some(ticket))
-                .find(|m| m.kind == MessageKind::Reply)
-                .or_else(|| pending.iter().find(|m| m.ticket == Some(ticket)));
             let mut value = json!({ "ticket": ticket, "target": view.target, "state": view.state, "cause": view.cause });
-            if let Some(reply) = reply {
+            if let Some(reply) = &reply {
                 value["reply"] = super::send::reply_json(reply);
             }
             output(value, format!("ticket {ticket}: {}", view.state.as_str()))
@@ -114,11 +136,85 @@ async fn by_ticket(fleet: &Fleet, caller: &Caller, text: &str) -> Result<ToolOut
     }
 }
 
-async fn by_target(fleet: &Fleet, name: &str) -> Result<ToolOutput, ToolError> {
+/// The page `limit` and `after` ask for; a bad value is refused naming its argument.
+fn page_request(limit: Option<&Value>, after: Option<&str>) -> Result<PageRequest, ToolError> {
+    let limit = match limit {
+        None => DEFAULT_LIMIT,
+        Some(value) => value
+            .as_u64()
+            .filter(|n| (1..=MAX_LIMIT).contains(n))
+            .ok_or_else(|| {
+                ToolError::new(
+                    "invalid_arguments",
+                    format!(
+                        "`limit` must be a whole number from 1 to {MAX_LIMIT} (got {value}); omit it for {DEFAULT_LIMIT}"
+                    ),
+                )
+            })?,
+    };
+    let after = after
+        .map(|id| {
+            MsgId::parse(id).map_err(|e| {
+                ToolError::new(
+                    "invalid_arguments",
+                    format!(
+                        "`after` must be the msgId of a reply you have seen ({e}); omit it to start from the oldest"
+                    ),
+                )
+            })
+        })
+        .transpose()?;
+    Ok(PageRequest {
+        after,
+        limit: usize::try_from(limit).unwrap_or(usize::MAX),
+        max_bytes: PAGE_BYTES,
+    })
+}
+
+/// The reply to `ticket` among the oldest [`TICKET_SCAN`] pending messages of `target` (its
+/// `reply`, else any message for it, such as the turn-end fallback), read a bounded page at a
+/// time so only one page and the match are held.
+async fn find_reply(
+    store: &dyn InboxStore,
+    target: &Target,
+    ticket: Ticket,
+) -> Result<Option<Message>, StoreError> {
+    let mut other = None;
+    let mut after = None;
+    let mut seen = 0;
+    while seen < TICKET_SCAN {
+        let request = PageRequest {
+            after,
+            limit: TICKET_SCAN - seen,
+            max_bytes: PAGE_BYTES,
+        };
+        let page = store.page(target, request).await?;
+        for message in page.messages {
+            seen += 1;
+            after = Some(message.msg_id);
+            if message.ticket == Some(ticket) {
+                if message.kind == MessageKind::Reply {
+                    return Ok(Some(message));
+                }
+                other.get_or_insert(message);
+            }
+        }
+        if !page.more {
+            break;
+        }
+    }
+    Ok(other)
+}
+
+async fn by_target(
+    fleet: &Fleet,
+    name: &str,
+    request: PageRequest,
+) -> Result<ToolOutput, ToolError> {
     let target = target(name)?;
-    let pending = fleet
+    let page = fleet
         .store
-        .peek(&target, POLL_LIMIT)
+        .page(&target, request)
         .await
         .map_err(|e| store_error(&e))?;
     let questions = fleet
@@ -126,14 +222,29 @@ async fn by_target(fleet: &Fleet, name: &str) -> Result<ToolOutput, ToolError> {
         .questions(Some(target.clone()))
         .await
         .map_err(gone)?;
-    let replies: Vec<_> = pending.iter().map(super::send::reply_json).collect();
-    let summary = format!(
-        "{target}: {} pending messages, {} open questions",
+    let replies: Vec<_> = page.messages.iter().map(super::send::reply_json).collect();
+    let mut summary = format!(
+        "{target}: {} pending messages on this page, {} open questions",
         replies.len(),
         questions.len()
     );
-    output(
-        json!({ "target": target, "replies": replies, "questions": questions }),
-        summary,
-    )
+    if let Some(last) = page.messages.last().filter(|_| page.more) {
+        summary.push_str(&format!(
+            "; more follow: fleet_poll(target={target}, after={})",
+            last.msg_id
+        ));
+    }
+    let mut value = json!({
+        "target": target,
+        "replies": replies,
+        "questions": questions,
+        "more": page.more,
+    });
+    if page.after_not_pending {
+        value["afterNotPending"] = json!(true);
+        summary.push_str(
+            "; `after` is no longer pending (acknowledged?), so this page starts from the oldest",
+        );
+    }
+    output(value, summary)
 }

@@ -14,6 +14,12 @@
 //! — a time-ordered UUIDv7, minted monotonically by whoever publishes — and `peek` fills the whole
 //! window before answering. Up to [`AmqpStore::HOLD_MAX`] pending messages per target, peek order
 //! is therefore exact whatever the broker did; beyond that it is exact within the window.
+//!
+//! Paging (`page` with `after`) moves through the held window only: a reader that pages without
+//! acknowledging sees the oldest [`AmqpStore::HOLD_MAX`] pending messages, and the last page of
+//! the window says `more: false` even when the broker holds further ones (acknowledging frees
+//! room; the target's depth counts them all). A `more` that the next page could not honour would
+//! send such a reader round in circles.
 
 mod session;
 mod window;
@@ -28,7 +34,8 @@ use tokio::sync::Mutex as AsyncMutex;
 use fleetd_core::{Message, MessageLimits, MsgId, Target};
 
 use super::{
-    DEDUP_WINDOW, InboxStore, PublishOutcome, RecentIds, StoreError, StoreFuture, StoreOptions,
+    DEDUP_WINDOW, InboxStore, Page, PageRequest, PublishOutcome, RecentIds, StoreError,
+    StoreFuture, StoreOptions,
 };
 use session::{Backoff, Failure, Session, publish_once};
 use window::{Ack, Attempt, Depth, Drain, Inbox, Peek};
@@ -237,9 +244,9 @@ impl InboxStore for AmqpStore {
         Box::pin(self.publish_message(message))
     }
 
-    fn peek<'a>(&'a self, target: &'a Target, limit: usize) -> StoreFuture<'a, Vec<Message>> {
+    fn page<'a>(&'a self, target: &'a Target, request: PageRequest) -> StoreFuture<'a, Page> {
         Box::pin(async move {
-            self.with_inbox("peek the AMQP inbox", target, &mut Peek { limit })
+            self.with_inbox("peek the AMQP inbox", target, &mut Peek { request })
                 .await
         })
     }

@@ -12,6 +12,7 @@ use fleetd_core::{Message, MsgId, Target};
 
 use super::session::{Failure, Session, declare, is_not_found};
 use super::{AmqpStore, HOLD_MAX, queue_name};
+use crate::store::{Page, PageRequest};
 
 /// A target's held window. `held` is `None` until the target is first read, and is dropped when
 /// its channel dies (the broker then requeues what it held).
@@ -181,11 +182,11 @@ pub(super) trait Attempt: Send {
 }
 
 pub(super) struct Peek {
-    pub(super) limit: usize,
+    pub(super) request: PageRequest,
 }
 
 impl Attempt for Peek {
-    type Output = Vec<Message>;
+    type Output = Page;
 
     async fn run<'x>(
         &'x mut self,
@@ -193,19 +194,14 @@ impl Attempt for Peek {
         session: &'x Session,
         inbox: &'x mut Inbox,
         target: &'x Target,
-    ) -> Result<Vec<Message>, Failure> {
+    ) -> Result<Page, Failure> {
         let Some(held) = store.held(session, inbox, target).await? else {
-            return Ok(Vec::new());
+            return Ok(self.request.cut(&[]));
         };
-        // Fill the whole window, not just `limit`: requeued messages may come back after newer
+        // Fill the whole window, not just one page: requeued messages may come back after newer
         // ones, and only a full window can be put back in order.
         store.fill(held, target).await?;
-        Ok(held
-            .deliveries
-            .iter()
-            .take(self.limit)
-            .map(|d| d.message.clone())
-            .collect())
+        Ok(self.request.cut(held.deliveries.iter().map(|d| &d.message)))
     }
 }
 

@@ -9,15 +9,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
 use fleetd_core::{Message, MessageLimits, MsgId, Target, Ticket};
 
 use super::lock::StateLock;
 use super::{
-    InboxStore, PublishOutcome, StateOp, StateRecord, StateStore, StoreError, StoreFuture,
-    StoreOptions,
+    InboxStore, Page, PageRequest, PublishOutcome, StateOp, StateRecord, StateStore, StoreError,
+    StoreFuture, StoreOptions,
 };
 use writer::Op;
 
@@ -201,10 +201,9 @@ impl InboxStore for SqliteStore {
         })
     }
 
-    fn peek<'a>(&'a self, target: &'a Target, limit: usize) -> StoreFuture<'a, Vec<Message>> {
+    fn page<'a>(&'a self, target: &'a Target, request: PageRequest) -> StoreFuture<'a, Page> {
         let target = target.clone();
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        Box::pin(self.read(move |conn| select_pending(conn, &target, limit)))
+        Box::pin(self.read(move |conn| select_page(conn, &target, &request)))
     }
 
     fn ack<'a>(&'a self, target: &'a Target, msg_id: MsgId) -> StoreFuture<'a, bool> {
@@ -313,6 +312,79 @@ fn select_pending(
         messages.push(decode_row(row)?);
     }
     Ok(messages)
+}
+
+/// One page of `target`'s pending messages (see [`PageRequest`]). Reads in one transaction:
+/// first the positions and sizes of the candidates (`octet_length` reads a body's size from its
+/// record header, not the body), then the bodies of exactly those that fit — so a page costs its
+/// own bodies in memory, never the inbox's.
+fn select_page(
+    conn: &Connection,
+    target: &Target,
+    request: &PageRequest,
+) -> Result<Page, StoreError> {
+    let fail = |err| StoreError::backend("read a page of the embedded inbox", err);
+    let tx = conn.unchecked_transaction().map_err(fail)?;
+    let after_seq: Option<i64> = match request.after {
+        None => None,
+        Some(id) => tx
+            .prepare_cached("SELECT seq FROM messages WHERE msg_id = ?1 AND target = ?2")
+            .and_then(|mut stmt| {
+                stmt.query_row(params![id.to_string(), target.as_str()], |row| row.get(0))
+                    .optional()
+            })
+            .map_err(fail)?,
+    };
+    let mut page = Page {
+        after_not_pending: request.after.is_some() && after_seq.is_none(),
+        ..Page::default()
+    };
+    // One candidate more than the limit says whether more follow.
+    let candidates = i64::try_from(request.limit.saturating_add(1)).unwrap_or(i64::MAX);
+    let sizes: Vec<(i64, usize)> = tx
+        .prepare_cached(
+            "SELECT seq, octet_length(body) FROM messages
+             WHERE target = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(
+                params![target.as_str(), after_seq.unwrap_or(i64::MIN), candidates],
+                |row| Ok((row.get(0)?, row.get::<_, i64>(1)?)),
+            )?
+            .map(|row| row.map(|(seq, len)| (seq, usize::try_from(len).unwrap_or(usize::MAX))))
+            .collect()
+        })
+        .map_err(fail)?;
+    let mut bytes = 0usize;
+    let mut last = None;
+    for (taken, (seq, len)) in sizes.iter().enumerate() {
+        if !request.fits(taken, bytes, *len) {
+            page.more = true;
+            break;
+        }
+        bytes = bytes.saturating_add(*len);
+        last = Some(*seq);
+    }
+    let Some(last) = last else {
+        return Ok(page);
+    };
+    let mut stmt = tx
+        .prepare_cached(
+            "SELECT msg_id, target, ticket, kind, sender, created_at, body
+             FROM messages WHERE target = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq",
+        )
+        .map_err(fail)?;
+    let mut rows = stmt
+        .query(params![
+            target.as_str(),
+            after_seq.unwrap_or(i64::MIN),
+            last
+        ])
+        .map_err(fail)?;
+    while let Some(row) = rows.next().map_err(fail)? {
+        page.messages.push(decode_row(row)?);
+    }
+    Ok(page)
 }
 
 /// Rebuilds a message from its row, validating every field as its type demands.

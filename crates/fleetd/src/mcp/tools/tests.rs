@@ -1,0 +1,466 @@
+//! Tool-level tests on paused tokio time, through `tools::call` as the MCP and REST doors call
+//! it, against the memory store and the fake multiplexer: `fleet_poll`'s pages (`limit`,
+//! `after`, `more`, the byte budget, bad arguments) and the per-member caps on queued tasks and
+//! open questions (`limits:`), refused naming the cap and its config key, and live on reload.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetd_core::access::Role;
+use fleetd_core::{AgentStatus, Message, MessageKind, MessageLimits, MsgId, Target, Ticket};
+use jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::poll::{MAX_LIMIT, PAGE_BYTES};
+use crate::clock::{SharedClock, TokioClock};
+use crate::config::{Config, Environment, Publisher};
+use crate::engine::{EngineParts, NewMember};
+use crate::mcp::{Caller, Fleet};
+use crate::mux::MuxRouter;
+use crate::mux::fake::FakeMux;
+use crate::store::{InboxStore, MemoryStore};
+
+/// Messages up to 2 MiB, so a reply larger than a page's budget can be stored.
+const MAX_MESSAGE: usize = 2 << 20;
+
+struct Setup {
+    fleet: Fleet,
+    store: Arc<MemoryStore>,
+    config: Publisher,
+}
+
+fn setup(yaml: &str) -> Setup {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-ann", "w2:t1", AgentStatus::Idle);
+    let (config, live) = crate::config::channel(
+        Config::parse(yaml, "test", &Environment::default()).expect("config"),
+    );
+    let store = Arc::new(MemoryStore::new(MessageLimits {
+        max_message_bytes: MAX_MESSAGE,
+    }));
+    let dyn_store: Arc<dyn InboxStore> = Arc::clone(&store) as Arc<dyn InboxStore>;
+    let router = MuxRouter::new(Arc::new(fake), None);
+    let clock: SharedClock = Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH));
+    let engine = crate::engine::spawn(EngineParts {
+        durable: None,
+        config: live.clone(),
+        clock: Arc::clone(&clock),
+        store: Arc::clone(&dyn_store),
+        mux: router.clone(),
+        redactor: crate::secrets::Redactor::empty(),
+    });
+    let locator = crate::locate::Locator::new(router.clone(), Default::default());
+    let redactor = crate::secrets::Redactor::empty();
+    let spawner = crate::members::Spawner {
+        engine: engine.clone(),
+        mux: router.clone(),
+        locator: locator.clone(),
+        config: live.clone(),
+        redactor: redactor.clone(),
+        url: "http://127.0.0.1:1".to_owned(),
+    };
+    let inbox = crate::inbox::Inbox::new(Arc::clone(&dyn_store), engine.clone());
+    let fleet = Fleet {
+        engine,
+        store: dyn_store,
+        mux: router,
+        locator,
+        config: live,
+        clock,
+        api_token: None,
+        redactor,
+        inbox,
+        spawner,
+    };
+    Setup {
+        fleet,
+        store,
+        config,
+    }
+}
+
+fn caller(role: Role) -> Caller {
+    Caller {
+        role,
+        pane: None,
+        unregistered: None,
+        cancel: tokio_util::sync::CancellationToken::new(),
+    }
+}
+
+fn ann() -> Target {
+    Target::new("ann").expect("target")
+}
+
+fn as_ann() -> Caller {
+    caller(Role::Member {
+        target: ann(),
+        allow_delegation: false,
+    })
+}
+
+/// Runs tool `name` as the operator (or `as`); the answer's value, or (code, message).
+async fn call_as(
+    fleet: &Fleet,
+    who: &Caller,
+    name: &str,
+    args: Value,
+) -> Result<Value, (String, String)> {
+    super::call(fleet, who, name, args)
+        .await
+        .map(|out| out.value)
+        .map_err(|e| (e.code.to_owned(), e.message))
+}
+
+async fn call(fleet: &Fleet, name: &str, args: Value) -> Result<Value, (String, String)> {
+    call_as(fleet, &caller(Role::Operator), name, args).await
+}
+
+/// Registers member `ann` in an idle pane. Its agent has not spoken MCP yet, so nothing is typed
+/// into it and every task sent waits in its queue until [`present`].
+async fn add_ann(fleet: &Fleet) {
+    fleet
+        .engine
+        .add_member(NewMember {
+            target: ann(),
+            profile: "p".to_owned(),
+            agent: "claude".to_owned(),
+            pane: fleetd_core::QualifiedPaneId::new(
+                fleetd_core::MuxDaemon::Lead,
+                fleetd_core::PaneId::new("w2:p1").expect("pane"),
+            ),
+            terminal: fleetd_core::TerminalId::new("t-ann").expect("terminal"),
+            allow_delegation: false,
+            idle_timeout_secs: None,
+            backend: None,
+            lead: None,
+        })
+        .await
+        .expect("engine");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+/// Stores `n` replies from ann of `len` bytes each (the i-th starts with its number); their ids.
+async fn mail(store: &MemoryStore, n: usize, len: usize) -> Vec<MsgId> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let mut text = format!("{i:04} ");
+        text.push_str(&"x".repeat(len.saturating_sub(text.len())));
+        ids.push(publish(store, text, None).await);
+    }
+    ids
+}
+
+async fn publish(store: &MemoryStore, text: String, ticket: Option<Ticket>) -> MsgId {
+    let message = Message {
+        msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
+        target: ann(),
+        ticket,
+        kind: MessageKind::Reply,
+        text,
+        from: "ann".to_owned(),
+        created_at: Timestamp::UNIX_EPOCH,
+    };
+    let id = message.msg_id;
+    store.publish(message).await.expect("publish");
+    id
+}
+
+fn reply_ids(page: &Value) -> Vec<MsgId> {
+    page["replies"]
+        .as_array()
+        .expect("replies")
+        .iter()
+        .map(|r| MsgId::parse(r["msgId"].as_str().expect("msgId")).expect("a msgId"))
+        .collect()
+}
+
+async fn poll(fleet: &Fleet, args: Value) -> Value {
+    call(fleet, "fleet_poll", args).await.expect("poll")
+}
+
+#[tokio::test(start_paused = true)]
+async fn poll_pages_by_limit_and_after_until_more_is_false() {
+    let s = setup("");
+    let ids = mail(&s.store, 25, 10).await;
+    // The default page: 20 replies, and more follow.
+    let first = poll(&s.fleet, json!({ "target": "ann" })).await;
+    assert_eq!(reply_ids(&first), ids[..20]);
+    assert_eq!(first["more"], true);
+    assert!(first["questions"].is_array(), "{first}");
+    assert!(first.get("afterNotPending").is_none(), "{first}");
+    let rest = poll(
+        &s.fleet,
+        json!({ "target": "ann", "after": ids[19].to_string() }),
+    )
+    .await;
+    assert_eq!(reply_ids(&rest), ids[20..]);
+    assert_eq!(rest["more"], false);
+    // A small limit pages through everything exactly once, in order.
+    let mut seen = Vec::new();
+    let mut after: Option<MsgId> = None;
+    loop {
+        let mut args = json!({ "target": "ann", "limit": 7 });
+        if let Some(after) = after {
+            args["after"] = json!(after.to_string());
+        }
+        let page = poll(&s.fleet, args).await;
+        let got = reply_ids(&page);
+        assert!(got.len() <= 7);
+        after = got.last().copied();
+        seen.extend(got);
+        if page["more"] == false {
+            break;
+        }
+    }
+    assert_eq!(seen, ids);
+    // Nothing was removed.
+    assert_eq!(s.store.depth(&ann()).await.expect("depth"), 25);
+    let most = poll(&s.fleet, json!({ "target": "ann", "limit": MAX_LIMIT })).await;
+    assert_eq!(reply_ids(&most), ids, "up to the largest limit");
+}
+
+#[tokio::test(start_paused = true)]
+async fn poll_keeps_an_answer_to_about_a_mebibyte_and_always_shows_one_reply() {
+    let s = setup("");
+    let kib = 1024;
+    let mut ids = mail(&s.store, 3, 400 * kib).await;
+    ids.extend(mail(&s.store, 1, 1536 * kib).await);
+    ids.extend(mail(&s.store, 1, 10).await);
+    let mut pages = Vec::new();
+    let mut after: Option<MsgId> = None;
+    loop {
+        let mut args = json!({ "target": "ann", "limit": 100 });
+        if let Some(after) = after {
+            args["after"] = json!(after.to_string());
+        }
+        let page = poll(&s.fleet, args).await;
+        let texts: usize = page["replies"]
+            .as_array()
+            .expect("replies")
+            .iter()
+            .map(|r| r["text"].as_str().expect("text").len())
+            .sum();
+        let got = reply_ids(&page);
+        assert!(
+            texts <= PAGE_BYTES || got.len() == 1,
+            "{texts} bytes in {} replies",
+            got.len()
+        );
+        after = got.last().copied();
+        pages.push(got);
+        if page["more"] == false {
+            break;
+        }
+    }
+    // 400 + 400 KiB fit in 1 MiB, a third does not; 1.5 MiB is over the budget alone and is
+    // still shown, on a page of its own.
+    assert_eq!(
+        pages,
+        vec![
+            ids[..2].to_vec(),
+            ids[2..3].to_vec(),
+            ids[3..4].to_vec(),
+            ids[4..].to_vec()
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn poll_refuses_bad_paging_arguments_naming_them() {
+    let s = setup("");
+    mail(&s.store, 3, 10).await;
+    for limit in [json!(0), json!(101), json!(-1), json!(2.5), json!("20")] {
+        let (code, message) = call(
+            &s.fleet,
+            "fleet_poll",
+            json!({ "target": "ann", "limit": limit }),
+        )
+        .await
+        .expect_err("refused");
+        assert_eq!(code, "invalid_arguments", "{limit}");
+        assert!(
+            message.contains("`limit`") && message.contains("1 to 100"),
+            "{limit}: {message}"
+        );
+    }
+    let (code, message) = call(
+        &s.fleet,
+        "fleet_poll",
+        json!({ "target": "ann", "after": "not-a-msg-id" }),
+    )
+    .await
+    .expect_err("refused");
+    assert_eq!(code, "invalid_arguments");
+    assert!(message.contains("`after`"), "{message}");
+    let ticket = Ticket::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock));
+    let (code, message) = call(
+        &s.fleet,
+        "fleet_poll",
+        json!({ "ticket": ticket.to_string(), "limit": 5 }),
+    )
+    .await
+    .expect_err("refused");
+    assert_eq!(code, "invalid_arguments");
+    assert!(message.contains("with `target`"), "{message}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn poll_after_an_acknowledged_reply_starts_from_the_oldest_and_says_so() {
+    let s = setup("");
+    let ids = mail(&s.store, 3, 10).await;
+    let first = poll(&s.fleet, json!({ "target": "ann", "limit": 2 })).await;
+    assert_eq!(reply_ids(&first), ids[..2]);
+    // Someone acknowledges the last reply seen before the next page is asked for.
+    call(
+        &s.fleet,
+        "fleet_ack",
+        json!({ "target": "ann", "msgId": ids[1].to_string() }),
+    )
+    .await
+    .expect("ack");
+    let next = poll(
+        &s.fleet,
+        json!({ "target": "ann", "limit": 2, "after": ids[1].to_string() }),
+    )
+    .await;
+    assert_eq!(next["afterNotPending"], true, "{next}");
+    assert_eq!(
+        reply_ids(&next),
+        [ids[0], ids[2]],
+        "seen again, never missed"
+    );
+    assert_eq!(next["more"], false);
+}
+
+#[tokio::test(start_paused = true)]
+async fn poll_of_a_ticket_finds_its_reply_past_the_first_page() {
+    let s = setup("");
+    add_ann(&s.fleet).await;
+    let sent = call(
+        &s.fleet,
+        "fleet_send",
+        json!({ "target": "ann", "task": "t", "wait": false }),
+    )
+    .await
+    .expect("sent");
+    let ticket = Ticket::parse(sent["ticket"].as_str().expect("ticket")).expect("ticket");
+    // Twelve 100 KiB replies of other work come first: more than one page of text.
+    mail(&s.store, 12, 100 * 1024).await;
+    let id = publish(&s.store, "the answer".to_owned(), Some(ticket)).await;
+    let polled = poll(&s.fleet, json!({ "ticket": ticket.to_string() })).await;
+    assert_eq!(polled["reply"]["msgId"], json!(id.to_string()), "{polled}");
+    assert_eq!(polled["reply"]["text"], "the answer");
+}
+
+/// Sends `ann` a task without waiting; the ticket, or (code, message).
+async fn send(fleet: &Fleet, task: &str) -> Result<Value, (String, String)> {
+    call(
+        fleet,
+        "fleet_send",
+        json!({ "target": "ann", "task": task, "wait": false }),
+    )
+    .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_beyond_max_queued_tasks_is_refused_naming_the_cap_and_its_key() {
+    let s = setup("limits:\n  maxQueuedTasks: 2\n");
+    add_ann(&s.fleet).await;
+    send(&s.fleet, "one").await.expect("under the cap");
+    send(&s.fleet, "two").await.expect("at the cap");
+    let (code, message) = send(&s.fleet, "three").await.expect_err("over the cap");
+    assert_eq!(code, "queue_full");
+    assert!(
+        message.contains("limits.maxQueuedTasks = 2") && message.contains("ann"),
+        "{message}"
+    );
+    // The member's agent connects: the first task is typed, which frees a place in the queue.
+    s.fleet.engine.presence(ann()).await.expect("engine");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    send(&s.fleet, "three").await.expect("a place was freed");
+    assert_eq!(
+        send(&s.fleet, "four").await.expect_err("full again").0,
+        "queue_full"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_queue_cap_follows_a_reload_and_drops_nothing_already_queued() {
+    let s = setup("limits:\n  maxQueuedTasks: 1\n");
+    add_ann(&s.fleet).await;
+    send(&s.fleet, "one").await.expect("under the cap");
+    assert_eq!(
+        send(&s.fleet, "two").await.expect_err("full").0,
+        "queue_full"
+    );
+    s.config.publish(
+        Config::parse(
+            "limits:\n  maxQueuedTasks: 3\n",
+            "test",
+            &Environment::default(),
+        )
+        .expect("config"),
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    send(&s.fleet, "two").await.expect("the new cap applies");
+    send(&s.fleet, "three").await.expect("the new cap applies");
+    assert_eq!(
+        send(&s.fleet, "four").await.expect_err("full").0,
+        "queue_full"
+    );
+    s.config.publish(
+        Config::parse(
+            "limits:\n  maxQueuedTasks: 1\n",
+            "test",
+            &Environment::default(),
+        )
+        .expect("config"),
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let listed = call(&s.fleet, "fleet_list", json!({})).await.expect("list");
+    assert_eq!(
+        listed["members"][0]["openTickets"].as_array().map(Vec::len),
+        Some(3),
+        "a lower cap drops nothing: {listed}"
+    );
+}
+
+/// `fleet_ask` from ann that stops waiting after a second; its answer.
+async fn ask(fleet: &Fleet, question: &str) -> Result<Value, (String, String)> {
+    call_as(
+        fleet,
+        &as_ann(),
+        "fleet_ask",
+        json!({ "question": question, "waitSecs": 1 }),
+    )
+    .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_question_beyond_max_open_questions_is_refused_naming_the_cap_and_its_key() {
+    let s = setup("limits:\n  maxOpenQuestions: 2\n  maxQueuedTasks: 1\n");
+    add_ann(&s.fleet).await;
+    let first = ask(&s.fleet, "which branch?").await.expect("asked");
+    assert_eq!(first["status"], "pending");
+    ask(&s.fleet, "which test?").await.expect("asked");
+    let (code, message) = ask(&s.fleet, "which file?")
+        .await
+        .expect_err("over the cap");
+    assert_eq!(code, "too_many_questions");
+    assert!(message.contains("limits.maxOpenQuestions = 2"), "{message}");
+    // The member's queue is full as well; the lead's answer still reaches it as a task (the
+    // question is closed by then, so refusing the task would lose the answer).
+    send(&s.fleet, "work").await.expect("under the queue cap");
+    let answered = call(
+        &s.fleet,
+        "fleet_answer",
+        json!({ "questionId": first["questionId"], "answer": "main" }),
+    )
+    .await
+    .expect("answered");
+    assert_eq!(answered["deliveredTo"], "task");
+    ask(&s.fleet, "which file?")
+        .await
+        .expect("an answered question frees a place");
+}
