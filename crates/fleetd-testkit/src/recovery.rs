@@ -4,7 +4,9 @@
 //! - every ticket a send returned polls its true state, and ends;
 //! - every task is typed into its member at most once, and exactly once when its send was
 //!   answered with a ticket;
-//! - every open question can be answered after the restart, and the member gets the answer;
+//! - every open question can be answered after the restart, and the member gets the answer (an
+//!   asker whose `fleet_ask` failed because the daemon died before it stored the question was
+//!   told so by the failed call, and is counted apart);
 //! - nudges about a member go to the lead that delegated to it, never to another;
 //! - every reply a member was told is stored is read exactly once (none lost, none twice).
 //!
@@ -43,6 +45,9 @@ pub struct Counts {
     pub ended: BTreeMap<String, usize>,
     /// Questions answered after a restart and received by their member.
     pub questions_answered: usize,
+    /// Askers whose `fleet_ask` failed (the daemon was down or died before storing the
+    /// question, so none was open after the restart): the failed call told them.
+    pub asks_refused_by_the_kill: usize,
     /// Replies members were told were stored, all read exactly once.
     pub replies: usize,
     /// Nudges seen in each lead's pane.
@@ -119,6 +124,13 @@ impl Member {
         seen
     }
 
+    /// Whether one of its `fleet_ask` calls failed (the daemon died under it, or was down).
+    fn ask_failed(&self) -> bool {
+        self.events()
+            .iter()
+            .any(|e| e["event"] == "tool_error" && e["name"] == "fleet_ask")
+    }
+
     /// The msgIds `fleet_reply` answered it with (each stored durably before that answer).
     fn stored_replies(&self) -> BTreeSet<String> {
         self.events()
@@ -144,6 +156,8 @@ struct Session {
     tasks: BTreeMap<(String, String), Option<String>>,
     /// msgIds read (and acknowledged) from inboxes.
     read: BTreeSet<String>,
+    /// Askers with a question seen open (so one was stored and must be answered).
+    asked: BTreeSet<String>,
     counts: Counts,
 }
 
@@ -228,6 +242,7 @@ impl Session {
             members,
             tasks: BTreeMap::new(),
             read: BTreeSet::new(),
+            asked: BTreeSet::new(),
             counts: Counts::default(),
         })
     }
@@ -293,24 +308,37 @@ impl Session {
             return Err(e.context(format!("still unsettled: {detail}")));
         }
         if let Some(q) = asker {
-            self.counts.questions_answered += 1;
+            if self.answer_seen(q) {
+                self.counts.questions_answered += 1;
+            } else {
+                self.counts.asks_refused_by_the_kill += 1;
+            }
             let _ = self.operator.tool("fleet_stop", &json!({ "target": q }));
         }
         Ok(())
     }
 
     /// Answers `q`'s open questions, as the operator.
-    fn answer_questions(&self, q: &str) {
+    fn answer_questions(&mut self, q: &str) {
         let Ok(status) = self.operator.tool("fleet_status", &json!({ "target": q })) else {
             return;
         };
         for question in status["questions"].as_array().into_iter().flatten() {
+            self.asked.insert(q.to_owned());
             let id = question["questionId"].as_str().unwrap_or_default();
             let _ = self.operator.tool(
                 "fleet_answer",
                 &json!({ "questionId": id, "answer": format!("answer-for-{q}") }),
             );
         }
+    }
+
+    /// Whether asker `q` is done with its question: it got the answer (in its `fleet_ask`'s
+    /// result, or as a task), or its `fleet_ask` failed with the daemon and no question of it was
+    /// ever open afterwards (nothing stored, and the caller was told by the failure).
+    fn asker_done(&self, q: &str) -> bool {
+        self.answer_seen(q)
+            || (!self.asked.contains(q) && self.members.get(q).is_some_and(Member::ask_failed))
     }
 
     /// Whether asker `q` got the answer: in its `fleet_ask`'s result, or as a task.
@@ -345,7 +373,7 @@ impl Session {
             .values()
             .map(|m| (m.name.clone(), m.prompts()))
             .collect();
-        if asker.is_some_and(|q| !self.answer_seen(q)) {
+        if asker.is_some_and(|q| !self.asker_done(q)) {
             return false;
         }
         self.tasks.iter().all(|((member, text), ticket)| {
@@ -363,8 +391,13 @@ impl Session {
     /// and how often its task was typed, and an asker without its answer.
     fn unsettled(&self, asker: Option<&str>) -> String {
         let mut out = Vec::new();
-        if let Some(q) = asker.filter(|q| !self.answer_seen(q)) {
-            out.push(format!("{q} never got its answer"));
+        if let Some(q) = asker.filter(|q| !self.asker_done(q)) {
+            let asked = if self.asked.contains(q) {
+                "a question of it was open after the restart"
+            } else {
+                "no question of it was seen open, and its fleet_ask did not fail"
+            };
+            out.push(format!("{q} never got its answer ({asked})"));
         }
         for ((member, text), ticket) in &self.tasks {
             let Some(ticket) = ticket else { continue };
