@@ -26,9 +26,10 @@ impl std::fmt::Display for LeadId {
 /// The lead's agent status, reduced to what nudging needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeadActivity {
-    /// Idle, done or blocked: a nudge may be typed.
+    /// Idle or done: a nudge may be typed.
     Receptive,
-    /// Working: never interrupt.
+    /// Working, or blocked on a dialog (an approval prompt, where typed text and Enter would
+    /// answer the dialog): never type into it (SPEC §5).
     Busy,
     /// No reading: treated as busy (never risk interrupting a turn).
     Unknown,
@@ -60,6 +61,11 @@ pub enum InjectOutcome {
     /// interrupts the lead, a missing one is covered by the next reminder. The lead is still
     /// presumed alive.
     Uncertain,
+    /// The multiplexer refused before typing because the lead is busy after all (herdr answers
+    /// `agent_blocked` to a prompt for an agent showing a dialog): nothing was typed, nothing is
+    /// spent, nothing is worth a warning; tried again soon, and meanwhile the lead's next status
+    /// reading decides.
+    Busy,
 }
 
 /// Inputs to the push loop.
@@ -349,8 +355,12 @@ impl PushLoop {
                     state.in_flight = false;
                 }
             }
-            InjectOutcome::Transient => {
-                out.push(PushEffect::Count(PushMetric::InjectFailed));
+            InjectOutcome::Transient | InjectOutcome::Busy => {
+                out.push(PushEffect::Count(if outcome == InjectOutcome::Busy {
+                    PushMetric::DeferredBusy
+                } else {
+                    PushMetric::InjectFailed
+                }));
                 // Nothing reached the lead: try again soon, not after a whole reminder backoff.
                 let backoff = self.config.backoff.min(TRANSIENT_RETRY);
                 if let Some(state) = self.leads.get_mut(lead) {

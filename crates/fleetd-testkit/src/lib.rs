@@ -509,13 +509,19 @@ pub mod daemon {
         /// Prints every log line received so far (read or not) to stderr: a failing check's
         /// evidence when the daemon is not dropped while panicking.
         pub fn print_logs(&mut self) {
-            while let Ok(line) = self.logs.try_recv() {
-                self.early.push(line);
-            }
+            self.logs_so_far();
             eprintln!("---- fleetd log (pid {}) ----", self.child.id());
             for line in &self.early {
                 eprintln!("{line}");
             }
+        }
+
+        /// Every log line the daemon wrote so far (reads what is waiting first).
+        pub fn logs_so_far(&mut self) -> &[String] {
+            while let Ok(line) = self.logs.try_recv() {
+                self.early.push(line);
+            }
+            &self.early
         }
 
         /// Every log line read so far by [`Daemon::wait_for_log`] or while starting.

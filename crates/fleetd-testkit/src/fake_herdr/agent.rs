@@ -59,6 +59,15 @@ pub(super) async fn prompt(server: &Server, p: &Value, late_ms: Option<u64>) -> 
     if text.is_empty() {
         return Err(("empty_agent_prompt", "prompt text is empty".to_owned()));
     }
+    // A blocked agent (a dialog is up) is refused before anything is typed (herdr v0.8.2
+    // src/app/api/agents.rs:82-91), ahead of the readiness checks.
+    if pane.detected().status == "blocked" {
+        let target = opt_str(p, "target").unwrap_or_default();
+        return Err((
+            "agent_blocked",
+            format!("agent {target} is blocked and requires interactive input"),
+        ));
+    }
     let baseline = pane.detected().state_change_seq;
     pane.write(&paste_bytes(&pane, &text))
         .await

@@ -357,11 +357,18 @@ impl Agent {
                 }
                 Action::Silent | Action::Hang => {}
                 Action::Block => {
+                    // Waiting on the person, not working: the title's spinner stops (herdr's
+                    // detection ranks a title spinner above any dialog, claude.toml p1100).
+                    self.title("sim-agent").await;
                     self.say(
                         "Allow sim-agent to continue?\r\n  Enter to confirm · Esc to cancel\r\n",
                     )
                     .await;
-                    let _ = lines.next_line().await?;
+                    let answer = lines.next_line().await?;
+                    // A TUI erases its dialog once answered (the dialog's two lines and the
+                    // echoed answer), as Claude Code's does: what stays on screen is not a dialog.
+                    self.say("\x1b[3A\x1b[J").await;
+                    self.log(&json!({ "event": "dialog_answered", "answer": answer }));
                 }
                 Action::Exit => {
                     self.say("sim-agent: exiting\r\n").await;

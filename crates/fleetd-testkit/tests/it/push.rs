@@ -179,3 +179,44 @@ fn e2e_with_no_lead_at_all_the_reply_waits_for_a_poll() {
     let text = result.to_string();
     assert!(text.contains("sim-agent did: long job"), "{text}");
 }
+
+#[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "proving that nothing is typed into the dialog means waiting out several nudge chances"
+)]
+fn e2e_a_lead_showing_an_approval_dialog_gets_nothing_typed() {
+    let Some(rig) = rig() else {
+        return;
+    };
+    // Turn one delegates; turn two shows an approval dialog and waits for its answer.
+    let lead = rig.agent_lead_with("boss", &["SIM_AGENT_SCRIPT=call,block".to_owned()]);
+    rig.spawn("slow", "nia");
+    send_from(&rig, &lead, "nia", "long job", 1);
+    rig.type_line(&lead, "do something risky");
+    wait_until("the lead's dialog", Duration::from_secs(30), || {
+        rig.screen(&lead).contains("Enter to confirm")
+    });
+    wait_until("nia's reply in the inbox", Duration::from_secs(60), || {
+        http::get(rig.daemon.operator(), "/sessions/nia/replies")
+            .is_ok_and(|r| r.json()["replies"][0]["msgId"].is_string())
+    });
+    // Reminders are 1 s then 2 s apart: an idle lead would have had two nudges by now.
+    std::thread::sleep(Duration::from_secs(4));
+    let history = rig.history(&lead);
+    assert!(
+        !history.contains(&nudge(1, "nia")),
+        "nothing is typed into a dialog: {history}"
+    );
+    assert!(
+        rig.screen(&lead).contains("Enter to confirm"),
+        "the dialog is still up, unanswered"
+    );
+    // The person answers the dialog; the turn ends and the nudge follows.
+    rig.type_line(&lead, "");
+    wait_until(
+        "the nudge once the dialog is gone",
+        Duration::from_secs(30),
+        || rig.history(&lead).contains(&nudge(1, "nia")),
+    );
+}

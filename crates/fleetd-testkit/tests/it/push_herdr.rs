@@ -202,3 +202,51 @@ fn e2e_herdr_a_nudge_herdr_typed_but_answered_timeout_is_typed_once() {
         "typed once:\n{screen}"
     );
 }
+
+#[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "proving that nothing is typed into the dialog means waiting out several nudge chances"
+)]
+fn e2e_herdr_a_blocked_lead_gets_nothing_typed_and_no_warnings() {
+    let mut rig = rig();
+    // Turns one and two spawn and delegate; turn three shows an approval dialog and waits.
+    let (_, lead) = rig.agent_lead_with("boss", &["SIM_AGENT_SCRIPT=call,call,block".to_owned()]);
+    spawn(&rig, &lead, "slow", "nia");
+    send(&rig, &lead, "nia", 1);
+    rig.type_line(&lead, "do something risky");
+    wait_until("the lead's dialog", Duration::from_secs(30), || {
+        rig.history(&lead).contains("Enter to confirm")
+    });
+    wait_until("nia's reply in the inbox", Duration::from_secs(60), || {
+        reply_waiting(&rig, "nia")
+    });
+    // Reminders are 1 s then 2 s apart: an idle lead would have had two nudges by now.
+    std::thread::sleep(Duration::from_secs(4));
+    let history = rig.history(&lead);
+    assert!(
+        !history.contains(&nudge("nia")),
+        "nothing is typed into a dialog: {history}"
+    );
+    assert!(
+        history.contains("Enter to confirm"),
+        "the dialog is still up"
+    );
+    let warnings: Vec<&String> = rig
+        .daemon
+        .logs_so_far()
+        .iter()
+        .filter(|l| l.contains("\"WARN\""))
+        .collect();
+    assert!(
+        warnings.is_empty(),
+        "a blocked lead is busy, not a failure: {warnings:#?}"
+    );
+    // The person answers the dialog; the turn ends and the nudge follows.
+    rig.type_line(&lead, "");
+    wait_until(
+        "the nudge once the dialog is gone",
+        Duration::from_secs(30),
+        || rig.history(&lead).contains(&nudge("nia")),
+    );
+}

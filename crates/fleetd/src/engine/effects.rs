@@ -387,6 +387,11 @@ async fn nudge(
             tracing::warn!(%pane, error = %e, "a nudge may have been typed; counted as sent");
             InjectOutcome::Uncertain
         }
+        // A dialog came up between the status reading and the prompt: not a failure (SPEC §5).
+        Err(e) if e.is_busy() => {
+            tracing::debug!(%pane, error = %e, "the lead is busy after all; the nudge waits");
+            InjectOutcome::Busy
+        }
         Err(e) => {
             tracing::warn!(%pane, error = %e, "nudge failed; will retry");
             InjectOutcome::Transient

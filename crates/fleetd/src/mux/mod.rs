@@ -105,6 +105,9 @@ pub enum MuxError {
     Unsupported(String),
 }
 
+/// Refusals that mean "the agent is busy, nothing was typed" (herdr 0.8.2 `agent_blocked`).
+const BUSY_CODES: &[&str] = &["agent_blocked"];
+
 impl MuxError {
     /// True only for an affirmative not-found answer (pane/agent gone). Later code forgets
     /// bindings on this and on nothing else.
@@ -115,6 +118,13 @@ impl MuxError {
     /// True for failures that may go away by themselves and did nothing.
     pub fn is_transient(&self) -> bool {
         matches!(self, MuxError::Transient { .. })
+    }
+
+    /// True when the multiplexer refused to type because the agent is busy (herdr's
+    /// `agent_blocked`: a dialog is up): nothing was typed, and trying again once the agent is
+    /// idle will do.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, MuxError::Rejected { code, .. } if BUSY_CODES.contains(&code.as_str()))
     }
 
     /// True when a call that types may have typed before it failed.

@@ -280,10 +280,9 @@ impl State {
             .is_some_and(|l| l.terminal == *terminal)
         {
             let activity = match status {
-                AgentStatus::Idle | AgentStatus::Done | AgentStatus::Blocked => {
-                    LeadActivity::Receptive
-                }
-                AgentStatus::Working => LeadActivity::Busy,
+                AgentStatus::Idle | AgentStatus::Done => LeadActivity::Receptive,
+                // A dialog is up: typed text would answer it (SPEC §5).
+                AgentStatus::Working | AgentStatus::Blocked => LeadActivity::Busy,
                 AgentStatus::Unknown => LeadActivity::Unknown,
             };
             let effects = self
