@@ -34,21 +34,26 @@ pub fn sim_profile(name: &str, work_ms: u32) -> String {
 impl HerdrRig {
     /// Starts fake-herdr and fleetd on it with `extra` config appended.
     pub fn start(extra: &str) -> Self {
-        Self::start_with(extra, false)
+        Self::start_with(extra, false, &[])
+    }
+
+    /// Like [`HerdrRig::start`] with new panes running `shell` (a path) instead of `/bin/sh`.
+    pub fn start_with_shell(extra: &str, shell: &str) -> Self {
+        Self::start_with(extra, false, &["--shell", shell])
     }
 
     /// Like [`HerdrRig::start`] with a second fake-herdr for members (`memberHerdrSocket`):
     /// both number their panes from `w1:p1`, so pane ids collide and only the daemon-qualified
     /// form (`lead:` / `member:`) tells them apart.
     pub fn start_two(extra: &str) -> Self {
-        Self::start_with(extra, true)
+        Self::start_with(extra, true, &[])
     }
 
-    fn start_with(extra: &str, two: bool) -> Self {
+    fn start_with(extra: &str, two: bool, fake_args: &[&str]) -> Self {
         let home = tempfile::tempdir().expect("tempdir");
         let socket = home.path().join("herdr.sock");
-        let herdr =
-            FakeHerdrProcess::start(&bin_path("fake-herdr"), &socket).expect("fake-herdr starts");
+        let herdr = FakeHerdrProcess::start_with_args(&bin_path("fake-herdr"), &socket, fake_args)
+            .expect("fake-herdr starts");
         let mut config = format!(
             "multiplexer: herdr\nherdrSocket: {}\nmembersWorkspace: fleet\nlog:\n  level: fleetd=debug,info\n{extra}",
             socket.display()

@@ -188,10 +188,14 @@ pub(super) async fn start(server: &Server, p: &Value) -> Outcome {
     let pane_id = str_param(p, "pane_id")?;
     let pane = find_pane(server, pane_id)
         .ok_or(("agent_pane_not_found", format!("pane {pane_id} not found")))?;
-    if pane.detected().agent.is_some() {
+    // Busy unless the shell alone holds the terminal: an agent there (herdr v0.8.2
+    // src/app/agents.rs:185-187), or `available_pane_shell` failing (:192-193) — the
+    // foreground group is not the shell's, another process is in it (a `.bashrc` still
+    // running), or the leader is no shell (src/platform/mod.rs:231-242, 293-312).
+    if pane.detected().agent.is_some() || !shell_alone(pane.shell_pid) {
         return Err((
             "agent_pane_busy",
-            format!("pane {pane_id} already runs an agent"),
+            format!("agent target pane {pane_id} is not an available shell"),
         ));
     }
     let mut argv = vec![kind.to_owned()];
@@ -219,4 +223,47 @@ pub(super) async fn start(server: &Server, p: &Value) -> Outcome {
     agent["name"] = json!(name);
     agent["launch_pending"] = json!(true);
     Ok(json!({ "type": "agent_started", "agent": agent, "argv": argv }))
+}
+
+/// Shell names herdr accepts as an available pane shell (v0.8.2 src/platform/mod.rs:293-312).
+const SHELL_NAMES: &[&str] = &[
+    "sh",
+    "bash",
+    "dash",
+    "zsh",
+    "fish",
+    "ksh",
+    "mksh",
+    "csh",
+    "tcsh",
+    "elvish",
+    "xonsh",
+    "nu",
+    "pwsh",
+    "powershell",
+    "cmd",
+];
+
+/// Whether the pane's shell is the only process of the terminal's foreground job, as herdr's
+/// `available_pane_shell` checks before `agent.start` types anything.
+fn shell_alone(shell_pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(shell_pid) else {
+        return false;
+    };
+    let Some(stat) = procfs::process::Process::new(pid)
+        .ok()
+        .and_then(|p| p.stat().ok())
+    else {
+        return false;
+    };
+    if stat.tpgid != pid || !SHELL_NAMES.contains(&stat.comm.as_str()) {
+        return false;
+    }
+    let others = procfs::process::all_processes()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|p| p.stat().ok())
+        .any(|s| s.pgrp == pid && s.pid != pid);
+    !others
 }

@@ -55,3 +55,31 @@ fn e2e_herdr_spawn_starts_a_known_agent_kind_with_agent_start() {
             .is_some_and(|t| t.contains("sim-agent did: hello"))
     });
 }
+
+#[test]
+fn e2e_herdr_agent_start_waits_for_a_shell_still_starting() {
+    // The panes' shell takes a second before it is an interactive `sh` alone on its terminal,
+    // as a login shell running `.bashrc` does: meanwhile herdr answers `agent_pane_busy`.
+    let bin = tempfile::tempdir().expect("tempdir");
+    std::os::unix::fs::symlink(bin_path("sim-agent"), bin.path().join("claude")).expect("link");
+    let shell = bin.path().join("slow-shell");
+    std::fs::write(&shell, "#!/bin/sh\nsleep 1\nexec /bin/sh \"$@\"\n").expect("shell");
+    std::fs::set_permissions(&shell, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let rig = HerdrRig::start_with_shell(
+        &format!(
+            "primary:\n  tab: w1:t1\n  pushReminders: 0\nprofiles:\n  cl:\n    agent: claude\n    env:\n      PATH: \"{}:/usr/bin:/bin\"\n",
+            bin.path().display()
+        ),
+        &shell.display().to_string(),
+    );
+    let (_, lead) = rig.agent_lead("boss");
+    rig.call_from(&lead, r#"fleet_spawn {"profile":"cl","name":"ann"}"#);
+    let member = http::get(rig.daemon.operator(), "/sessions/ann").expect("session");
+    assert_eq!(
+        member.status,
+        200,
+        "ann was spawned once the shell was free: {}",
+        rig.history(&lead)
+    );
+}

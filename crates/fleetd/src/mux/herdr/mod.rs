@@ -53,6 +53,12 @@ pub const KNOWN_AGENT_KINDS: &[&str] = &[
     "maki",
 ];
 
+/// How long `agent.start` is tried again while a new pane's shell is still starting up.
+const AGENT_START_SHELL_WAIT: Duration = Duration::from_secs(20);
+
+/// The pause between those tries.
+const AGENT_START_RETRY: Duration = Duration::from_millis(200);
+
 /// How to reach one herdr daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HerdrConfig {
@@ -382,14 +388,39 @@ impl Herdr {
         kind: &str,
         args: &[String],
     ) -> Result<(), MuxError> {
-        self.request(
-            "agent.start",
-            json!({ "name": name, "kind": kind, "pane_id": pane.as_str(), "args": args }),
-            &["agent_started"],
-            &format!("pane {pane}"),
-        )
-        .await
-        .map(|_| ())
+        // herdr refuses with `agent_pane_busy` until the shell alone holds the terminal (v0.8.2
+        // src/app/agents.rs:185-193): a fresh pane's shell is still running its startup files
+        // (`.bashrc`), so the start is tried again until the shell is free or the wait is over.
+        let deadline = tokio::time::Instant::now() + AGENT_START_SHELL_WAIT;
+        loop {
+            let outcome = self
+                .request(
+                    "agent.start",
+                    json!({ "name": name, "kind": kind, "pane_id": pane.as_str(), "args": args }),
+                    &["agent_started"],
+                    &format!("pane {pane}"),
+                )
+                .await;
+            match outcome {
+                Err(MuxError::Rejected { code, message, .. })
+                    if code == "agent_pane_busy" && tokio::time::Instant::now() < deadline =>
+                {
+                    tracing::debug!(%pane, %message, "the new pane's shell is still busy; agent.start again soon");
+                    tokio::time::sleep(AGENT_START_RETRY).await;
+                }
+                Err(MuxError::Rejected { op, code, message }) if code == "agent_pane_busy" => {
+                    return Err(MuxError::Rejected {
+                        op,
+                        code,
+                        message: format!(
+                            "{message}; the new pane's shell was still busy after {} s (a slow shell startup file, or a program it runs in the foreground?)",
+                            AGENT_START_SHELL_WAIT.as_secs()
+                        ),
+                    });
+                }
+                other => return other.map(|_| ()),
+            }
+        }
     }
 
     /// Opens a pane running `command` (empty: herdr's default shell).
