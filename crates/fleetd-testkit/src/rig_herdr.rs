@@ -42,6 +42,13 @@ impl HerdrRig {
         Self::start_with(extra, false, &["--shell", shell])
     }
 
+    /// Like [`HerdrRig::start`] with every pane `rows` rows tall (as when a tall client is
+    /// attached to herdr).
+    pub fn start_with_rows(extra: &str, rows: u16) -> Self {
+        let rows = rows.to_string();
+        Self::start_with(extra, false, &["--rows", &rows])
+    }
+
     /// Like [`HerdrRig::start`] with a second fake-herdr for members (`memberHerdrSocket`):
     /// both number their panes from `w1:p1`, so pane ids collide and only the daemon-qualified
     /// form (`lead:` / `member:`) tells them apart.

@@ -1,4 +1,4 @@
-//! `fake-herdr --socket PATH [--control PATH] [--shell SH] [--protocol N] [--version V]`: runs the
+//! `fake-herdr --socket PATH [--control PATH] [--shell SH] [--rows N] [--protocol N] [--version V]`: runs the
 //! test kit's herdr protocol-20 server (see `fleetd_testkit::fake_herdr`). The socket defaults to
 //! `HERDR_SOCKET_PATH`. A test double only: never point a real user session at it.
 
@@ -15,12 +15,13 @@ fn main() -> anyhow::Result<()> {
             "--socket" => socket = Some(value()?.into()),
             "--control" => opts.control = Some(value()?.into()),
             "--shell" => opts.shell = value()?,
+            "--rows" => opts.rows = value()?.parse().context("--rows takes a number of rows")?,
             "--protocol" => {
                 opts.protocol = value()?.parse().context("--protocol takes a number")?
             }
             "--version" => opts.version = value()?,
             other => anyhow::bail!(
-                "unknown argument {other:?}; usage: fake-herdr --socket PATH [--control PATH] [--shell SH] [--protocol N] [--version V]"
+                "unknown argument {other:?}; usage: fake-herdr --socket PATH [--control PATH] [--shell SH] [--rows N] [--protocol N] [--version V]"
             ),
         }
     }

@@ -64,6 +64,8 @@ pub struct Options {
     pub version: String,
     /// Protocol reported by `ping`.
     pub protocol: u32,
+    /// Rows of every pane's screen.
+    pub rows: u16,
 }
 
 impl Options {
@@ -75,6 +77,7 @@ impl Options {
             shell: "/bin/sh".to_owned(),
             version: VERSION.to_owned(),
             protocol: PROTOCOL,
+            rows: pane::ROWS,
         }
     }
 
@@ -184,7 +187,7 @@ impl Server {
             socket: self.opts.socket.clone(),
         };
         let host: Arc<dyn PaneHost> = Arc::new(Host(Arc::downgrade(self)));
-        PaneRt::spawn(identity, spec, &self.opts.shell, host)
+        PaneRt::spawn(identity, spec, &self.opts.shell, self.opts.rows, host)
     }
 
     #[expect(

@@ -26,8 +26,9 @@ use tokio::sync::Notify;
 /// Agent kinds herdr recognises by argv0 or `HERDR_AGENT`.
 pub(crate) use fleetd::mux::herdr::KNOWN_AGENT_KINDS as KNOWN_AGENTS;
 
-/// Screen size of every fake pane (herdr sizes headless panes from its estimate; fixed here).
-const ROWS: u16 = 40;
+/// Screen size of every fake pane: headless herdr's default (v0.8.2 src/config.rs:56-57);
+/// `--rows` changes the rows (a tall client attached to herdr makes tall panes).
+pub(crate) const ROWS: u16 = 40;
 const COLS: u16 = 120;
 /// Lines of history kept for `pane.read source=recent`.
 const HISTORY_LINES: usize = 5000;
@@ -104,6 +105,8 @@ pub(crate) struct PaneRt {
     pub(crate) identity: PaneIdentity,
     pub(crate) spec: PaneSpec,
     pub(crate) shell_pid: u32,
+    /// Rows and columns of its screen.
+    size: (u16, u16),
     writer: tokio::sync::Mutex<pty_process::OwnedWritePty>,
     screen: Mutex<ScreenState>,
     detected: Mutex<Detected>,
@@ -143,10 +146,11 @@ impl PaneRt {
         identity: PaneIdentity,
         spec: PaneSpec,
         shell: &str,
+        rows: u16,
         host: Arc<dyn PaneHost>,
     ) -> anyhow::Result<Arc<PaneRt>> {
         let (pty, pts) = pty_process::open()?;
-        pty.resize(pty_process::Size::new(ROWS, COLS))?;
+        pty.resize(pty_process::Size::new(rows, COLS))?;
         let argv = spec
             .command
             .clone()
@@ -177,12 +181,14 @@ impl PaneRt {
             .id()
             .ok_or_else(|| anyhow::anyhow!("child exited before it had a pid"))?;
         let (mut reader, writer) = pty.into_split();
-        let rows = NonZeroU16::new(ROWS).expect("ROWS is non-zero");
+        let size = (rows, COLS);
+        let rows = NonZeroU16::new(rows).unwrap_or(NonZeroU16::MIN);
         let cols = NonZeroU16::new(COLS).expect("COLS is non-zero");
         let pane = Arc::new(PaneRt {
             identity,
             spec,
             shell_pid,
+            size,
             writer: tokio::sync::Mutex::new(writer),
             screen: Mutex::new(ScreenState {
                 parser: vt100::Parser::new_with_callbacks(rows, cols, 0, Recorder::default()),
@@ -312,27 +318,42 @@ impl PaneRt {
         lock(&self.screen).parser.screen().bracketed_paste()
     }
 
-    /// The last `lines` lines of history + screen (`recent`) or of the screen only (`visible`).
+    /// `pane.read` text, as herdr v0.8.2 builds it. `recent`: the last `lines` rows of history
+    /// plus *every* row of the screen, blank rows below the cursor included, chosen before
+    /// blank rows are trimmed (src/pane/terminal.rs:2727-2739, 2693, 3284-3298) — so a tall
+    /// pane with short output answers "" for a small `lines`. `visible`: the screen's rows
+    /// trimmed, then the last `lines` (terminal.rs:2510-2527; src/app/api_helpers.rs:143-158).
+    /// Rows are right-trimmed; non-empty text ends with a newline.
     pub(crate) fn read(&self, recent: bool, lines: Option<usize>) -> String {
         let screen = lock(&self.screen);
+        let rows: Vec<String> = screen
+            .parser
+            .screen()
+            .rows(0, self.size.1)
+            .map(|l| l.trim_end().to_owned())
+            .collect();
         let mut all: Vec<String> = if recent {
-            screen.parser.callbacks().history.iter().cloned().collect()
+            let mut all: Vec<String> = screen.parser.callbacks().history.iter().cloned().collect();
+            all.extend(rows);
+            // herdr's default and cap for the recent sources (api_helpers.rs:109-141).
+            let keep = lines.unwrap_or(80).min(1000).min(all.len());
+            all.split_off(all.len() - keep)
         } else {
-            Vec::new()
+            rows
         };
-        all.extend(
-            screen
-                .parser
-                .screen()
-                .contents()
-                .lines()
-                .map(|l| l.trim_end().to_owned()),
-        );
         while all.last().is_some_and(String::is_empty) {
             all.pop();
         }
-        let keep = lines.unwrap_or(all.len()).min(all.len());
-        all[all.len() - keep..].join("\n")
+        if !recent && let Some(n) = lines {
+            let keep = n.min(all.len());
+            all = all.split_off(all.len() - keep);
+        }
+        if all.is_empty() {
+            return String::new();
+        }
+        let mut text = all.join("\n");
+        text.push('\n');
+        text
     }
 
     /// Writes raw bytes to the PTY.

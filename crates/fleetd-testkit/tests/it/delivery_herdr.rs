@@ -111,3 +111,31 @@ fn e2e_herdr_a_stalled_prompt_gets_exactly_one_enter_retry() {
         std::fs::read_to_string(&log).unwrap_or_default()
     );
 }
+
+#[test]
+fn e2e_herdr_a_turn_without_reply_on_a_tall_pane_shows_the_lead_its_last_lines() {
+    // A 120-row pane with a few lines of output: herdr's `recent` read counts the blank rows
+    // below them, so a read of the last 40 rows alone is empty.
+    let rig = HerdrRig::start_with_rows(
+        &format!(
+            "primary:\n  tab: w1:t1\n  pushReminders: 0\nprofiles:\n{}    # turns end without fleet_reply\n",
+            sim_profile("quiet", 200).replace(
+                "      SIM_AGENT_WORK_MS",
+                "      SIM_AGENT_SCRIPT: silent\n      SIM_AGENT_WORK_MS"
+            )
+        ),
+        120,
+    );
+    let (_, lead) = rig.agent_lead("boss");
+    spawn(&rig, &lead, "quiet", "nia");
+    // The waiting send gets the fallback as its answer.
+    let answer = send_and_wait(&rig, "nia", "tidy the attic").to_string();
+    assert!(
+        answer.contains("ended without fleet_reply"),
+        "the turn ended without a reply: {answer}"
+    );
+    assert!(
+        answer.contains("tidy the attic") && answer.contains("sim-agent: turn done"),
+        "the fallback shows the member's last lines: {answer}"
+    );
+}

@@ -536,18 +536,24 @@ impl Herdr {
         }
     }
 
+    /// The last `lines` non-blank-ended lines of the pane. herdr's `recent` read counts the
+    /// screen's blank rows below the output before it trims them (v0.8.2
+    /// src/pane/terminal.rs:2727-2739, 3284-3298): asked for 40 rows of a 120-row pane holding
+    /// ten lines, it answers "". So fleetd asks for [`READ_SLACK_ROWS`] more rows (herdr caps a
+    /// read at 1000) and keeps the last `lines` itself.
     async fn read_tail_inner(&self, pane: &PaneId, lines: u32) -> Result<String, MuxError> {
+        let asked = lines.saturating_add(READ_SLACK_ROWS).min(READ_MAX_ROWS);
         let result = self
             .request(
                 "pane.read",
-                json!({ "pane_id": pane.as_str(), "source": "recent", "lines": lines,
-                        "format": "text", "strip_ansi": true }),
+                json!({ "pane_id": pane.as_str(), "source": "recent", "lines": asked,
+                        "format": "text" }),
                 &["pane_read"],
                 &format!("pane {pane}"),
             )
             .await?;
         let read: WireRead = field("pane.read", &result, "read")?;
-        Ok(read.text)
+        Ok(last_lines(&read.text, lines))
     }
 
     async fn close_inner(&self, pane: &PaneId) -> Result<(), MuxError> {
@@ -561,6 +567,19 @@ impl Herdr {
         self.inner.watches.remove(pane);
         Ok(())
     }
+}
+
+/// Rows asked for beyond the wanted lines: room for a pane this much taller than its output.
+const READ_SLACK_ROWS: u32 = 400;
+
+/// herdr's cap on one `pane.read` (v0.8.2 src/app/api_helpers.rs:109-141).
+const READ_MAX_ROWS: u32 = 1000;
+
+/// The last `n` lines of `text` after its trailing blank lines are dropped.
+fn last_lines(text: &str, n: u32) -> String {
+    let rows: Vec<&str> = text.trim_end().lines().collect();
+    let keep = usize::try_from(n).unwrap_or(usize::MAX).min(rows.len());
+    rows[rows.len() - keep..].join("\n")
 }
 
 fn env_json(env: &BTreeMap<String, String>) -> Value {
@@ -708,6 +727,13 @@ mod tests {
             Some(PathBuf::from("/h/.config/herdr/herdr.sock"))
         );
         assert_eq!(HerdrConfig::discover_socket(env(&[])), None);
+    }
+
+    #[test]
+    fn a_tail_is_the_last_lines_before_the_blank_rows() {
+        assert_eq!(last_lines("a\nb\nc\n\n\n", 2), "b\nc");
+        assert_eq!(last_lines("a\n", 5), "a");
+        assert_eq!(last_lines("", 5), "");
     }
 
     #[test]
