@@ -247,9 +247,13 @@ fn pane_info(server: &Server, pane: &PaneRt) -> Value {
         "label": pane.spec.label,
         "agent": d.agent,
         "display_agent": d.agent,
-        "title": title,
+        // `title` is the newest `pane.report_metadata` title, never the OSC title (herdr v0.8.2
+        // src/app/creation.rs:459; src/terminal/metadata.rs:395-423): none here. The OSC title
+        // is `terminal_title`, and without one leading spinner glyph `terminal_title_stripped`
+        // (src/app/terminal_titles.rs:36-77; src/terminal/title.rs:1-23).
+        "title": null,
         "terminal_title": title,
-        "terminal_title_stripped": title,
+        "terminal_title_stripped": title.as_deref().map(strip_spinner).filter(|t| !t.is_empty()),
         "agent_status": d.status,
         "state_labels": {},
         "tokens": {},
@@ -624,4 +628,16 @@ fn read(pane: &PaneRt, p: &Value) -> Outcome {
         "tab_id": pane.identity.tab_id, "source": source, "format": "text", "text": text,
         "revision": pane.revision(), "truncated": false,
     }}))
+}
+
+/// A title without one leading spinner glyph (braille U+2800–U+28FF or `·✢✳✶✻✽◐◓◑◒`) and the
+/// space after it, as herdr v0.8.2 strips it (src/terminal/title.rs:1-23).
+fn strip_spinner(title: &str) -> String {
+    let mut chars = title.chars();
+    match chars.next() {
+        Some(c) if ('\u{2800}'..='\u{28FF}').contains(&c) || "·✢✳✶✻✽◐◓◑◒".contains(c) => {
+            chars.as_str().trim_start().to_owned()
+        }
+        _ => title.to_owned(),
+    }
 }

@@ -392,7 +392,8 @@ impl PaneHost for Host {
                 "workspace_id": pane.identity.workspace_id,
                 "agent_status": d.status,
                 "agent": d.agent,
-                "title": pane.title(),
+                // The metadata title (`pane.report_metadata`), never the OSC one: none here.
+                "title": null,
                 "display_agent": d.agent,
                 "state_labels": {},
             }),

@@ -84,7 +84,7 @@ pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: Un
             let initial = (filter.as_deref() == Some(current.status)).then(|| {
                 json!({ "event": "pane.agent_status_changed", "data": {
                     "pane_id": pane_id, "workspace_id": pane.identity.workspace_id,
-                    "agent_status": current.status, "agent": current.agent, "title": pane.title() }})
+                    "agent_status": current.status, "agent": current.agent, "title": null }})
             });
             subs.push(Sub::Status {
                 pane_id,

@@ -250,3 +250,19 @@ fn e2e_herdr_a_blocked_lead_gets_nothing_typed_and_no_warnings() {
         || rig.history(&lead).contains(&nudge("nia")),
     );
 }
+
+#[test]
+fn e2e_herdr_a_lead_herdr_does_not_know_is_nudged_when_idle() {
+    let rig = rig();
+    // No HERDR_AGENT hint: herdr reports the lead's pane `unknown`; fleetd derives its status.
+    let (_, lead) = rig.agent_lead_with("boss", &["HERDR_AGENT=".to_owned()]);
+    let info = rig.call("pane.get", &json!({ "pane_id": lead }));
+    assert_eq!(info["pane"]["agent_status"], "unknown", "{info}");
+    spawn(&rig, &lead, "slow", "nia");
+    send(&rig, &lead, "nia", 1);
+    wait_until(
+        "the nudge in the lead's pane",
+        Duration::from_secs(60),
+        || rig.history(&lead).contains(&nudge("nia")),
+    );
+}

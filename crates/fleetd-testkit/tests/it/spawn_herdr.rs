@@ -83,3 +83,46 @@ fn e2e_herdr_agent_start_waits_for_a_shell_still_starting() {
         rig.history(&lead)
     );
 }
+
+#[test]
+fn e2e_herdr_a_custom_agent_herdr_does_not_know_is_spawned_and_served() {
+    // A `custom` profile with no HERDR_AGENT hint: herdr reports the pane `unknown` with no
+    // agent, so fleetd derives its status from the title and the screen, as on tmux.
+    let rig = HerdrRig::start(&format!(
+        "primary:\n  tab: w1:t1\n  pushReminders: 0\nprofiles:\n  own:\n    agent: custom\n    command: {}\n    env:\n      SIM_AGENT_WORK_MS: \"300\"\n",
+        bin_path("sim-agent").display()
+    ));
+    let (_, lead) = rig.agent_lead("boss");
+    rig.call_from(&lead, r#"fleet_spawn {"profile":"own","name":"ann"}"#);
+    let member = http::get(rig.daemon.operator(), "/sessions/ann").expect("session");
+    assert_eq!(
+        member.status,
+        200,
+        "ann became ready: {}",
+        rig.history(&lead)
+    );
+    let pane = member.json()["paneId"]
+        .as_str()
+        .and_then(|p| p.strip_prefix("lead:"))
+        .expect("a pane id")
+        .to_owned();
+    let info = rig.call("pane.get", &json!({ "pane_id": pane }));
+    assert_eq!(
+        info["pane"]["agent_status"], "unknown",
+        "herdr does not know this agent: {info}"
+    );
+    assert!(info["pane"]["agent"].is_null(), "{info}");
+    let body = json!({ "task": "hello", "wait": true, "timeoutSecs": 60 }).to_string();
+    let answer = http::request(
+        rig.daemon.operator(),
+        "POST",
+        "/sessions/ann/tasks",
+        Some(&body),
+    )
+    .expect("fleetd answers");
+    assert!(
+        answer.body.contains("sim-agent did: hello"),
+        "the task was typed and answered: {}",
+        answer.body
+    );
+}

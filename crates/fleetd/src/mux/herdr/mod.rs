@@ -4,7 +4,6 @@
 //! module (with `wire` and `watch`) knows herdr's wire format; it must not decide fleetd policy:
 //! it retries nothing and presses no Enter of its own (the core's injector does, once).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,18 +13,15 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 use crate::mux::{
-    BackendKind, Launch, Multiplexer, MuxError, MuxFuture, OpenPane, PaneEvent, PaneInfo,
-    Placement, ProcessInfo, ServerInfo, SplitDirection, SubmitPath, Submitted, TabInfo,
-    shell_quote_argv,
+    BackendKind, Multiplexer, MuxError, MuxFuture, OpenPane, PaneEvent, PaneInfo, ProcessInfo,
+    ServerInfo, SubmitPath, Submitted, TabInfo,
 };
 
+mod open;
 mod watch;
 pub mod wire;
 
-use wire::{
-    WirePane, WireProcessInfo, WireRead, WireTab, WireWorkspace, check_type, field,
-    first_layout_pane_id,
-};
+use wire::{WirePane, WireProcessInfo, WireRead, WireTab, WireWorkspace, check_type, field};
 
 /// Agent kinds herdr knows (its `detect::lookup_agent` list, PROTOCOL.md §3): `agent.prompt` and
 /// `agent.start` work for these; any other program is a `custom` agent, submitted with `pane.send_input`.
@@ -52,12 +48,6 @@ pub const KNOWN_AGENT_KINDS: &[&str] = &[
     "qodercli",
     "maki",
 ];
-
-/// How long `agent.start` is tried again while a new pane's shell is still starting up.
-const AGENT_START_SHELL_WAIT: Duration = Duration::from_secs(20);
-
-/// The pause between those tries.
-const AGENT_START_RETRY: Duration = Duration::from_millis(200);
 
 /// How to reach one herdr daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -310,7 +300,7 @@ impl Herdr {
             .collect()
     }
 
-    async fn process_info_inner(&self, pane: &PaneId) -> Result<ProcessInfo, MuxError> {
+    async fn process_wire(&self, pane: &PaneId) -> Result<WireProcessInfo, MuxError> {
         let result = self
             .request(
                 "pane.process_info",
@@ -319,169 +309,17 @@ impl Herdr {
                 &format!("pane {pane}"),
             )
             .await?;
-        let info: WireProcessInfo = field("pane.process_info", &result, "process_info")?;
+        field("pane.process_info", &result, "process_info")
+    }
+
+    async fn process_info_inner(&self, pane: &PaneId) -> Result<ProcessInfo, MuxError> {
+        let info = self.process_wire(pane).await?;
         Ok(ProcessInfo {
             pane: PaneId::new(info.pane_id)
                 .map_err(|e| MuxError::transient("pane.process_info", e))?,
             shell_pid: info.shell_pid,
             foreground_pids: info.foreground_processes.iter().map(|p| p.pid).collect(),
         })
-    }
-
-    /// Finds the workspace labelled `label`, creating it (with one shell tab) when absent.
-    /// Returns the workspace id and, when it was just created, its first tab.
-    async fn ensure_workspace(
-        &self,
-        label: &str,
-        cwd: Option<&Path>,
-    ) -> Result<(String, Option<String>), MuxError> {
-        if let Some(ws) = self
-            .workspaces()
-            .await?
-            .into_iter()
-            .find(|w| w.label == label)
-        {
-            return Ok((ws.workspace_id, None));
-        }
-        let created = self
-            .request(
-                "workspace.create",
-                json!({ "label": label, "cwd": cwd.map(Path::to_string_lossy), "focus": false, "env": {} }),
-                &["workspace_created"],
-                "workspace",
-            )
-            .await?;
-        let ws: WireWorkspace = field("workspace.create", &created, "workspace")?;
-        let tab: WireTab = field("workspace.create", &created, "tab")?;
-        Ok((ws.workspace_id, Some(tab.tab_id)))
-    }
-
-    /// Opens the pane. A known agent kind without its own command is started herdr's way: the
-    /// tab opens with a shell and `agent.start` types the kind's canonical executable into it, so
-    /// herdr knows it launched that agent; if that fails the pane is closed again. Anything else
-    /// runs its argv.
-    async fn open_pane_inner(&self, req: OpenPane) -> Result<PaneInfo, MuxError> {
-        let (command, agent) = match &req.launch {
-            Launch::Agent { name, kind, args } if KNOWN_AGENT_KINDS.contains(&kind.as_str()) => {
-                (Vec::new(), Some((name, kind, args)))
-            }
-            launch => (launch.argv(), None),
-        };
-        let pane = self.open_command(&req, &command).await?;
-        if let Some((name, kind, args)) = agent
-            && let Err(e) = self.start_agent(&pane.pane, name, kind, args).await
-        {
-            if let Err(closing) = self.close_inner(&pane.pane).await {
-                tracing::warn!(pane = %pane.pane, error = %closing, "cannot close a pane whose agent did not start");
-            }
-            return Err(e);
-        }
-        Ok(pane)
-    }
-
-    /// `agent.start`: `kind`'s canonical executable plus `args`, typed into the idle shell of
-    /// `pane`, as agent `name`.
-    async fn start_agent(
-        &self,
-        pane: &PaneId,
-        name: &str,
-        kind: &str,
-        args: &[String],
-    ) -> Result<(), MuxError> {
-        // herdr refuses with `agent_pane_busy` until the shell alone holds the terminal (v0.8.2
-        // src/app/agents.rs:185-193): a fresh pane's shell is still running its startup files
-        // (`.bashrc`), so the start is tried again until the shell is free or the wait is over.
-        let deadline = tokio::time::Instant::now() + AGENT_START_SHELL_WAIT;
-        loop {
-            let outcome = self
-                .request(
-                    "agent.start",
-                    json!({ "name": name, "kind": kind, "pane_id": pane.as_str(), "args": args }),
-                    &["agent_started"],
-                    &format!("pane {pane}"),
-                )
-                .await;
-            match outcome {
-                Err(MuxError::Rejected { code, message, .. })
-                    if code == "agent_pane_busy" && tokio::time::Instant::now() < deadline =>
-                {
-                    tracing::debug!(%pane, %message, "the new pane's shell is still busy; agent.start again soon");
-                    tokio::time::sleep(AGENT_START_RETRY).await;
-                }
-                Err(MuxError::Rejected { op, code, message }) if code == "agent_pane_busy" => {
-                    return Err(MuxError::Rejected {
-                        op,
-                        code,
-                        message: format!(
-                            "{message}; the new pane's shell was still busy after {} s (a slow shell startup file, or a program it runs in the foreground?)",
-                            AGENT_START_SHELL_WAIT.as_secs()
-                        ),
-                    });
-                }
-                other => return other.map(|_| ()),
-            }
-        }
-    }
-
-    /// Opens a pane running `command` (empty: herdr's default shell).
-    async fn open_command(&self, req: &OpenPane, command: &[String]) -> Result<PaneInfo, MuxError> {
-        let env = env_json(&req.env);
-        let cwd = req.cwd.as_deref().map(Path::to_string_lossy);
-        let pane_id = match &req.placement {
-            Placement::NewTab { workspace } => {
-                let (workspace_id, fresh_tab) =
-                    self.ensure_workspace(workspace, req.cwd.as_deref()).await?;
-                let command = (!command.is_empty()).then_some(command);
-                // A pane that runs an argv directly (no shell) is only possible via layout.apply;
-                // applying onto a just-created workspace's tab replaces its placeholder shell.
-                let target = match fresh_tab {
-                    Some(tab_id) => json!({ "tab_id": tab_id, "tab_label": req.label }),
-                    None => json!({ "workspace_id": workspace_id, "tab_label": req.label }),
-                };
-                let mut params = target;
-                params["focus"] = json!(false);
-                params["root"] = json!({
-                    "type": "pane", "command": command, "env": env, "cwd": cwd, "label": req.label,
-                });
-                let result = self
-                    .request("layout.apply", params, &["layout_apply"], "workspace")
-                    .await?;
-                let layout = result.get("layout").cloned().unwrap_or(Value::Null);
-                first_layout_pane_id(&layout)
-                    .ok_or_else(|| MuxError::transient("layout.apply", "layout has no pane id"))?
-            }
-            Placement::Split { of, direction } => {
-                let direction = match direction {
-                    SplitDirection::Right => "right",
-                    SplitDirection::Down => "down",
-                };
-                let result = self
-                    .request(
-                        "pane.split",
-                        json!({ "target_pane_id": of.as_str(), "direction": direction,
-                                "cwd": cwd, "focus": false, "env": env }),
-                        &["pane_info"],
-                        &format!("pane {of}"),
-                    )
-                    .await?;
-                let pane: WirePane = field("pane.split", &result, "pane")?;
-                if !command.is_empty() {
-                    // pane.split always starts the default shell; `exec` makes the command the
-                    // pane's process, so the pane closes when it exits, as with layout.apply.
-                    let line = format!("exec {}", shell_quote_argv(command));
-                    self.request(
-                        "pane.send_input",
-                        json!({ "pane_id": pane.pane_id, "text": line, "keys": ["enter"] }),
-                        &["ok"],
-                        &format!("pane {}", pane.pane_id),
-                    )
-                    .await?;
-                }
-                pane.pane_id
-            }
-        };
-        let pane = PaneId::new(pane_id).map_err(|e| MuxError::transient("open pane", e))?;
-        self.pane_inner(&pane).await
     }
 
     async fn submit_inner(&self, pane: &PaneId, text: &str) -> Result<Submitted, MuxError> {
@@ -556,6 +394,45 @@ impl Herdr {
         Ok(last_lines(&read.text, lines))
     }
 
+    /// The pane and, when herdr knows no agent there (status `unknown`, no agent label: a
+    /// `custom` agent, SPEC §8), the status fleetd derives itself the way it does on tmux: a
+    /// spinner in the terminal title is working; a shell in the foreground is no agent; else the
+    /// screen's bottom lines tell a dialog (blocked) from a prompt (idle).
+    async fn derived_inner(
+        &self,
+        pane: &PaneId,
+    ) -> Result<(PaneInfo, Option<AgentStatus>), MuxError> {
+        let info = self.pane_inner(pane).await?;
+        if info.agent.is_some() {
+            return Ok((info, None));
+        }
+        let title = info.title.clone().unwrap_or_default();
+        if crate::mux::status::has_spinner(&title) {
+            return Ok((info, Some(AgentStatus::Working)));
+        }
+        let process = self.process_wire(pane).await?;
+        let command = process
+            .foreground_processes
+            .first()
+            .map(|p| p.name.clone())
+            .unwrap_or_default();
+        let screen = if crate::mux::status::SHELLS.contains(&command.as_str()) {
+            None
+        } else {
+            let result = self
+                .request(
+                    "pane.read",
+                    json!({ "pane_id": pane.as_str(), "source": "visible", "lines": 12, "format": "text" }),
+                    &["pane_read"],
+                    &format!("pane {pane}"),
+                )
+                .await?;
+            Some(field::<WireRead>("pane.read", &result, "read")?.text)
+        };
+        let (_, status) = crate::mux::status::derive_status(&title, &command, screen.as_deref());
+        Ok((info, Some(status)))
+    }
+
     async fn close_inner(&self, pane: &PaneId) -> Result<(), MuxError> {
         self.request(
             "pane.close",
@@ -580,14 +457,6 @@ fn last_lines(text: &str, n: u32) -> String {
     let rows: Vec<&str> = text.trim_end().lines().collect();
     let keep = usize::try_from(n).unwrap_or(usize::MAX).min(rows.len());
     rows[rows.len() - keep..].join("\n")
-}
-
-fn env_json(env: &BTreeMap<String, String>) -> Value {
-    Value::Object(
-        env.iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-            .collect(),
-    )
 }
 
 /// Converts herdr's pane into fleetd's; an id herdr sent that fleetd cannot parse is a decode
@@ -740,7 +609,7 @@ mod tests {
     fn argv_quoting_survives_the_shell() {
         let argv = ["sim-agent", "it's", "a b", "", "--x=1"].map(str::to_owned);
         assert_eq!(
-            shell_quote_argv(&argv),
+            crate::mux::shell_quote_argv(&argv),
             r"sim-agent 'it'\''s' 'a b' '' --x=1"
         );
     }

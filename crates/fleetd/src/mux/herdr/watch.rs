@@ -3,6 +3,11 @@
 //! with backoff after EOF (server restart, live handoff). Never writes on a subscription socket.
 //! Every reading of a watched pane comes from its one task, so they reach the event stream in
 //! order; a poke (watching it again) makes the task read the pane and publish at once.
+//!
+//! A pane where herdr knows no agent (status `unknown`, no agent label: a `custom` agent) gets
+//! no status events from herdr at all, so its watch also reads the pane every
+//! [`DERIVE_EVERY`] and derives the status itself (`Herdr::derived_inner`, SPEC §8), until
+//! herdr names an agent there.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,6 +28,8 @@ use crate::mux::{MuxError, PaneEvent};
 const BACKOFF_START: Duration = Duration::from_millis(100);
 /// Longest reconnect delay: a restarting herdr is back within a second or two.
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How often a pane whose agent herdr does not know is read to derive its status (tmux's poll).
+const DERIVE_EVERY: Duration = Duration::from_millis(400);
 
 /// The table of running watches and the channel they publish on.
 #[derive(Debug)]
@@ -76,6 +83,7 @@ impl Watches {
             events: self.events.clone(),
             last: None,
             poke: Arc::clone(&poke),
+            derive: false,
         };
         let handle = tokio::spawn(watcher.run());
         tasks.insert(pane, (handle.abort_handle(), poke));
@@ -112,6 +120,8 @@ struct Watcher {
     last: Option<(TerminalId, AgentStatus)>,
     /// Watching the pane again: read it and publish now.
     poke: Arc<Notify>,
+    /// herdr knows no agent in the pane: fleetd derives its status.
+    derive: bool,
 }
 
 impl Watcher {
@@ -195,9 +205,10 @@ impl Watcher {
             Err(e) if e.is_not_found() => return (false, SessionEnd::Gone),
             Err(e) => return (false, SessionEnd::Lost(e.to_string())),
         };
-        let terminal = match self.herdr.pane_inner(&self.pane).await {
-            Ok(info) => {
-                self.observe(info.terminal.clone(), info.status);
+        let terminal = match self.herdr.derived_inner(&self.pane).await {
+            Ok((info, derived)) => {
+                self.derive = derived.is_some();
+                self.observe(info.terminal.clone(), derived.unwrap_or(info.status));
                 info.terminal
             }
             Err(e) if e.is_not_found() => return (true, SessionEnd::Gone),
@@ -212,14 +223,30 @@ impl Watcher {
         reader: &mut BufReader<UnixStream>,
         terminal: &TerminalId,
     ) -> SessionEnd {
+        let mut derive_tick = tokio::time::interval(DERIVE_EVERY);
+        derive_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let read = tokio::select! {
                 read = wire::read_line_limited(reader, wire::MAX_LINE_BYTES) => read,
                 () = self.poke.notified() => {
-                    match self.herdr.pane_inner(&self.pane).await {
-                        Ok(info) => self.observe_forced(info.terminal, info.status),
+                    match self.herdr.derived_inner(&self.pane).await {
+                        Ok((info, derived)) => {
+                            self.derive = derived.is_some();
+                            self.observe_forced(info.terminal, derived.unwrap_or(info.status));
+                        }
                         Err(e) if e.is_not_found() => return SessionEnd::Gone,
                         Err(e) => tracing::debug!(pane = %self.pane, error = %e, "herdr pane read failed; the subscription goes on"),
+                    }
+                    continue;
+                }
+                _ = derive_tick.tick(), if self.derive => {
+                    match self.herdr.derived_inner(&self.pane).await {
+                        Ok((info, derived)) => {
+                            self.derive = derived.is_some();
+                            self.observe(info.terminal, derived.unwrap_or(info.status));
+                        }
+                        Err(e) if e.is_not_found() => return SessionEnd::Gone,
+                        Err(e) => tracing::debug!(pane = %self.pane, error = %e, "herdr pane read failed; deriving again at the next tick"),
                     }
                     continue;
                 }
@@ -247,6 +274,16 @@ impl Watcher {
                         .and_then(|v| v.as_str())
                         .and_then(|s| s.parse().ok())
                         .unwrap_or(AgentStatus::Unknown);
+                    let named = event
+                        .data
+                        .get("agent")
+                        .is_some_and(|a| a.as_str().is_some_and(|a| !a.is_empty()));
+                    if named {
+                        // herdr knows the agent now: its status wins over fleetd's derivation.
+                        self.derive = false;
+                    } else if self.derive {
+                        continue;
+                    }
                     self.observe(terminal.clone(), status);
                 }
                 // herdr never reuses a pane id within a server's lifetime and its ring buffer does

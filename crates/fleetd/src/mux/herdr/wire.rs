@@ -339,6 +339,9 @@ pub(crate) struct WireProcessInfo {
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct WireProcess {
     pub(crate) pid: u32,
+    /// The process name (`comm`).
+    #[serde(default)]
+    pub(crate) name: String,
 }
 
 /// `PaneReadResult` as herdr sends it.

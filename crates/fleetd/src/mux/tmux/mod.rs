@@ -34,12 +34,11 @@ use crate::mux::{
     ProcessInfo, ServerInfo, SplitDirection, SubmitPath, Submitted, TabInfo,
 };
 
-use status::SHELLS;
+use crate::mux::status::SHELLS;
 /// Field separator in `-F` formats (a control character no id or name contains).
-pub use status::derive_status;
+pub use crate::mux::status::derive_status;
 
 mod launch;
-mod status;
 mod watch;
 
 const SEP: char = '\u{1f}';

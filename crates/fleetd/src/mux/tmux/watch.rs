@@ -15,9 +15,9 @@ use fleetd_core::{AgentStatus, PaneId, TerminalId};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use super::status::SHELLS;
 use super::{Inner, RawPane, Tmux};
 use crate::mux::PaneEvent;
+use crate::mux::status::SHELLS;
 
 /// The watched panes and the task polling them.
 #[derive(Debug, Default)]
@@ -116,7 +116,7 @@ impl Tmux {
         raw: &RawPane,
     ) -> Result<(TerminalId, AgentStatus), crate::mux::MuxError> {
         let needs_screen =
-            !SHELLS.contains(&raw.command.as_str()) && !super::status::has_spinner(&raw.title);
+            !SHELLS.contains(&raw.command.as_str()) && !crate::mux::status::has_spinner(&raw.title);
         let screen = if needs_screen {
             Some(self.read_tail_inner(pane, 40).await?)
         } else {

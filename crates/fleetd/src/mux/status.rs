@@ -1,15 +1,17 @@
-//! tmux status derivation: what tmux knows (pane title, foreground command, screen text) turned
-//! into an agent status. Weaker than herdr's detection by design; pure, no tmux calls.
+//! Status derivation for agents the multiplexer does not know: what it shows (the terminal
+//! title, the foreground command, the screen's bottom lines) turned into an agent status. Used
+//! for every tmux pane and for herdr panes herdr reports `unknown` (a `custom` agent, SPEC §8).
+//! Weaker than herdr's own detection by design; pure, no multiplexer calls.
 
 use fleetd_core::AgentStatus;
 
 /// Foreground commands that mean "no agent here".
-pub(super) const SHELLS: &[&str] = &[
+pub(crate) const SHELLS: &[&str] = &[
     "sh", "bash", "dash", "zsh", "fish", "ksh", "mksh", "csh", "tcsh", "nu", "elvish", "xonsh",
 ];
 
 /// A braille spinner (U+2800–U+28FF) leading the title: Claude Code's "working".
-pub(super) fn has_spinner(title: &str) -> bool {
+pub(crate) fn has_spinner(title: &str) -> bool {
     title
         .chars()
         .next()
