@@ -266,3 +266,47 @@ fn e2e_herdr_a_lead_herdr_does_not_know_is_nudged_when_idle() {
         || rig.history(&lead).contains(&nudge("nia")),
     );
 }
+
+#[test]
+fn e2e_herdr_a_restart_leaves_no_restored_shells_of_released_members() {
+    let rig = rig();
+    let (_, lead) = rig.agent_lead("boss");
+    spawn(&rig, &lead, "slow", "nia");
+    spawn(&rig, &lead, "slower", "zed");
+    // herdr restarts: every pane comes back with a new terminal and a fresh shell.
+    rig.herdr
+        .fault(&json!({ "fault": "restart", "down_ms": 800 }))
+        .expect("restart");
+    wait_until("herdr to answer again", Duration::from_secs(30), || {
+        rig.herdr.call("ping", &json!({})).is_ok()
+    });
+    wait_until("both members released", Duration::from_secs(30), || {
+        ["nia", "zed"].iter().all(|m| {
+            http::get(rig.daemon.operator(), &format!("/sessions/{m}"))
+                .is_ok_and(|r| r.status == 404)
+        })
+    });
+    let members_workspace = |rig: &HerdrRig| -> Option<String> {
+        rig.call("workspace.list", &json!({}))["workspaces"]
+            .as_array()?
+            .iter()
+            .find(|w| w["label"] == "fleet")
+            .and_then(|w| w["workspace_id"].as_str().map(str::to_owned))
+    };
+    let workspace = members_workspace(&rig);
+    wait_until(
+        "the released members' restored shells to be closed",
+        Duration::from_secs(30),
+        || {
+            let panes = rig.call("pane.list", &json!({}));
+            !panes["panes"].as_array().into_iter().flatten().any(|p| {
+                Some(p["workspace_id"].as_str().unwrap_or_default()) == workspace.as_deref()
+            })
+        },
+    );
+    // The lead's own restored pane is the user's: left alone.
+    assert!(
+        rig.call("pane.get", &json!({ "pane_id": lead }))["pane"].is_object(),
+        "the lead's pane stays"
+    );
+}

@@ -214,11 +214,39 @@ impl Effects {
                 };
                 self.report(Event::LeadsScanned(panes)).await;
             }
+            Io::CloseRestored { pane, old } => self.close_restored(&pane, &old).await,
             Io::Close { pane } => {
                 if let Err(e) = self.mux.close_pane(&pane).await {
                     tracing::warn!(%pane, error = %e, "cannot close a released member's pane");
                 }
             }
+        }
+    }
+
+    /// Closes the pane a released member had if it is back with another incarnation that is a
+    /// shell alone (herdr's restored layout after a restart, v0.8.2 src/persist/restore.rs:
+    /// 469-491, 537): nobody's work is there, and it would stay in the members' workspace.
+    /// Anything else there — an agent, a program someone started — is left alone.
+    async fn close_restored(&self, pane: &QualifiedPaneId, old: &fleetd_core::TerminalId) {
+        let Ok(current) = self.mux.pane(pane).await else {
+            return;
+        };
+        if current.info.terminal == *old || current.info.agent.is_some() {
+            return;
+        }
+        let Ok(process) = self.mux.process_info(pane).await else {
+            return;
+        };
+        let shell_alone = process.shell_pid.is_some_and(|shell| {
+            !process.foreground_pids.is_empty()
+                && process.foreground_pids.iter().all(|p| *p == shell)
+        });
+        if !shell_alone {
+            return;
+        }
+        tracing::info!(%pane, "closing a released member's pane restored by the multiplexer with a fresh shell");
+        if let Err(e) = self.mux.close_pane(pane).await {
+            tracing::warn!(%pane, error = %e, "cannot close a released member's restored pane");
         }
     }
 

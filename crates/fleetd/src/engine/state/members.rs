@@ -340,6 +340,11 @@ impl State {
         } else {
             tracing::info!(target = %member.target, "a member from before the restart is gone");
             self.release(&member.target, "gone", now, io);
+            // Both restarted: herdr may have restored the pane with a fresh shell.
+            io.push(Io::CloseRestored {
+                pane: member.pane.clone(),
+                old: member.terminal.clone(),
+            });
         }
     }
 

@@ -77,6 +77,12 @@ pub(super) enum Io {
     Depth { target: Target },
     /// Close a released member's pane.
     Close { pane: QualifiedPaneId },
+    /// A member's pane came back after a multiplexer restart with a new incarnation (herdr
+    /// restores its layout with fresh shells): close it if it holds only a shell.
+    CloseRestored {
+        pane: QualifiedPaneId,
+        old: TerminalId,
+    },
     /// List every pane for the lead-tab scanner.
     ScanLeads,
     /// Re-read every target's inbox depth (at start: mail from before a restart is nudged too).
@@ -305,6 +311,12 @@ impl State {
             && terminal.is_none_or(|t| *t == member.terminal)
         {
             self.release(&target, "exited", now, io);
+            if let Some(old) = terminal {
+                io.push(Io::CloseRestored {
+                    pane: pane.clone(),
+                    old: old.clone(),
+                });
+            }
         }
         let lead = LeadId(pane.to_string());
         if self
