@@ -6,7 +6,7 @@
 //!
 //! Knobs (argument, else environment variable):
 //! - `--script a,b,..` / `SIM_AGENT_SCRIPT`: one action per turn — `reply`, `ask`, `silent`,
-//!   `hang`, `block`, `exit`, `call` (the task is `TOOL {json}`: call it, reply with the result),
+//!   `hang`, `block`, `dialog` (a dialog straight away, never working), `exit`, `call` (the task is `TOOL {json}`: call it, reply with the result),
 //!   `shell` (run the task with `sh -c` in the agent's own session, as an agent's shell tool does,
 //!   and reply with its exit status and output), `print` (run it the same way, show its output
 //!   in the pane and end the turn without replying); the last one repeats (default `reply`);
@@ -52,6 +52,9 @@ pub enum Action {
     Hang,
     /// Show an approval UI (herdr reads it as blocked) until Enter, then end the turn.
     Block,
+    /// Like `Block`, with no working first: the prompt takes the agent from idle straight to a
+    /// dialog (a permission check before any work), so it never shows `working`.
+    Dialog,
     /// Exit the process.
     Exit,
     /// Treat the task as `TOOL {json args}`: call that tool, then reply with its result (lets a
@@ -75,6 +78,7 @@ impl std::str::FromStr for Action {
             "silent" => Action::Silent,
             "hang" => Action::Hang,
             "block" => Action::Block,
+            "dialog" => Action::Dialog,
             "exit" => Action::Exit,
             "call" => Action::Call,
             "shell" => Action::Shell,
@@ -305,7 +309,9 @@ impl Agent {
             self.log(
                 &json!({ "event": "turn", "prompt": prompt, "action": format!("{action:?}") }),
             );
-            self.work(action == Action::Hang).await;
+            if action != Action::Dialog {
+                self.work(action == Action::Hang).await;
+            }
             match action {
                 Action::Reply => {
                     let text = self.config.reply.replace("{prompt}", &prompt);
@@ -356,7 +362,7 @@ impl Agent {
                     }
                 }
                 Action::Silent | Action::Hang => {}
-                Action::Block => {
+                Action::Block | Action::Dialog => {
                     // Waiting on the person, not working: the title's spinner stops (herdr's
                     // detection ranks a title spinner above any dialog, claude.toml p1100).
                     self.title("sim-agent").await;

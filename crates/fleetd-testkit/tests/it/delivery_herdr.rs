@@ -139,3 +139,52 @@ fn e2e_herdr_a_turn_without_reply_on_a_tall_pane_shows_the_lead_its_last_lines()
         "the fallback shows the member's last lines: {answer}"
     );
 }
+
+#[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "proving that nothing is typed again means waiting out the prompt wait"
+)]
+fn e2e_herdr_a_task_that_takes_its_member_straight_to_a_dialog_is_typed_once() {
+    let logs = tempfile::tempdir().expect("tempdir");
+    let log = logs.path().join("careful.jsonl");
+    // The member shows a dialog at once: idle → blocked, never working, so herdr's wait for
+    // `working` runs out and answers `timeout` (v0.8.2 src/api/wait.rs:232-306).
+    let profile = format!(
+        "  careful:\n    agent: custom\n    command: {}\n    env:\n      HERDR_AGENT: claude\n      SIM_AGENT_SCRIPT: dialog\n      SIM_AGENT_LOG: {}\n",
+        bin_path("sim-agent").display(),
+        log.display()
+    );
+    let rig = HerdrRig::start(&format!(
+        "primary:\n  tab: w1:t1\n  pushReminders: 0\nprofiles:\n{profile}"
+    ));
+    let (_, lead) = rig.agent_lead("boss");
+    let pane = spawn(&rig, &lead, "careful", "cat");
+    let body = json!({ "task": "delete the cache", "wait": false }).to_string();
+    let sent = http::request(
+        rig.daemon.operator(),
+        "POST",
+        "/sessions/cat/tasks",
+        Some(&body),
+    )
+    .expect("fleetd answers");
+    assert_eq!(sent.status, 200, "{}", sent.body);
+    wait_until("the member's dialog", Duration::from_secs(30), || {
+        rig.history(&pane).contains("Enter to confirm")
+    });
+    // Past herdr's whole prompt wait (fleetd asks for 15 s) and a verify grace after it.
+    std::thread::sleep(Duration::from_secs(18));
+    assert_eq!(
+        logged(&log, "dialog_answered"),
+        0,
+        "nothing typed into the dialog (a second typing of the task would answer it): {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    rig.type_line(&pane, "");
+    wait_until(
+        "the dialog answered by the person",
+        Duration::from_secs(30),
+        || logged(&log, "dialog_answered") == 1,
+    );
+    assert_eq!(logged(&log, "turn"), 1, "the task was typed once");
+}

@@ -310,3 +310,63 @@ fn e2e_herdr_a_restart_leaves_no_restored_shells_of_released_members() {
         "the lead's pane stays"
     );
 }
+
+#[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "proving that no Enter comes means waiting out herdr's 5 s stall window"
+)]
+fn e2e_herdr_a_nudge_the_lead_does_not_start_on_gets_no_bare_enter() {
+    let logs = tempfile::tempdir().expect("tempdir");
+    let log = logs.path().join("boss.jsonl");
+    let rig = HerdrRig::start(&format!(
+        "primary:\n  tab: w1:t1\n  pushReminders: 1\nprofiles:\n{}",
+        sim_profile("slow", 300)
+    ));
+    // The lead swallows the Enter after the nudge's paste: the nudge stays in its composer and
+    // its turn never starts, so herdr answers agent_prompt_stalled after 5 s.
+    let (_, lead) = rig.agent_lead_with(
+        "boss",
+        &[
+            "SIM_AGENT_SWALLOW=1".to_owned(),
+            format!("SIM_AGENT_LOG={}", log.display()),
+        ],
+    );
+    // The operator spawns and delegates (typing into the lead would use up its swallow).
+    let call = |name: &str, args: serde_json::Value| {
+        let body = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                           "params": { "name": name, "arguments": args } })
+        .to_string();
+        let answer = http::request(rig.daemon.operator(), "POST", "/mcp", Some(&body))
+            .expect("fleetd answers");
+        assert!(
+            answer.body.contains("\"isError\":false"),
+            "{name}: {}",
+            answer.body
+        );
+    };
+    call("fleet_spawn", json!({ "profile": "slow", "name": "nia" }));
+    call(
+        "fleet_send",
+        json!({ "target": "nia", "task": "job", "wait": false }),
+    );
+    let events = |event: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(&format!("\"event\":\"{event}\"")))
+            .count()
+    };
+    wait_until(
+        "the nudge in the lead's composer",
+        Duration::from_secs(60),
+        || events("swallowed") == 1,
+    );
+    std::thread::sleep(Duration::from_secs(8));
+    assert_eq!(
+        events("turn"),
+        0,
+        "no bare Enter submitted the nudge behind the lead's back: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
