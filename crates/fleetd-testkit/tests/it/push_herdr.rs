@@ -325,7 +325,7 @@ fn e2e_herdr_a_nudge_the_lead_does_not_start_on_gets_no_bare_enter() {
     ));
     // The lead swallows the Enter after the nudge's paste: the nudge stays in its composer and
     // its turn never starts, so herdr answers agent_prompt_stalled after 5 s.
-    let (_, lead) = rig.agent_lead_with(
+    let _lead = rig.agent_lead_with(
         "boss",
         &[
             "SIM_AGENT_SWALLOW=1".to_owned(),
