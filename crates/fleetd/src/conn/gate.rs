@@ -364,11 +364,14 @@ mod tests {
         assert_eq!(gate.open(), 10);
         // A connection that finished a request is idle again, newest of all.
         held[0].request_finished();
-        let _ = admit_n(&gate, Peer::Owner, 6);
+        let _more = admit_n(&gate, Peer::Owner, 6);
+        assert!(held[4..].iter().all(|a| a.close.is_cancelled()));
         assert!(!held[0].close.is_cancelled(), "fell idle last, closed last");
         let _next = gate.admit(Peer::Owner, CAPS).expect("room is made");
+        assert!(newcomer.close.is_cancelled(), "idle before held[0] was");
+        assert!(!held[0].close.is_cancelled());
+        let _last = gate.admit(Peer::Owner, CAPS).expect("room is made");
         assert!(held[0].close.is_cancelled());
-        drop(newcomer);
     }
 
     #[test]
@@ -396,7 +399,7 @@ mod tests {
         let _c = gate.admit(Peer::Owner, CAPS).expect("b is closed for it");
         assert!(b.close.is_cancelled());
         assert!(!a.close.is_cancelled());
-        assert!(gate.admit(Peer::Owner, CAPS).is_ok(), "c was idle");
+        let _d = gate.admit(Peer::Owner, CAPS).expect("c was idle");
         assert_eq!(gate.open(), 2);
     }
 }

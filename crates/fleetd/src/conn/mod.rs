@@ -32,7 +32,9 @@ impl OpenFiles {
     /// The most client connections this limit leaves room for: all but a headroom (at most
     /// half the limit) for the daemon's own files.
     pub fn connection_ceiling(&self) -> usize {
-        let limit = self.now.unwrap_or(u64::MAX);
+        let Some(limit) = self.now else {
+            return usize::MAX;
+        };
         let room = limit.saturating_sub(FD_HEADROOM.min(limit / 2));
         usize::try_from(room).unwrap_or(usize::MAX)
     }
