@@ -90,10 +90,15 @@ pub async fn listen(
                     }
                     Err(refusal) => {
                         crate::telemetry::connection_closed(refusal.code());
-                        tracing::warn!(reason = refusal.code(), "refusing a stdio shim session: {}", refusal.message());
+                        tracing::warn!(
+                            reason = refusal.code(),
+                            "refusing a stdio shim session: {}",
+                            refusal.message()
+                        );
                         let line = crate::mcp::refusal_line(refusal.code(), &refusal.message());
                         let mut stream = stream;
-                        let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, line.as_bytes()).await;
+                        let _ =
+                            tokio::io::AsyncWriteExt::write_all(&mut stream, line.as_bytes()).await;
                         return;
                     }
                 };

@@ -186,16 +186,16 @@ fn semantic_refusals_name_the_key_and_what_to_do() {
     );
     check_refused(
         "connections:\n  max: 100\n  ownerReserve: 101\n",
-        &["connections.ownerReserve", "more than connections.max (100)"],
+        &[
+            "connections.ownerReserve",
+            "more than connections.max (100)",
+        ],
     );
     check_refused(
         "connections:\n  headerReadTimeoutMs: 0\n",
         &["connections.headerReadTimeoutMs", "out of range"],
     );
-    check_refused(
-        "connections:\n  idleTimeout: 5\n",
-        &["idleTimeout"],
-    );
+    check_refused("connections:\n  idleTimeout: 5\n", &["idleTimeout"]);
     check_refused("primary:\n  tab: main\n", &["primary.tab", "not a tab"]);
     check_refused(
         "secrets:\n  t: {env: A, file: /b}\n",
@@ -328,7 +328,8 @@ fn a_small_connection_cap_scales_its_defaults_down() {
     assert_eq!(config.connections.max, 40);
     assert_eq!(config.connections.per_uid, 40, "perUid never above max");
     assert_eq!(config.connections.owner_reserve, 10, "a quarter of max");
-    let config = parse("connections:\n  max: 40\n  ownerReserve: 40\n  perUid: 3\n").expect("valid");
+    let config =
+        parse("connections:\n  max: 40\n  ownerReserve: 40\n  perUid: 3\n").expect("valid");
     assert_eq!(config.connections.owner_reserve, 40);
     assert_eq!(config.connections.per_uid, 3);
 }

@@ -9,8 +9,8 @@ use serde_saphyr::Spanned;
 
 use super::raw::{At, RawBackend, RawConfig, RawProfile, RawSecret, StoreKind};
 use super::{
-    AmqpUrl, Backend, Config, ConfigError, Connections, DEFAULT_LISTEN, Delivery, Environment, Inbox, Lead,
-    Limits, Log, Position, Primary, Profile, SecretSource, Store, Tickets,
+    AmqpUrl, Backend, Config, ConfigError, Connections, DEFAULT_LISTEN, Delivery, Environment,
+    Inbox, Lead, Limits, Log, Position, Primary, Profile, SecretSource, Store, Tickets,
 };
 
 /// Whether `agent` is a kind a profile may name: one herdr knows, or `custom` for anything else.

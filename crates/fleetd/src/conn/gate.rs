@@ -358,9 +358,15 @@ mod tests {
             assert!(a.request_started());
         }
         let newcomer = gate.admit(Peer::Owner, CAPS).expect("room is made");
-        assert!(held[3].close.is_cancelled(), "the oldest idle one is closed");
+        assert!(
+            held[3].close.is_cancelled(),
+            "the oldest idle one is closed"
+        );
         assert!(held[..3].iter().all(|a| !a.close.is_cancelled()));
-        assert!(!held[3].request_started(), "a closed connection runs nothing");
+        assert!(
+            !held[3].request_started(),
+            "a closed connection runs nothing"
+        );
         assert_eq!(gate.open(), 10);
         // A connection that finished a request is idle again, newest of all.
         held[0].request_finished();

@@ -138,7 +138,11 @@ mod tests {
             hard: now,
         };
         assert_eq!(at(Some(20_000)).connection_ceiling(), 18_976);
-        assert_eq!(at(Some(1_024)).connection_ceiling(), 512, "half of a small limit");
+        assert_eq!(
+            at(Some(1_024)).connection_ceiling(),
+            512,
+            "half of a small limit"
+        );
         assert_eq!(at(None).connection_ceiling(), usize::MAX);
     }
 }

@@ -7,9 +7,9 @@
 //!
 //! Each connection task is bounded before it is admitted: at most [`LOOKUPS_AT_ONCE`]
 //! connections wait for their user to be found (the accept loop waits beyond that, and the
-//! kernel's listen backlog holds the rest), and at most [`REFUSALS_AT_ONCE`] are being answered
-//! `503` (beyond that a refused connection is closed without an answer), so a flood can never
-//! take the daemon's file descriptors past the gate.
+//! kernel's listen backlog holds the rest), and at most [`REFUSALS_AT_ONCE`] refused ones linger
+//! after their `503` for the client to read it (beyond that a refused connection is closed right
+//! after its answer), so a flood can never take the daemon's file descriptors past the gate.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,8 +34,8 @@ use crate::identity::{ConnInfo, Endpoint};
 /// Connections whose user is being looked up at once, per door: each is one short kernel query
 /// on the blocking pool; more would only queue there while holding a file descriptor.
 pub const LOOKUPS_AT_ONCE: usize = 256;
-/// Refused connections being answered at once, per door: each holds its socket for at most
-/// [`REFUSAL_LINGER`] while the client reads the answer.
+/// Refused connections kept open at once, per door, after their answer was written: each
+/// holds its socket for at most [`REFUSAL_LINGER`] while the client reads the answer.
 pub const REFUSALS_AT_ONCE: usize = 256;
 /// How long a refused connection is kept open for the client to read its `503` (closing at
 /// once, with its request unread, would reset the connection and lose the answer).
@@ -187,24 +187,36 @@ impl Connection {
         let n = self.refusals.count.fetch_add(1, Ordering::Relaxed) + 1;
         if n == 1 || n.is_multiple_of(1000) {
             tracing::warn!(
-                refused_so_far = n, ?peer, reason = refusal.code(),
-                "refusing connections: {}", refusal.message()
+                refused_so_far = n,
+                ?peer,
+                reason = refusal.code(),
+                "refusing connections: {}",
+                refusal.message()
             );
         }
-        let Ok(_slot) = Arc::clone(&self.refusals.slots).try_acquire_owned() else {
-            return;
-        };
         let body = serde_json::json!({ "error": refusal.code(), "message": refusal.message() })
             .to_string();
         let answer = format!(
             "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
             body.len()
         );
-        let _ = tokio::time::timeout(REFUSAL_LINGER, async {
+        // A fresh socket's send buffer takes the answer at once.
+        let written = tokio::time::timeout(REFUSAL_LINGER, async {
             io.write_all(answer.as_bytes()).await?;
-            io.shutdown().await?;
-            // Read what the client sent until it closes, so closing never resets the
-            // connection before the answer is read.
+            io.shutdown().await
+        })
+        .await;
+        if !matches!(written, Ok(Ok(()))) {
+            return;
+        }
+        // Read what the client sends until it closes (or the linger ends), so closing never
+        // resets the connection while its request is unread, which could cost it the answer.
+        // Without a free slot the connection is closed at once: a flood's idle sockets have
+        // sent nothing, so they still read the answer.
+        let Ok(_slot) = Arc::clone(&self.refusals.slots).try_acquire_owned() else {
+            return;
+        };
+        let _ = tokio::time::timeout(REFUSAL_LINGER, async {
             let mut sink = [0u8; 4096];
             while io.read(&mut sink).await? > 0 {}
             std::io::Result::Ok(())
@@ -224,9 +236,7 @@ impl Connection {
             let tower = TowerToHyperService::new(self.parts.router.clone());
             let (admission, activity) = (Arc::clone(&admission), Arc::clone(&activity));
             hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
-                request
-                    .extensions_mut()
-                    .insert(ConnectInfo(info.clone()));
+                request.extensions_mut().insert(ConnectInfo(info.clone()));
                 let in_flight = InFlight::start(&admission, &activity);
                 let response = hyper::service::Service::call(&tower, request);
                 async move {
