@@ -402,3 +402,61 @@ fn open_connections(addr: SocketAddr) -> u64 {
         })
         .map_or(0, |v| v as u64)
 }
+
+#[test]
+fn e2e_fleetd_raises_its_open_file_limit_and_logs_both_numbers() {
+    use fleetd_testkit::daemon::{command, fleetd_binary, isolated_config, write_config};
+    let home = tempfile::tempdir().expect("tempdir");
+    write_config(home.path(), &isolated_config(home.path()));
+    let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .map_or_else(|| "unlimited".to_owned(), |n| n.to_string());
+    // Started as a shell or a unit often starts it: the soft limit at 1024.
+    let isolated = command(home.path());
+    let mut cmd = Command::new("prlimit");
+    cmd.arg("--nofile=1024:")
+        .arg(fleetd_binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (key, value) in isolated.get_envs() {
+        match value {
+            Some(value) => cmd.env(key, value),
+            None => cmd.env_remove(key),
+        };
+    }
+    let mut child = cmd.spawn().expect("prlimit starts fleetd");
+    let stderr = std::io::BufReader::new(child.stderr.take().expect("piped"));
+    let mut logged = None;
+    for line in stderr.lines().map_while(Result::ok) {
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if value["message"] == "open-file limit" {
+            logged = Some(value.clone());
+        }
+        if value.get("listen").is_some() {
+            break;
+        }
+    }
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id()))
+        .expect("the daemon's limits");
+    let _ = child.kill();
+    let _ = child.wait();
+    let logged = logged.expect("fleetd logs its open-file limit at start");
+    assert_eq!(logged["level"], "INFO", "{logged}");
+    assert_eq!(logged["soft_was"], "1024", "{logged}");
+    assert_eq!(
+        logged["soft"],
+        hard.as_str(),
+        "raised to the hard limit: {logged}"
+    );
+    assert_eq!(logged["hard"], hard.as_str(), "{logged}");
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a Max open files line");
+    let numbers: Vec<&str> = open_files.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(numbers, [hard.as_str(), hard.as_str()], "{open_files}");
+}

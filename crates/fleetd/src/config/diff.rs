@@ -328,8 +328,13 @@ mod tests {
         );
         check(
             "",
-            "tickets: {ttlAfterFinishSecs: 5}\ndelivery: {verifyGraceMs: 1}\nlimits: {maxQueuedTasks: 2}\n",
-            &["Live tickets", "Live delivery", "Live limits"],
+            "tickets: {ttlAfterFinishSecs: 5}\ndelivery: {verifyGraceMs: 1}\nlimits: {maxQueuedTasks: 2}\nconnections: {perUid: 3}\n",
+            &[
+                "Live tickets",
+                "Live delivery",
+                "Live limits",
+                "Live connections",
+            ],
         );
     }
 
