@@ -460,3 +460,55 @@ fn e2e_fleetd_raises_its_open_file_limit_and_logs_both_numbers() {
     let numbers: Vec<&str> = open_files.split_whitespace().skip(3).take(2).collect();
     assert_eq!(numbers, [hard.as_str(), hard.as_str()], "{open_files}");
 }
+
+#[test]
+fn e2e_a_full_gate_refuses_clearly_on_the_shim_and_on_http() {
+    use std::io::Read as _;
+    use std::os::unix::net::UnixStream;
+
+    use fleetd_testkit::daemon::{Daemon, isolated_config, state_dir, write_config};
+    let home = tempfile::tempdir().expect("tempdir");
+    write_config(
+        home.path(),
+        &format!("{}connections:\n  max: 2\n", isolated_config(home.path())),
+    );
+    let daemon = Daemon::start(home.path(), &[]);
+    let shim = state_dir(home.path()).join("fleetd.sock");
+    // Two stdio sessions take the two slots; they are never closed to make room.
+    let first = UnixStream::connect(&shim).expect("a first session");
+    wait_until(
+        "the first session to be admitted",
+        Duration::from_secs(10),
+        || open_connections(daemon.addr) >= 2,
+    );
+    let mut others: Vec<UnixStream> = (0..2)
+        .map(|_| UnixStream::connect(&shim).expect("connects"))
+        .collect();
+    let mut refusals = Vec::new();
+    for stream in &mut others {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .expect("timeout");
+        let mut text = String::new();
+        let _ = stream.read_to_string(&mut text);
+        if !text.is_empty() {
+            refusals.push(text);
+        }
+    }
+    assert_eq!(refusals.len(), 1, "one of the two is refused: {refusals:?}");
+    let line: serde_json::Value = serde_json::from_str(refusals[0].trim()).expect("JSON-RPC");
+    let message = line["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("too_many_connections"), "{line}");
+    assert!(message.contains("connections.max"), "{line}");
+
+    // Nothing is idle to make room: HTTP gets the same refusal, as a 503.
+    let answer = http::get(daemon.addr, "/healthz").expect("an answer");
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert_eq!(answer.error_code(), "too_many_connections", "{answer:?}");
+    assert!(answer.body.contains("connections.max"), "{answer:?}");
+    drop(first);
+    drop(others);
+    wait_until("a slot to free", Duration::from_secs(10), || {
+        http::get(daemon.addr, "/healthz").is_ok_and(|r| r.error_code().is_empty())
+    });
+}
