@@ -143,10 +143,6 @@ pub fn run(plan: Plan) -> Report {
 }
 
 /// Reads what the server sent `conn` and notes its end; a slow one gets its next header line.
-#[expect(
-    clippy::disallowed_methods,
-    reason = "a flood measures when the server closed each connection on the wall clock"
-)]
 fn watch(conn: &mut Conn, line: u64, report: &mut Report) {
     if conn.slow && conn.answer.is_empty() {
         let _ = conn

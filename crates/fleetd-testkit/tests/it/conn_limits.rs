@@ -341,7 +341,7 @@ fn e2e_the_cap_refuses_clearly_and_other_users_cannot_take_the_owners_reserve() 
     let third = report_of(flood_as("bin", addr, 5, 500));
     show("bin's idle", &third.idle);
     assert_eq!(third.idle.refused_503, 5, "{third:?}");
-    let sample = third.refusal_sample.clone().expect("a refusal");
+    let sample = third.refusal_sample.expect("a refusal");
     assert!(sample.contains("connections_reserved"), "{sample}");
     assert!(sample.contains("connections.ownerReserve"), "{sample}");
     assert!(
