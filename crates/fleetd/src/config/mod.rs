@@ -2,6 +2,7 @@
 //! the `Config` the daemon runs on, with every default applied. Owns parsing and judging the file;
 //! must not open sockets or stores, and never reads a secret's value.
 
+mod connections;
 mod diff;
 mod live;
 mod raw;
