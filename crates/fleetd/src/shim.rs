@@ -83,7 +83,7 @@ pub async fn listen(
                 let cred = stream.peer_cred().ok();
                 let peer = crate::conn::unix_peer(cred.map(|c| c.uid()));
                 let caps = crate::conn::Caps::of(&fleet.config.current().connections);
-                let _admission = match gate.admit(peer, caps) {
+                let admission = match gate.admit(peer, caps) {
                     Ok(admission) => {
                         admission.pin();
                         admission
@@ -102,6 +102,7 @@ pub async fn listen(
                         return;
                     }
                 };
+                crate::telemetry::connections_open(gate.open());
                 let conn = ConnInfo::unix(Door::Shim, cred);
                 let server = FleetMcp::for_connection(fleet, conn);
                 match server.serve(stream).await {
@@ -110,6 +111,8 @@ pub async fn listen(
                     }
                     Err(e) => tracing::debug!(error = %e, "shim session ended during start"),
                 }
+                drop(admission);
+                crate::telemetry::connections_open(gate.open());
             });
         }
     });

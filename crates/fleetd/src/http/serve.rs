@@ -272,9 +272,18 @@ impl Connection {
                 crate::telemetry::connection_closed("evicted");
             }
             () = self.stop.cancelled() => {
+                // An idle connection closes at once; a request in flight is finished. The
+                // timers still run, so a request head that never ends cannot hold the shutdown.
                 connection.as_mut().graceful_shutdown();
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "an HTTP connection ended with an error");
+                tokio::select! {
+                    served = connection => {
+                        if let Err(e) = served {
+                            tracing::debug!(error = %e, "an HTTP connection ended with an error");
+                        }
+                    }
+                    expired = activity.expired(timeouts) => {
+                        tracing::debug!(reason = expired.as_str(), "closing an HTTP connection while stopping");
+                    }
                 }
             }
         }
@@ -303,5 +312,108 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.admission.request_finished();
         self.activity.request_finished();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use axum::routing::get;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpStream;
+
+    use super::*;
+    use crate::config::{Config, Environment};
+
+    /// A door on `127.0.0.1:0` with a route that answers after `slow_ms` (notifying `started`
+    /// when it begins), serving until the returned token is cancelled.
+    async fn door(
+        yaml: &str,
+        slow_ms: u64,
+        started: Arc<tokio::sync::Notify>,
+    ) -> (SocketAddr, CancellationToken) {
+        let config = Config::parse(yaml, "test.yaml", &Environment::default()).expect("valid");
+        let router = Router::new().route(
+            "/slow",
+            get(move || async move {
+                started.notify_one();
+                tokio::time::sleep(Duration::from_millis(slow_ms)).await;
+                "done"
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stop = CancellationToken::new();
+        let parts = DoorParts {
+            router,
+            gate: Gate::new(1_000),
+            config: Live::fixed(config),
+        };
+        tokio::spawn(serve(Listener::Tcp(listener), parts, stop.clone()));
+        (addr, stop)
+    }
+
+    /// Everything the server sends until it closes the connection.
+    async fn read_to_close(stream: &mut TcpStream) -> String {
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out));
+        read.await
+            .expect("the server closes the connection")
+            .expect("read");
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_request_in_flight_outlives_the_idle_timeout_and_idle_follows_it() {
+        let (addr, stop) = door(
+            "connections: {idleTimeoutMs: 100, headerReadTimeoutMs: 100}\n",
+            600,
+            Arc::default(),
+        )
+        .await;
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        stream
+            .write_all(b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .expect("send");
+        // Answered after 600 ms, six idle timeouts later; then closed as idle.
+        let text = read_to_close(&mut stream).await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.ends_with("done"), "{text}");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn an_unfinished_request_head_is_closed_without_an_answer() {
+        let (addr, stop) = door(
+            "connections: {idleTimeoutMs: 60000, headerReadTimeoutMs: 100}\n",
+            0,
+            Arc::default(),
+        )
+        .await;
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        stream
+            .write_all(b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            .await
+            .expect("send");
+        assert_eq!(read_to_close(&mut stream).await, "");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_stopping_door_finishes_the_request_in_flight() {
+        let started = Arc::new(tokio::sync::Notify::new());
+        let (addr, stop) = door("", 300, Arc::clone(&started)).await;
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        stream
+            .write_all(b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .expect("send");
+        started.notified().await;
+        stop.cancel();
+        let text = read_to_close(&mut stream).await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.ends_with("done"), "{text}");
     }
 }
