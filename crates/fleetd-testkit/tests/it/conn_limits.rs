@@ -512,3 +512,28 @@ fn e2e_a_full_gate_refuses_clearly_on_the_shim_and_on_http() {
         http::get(daemon.addr, "/healthz").is_ok_and(|r| r.error_code().is_empty())
     });
 }
+
+#[test]
+fn e2e_the_listener_asks_for_a_deep_backlog() {
+    use fleetd_testkit::daemon::Daemon;
+    let home = tempfile::tempdir().expect("tempdir");
+    let daemon = Daemon::start(home.path(), &[]);
+    let somaxconn: u64 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .expect("somaxconn")
+        .trim()
+        .parse()
+        .expect("a number");
+    let out = Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{}", daemon.addr.port())])
+        .output()
+        .expect("ss runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // LISTEN Recv-Q Send-Q ...: a listener's Send-Q is its backlog.
+    let backlog: u64 = text
+        .split_whitespace()
+        .nth(2)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no listener in {text:?}"));
+    println!("listen backlog {backlog} (net.core.somaxconn {somaxconn})");
+    assert_eq!(backlog, somaxconn.min(4_096), "{text}");
+}
