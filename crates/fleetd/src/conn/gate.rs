@@ -2,10 +2,12 @@
 //! doors, capped at `connections.max`; a reserve of `connections.ownerReserve` that only the
 //! daemon's own user may take (its leads, members and operator all run as that user); and a cap
 //! of `connections.perUid` for each other user. When the gate is full, a newcomer of the
-//! daemon's own user closes the connection that has sat longest with no request in flight (idle,
-//! or still sending its request head) instead of being refused, so a flood of idle sockets can
-//! hold a slot only until someone who needs it arrives. Other users never close anyone's
-//! connection. Owns the counts and the choice; knows no protocol, reads no clock (the order in
+//! daemon's own user closes a connection with no request in flight (idle, or still sending its
+//! request head) instead of being refused, so a flood of idle sockets can hold a slot only until
+//! someone who needs it arrives: first the one idle longest among those that never completed a
+//! request (what a flood's sockets are), then the one idle longest among the rest (a real
+//! client's kept-alive connection is reused within moments and so is closed last). Other users
+//! never close anyone's connection. Owns the counts and the choice; knows no protocol, reads no clock (the order in
 //! which connections fell idle is a sequence number), and its refusal is a value the door words.
 
 use std::collections::{BTreeMap, HashMap};
@@ -99,7 +101,9 @@ struct Entry {
     /// Requests in flight; a connection with none is idle (evictable).
     active: usize,
     /// Its place in `State::idle` while idle.
-    idle_seq: Option<u64>,
+    idle_seq: Option<IdleKey>,
+    /// Whether a request ever started on it.
+    served: bool,
     /// Never evicted (a long-lived session that is not request/response).
     pinned: bool,
     close: CancellationToken,
@@ -113,9 +117,14 @@ struct State {
     others: usize,
     per_uid: HashMap<Option<u32>, usize>,
     conns: HashMap<u64, Entry>,
-    /// Idle connections by the order in which they fell idle (oldest first).
-    idle: BTreeMap<u64, u64>,
+    /// Idle connections, in the order they are closed to make room: those that never served a
+    /// request first, each kind by the order in which it fell idle (oldest first).
+    idle: BTreeMap<IdleKey, u64>,
 }
+
+/// Where an idle connection stands in the order of closing: (served a request before, when it
+/// fell idle).
+type IdleKey = (bool, u64);
 
 impl State {
     fn count(&mut self, peer: Peer, up: bool) {
@@ -154,8 +163,9 @@ impl State {
             && !entry.pinned
         {
             self.next_seq += 1;
-            entry.idle_seq = Some(seq);
-            self.idle.insert(seq, id);
+            let key = (entry.served, seq);
+            entry.idle_seq = Some(key);
+            self.idle.insert(key, id);
         }
     }
 }
@@ -186,8 +196,9 @@ impl Gate {
         self.state().total
     }
 
-    /// Admits a connection of `peer` under `caps`, closing the oldest idle connection when the
-    /// gate is full and `peer` is the daemon's own user; else says why not. The connection
+    /// Admits a connection of `peer` under `caps`, closing an idle connection (see the module
+    /// header for which) when the gate is full and `peer` is the daemon's own user; else says
+    /// why not. The connection
     /// starts idle (it has sent no request yet).
     pub fn admit(self: &Arc<Self>, peer: Peer, caps: Caps) -> Result<Admission, Refusal> {
         let max = caps.max.min(self.fd_ceiling);
@@ -229,6 +240,7 @@ impl Gate {
                 peer,
                 active: 0,
                 idle_seq: None,
+                served: false,
                 pinned: false,
                 close: close.clone(),
             },
@@ -260,6 +272,7 @@ impl Admission {
             return false;
         };
         entry.active += 1;
+        entry.served = true;
         if let Some(seq) = entry.idle_seq.take() {
             state.idle.remove(&seq);
         }
@@ -350,6 +363,26 @@ mod tests {
     }
 
     #[test]
+    fn a_full_gate_closes_a_connection_that_never_served_before_one_that_did() {
+        let gate = Gate::new(1000);
+        let held = admit_n(&gate, Peer::Owner, 10);
+        // The first served a request and fell idle before the others, which never sent one.
+        assert!(held[0].request_started());
+        held[0].request_finished();
+        let _newcomers = admit_n(&gate, Peer::Owner, 9);
+        assert!(held[1..].iter().all(|a| a.close.is_cancelled()));
+        assert!(
+            !held[0].close.is_cancelled(),
+            "the kept-alive one is closed last"
+        );
+        let _next = gate.admit(Peer::Owner, CAPS).expect("room is made");
+        assert!(
+            !held[0].close.is_cancelled(),
+            "still: newcomers never served"
+        );
+    }
+
+    #[test]
     fn a_full_gate_closes_the_longest_idle_connection_for_the_owner() {
         let gate = Gate::new(1000);
         let held = admit_n(&gate, Peer::Owner, 10);
@@ -368,16 +401,17 @@ mod tests {
             "a closed connection runs nothing"
         );
         assert_eq!(gate.open(), 10);
-        // A connection that finished a request is idle again, newest of all.
+        // A connection that finished a request is idle again.
         held[0].request_finished();
-        let _more = admit_n(&gate, Peer::Owner, 6);
+        let more = admit_n(&gate, Peer::Owner, 6);
         assert!(held[4..].iter().all(|a| a.close.is_cancelled()));
         assert!(!held[0].close.is_cancelled(), "fell idle last, closed last");
         let _next = gate.admit(Peer::Owner, CAPS).expect("room is made");
         assert!(newcomer.close.is_cancelled(), "idle before held[0] was");
         assert!(!held[0].close.is_cancelled());
         let _last = gate.admit(Peer::Owner, CAPS).expect("room is made");
-        assert!(held[0].close.is_cancelled());
+        assert!(more[0].close.is_cancelled(), "never served: closed first");
+        assert!(!held[0].close.is_cancelled());
     }
 
     #[test]
