@@ -1,6 +1,6 @@
 //! Connection limits for every door (SPEC §9, issue 15): the open-file limit raised at start,
 //! the admission gate (`gate`: a cap over all doors, a reserve for the daemon's own user, a cap
-//! per other user, the longest-idle connection closed to make room), and each connection's
+//! per other user, an idle connection closed to make room), and each connection's
 //! header-read and idle timers (`watchdog`). The doors themselves (`http::serve`, `shim`) ask
 //! these; this module knows no protocol and words no refusal.
 
