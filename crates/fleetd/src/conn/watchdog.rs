@@ -1,7 +1,7 @@
 //! One connection's timers: how long it may sit with no request in flight and nothing received
 //! (`connections.idleTimeoutMs`), and how long it may take to send a request head once its first
 //! byte came (`connections.headerReadTimeoutMs`). While a request is in flight neither runs (a
-//! waiting `fleet_send` or the event stream may be quiet for long, and the tools bound their own
+//! waiting `fleet_send` or a streamed answer may be quiet for long, and the tools bound their own
 //! waits). Knows no protocol: a door tells it when a request starts and ends, and [`Tracked`]
 //! tells it when bytes arrive. Time is tokio's, so tests pause it.
 
@@ -254,7 +254,7 @@ mod tests {
             a.bytes_read();
             tokio::time::sleep(Duration::from_secs(1)).await;
             a.request_started();
-            // A long wait (fleet_send with wait, the event stream): no timer.
+            // A long wait (fleet_send with wait, a streamed answer): no timer.
             tokio::time::sleep(Duration::from_secs(100)).await;
             a.request_finished();
         });

@@ -243,7 +243,7 @@ impl Connection {
                     let response = response.await?;
                     Ok::<_, std::convert::Infallible>(response.map(|body| {
                         // The request counts as in flight until its body is written or
-                        // dropped, so a long answer (the event stream) is never timed out.
+                        // dropped, so a long or streamed answer is never timed out.
                         axum::body::Body::new(body.map_frame(move |frame| {
                             let _held = &in_flight;
                             frame
