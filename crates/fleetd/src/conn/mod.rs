@@ -12,9 +12,10 @@ use std::net::SocketAddr;
 pub use gate::{Admission, Caps, Gate, Peer, Refusal};
 pub use watchdog::{Activity, Expired, Timeouts, Tracked};
 
-/// File descriptors kept for everything that is not a client connection: the store, the
-/// multiplexer sockets, the config watcher, logs, and connections still being looked up or
-/// refused (each door bounds those itself).
+/// File descriptors kept for everything that is not an admitted connection: connections still
+/// being looked up or lingering after a refusal (each HTTP door bounds those at 128 + 128, so
+/// 512 for the two), and the daemon's own files — the store, the multiplexer sockets, the config
+/// watcher, logs.
 const FD_HEADROOM: u64 = 1_024;
 
 /// The open-file limit after start-up: the soft limit raised to the hard one where allowed.

@@ -33,16 +33,20 @@ use crate::identity::{ConnInfo, Endpoint};
 
 /// Connections whose user is being looked up at once, per door: each is one short kernel query
 /// on the blocking pool; more would only queue there while holding a file descriptor.
-pub const LOOKUPS_AT_ONCE: usize = 256;
+pub const LOOKUPS_AT_ONCE: usize = 128;
 /// Refused connections kept open at once, per door, after their answer was written: each
 /// holds its socket for at most [`REFUSAL_LINGER`] while the client reads the answer.
-pub const REFUSALS_AT_ONCE: usize = 256;
+pub const REFUSALS_AT_ONCE: usize = 128;
 /// How long a refused connection is kept open for the client to read its `503` (closing at
 /// once, with its request unread, would reset the connection and lose the answer).
 const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 /// After a failed accept for want of file descriptors, wait this long before the next (the
 /// error would otherwise repeat at once, in a busy loop).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// hyper's read buffer per connection (its default is ~400 KiB): a request head must fit in it,
+/// so this bounds what a connection sending a huge head can make the daemon hold. Bodies are
+/// streamed through it in pieces, so a 1 MiB reply still goes through.
+const READ_BUFFER: usize = 64 * 1024;
 
 /// One HTTP door's listener.
 #[derive(Debug)]
@@ -253,7 +257,10 @@ impl Connection {
             })
         };
         let mut builder = hyper::server::conn::http1::Builder::new();
-        builder.keep_alive(true).header_read_timeout(None);
+        builder
+            .keep_alive(true)
+            .header_read_timeout(None)
+            .max_buf_size(READ_BUFFER);
         let io = TokioIo::new(Tracked::new(io, Arc::clone(&activity)));
         let connection = builder.serve_connection(io, service);
         tokio::pin!(connection);
@@ -398,6 +405,20 @@ mod tests {
             .await
             .expect("send");
         assert_eq!(read_to_close(&mut stream).await, "");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_request_head_over_the_read_buffer_is_refused() {
+        let (addr, stop) = door("", 0, Arc::default()).await;
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let mut head = b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ".to_vec();
+        head.extend(std::iter::repeat_n(b'a', 4 * READ_BUFFER));
+        head.extend_from_slice(b"\r\n\r\n");
+        // The server may stop reading (and answer) before the whole head is written.
+        let _ = stream.write_all(&head).await;
+        let text = read_to_close(&mut stream).await;
+        assert!(text.starts_with("HTTP/1.1 431"), "{text}");
         stop.cancel();
     }
 
