@@ -333,29 +333,41 @@ mod tests {
     use super::*;
     use crate::config::{Config, Environment};
 
-    /// A door on `127.0.0.1:0` with a route that answers after `slow_ms` (notifying `started`
-    /// when it begins), serving until the returned token is cancelled.
+    /// A door on `127.0.0.1:0` running on `yaml`; see [`door_on`].
     async fn door(
         yaml: &str,
         slow_ms: u64,
         started: Arc<tokio::sync::Notify>,
     ) -> (SocketAddr, CancellationToken) {
         let config = Config::parse(yaml, "test.yaml", &Environment::default()).expect("valid");
-        let router = Router::new().route(
-            "/slow",
-            get(move || async move {
-                started.notify_one();
-                tokio::time::sleep(Duration::from_millis(slow_ms)).await;
-                "done"
-            }),
-        );
+        door_on(Live::fixed(config), slow_ms, started).await
+    }
+
+    /// A door on `127.0.0.1:0` reading `config`, with `/slow`, which answers after `slow_ms`
+    /// (notifying `started` when it begins), and `/fast`; it serves until the returned token is
+    /// cancelled.
+    async fn door_on(
+        config: Live,
+        slow_ms: u64,
+        started: Arc<tokio::sync::Notify>,
+    ) -> (SocketAddr, CancellationToken) {
+        let router = Router::new()
+            .route(
+                "/slow",
+                get(move || async move {
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_millis(slow_ms)).await;
+                    "done"
+                }),
+            )
+            .route("/fast", get(|| async { "fast" }));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let stop = CancellationToken::new();
         let parts = DoorParts {
             router,
             gate: Gate::new(1_000),
-            config: Live::fixed(config),
+            config,
         };
         tokio::spawn(serve(Listener::Tcp(listener), parts, stop.clone()));
         (addr, stop)
@@ -420,6 +432,35 @@ mod tests {
         let text = read_to_close(&mut stream).await;
         assert!(text.starts_with("HTTP/1.1 431"), "{text}");
         stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_full_gate_refuses_with_a_503_and_a_reloaded_cap_applies_to_the_next_connection() {
+        let config =
+            |yaml: &str| Config::parse(yaml, "test.yaml", &Environment::default()).expect("valid");
+        let (publisher, live) = crate::config::channel(config("connections: {max: 1}\n"));
+        let started = Arc::new(tokio::sync::Notify::new());
+        let (addr, stop) = door_on(live, 5_000, Arc::clone(&started)).await;
+        // A request in flight holds the only slot: nothing idle can be closed for a newcomer.
+        let mut busy = TcpStream::connect(addr).await.expect("connect");
+        busy.write_all(b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .expect("send");
+        started.notified().await;
+        let fast = b"GET /fast HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+        let mut refused = TcpStream::connect(addr).await.expect("connect");
+        let _ = refused.write_all(fast).await;
+        let text = read_to_close(&mut refused).await;
+        assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+        assert!(text.contains("too_many_connections"), "{text}");
+        assert!(text.contains("connections.max"), "{text}");
+        publisher.publish(config("connections: {max: 2}\n"));
+        let mut admitted = TcpStream::connect(addr).await.expect("connect");
+        admitted.write_all(fast).await.expect("send");
+        let text = read_to_close(&mut admitted).await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        stop.cancel();
+        drop(busy);
     }
 
     #[tokio::test]
