@@ -242,8 +242,13 @@ impl Connection {
             hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
                 request.extensions_mut().insert(ConnectInfo(info.clone()));
                 let in_flight = InFlight::start(&admission, &activity);
-                let response = hyper::service::Service::call(&tower, request);
+                let response = in_flight
+                    .as_ref()
+                    .map(|_| hyper::service::Service::call(&tower, request));
                 async move {
+                    let (Some(response), Some(in_flight)) = (response, in_flight) else {
+                        return Ok(closing());
+                    };
                     let response = response.await?;
                     Ok::<_, std::convert::Infallible>(response.map(|body| {
                         // The request counts as in flight until its body is written or
@@ -304,15 +309,38 @@ struct InFlight {
 }
 
 impl InFlight {
-    fn start(admission: &Arc<Admission>, activity: &Arc<Activity>) -> Self {
-        // A connection the gate already closed runs its request to no end: the task drops it.
-        let _ = admission.request_started();
+    /// `None` when the gate has already closed the connection to make room: its request must
+    /// not run (the connection is about to be dropped, and a reply could be lost with it).
+    fn start(admission: &Arc<Admission>, activity: &Arc<Activity>) -> Option<Self> {
+        if !admission.request_started() {
+            return None;
+        }
         activity.request_started();
-        Self {
+        Some(Self {
             admission: Arc::clone(admission),
             activity: Arc::clone(activity),
-        }
+        })
     }
+}
+
+/// The answer to a request that arrived on a connection the gate had just closed to make room.
+fn closing() -> hyper::Response<axum::body::Body> {
+    let body = serde_json::json!({
+        "error": "connection_closed",
+        "message": "this connection was closed to make room for another (connections.max) and the request was not run: send it again on a new connection",
+    });
+    let mut response = hyper::Response::new(axum::body::Body::from(body.to_string()));
+    *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 impl Drop for InFlight {
