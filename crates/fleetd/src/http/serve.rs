@@ -110,6 +110,8 @@ pub async fn serve(listener: Listener, parts: DoorParts, stop: CancellationToken
         };
         tokio::spawn(task.run(stream, permit));
     }
+    // New connects are refused from here on, not left waiting in the backlog.
+    drop(listener);
     drop(done_tx);
     // Every connection task holds a sender: this ends when the last one has closed.
     let _ = done_rx.recv().await;
