@@ -564,6 +564,7 @@ pub mod daemon {
     }
 }
 pub mod fake_herdr;
+pub mod flood;
 pub mod recovery;
 pub mod rig;
 pub mod rig_herdr;

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod conn;
 pub mod demo;
 pub mod engine;
 pub mod health;

@@ -194,6 +194,8 @@ fn serve(
         config.listen
     );
     fleetd::logging::init(config.log.format, &config.log.level);
+    // Before any socket: a soft limit of 1024 would stop accepts long before connections.max.
+    fleetd::conn::raise_open_file_limit();
     // Under systemd (Type=notify) READY=1 goes out once the store is open and the listener
     // bound, STOPPING=1 when a signal starts the shutdown.
     let notifier =
@@ -214,8 +216,7 @@ fn serve(
             },
         )?;
         let addr = daemon.config().listen;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
+        let listener = fleetd::conn::listen_tcp(addr)
             .with_context(|| format!("failed to listen on {addr}"))?;
         tracing::info!(listen = %listener.local_addr()?, "fleetd listening");
         let stopping = notifier.clone();

@@ -156,7 +156,9 @@ impl Daemon {
         let fleet = Arc::new(self.fleet(local)?);
         let config = self.config();
         let mcp = crate::mcp::http_service(Arc::clone(&fleet));
-        let shim = crate::shim::listen(&config.state_dir, Arc::clone(&fleet))
+        // One gate for every door: the cap counts connections, whichever socket they came by.
+        let gate = crate::conn::Gate::new(crate::conn::open_files_now().connection_ceiling());
+        let shim = crate::shim::listen(&config.state_dir, Arc::clone(&fleet), Arc::clone(&gate))
             .await
             .context("failed to open the stdio shim's socket")?;
         let operator_path = operator_socket_path(&config.state_dir);
@@ -197,23 +199,24 @@ impl Daemon {
             });
         }
         ready();
-        let (served, served_operator) = tokio::join!(
-            axum::serve(
-                listener,
-                app.clone()
-                    .into_make_service_with_connect_info::<crate::identity::ConnInfo>(),
-            )
-            .with_graceful_shutdown(stop.clone().cancelled_owned()),
-            axum::serve(
-                operator,
-                app.into_make_service_with_connect_info::<crate::identity::ConnInfo>(),
-            )
-            .with_graceful_shutdown(stop.cancelled_owned()),
+        let parts = crate::http::serve::DoorParts {
+            router: app,
+            gate,
+            config: self.live_config(),
+        };
+        tokio::join!(
+            crate::http::serve::serve(
+                crate::http::serve::Listener::Tcp(listener),
+                parts.clone(),
+                stop.clone(),
+            ),
+            crate::http::serve::serve(
+                crate::http::serve::Listener::Operator(operator),
+                parts,
+                stop.clone(),
+            ),
         );
         let _ = std::fs::remove_file(&operator_path);
-        if let Err(e) = served_operator {
-            tracing::warn!(error = %e, "the operator's socket failed");
-        }
         shim.stop();
         let died = died.load(std::sync::atomic::Ordering::Acquire);
         // Members are released (cause `shutdown`) and their notices stored before the store
@@ -224,7 +227,6 @@ impl Daemon {
         // Close the store even when serving failed, so every acknowledged write is flushed and
         // the lock is released before the process exits.
         let closed = store.close().await;
-        served.context("the HTTP server failed")?;
         closed.map_err(|e| anyhow::anyhow!("failed to {e}"))?;
         anyhow::ensure!(
             !died,

@@ -55,8 +55,16 @@ pub fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
 }
 
 /// Binds the shim socket and serves each connection as one MCP session, its caller resolved
-/// on each call from `SO_PEERCRED` exactly as a TCP caller is from its connection.
-pub async fn listen(state_dir: &Path, fleet: Arc<Fleet>) -> std::io::Result<ShimListener> {
+/// on each call from `SO_PEERCRED` exactly as a TCP caller is from its connection. Each session
+/// takes a slot of `gate` for as long as it lasts and is never closed to make room (it is an
+/// agent's one long-lived session, reachable by the daemon's own user only); a connection the
+/// gate refuses reads one JSON-RPC error naming the cap, and is closed. There is no idle or
+/// header timer: the stream is JSON-RPC lines, not HTTP, and an agent may be quiet for hours.
+pub async fn listen(
+    state_dir: &Path,
+    fleet: Arc<Fleet>,
+    gate: Arc<crate::conn::Gate>,
+) -> std::io::Result<ShimListener> {
     crate::state::private_dir(state_dir)?;
     let path = socket_path(state_dir);
     let listener = bind_private(&path)?;
@@ -70,8 +78,32 @@ pub async fn listen(state_dir: &Path, fleet: Arc<Fleet>) -> std::io::Result<Shim
                 }
             };
             let fleet = Arc::clone(&fleet);
+            let gate = Arc::clone(&gate);
             tokio::spawn(async move {
-                let conn = ConnInfo::unix(Door::Shim, stream.peer_cred().ok());
+                let cred = stream.peer_cred().ok();
+                let peer = crate::conn::unix_peer(cred.map(|c| c.uid()));
+                let caps = crate::conn::Caps::of(&fleet.config.current().connections);
+                let admission = match gate.admit(peer, caps) {
+                    Ok(admission) => {
+                        admission.pin();
+                        admission
+                    }
+                    Err(refusal) => {
+                        crate::telemetry::connection_closed(refusal.code());
+                        tracing::warn!(
+                            reason = refusal.code(),
+                            "refusing a stdio shim session: {}",
+                            refusal.message()
+                        );
+                        let line = crate::mcp::refusal_line(refusal.code(), &refusal.message());
+                        let mut stream = stream;
+                        let _ =
+                            tokio::io::AsyncWriteExt::write_all(&mut stream, line.as_bytes()).await;
+                        return;
+                    }
+                };
+                crate::telemetry::connections_open(gate.open());
+                let conn = ConnInfo::unix(Door::Shim, cred);
                 let server = FleetMcp::for_connection(fleet, conn);
                 match server.serve(stream).await {
                     Ok(running) => {
@@ -79,6 +111,8 @@ pub async fn listen(state_dir: &Path, fleet: Arc<Fleet>) -> std::io::Result<Shim
                     }
                     Err(e) => tracing::debug!(error = %e, "shim session ended during start"),
                 }
+                drop(admission);
+                crate::telemetry::connections_open(gate.open());
             });
         }
     });

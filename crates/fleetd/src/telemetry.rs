@@ -11,7 +11,10 @@
 //! - `fleetd_tickets{state}` — tickets the engine holds, by state;
 //! - `fleetd_delivery_seconds` — ticket opened → task typed into the member's pane;
 //! - `fleetd_nudge_seconds` — a nudge decided → typed into the lead's pane;
-//! - `fleetd_store_publish_seconds`, `fleetd_store_ack_seconds` — durable store commits.
+//! - `fleetd_store_publish_seconds`, `fleetd_store_ack_seconds` — durable store commits;
+//! - `fleetd_connections_open` — connections the gate holds, over every door;
+//! - `fleetd_connections_closed_total{reason}` — connections refused (the refusal's code) or
+//!   closed by fleetd (`idle_timeout`, `header_timeout`, `evicted`).
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
@@ -79,7 +82,27 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "histogram",
         "Durable store commit of an acknowledgement",
     ),
+    (
+        "fleetd_connections_open",
+        "gauge",
+        "Connections admitted and open, over every door",
+    ),
+    (
+        "fleetd_connections_closed_total",
+        "counter",
+        "Connections refused (by the refusal's code) or closed by fleetd (idle_timeout, header_timeout, evicted)",
+    ),
 ];
+
+/// Sets the open-connection gauge.
+pub fn connections_open(open: usize) {
+    metrics::gauge!("fleetd_connections_open").set(open as f64);
+}
+
+/// Counts a connection refused or closed by fleetd, by `reason` (a fixed code).
+pub fn connection_closed(reason: &'static str) {
+    metrics::counter!("fleetd_connections_closed_total", "reason" => reason).increment(1);
+}
 
 /// Installs the recorder and describes every family (so a series, once it exists, carries its
 /// help text). Called once at start-up; calling it again is harmless.

@@ -60,6 +60,22 @@ impl McpConn {
         Self::connect(addr, path)
     }
 
+    /// Whether the server has closed this kept-alive connection (or sent something unasked),
+    /// so it must not be reused: what an HTTP client checks before it reuses a pooled
+    /// connection, since a server closes idle ones (fleetd's `connections.idleTimeoutMs`, or to
+    /// make room under `connections.max`).
+    pub fn is_closed(&self) -> bool {
+        if !self.reader.buffer().is_empty() || self.writer.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let mut byte = [0u8; 1];
+        let closed = !matches!(
+            self.writer.peek(&mut byte),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+        );
+        closed || self.writer.set_nonblocking(false).is_err()
+    }
+
     /// The client-side port of the connection (the same for every call on it).
     pub fn local_port(&self) -> anyhow::Result<u16> {
         Ok(self.writer.local_addr()?.port())

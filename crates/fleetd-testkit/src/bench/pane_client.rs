@@ -4,7 +4,8 @@
 //! `FLEETD_URL`). Each call is timed inside the pane process around its keep-alive HTTP
 //! exchange, so the control hop is not counted. Without `CONTROL_ADDR` the client only opens its
 //! MCP session (its presence) and then idles: an idle member. Also [`HerdrFleet`], fake-herdr
-//! plus the built `fleetd` with a lead client in a lead tab. Benchmarks only.
+//! plus the built `fleetd` with a lead client in a lead tab. Benchmarks, and the end-to-end tests
+//! that need members answering at a measured pace (the connection-flood test).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
@@ -73,7 +74,10 @@ fn call(
     url: &str,
     request: &Value,
 ) -> anyhow::Result<(Duration, Value)> {
-    let taken = pool.lock().ok().and_then(|mut p| p.pop());
+    let taken = pool
+        .lock()
+        .ok()
+        .and_then(|mut p| std::iter::from_fn(|| p.pop()).find(|c| !c.is_closed()));
     let mut conn = match taken {
         Some(conn) => conn,
         None => McpConn::connect_url(url)?,
@@ -227,7 +231,8 @@ impl HerdrFleet {
         let socket = home.path().join("herdr.sock");
         let herdr = FakeHerdrProcess::start(&bin_path("fake-herdr"), &socket)?;
         let control = Control::bind()?;
-        let exe = std::env::current_exe()?.display().to_string();
+        // The pane processes run `fleetd-bench pane-client`, also when a test drives the fleet.
+        let exe = crate::bin_path("fleetd-bench").display().to_string();
         let profile = |name: &str, args: &str| {
             format!(
                 "  {name}:\n    agent: custom\n    command: {exe}\n    args: [{args}]\n    env:\n      HERDR_AGENT: claude\n"

@@ -6,6 +6,7 @@ mod bridge;
 mod cli;
 mod client;
 mod config;
+mod conn_limits;
 mod crash;
 mod delivery_herdr;
 mod demo;

@@ -46,6 +46,8 @@ const KEYS: &[(&str, KeyClass)] = &[
     ("delivery", KeyClass::Live),
     // Read by the engine on each submit and question; a reload applies to what comes next.
     ("limits", KeyClass::Live),
+    // Read by every door as a connection arrives; open connections keep their timeouts.
+    ("connections", KeyClass::Live),
     ("profiles", KeyClass::Live),
     ("backends", KeyClass::Live),
     ("secrets", KeyClass::Live),
@@ -119,6 +121,7 @@ impl ConfigDiff {
             ("tickets", old.tickets != new.tickets),
             ("delivery", old.delivery != new.delivery),
             ("limits", old.limits != new.limits),
+            ("connections", old.connections != new.connections),
         ];
         let mut changes: Vec<Change> = flat
             .into_iter()
@@ -325,8 +328,13 @@ mod tests {
         );
         check(
             "",
-            "tickets: {ttlAfterFinishSecs: 5}\ndelivery: {verifyGraceMs: 1}\nlimits: {maxQueuedTasks: 2}\n",
-            &["Live tickets", "Live delivery", "Live limits"],
+            "tickets: {ttlAfterFinishSecs: 5}\ndelivery: {verifyGraceMs: 1}\nlimits: {maxQueuedTasks: 2}\nconnections: {perUid: 3}\n",
+            &[
+                "Live tickets",
+                "Live delivery",
+                "Live limits",
+                "Live connections",
+            ],
         );
     }
 

@@ -2,6 +2,7 @@
 //! the `Config` the daemon runs on, with every default applied. Owns parsing and judging the file;
 //! must not open sockets or stores, and never reads a secret's value.
 
+mod connections;
 mod diff;
 mod live;
 mod raw;
@@ -206,6 +207,8 @@ pub struct Config {
     pub delivery: Delivery,
     /// Per-member caps.
     pub limits: Limits,
+    /// Connection limits of every door.
+    pub connections: Connections,
     /// Member profiles by name.
     pub profiles: BTreeMap<String, Profile>,
     /// Model backends by name.
@@ -323,6 +326,26 @@ pub struct Limits {
     /// Most open questions (`fleet_ask`) of one member; another is refused
     /// (`too_many_questions`).
     pub max_open_questions: u64,
+}
+
+/// `connections:` — what any one connection, and any one local user, may hold of the daemon's
+/// doors (SPEC §9). Read by every door as each connection arrives, so a reload applies to the
+/// connections that come next; established ones keep the timeouts they started with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Connections {
+    /// Most connections open at once, over every door together.
+    pub max: u64,
+    /// Most connections one user other than the daemon's own may hold (peers not on this
+    /// machine, or whose user cannot be found, count as one such user).
+    pub per_uid: u64,
+    /// Connections only the daemon's own user (its leads, members and operator) may take: other
+    /// users together hold at most `max - ownerReserve`.
+    pub owner_reserve: u64,
+    /// How long an HTTP connection may take to send a request head, counted from its first byte.
+    pub header_read_timeout_ms: u64,
+    /// How long an HTTP connection may sit with no request in flight and no byte received.
+    pub idle_timeout_ms: u64,
 }
 
 /// A member profile.

@@ -30,6 +30,7 @@ pub(crate) struct RawConfig {
     pub(crate) tickets: Option<RawTickets>,
     pub(crate) delivery: Option<RawDelivery>,
     pub(crate) limits: Option<RawLimits>,
+    pub(crate) connections: Option<RawConnections>,
     pub(crate) profiles: Option<BTreeMap<String, At<RawProfile>>>,
     pub(crate) backends: Option<BTreeMap<String, At<RawBackend>>>,
     pub(crate) secrets: Option<BTreeMap<String, At<RawSecret>>>,
@@ -118,6 +119,17 @@ pub(crate) struct RawDelivery {
 pub(crate) struct RawLimits {
     pub(crate) max_queued_tasks: Option<At<u64>>,
     pub(crate) max_open_questions: Option<At<u64>>,
+}
+
+/// `connections:` — limits of every door.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawConnections {
+    pub(crate) max: Option<At<u64>>,
+    pub(crate) per_uid: Option<At<u64>>,
+    pub(crate) owner_reserve: Option<At<u64>>,
+    pub(crate) header_read_timeout_ms: Option<At<u64>>,
+    pub(crate) idle_timeout_ms: Option<At<u64>>,
 }
 
 /// One entry of `profiles:`.

@@ -51,6 +51,16 @@ fn empty_file_gives_every_default() {
     assert_eq!(config.delivery.max_inject_bytes, 4_096);
     assert_eq!(config.limits.max_queued_tasks, 64);
     assert_eq!(config.limits.max_open_questions, 16);
+    assert_eq!(
+        config.connections,
+        Connections {
+            max: 2048,
+            per_uid: 64,
+            owner_reserve: 512,
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+        }
+    );
     assert!(!config.config_reload);
     assert_eq!(config.log.level, "info");
     assert_eq!(config.log.format, LogFormat::Human);
@@ -166,6 +176,26 @@ fn semantic_refusals_name_the_key_and_what_to_do() {
         "limits:\n  maxOpenQuestions: 1001\n",
         &["limits.maxOpenQuestions", "1 to 1000", "default 16"],
     );
+    check_refused(
+        "connections:\n  max: 0\n",
+        &["connections.max", "1 to 1000000", "default 2048"],
+    );
+    check_refused(
+        "connections:\n  max: 100\n  perUid: 101\n",
+        &["connections.perUid", "1 to 100"],
+    );
+    check_refused(
+        "connections:\n  max: 100\n  ownerReserve: 101\n",
+        &[
+            "connections.ownerReserve",
+            "more than connections.max (100)",
+        ],
+    );
+    check_refused(
+        "connections:\n  headerReadTimeoutMs: 0\n",
+        &["connections.headerReadTimeoutMs", "out of range"],
+    );
+    check_refused("connections:\n  idleTimeout: 5\n", &["idleTimeout"]);
     check_refused("primary:\n  tab: main\n", &["primary.tab", "not a tab"]);
     check_refused(
         "secrets:\n  t: {env: A, file: /b}\n",
@@ -291,3 +321,15 @@ fn has_path(value: &serde_json::Value, path: &str) -> bool {
 }
 
 mod field_paths;
+
+#[test]
+fn a_small_connection_cap_scales_its_defaults_down() {
+    let config = parse("connections:\n  max: 40\n").expect("valid");
+    assert_eq!(config.connections.max, 40);
+    assert_eq!(config.connections.per_uid, 40, "perUid never above max");
+    assert_eq!(config.connections.owner_reserve, 10, "a quarter of max");
+    let config =
+        parse("connections:\n  max: 40\n  ownerReserve: 40\n  perUid: 3\n").expect("valid");
+    assert_eq!(config.connections.owner_reserve, 40);
+    assert_eq!(config.connections.per_uid, 3);
+}

@@ -48,12 +48,17 @@ const DEFAULT_HEALTH_INTERVAL_SECS: u64 = 30;
 const DEFAULT_MEMBERS_WORKSPACE: &str = "fleet";
 
 /// Collects refusals; the first one is reported (one clear message beats a wall of them).
-struct Judge<'a> {
+pub(super) struct Judge<'a> {
     origin: &'a str,
 }
 
 impl Judge<'_> {
-    fn at<T>(&self, key: &str, spanned: &Spanned<T>, message: impl Into<String>) -> ConfigError {
+    pub(super) fn at<T>(
+        &self,
+        key: &str,
+        spanned: &Spanned<T>,
+        message: impl Into<String>,
+    ) -> ConfigError {
         let loc = spanned.referenced;
         let at = (loc.line() > 0).then(|| Position {
             line: loc.line(),
@@ -155,6 +160,7 @@ pub(super) fn validate(
             )?,
         },
         limits: limits(&judge, raw.limits)?,
+        connections: super::connections::connections(&judge, raw.connections)?,
         profiles,
         backends,
         secrets,
@@ -207,7 +213,7 @@ fn listen(judge: &Judge<'_>, raw: Option<&At<String>>) -> Result<SocketAddr, Con
     })
 }
 
-fn bounded(
+pub(super) fn bounded(
     judge: &Judge<'_>,
     key: &str,
     raw: Option<At<u64>>,

@@ -44,6 +44,27 @@ pub fn own_uid() -> u32 {
     rustix::process::geteuid().as_raw()
 }
 
+/// The user that holds the client side of a TCP connection, when it is on this machine and the
+/// kernel still lists it: the socket's owner, one exact lookup (no process is traced). For the
+/// connection gate, which needs a user before anything else is asked.
+pub async fn tcp_peer_uid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+    if !is_loopback(&peer) {
+        return None;
+    }
+    match tokio::task::spawn_blocking(move || platform::client_socket(peer, local)).await {
+        Ok(Ok(Some(owner))) => Some(owner.uid),
+        Ok(Ok(None)) => None,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "the connection's owner could not be read");
+            None
+        }
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "the owner lookup failed");
+            None
+        }
+    }
+}
+
 /// Why a caller could not be located. Not being in a pane is not an error (see [`Located`]).
 #[derive(Debug, thiserror::Error)]
 pub enum LocateError {

@@ -113,6 +113,17 @@ pub struct FleetMcp {
     fixed_conn: Option<ConnInfo>,
 }
 
+/// A JSON-RPC error line (id `null`: it answers no particular request) for a stdio session the
+/// daemon refuses before any request: what a `fleetd mcp` relay's client reads instead of a hang.
+pub fn refusal_line(code: &str, message: &str) -> String {
+    let error = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": { "code": -32000, "message": format!("{code}: {message}") },
+    });
+    format!("{error}\n")
+}
+
 const INSTRUCTIONS: &str = "fleetd connects a lead agent with member agents in other panes. \
 Leads: fleet_profiles / fleet_spawn to start members, fleet_send to delegate (waits for the reply \
 by default), fleet_poll to read replies and questions, fleet_ack once read, fleet_answer to answer \

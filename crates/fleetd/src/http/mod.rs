@@ -14,21 +14,20 @@
 //! - A presented bearer token that is wrong is refused from anywhere; a peer that is not on
 //!   this machine must present the right one (everything but `/healthz`).
 
+pub mod serve;
+
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use axum::extract::connect_info::Connected;
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::IncomingStream;
 use axum::{Json, Router};
-use fleetd_core::access::{Door, ToolClass, authorize};
+use fleetd_core::access::{ToolClass, authorize};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::net::{TcpListener, UnixListener};
 
 use crate::health::{HealthStatus, Probe};
 use crate::identity::{Caller, ConnInfo, Endpoint};
@@ -39,21 +38,6 @@ use crate::mcp::Fleet;
 struct App {
     health: Probe,
     fleet: Arc<Fleet>,
-}
-
-impl Connected<IncomingStream<'_, TcpListener>> for ConnInfo {
-    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Self {
-        let peer = *stream.remote_addr();
-        let local = stream.io().local_addr().unwrap_or(peer);
-        ConnInfo::new(Door::Tcp, Endpoint::Tcp { peer, local })
-    }
-}
-
-impl Connected<IncomingStream<'_, UnixListener>> for ConnInfo {
-    /// The operator's socket: the kernel's word on who connected (`SO_PEERCRED`).
-    fn connect_info(stream: IncomingStream<'_, UnixListener>) -> Self {
-        ConnInfo::unix(Door::Operator, stream.io().peer_cred().ok())
-    }
 }
 
 /// The router for every endpoint; `mcp` is the MCP service mounted at `/mcp`, `health` what
