@@ -10,6 +10,24 @@ pub(crate) const SHELLS: &[&str] = &[
     "sh", "bash", "dash", "zsh", "fish", "ksh", "mksh", "csh", "tcsh", "nu", "elvish", "xonsh",
 ];
 
+/// Lines that mean an agent is waiting on a dialog, from herdr's own detection manifests (v0.8.2
+/// src/detect/manifests/: claude.toml:140-192, codex.toml:45-56, and the gemini, opencode,
+/// cursor and amp manifests), lower-cased. Only the strong ones: a bare `[y/n]` in output is
+/// too common to mean a dialog.
+const DIALOG_LINES: &[&str] = &[
+    "do you want to proceed?",
+    "waiting for permission",
+    "do you want to allow this connection?",
+    "press enter to confirm or esc to cancel",
+    "enter to submit answer",
+    "allow command?",
+    "│ apply this change",
+    "│ allow execution",
+    "△ permission required",
+    "run this command?",
+    "waiting for approval",
+];
+
 /// A braille spinner (U+2800–U+28FF) leading the title: Claude Code's "working".
 pub(crate) fn has_spinner(title: &str) -> bool {
     title
@@ -43,7 +61,7 @@ pub fn derive_status(
             .collect();
         let has = |n: &str| bottom.iter().any(|l| l.contains(n));
         (has("esc to cancel") && (has("enter to confirm") || has("enter to select")))
-            || has("do you want to proceed?")
+            || DIALOG_LINES.iter().any(|n| has(n))
     });
     (
         agent,
@@ -76,6 +94,24 @@ mod tests {
         assert_eq!(
             derive_status("claude", "node", Some("Do you want to proceed?\n❯ 1. Yes")).1,
             AgentStatus::Blocked
+        );
+        for dialog in [
+            "Allow command?\n  rm -rf build",
+            "  Press enter to confirm or esc to cancel",
+            "△ Permission required\n  edit src/main.rs",
+            "Waiting for approval...",
+        ] {
+            assert_eq!(
+                derive_status("agent", "node", Some(dialog)).1,
+                AgentStatus::Blocked,
+                "{dialog}"
+            );
+        }
+        // The same words far above the bottom lines are history, not a dialog.
+        let scrolled = format!("Allow command?\n{}❯ ", "output\n".repeat(8));
+        assert_eq!(
+            derive_status("agent", "node", Some(&scrolled)).1,
+            AgentStatus::Idle
         );
     }
 }
