@@ -127,6 +127,11 @@ impl Effects {
                         %target, %ticket, error = %e,
                         "typing a task may have typed it; its status decides, it is not typed again"
                     ),
+                    // A dialog came up since the status reading: it waits, it is no failure.
+                    Err(e) if e.is_busy() => tracing::debug!(
+                        %target, %ticket, error = %e,
+                        "the member is busy after all; the task waits for it"
+                    ),
                     Err(e) => tracing::warn!(%target, %ticket, error = %e, "typing a task failed"),
                 }
                 self.report(typed(target, ticket, &result, started)).await;
