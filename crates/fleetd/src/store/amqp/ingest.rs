@@ -1,0 +1,257 @@
+//! The AMQP backend's ingest: declaring a target's queues (and migrating a queue an older fleetd
+//! declared), then moving what waits in it into the local inbox — commit locally, then ack —
+//! on a channel of its own that is closed when done, so no delivery outlives the call.
+//! Undecodable messages are rejected into the dead-letter queue. Knows lapin's channel calls;
+//! connection handling lives in `session`.
+//!
+//! Migration. A queue declared by fleetd before the delivery limit existed has different
+//! arguments, so declaring it again fails with PRECONDITION_FAILED, and arguments cannot be
+//! changed in place. So: ingest every message of the old queue, delete it, declare it anew.
+//! Quorum queues refuse `queue.delete` with `if_empty` (RabbitMQ 3.10 answers NOT_IMPLEMENTED
+//! and closes the connection), so the delete is unconditional; it runs under the target's lock,
+//! which fleetd's own publishes to the target wait for, right after the ingest found the queue
+//! empty. Only a publisher outside this daemon could slip a message in between; the delete's
+//! count says so, and it is logged as an error.
+
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicRejectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, message::Delivery};
+
+use fleetd_core::{Message, Target};
+
+use super::session::{Failure, Session, declare, is_precondition_failed};
+use super::{Inner, queue_name};
+use crate::store::{PublishOutcome, StoreError};
+
+/// Most deliveries one ingest step pulls before it commits them (in one local transaction) and
+/// acks them. Bounds the memory of a step together with [`INGEST_BATCH_BYTES`].
+const INGEST_BATCH: usize = 64;
+
+/// Most message bytes one ingest step holds (messages are up to `maxMessageBytes` each).
+const INGEST_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// Whether `target`'s inbox queue exists on the broker (a passive declare on a channel of its
+/// own: a missing queue closes that channel, nothing else).
+pub(super) async fn exists(session: &Session, target: &Target) -> Result<bool, Failure> {
+    let channel = session.connection.create_channel().await?;
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let found = match channel
+        .queue_declare(queue_name(target).into(), options, FieldTable::default())
+        .await
+    {
+        Ok(_) => true,
+        Err(err) if super::session::is_not_found(&err) => return Ok(false),
+        Err(err) => return Err(err.into()),
+    };
+    close(&channel).await;
+    Ok(found)
+}
+
+/// Closes a channel the ingest opened. Closing returns every delivery it still holds to the
+/// queue; a channel the broker closed already needs nothing.
+async fn close(channel: &Channel) {
+    if channel.status().connected() {
+        if let Err(err) = channel.close(200, "ingest done".into()).await {
+            tracing::debug!(error = %err, "closing an ingest channel failed");
+        }
+    }
+}
+
+/// Why a delivery goes to the dead-letter queue, as the metric's `reason` label.
+#[derive(Debug, Clone, Copy)]
+enum Poison {
+    /// Not JSON of a fleetd message.
+    Undecodable,
+    /// A fleetd message for another target.
+    WrongTarget,
+    /// A fleetd message that breaks this daemon's limits.
+    Refused,
+}
+
+impl Poison {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Undecodable => "undecodable",
+            Self::WrongTarget => "wrong_target",
+            Self::Refused => "refused",
+        }
+    }
+}
+
+impl Inner {
+    /// Declares (or migrates) `target`'s queues if this session has not, then moves every
+    /// message waiting in its inbox queue into the local inbox. Returns how many were new.
+    pub(super) async fn ingest(&self, session: &Session, target: &Target) -> Result<u64, Failure> {
+        let lock = self.lock(target);
+        let _held = lock.lock().await;
+        self.ensure(session, target).await?;
+        let channel = session.connection.create_channel().await?;
+        let result = self.pull(&channel, target).await;
+        close(&channel).await;
+        result
+    }
+
+    /// Declares `target`'s queues once per session, migrating an old inbox queue. The caller
+    /// holds the target's lock.
+    pub(super) async fn ensure(&self, session: &Session, target: &Target) -> Result<(), Failure> {
+        if session.is_ready(target) {
+            return Ok(());
+        }
+        let channel = session.connection.create_channel().await?;
+        let declared = declare(&channel, target).await;
+        close(&channel).await;
+        match declared {
+            Ok(()) => {}
+            Err(err) if is_precondition_failed(&err) => self.migrate(session, target).await?,
+            Err(err) => return Err(err.into()),
+        }
+        session.set_ready(target, true);
+        Ok(())
+    }
+
+    /// Moves every message of an old-style inbox queue into the local inbox, deletes the queue
+    /// and declares it again with the current arguments (see the module docs).
+    async fn migrate(&self, session: &Session, target: &Target) -> Result<(), Failure> {
+        let queue = queue_name(target);
+        tracing::info!(
+            %queue,
+            "the queue was declared by an older fleetd (no delivery limit or dead-letter queue); moving its messages into the local inbox and declaring it again"
+        );
+        let channel = session.connection.create_channel().await?;
+        let result = async {
+            let moved = self.pull(&channel, target).await?;
+            let deleted = channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await?;
+            if deleted > 0 {
+                tracing::error!(
+                    %queue,
+                    deleted,
+                    "messages arrived in the old queue between its last read and its deletion and were deleted with it: a publisher outside this fleetd uses the queue"
+                );
+            }
+            declare(&channel, target).await?;
+            Ok::<_, Failure>(moved)
+        }
+        .await;
+        close(&channel).await;
+        let moved = result?;
+        tracing::info!(%queue, moved, "queue migrated: it now has a delivery limit and a dead-letter queue");
+        Ok(())
+    }
+
+    /// Pulls every message waiting in `target`'s inbox queue on `channel`, a step at a time:
+    /// up to [`INGEST_BATCH`] deliveries, committed to the local inbox in one go (in msgId
+    /// order), then acked; poison is rejected into the dead-letter queue. A delivery whose
+    /// commit failed stays unacked, and the caller's closing of the channel returns it.
+    async fn pull(&self, channel: &Channel, target: &Target) -> Result<u64, Failure> {
+        if let Some(err) = self.local.write_failure() {
+            // Pulling now would only return the deliveries, each return counting toward the
+            // delivery limit: leave them on the broker until the local file takes writes.
+            return Err(Failure::Fatal(err));
+        }
+        let queue = queue_name(target);
+        let mut fresh = 0;
+        loop {
+            let mut batch: Vec<Delivery> = Vec::new();
+            let mut bytes = 0;
+            while batch.len() < INGEST_BATCH && bytes < INGEST_BATCH_BYTES {
+                let got = channel
+                    .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
+                    .await?;
+                let Some(got) = got else { break };
+                bytes += got.delivery.data.len();
+                batch.push(got.delivery);
+            }
+            let full = batch.len() == INGEST_BATCH || bytes >= INGEST_BATCH_BYTES;
+            fresh += self.settle(channel, target, batch).await?;
+            if !full {
+                return Ok(fresh);
+            }
+        }
+    }
+
+    /// Commits one step's deliveries locally and acks them on the broker.
+    async fn settle(
+        &self,
+        channel: &Channel,
+        target: &Target,
+        batch: Vec<Delivery>,
+    ) -> Result<u64, Failure> {
+        let mut good: Vec<(u64, Message)> = Vec::with_capacity(batch.len());
+        for delivery in batch {
+            match serde_json::from_slice::<Message>(&delivery.data) {
+                Ok(message) if message.target == *target => {
+                    good.push((delivery.delivery_tag, message));
+                }
+                Ok(_) => self.dead_letter(channel, target, &delivery, Poison::WrongTarget).await?,
+                Err(_) => self.dead_letter(channel, target, &delivery, Poison::Undecodable).await?,
+            }
+        }
+        // Requeued messages may come back after newer ones: commit each step in msgId order.
+        good.sort_by_key(|(_, message)| message.msg_id);
+        let (tags, messages): (Vec<u64>, Vec<Message>) = good.into_iter().unzip();
+        let outcomes = self.local.publish_all(messages).await;
+        let mut fresh = 0;
+        let mut failed: Option<StoreError> = None;
+        for (tag, outcome) in tags.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(outcome) => {
+                    fresh += u64::from(outcome == PublishOutcome::Stored);
+                    channel.basic_ack(tag, BasicAckOptions::default()).await?;
+                }
+                Err(StoreError::Refused(_)) => {
+                    self.reject(channel, target, tag, 0, Poison::Refused).await?;
+                }
+                Err(err) => {
+                    failed.get_or_insert(err);
+                }
+            }
+        }
+        match failed {
+            Some(err) => Err(Failure::Fatal(err)),
+            None => Ok(fresh),
+        }
+    }
+
+    async fn dead_letter(
+        &self,
+        channel: &Channel,
+        target: &Target,
+        delivery: &Delivery,
+        why: Poison,
+    ) -> Result<(), Failure> {
+        self.reject(channel, target, delivery.delivery_tag, delivery.data.len(), why)
+            .await
+    }
+
+    /// Rejects one delivery without requeueing it: the broker moves it to the target's
+    /// dead-letter queue. Logged without its body.
+    async fn reject(
+        &self,
+        channel: &Channel,
+        target: &Target,
+        tag: u64,
+        bytes: usize,
+        why: Poison,
+    ) -> Result<(), Failure> {
+        channel
+            .basic_reject(tag, BasicRejectOptions { requeue: false })
+            .await?;
+        metrics::counter!("fleetd_amqp_dead_lettered_total", "reason" => why.as_str())
+            .increment(1);
+        tracing::warn!(
+            queue = %queue_name(target),
+            dead_letter_queue = %super::dead_letter_queue_name(target),
+            reason = why.as_str(),
+            bytes,
+            "a message in the inbox queue is not a fleetd message this daemon can take; moved to the dead-letter queue"
+        );
+        Ok(())
+    }
+}
