@@ -55,10 +55,10 @@ pub(super) async fn exists(session: &Session, target: &Target) -> Result<bool, F
 /// Closes a channel the ingest opened. Closing returns every delivery it still holds to the
 /// queue; a channel the broker closed already needs nothing.
 async fn close(channel: &Channel) {
-    if channel.status().connected() {
-        if let Err(err) = channel.close(200, "ingest done".into()).await {
-            tracing::debug!(error = %err, "closing an ingest channel failed");
-        }
+    if channel.status().connected()
+        && let Err(err) = channel.close(200, "ingest done".into()).await
+    {
+        tracing::debug!(error = %err, "closing an ingest channel failed");
     }
 }
 
@@ -189,8 +189,14 @@ impl Inner {
                 Ok(message) if message.target == *target => {
                     good.push((delivery.delivery_tag, message));
                 }
-                Ok(_) => self.dead_letter(channel, target, &delivery, Poison::WrongTarget).await?,
-                Err(_) => self.dead_letter(channel, target, &delivery, Poison::Undecodable).await?,
+                Ok(_) => {
+                    self.dead_letter(channel, target, &delivery, Poison::WrongTarget)
+                        .await?
+                }
+                Err(_) => {
+                    self.dead_letter(channel, target, &delivery, Poison::Undecodable)
+                        .await?
+                }
             }
         }
         // Requeued messages may come back after newer ones: commit each step in msgId order.
@@ -206,7 +212,8 @@ impl Inner {
                     channel.basic_ack(tag, BasicAckOptions::default()).await?;
                 }
                 Err(StoreError::Refused(_)) => {
-                    self.reject(channel, target, tag, 0, Poison::Refused).await?;
+                    self.reject(channel, target, tag, 0, Poison::Refused)
+                        .await?;
                 }
                 Err(err) => {
                     failed.get_or_insert(err);
@@ -226,8 +233,14 @@ impl Inner {
         delivery: &Delivery,
         why: Poison,
     ) -> Result<(), Failure> {
-        self.reject(channel, target, delivery.delivery_tag, delivery.data.len(), why)
-            .await
+        self.reject(
+            channel,
+            target,
+            delivery.delivery_tag,
+            delivery.data.len(),
+            why,
+        )
+        .await
     }
 
     /// Rejects one delivery without requeueing it: the broker moves it to the target's
@@ -243,8 +256,7 @@ impl Inner {
         channel
             .basic_reject(tag, BasicRejectOptions { requeue: false })
             .await?;
-        metrics::counter!("fleetd_amqp_dead_lettered_total", "reason" => why.as_str())
-            .increment(1);
+        metrics::counter!("fleetd_amqp_dead_lettered_total", "reason" => why.as_str()).increment(1);
         tracing::warn!(
             queue = %queue_name(target),
             dead_letter_queue = %super::dead_letter_queue_name(target),

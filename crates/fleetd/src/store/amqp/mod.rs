@@ -240,7 +240,10 @@ impl Inner {
         Ok(())
     }
 
-    async fn publish_message(self: &Arc<Self>, message: Message) -> Result<PublishOutcome, StoreError> {
+    async fn publish_message(
+        self: &Arc<Self>,
+        message: Message,
+    ) -> Result<PublishOutcome, StoreError> {
         message.check(&self.limits)?;
         let id = message.msg_id;
         if !guard(&self.in_flight).insert(id) {
@@ -251,7 +254,10 @@ impl Inner {
         outcome
     }
 
-    async fn publish_new(self: &Arc<Self>, message: &Message) -> Result<PublishOutcome, StoreError> {
+    async fn publish_new(
+        self: &Arc<Self>,
+        message: &Message,
+    ) -> Result<PublishOutcome, StoreError> {
         if self.local.knows(message.msg_id).await? {
             return Ok(PublishOutcome::Duplicate);
         }
@@ -437,10 +443,11 @@ impl InboxStore for AmqpStore {
             for lock in locks {
                 drop(lock.lock().await);
             }
-            if let Some(session) = self.inner.session.lock().await.take() {
-                if let Err(err) = session.connection.close(200, "fleetd closing".into()).await {
-                    tracing::debug!(error = %err, "closing the AMQP connection failed");
-                }
+            let session = self.inner.session.lock().await.take();
+            if let Some(session) = session
+                && let Err(err) = session.connection.close(200, "fleetd closing".into()).await
+            {
+                tracing::debug!(error = %err, "closing the AMQP connection failed");
             }
             self.inner.local.close().await
         })

@@ -174,7 +174,10 @@ impl Session {
 pub(super) fn inbox_arguments(target: &Target) -> FieldTable {
     let mut args = quorum();
     let text = |value: &str| AMQPValue::LongString(value.into());
-    args.insert("x-delivery-limit".into(), AMQPValue::LongInt(DELIVERY_LIMIT));
+    args.insert(
+        "x-delivery-limit".into(),
+        AMQPValue::LongInt(DELIVERY_LIMIT),
+    );
     args.insert("x-dead-letter-exchange".into(), text(""));
     args.insert(
         "x-dead-letter-routing-key".into(),

@@ -132,7 +132,9 @@ impl SqliteStore {
         &self,
         messages: Vec<Message>,
     ) -> Vec<Result<PublishOutcome, StoreError>> {
-        let ops = guard(&self.writer).as_ref().map(|writer| writer.ops.clone());
+        let ops = guard(&self.writer)
+            .as_ref()
+            .map(|writer| writer.ops.clone());
         let mut answers = Vec::with_capacity(messages.len());
         for message in messages {
             let Some(ops) = ops.as_ref() else {
