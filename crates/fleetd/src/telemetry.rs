@@ -11,7 +11,9 @@
 //! - `fleetd_tickets{state}` — tickets the engine holds, by state;
 //! - `fleetd_delivery_seconds` — ticket opened → task typed into the member's pane;
 //! - `fleetd_nudge_seconds` — a nudge decided → typed into the lead's pane;
-//! - `fleetd_store_publish_seconds`, `fleetd_store_ack_seconds` — durable store commits.
+//! - `fleetd_store_publish_seconds`, `fleetd_store_ack_seconds` — durable store commits;
+//! - `fleetd_amqp_dead_lettered_total{reason}` — messages the AMQP inbox moved to a dead-letter
+//!   queue because it could not take them: `undecodable`, `wrong_target`, `refused`.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
@@ -78,6 +80,11 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "fleetd_store_ack_seconds",
         "histogram",
         "Durable store commit of an acknowledgement",
+    ),
+    (
+        "fleetd_amqp_dead_lettered_total",
+        "counter",
+        "Messages the AMQP inbox rejected into a dead-letter queue (agent.<target>.dead), by reason",
     ),
 ];
 
