@@ -701,7 +701,19 @@ async fn amqp_store_reconnects_without_losing_or_doubling_messages() {
     // Read three, then lose the connection under the reader.
     assert_eq!(store.peek(&target, 3).await.expect("peek"), first[..3]);
     proxy.cut();
-    // With the broker gone, the local inbox still answers at once.
+    // With the broker gone, health says so and the local inbox still answers.
+    let mut health = Ok(());
+    for _ in 0..100 {
+        health = store.health().await;
+        if health.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    match health {
+        Err(StoreError::Unavailable(why)) => assert!(!why.is_empty()),
+        other => panic!("health with the broker cut: {other:?}"),
+    }
     assert_eq!(store.peek(&target, 3).await.expect("peek"), first[..3]);
     assert_eq!(store.depth(&target).await.expect("depth"), 5);
     let reopen = Arc::clone(&proxy);

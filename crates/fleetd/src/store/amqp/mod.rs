@@ -300,7 +300,11 @@ impl Inner {
     /// when the broker is connected, never waiting for a reconnect, and for at most
     /// [`READ_INGEST_WAIT`].
     async fn refresh(self: &Arc<Self>, target: &Target) {
-        let live = self.session.lock().await.clone().filter(|s| s.alive());
+        // A connect in progress holds the slot (up to its timeout): do not wait for it.
+        let live = match self.session.try_lock() {
+            Ok(slot) => slot.clone().filter(|s| s.alive()),
+            Err(_) => None,
+        };
         let Some(session) = live else { return };
         let (inner, target) = (Arc::clone(self), target.clone());
         let task = tokio::spawn(async move {

@@ -113,7 +113,7 @@ impl Backoff {
     pub(super) async fn pause(&mut self, op: &str, why: &str) -> Result<(), StoreError> {
         if self.spent >= RECONNECT_DEADLINE {
             return Err(StoreError::Unavailable(format!(
-                "{op}: still failing after {}s of reconnecting ({why})",
+                "{op}: still failing after {}s of reconnecting ({why}); check that the broker store.url names is running and reachable",
                 RECONNECT_DEADLINE.as_secs()
             )));
         }
