@@ -19,7 +19,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{Channel, message::Delivery};
 
-use fleetd_core::{Message, Target};
+use fleetd_core::{Message, MsgId, Target};
 
 use super::session::{Failure, Session, declare, is_precondition_failed};
 use super::{Inner, queue_name};
@@ -62,6 +62,28 @@ async fn close(channel: &Channel) {
     }
 }
 
+/// What an ingest is for, which says when another one running for the same target will do.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Need {
+    /// Everything waiting now (at start, the sweep): wait for a running ingest, then run.
+    All,
+    /// A message just confirmed (a publish): wait for a running ingest; if that took the
+    /// message in, there is nothing left to do. So concurrent publishers share ingests.
+    Message(MsgId),
+    /// Whatever waits (before a read): if an ingest is running it takes that in, so skip. A
+    /// reader needs no more: publishes from this daemon are taken in before they return.
+    IfIdle,
+}
+
+/// When [`Inner::pull`] stops.
+#[derive(Debug, Clone, Copy)]
+enum Until {
+    /// When a delivery says it was the last ready message.
+    Seen,
+    /// At `get-empty`.
+    Empty,
+}
+
 /// Why a delivery goes to the dead-letter queue, as the metric's `reason` label.
 #[derive(Debug, Clone, Copy)]
 enum Poison {
@@ -86,12 +108,37 @@ impl Poison {
 impl Inner {
     /// Declares (or migrates) `target`'s queues if this session has not, then moves every
     /// message waiting in its inbox queue into the local inbox. Returns how many were new.
-    pub(super) async fn ingest(&self, session: &Session, target: &Target) -> Result<u64, Failure> {
+    /// `need` says when a concurrent ingest of the same target makes this one unnecessary.
+    pub(super) async fn ingest(
+        &self,
+        session: &Session,
+        target: &Target,
+        need: Need,
+    ) -> Result<u64, Failure> {
         let lock = self.lock(target);
-        let _held = lock.lock().await;
+        let _held = match need {
+            Need::IfIdle => match lock.try_lock() {
+                Ok(held) => held,
+                Err(_) => return Ok(0),
+            },
+            Need::All | Need::Message(_) => lock.lock().await,
+        };
+        if let Need::Message(id) = need
+            && self.local.knows(id).await.map_err(Failure::Fatal)?
+        {
+            return Ok(0);
+        }
         self.ensure(session, target).await?;
         let channel = session.connection.create_channel().await?;
-        let result = self.pull(&channel, target).await;
+        let result = match need {
+            // Just confirmed: it is there, no need to look first.
+            Need::Message(_) => self.pull(&channel, target, Until::Seen).await,
+            Need::All | Need::IfIdle => match self.waiting(session, &channel, target).await {
+                Ok(0) => Ok(0),
+                Ok(_) => self.pull(&channel, target, Until::Seen).await,
+                Err(failure) => Err(failure),
+            },
+        };
         close(&channel).await;
         result
     }
@@ -124,7 +171,7 @@ impl Inner {
         );
         let channel = session.connection.create_channel().await?;
         let result = async {
-            let moved = self.pull(&channel, target).await?;
+            let moved = self.pull(&channel, target, Until::Empty).await?;
             let deleted = channel
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await?;
@@ -149,7 +196,11 @@ impl Inner {
     /// up to [`INGEST_BATCH`] deliveries, committed to the local inbox in one go (in msgId
     /// order), then acked; poison is rejected into the dead-letter queue. A delivery whose
     /// commit failed stays unacked, and the caller's closing of the channel returns it.
-    async fn pull(&self, channel: &Channel, target: &Target) -> Result<u64, Failure> {
+    ///
+    /// On a quorum queue every `basic.get` is a replicated, fsynced command, an empty one too.
+    /// So `until` says when to stop: when a `get-ok` says no message is left (`Seen`), or only
+    /// at a `get-empty` (`Empty`, for a migration, which deletes the queue next).
+    async fn pull(&self, channel: &Channel, target: &Target, until: Until) -> Result<u64, Failure> {
         if let Some(err) = self.local.write_failure() {
             // Pulling now would only return the deliveries, each return counting toward the
             // delivery limit: leave them on the broker until the local file takes writes.
@@ -159,20 +210,52 @@ impl Inner {
         let mut fresh = 0;
         loop {
             let mut batch: Vec<Delivery> = Vec::new();
-            let mut bytes = 0;
+            let (mut bytes, mut last) = (0, false);
             while batch.len() < INGEST_BATCH && bytes < INGEST_BATCH_BYTES {
                 let got = channel
                     .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
                     .await?;
-                let Some(got) = got else { break };
+                let Some(got) = got else {
+                    last = true;
+                    break;
+                };
                 bytes += got.delivery.data.len();
                 batch.push(got.delivery);
+                if matches!(until, Until::Seen) && got.message_count == 0 {
+                    last = true;
+                    break;
+                }
             }
-            let full = batch.len() == INGEST_BATCH || bytes >= INGEST_BATCH_BYTES;
             fresh += self.settle(channel, target, batch).await?;
-            if !full {
+            if last {
                 return Ok(fresh);
             }
+        }
+    }
+
+    /// How many messages wait ready in `target`'s inbox queue (a passive declare, which the
+    /// broker answers from the queue's state without a replicated command). A queue deleted
+    /// under this session is declared again by the next ingest.
+    async fn waiting(
+        &self,
+        session: &Session,
+        channel: &Channel,
+        target: &Target,
+    ) -> Result<u32, Failure> {
+        let options = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        match channel
+            .queue_declare(queue_name(target).into(), options, FieldTable::default())
+            .await
+        {
+            Ok(queue) => Ok(queue.message_count()),
+            Err(err) if super::session::is_not_found(&err) => {
+                session.set_ready(target, false);
+                Ok(0)
+            }
+            Err(err) => Err(err.into()),
         }
     }
 

@@ -41,6 +41,7 @@ use super::{
     InboxStore, Page, PageRequest, PublishOutcome, StateOp, StateRecord, StateStore, StoreError,
     StoreFuture, StoreOptions,
 };
+use ingest::Need;
 use session::{Backoff, Failure, Session, publish_once};
 
 /// How often every known queue is ingested even when nobody reads or publishes: picks up what
@@ -158,7 +159,7 @@ impl AmqpStore {
         for target in &known {
             // What waited on the broker (a reply confirmed just before a crash) is in the local
             // inbox before the engine first reads the depths.
-            Inner::ingest_logged(&inner, target).await;
+            Inner::ingest_logged(&inner, target, Need::All).await;
         }
         let sweeper = tokio::spawn(sweep(Arc::downgrade(&inner))).abort_handle();
         Ok(Self { inner, sweeper })
@@ -184,7 +185,7 @@ async fn sweep(inner: Weak<Inner>) {
         }
         let targets: Vec<Target> = guard(&inner.known).iter().cloned().collect();
         for target in targets {
-            Inner::ingest_logged(&inner, &target).await;
+            Inner::ingest_logged(&inner, &target, Need::All).await;
         }
     }
 }
@@ -292,7 +293,7 @@ impl Inner {
         }
         // Confirmed: the message is durable on the broker. Move it into the local inbox before
         // answering, so whoever is told about it next finds it there.
-        Self::ingest_logged(self, target).await;
+        Self::ingest_logged(self, target, Need::Message(message.msg_id)).await;
         Ok(PublishOutcome::Stored)
     }
 
@@ -317,7 +318,7 @@ impl Inner {
                     Err(failure) => return Err(failure),
                 }
             }
-            inner.ingest(&session, &target).await
+            inner.ingest(&session, &target, Need::IfIdle).await
         });
         match tokio::time::timeout(READ_INGEST_WAIT, task).await {
             Ok(Ok(Ok(_))) => {}
@@ -334,11 +335,11 @@ impl Inner {
 
     /// Ingests `target`'s queue on the current session in a task of its own; failures are
     /// logged (what stays on the broker is taken by a later ingest).
-    async fn ingest_logged(this: &Arc<Self>, target: &Target) {
+    async fn ingest_logged(this: &Arc<Self>, target: &Target, need: Need) {
         let (inner, owned) = (Arc::clone(this), target.clone());
         let task = tokio::spawn(async move {
             let session = inner.session().await?;
-            let result = inner.ingest(&session, &owned).await;
+            let result = inner.ingest(&session, &owned, need).await;
             if matches!(result, Err(Failure::Transient(_))) {
                 inner.invalidate(&session).await;
             }
