@@ -165,7 +165,7 @@ async fn amqp_store_migrates_queues_an_older_fleetd_declared_without_loss() {
     let conn = connect(RABBITMQ_URL).await;
     let publisher = raw_publisher(&conn).await;
     // What an older fleetd left: quorum queues without a limit, with replies waiting, one of
-    // them published twice (a retry after a lost confirm).
+    // them published twice (a retry after a lost confirm), and something that is no reply.
     let mut waiting = Vec::new();
     for target in [&reader, &writer] {
         let queue = AmqpStore::queue_name(target);
@@ -189,6 +189,7 @@ async fn amqp_store_migrates_queues_an_older_fleetd_declared_without_loss() {
             &serde_json::to_vec(&replies[0]).expect("json"),
         )
         .await;
+        publish_raw(&publisher, &queue, b"not a reply").await;
         waiting.push(replies);
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -220,6 +221,9 @@ async fn amqp_store_migrates_queues_an_older_fleetd_declared_without_loss() {
             .await
             .expect_err("the old arguments no longer match");
         assert!(is_precondition_failed(&old), "{old}");
+        // The old queue had no dead-letter exchange: the poison was parked, not destroyed.
+        let dead = AmqpStore::dead_letter_queue_name(target);
+        assert_eq!(ready(&conn, &dead).await, 1, "{dead}");
     }
     // A restarted daemon declares the migrated queues without migrating again or doubling.
     store.close().await.expect("close");

@@ -14,7 +14,8 @@
 //! count says so, and it is logged as an error.
 
 use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicRejectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, message::Delivery};
@@ -75,13 +76,17 @@ pub(super) enum Need {
     IfIdle,
 }
 
-/// When [`Inner::pull`] stops.
-#[derive(Debug, Clone, Copy)]
-enum Until {
-    /// When a delivery says it was the last ready message.
-    Seen,
-    /// At `get-empty`.
-    Empty,
+/// The kind of inbox queue [`Inner::pull`] empties, which says when it stops and where poison
+/// goes.
+#[derive(Clone, Copy)]
+enum Queue<'c> {
+    /// Declared with a dead-letter exchange. The pull stops when a delivery says it was the
+    /// last ready message.
+    Current,
+    /// Declared by an older fleetd, without one, and about to be deleted: the pull stops only
+    /// at `get-empty`, and poison is copied to the dead-letter queue through `publisher` (a
+    /// confirm-mode channel).
+    Old { publisher: &'c Channel },
 }
 
 /// Why a delivery goes to the dead-letter queue, as the metric's `reason` label.
@@ -132,10 +137,10 @@ impl Inner {
         let channel = session.connection.create_channel().await?;
         let result = match need {
             // Just confirmed: it is there, no need to look first.
-            Need::Message(_) => self.pull(&channel, target, Until::Seen).await,
+            Need::Message(_) => self.pull(&channel, target, Queue::Current).await,
             Need::All | Need::IfIdle => match self.waiting(session, &channel, target).await {
                 Ok(0) => Ok(0),
-                Ok(_) => self.pull(&channel, target, Until::Seen).await,
+                Ok(_) => self.pull(&channel, target, Queue::Current).await,
                 Err(failure) => Err(failure),
             },
         };
@@ -171,7 +176,10 @@ impl Inner {
         );
         let channel = session.connection.create_channel().await?;
         let result = async {
-            let moved = self.pull(&channel, target, Until::Empty).await?;
+            let old = Queue::Old {
+                publisher: &session.publisher,
+            };
+            let moved = self.pull(&channel, target, old).await?;
             let deleted = channel
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await?;
@@ -197,23 +205,28 @@ impl Inner {
     /// order), then acked; poison is rejected into the dead-letter queue. A delivery whose
     /// commit failed stays unacked, and the caller's closing of the channel returns it.
     ///
-    /// On a quorum queue every `basic.get` is a replicated, fsynced command, an empty one too.
-    /// So `until` says when to stop: when a `get-ok` says no message is left (`Seen`), or only
-    /// at a `get-empty` (`Empty`, for a migration, which deletes the queue next).
-    async fn pull(&self, channel: &Channel, target: &Target, until: Until) -> Result<u64, Failure> {
+    /// On a quorum queue every `basic.get` is a replicated, fsynced command, an empty one too:
+    /// so a current queue's pull stops when a `get-ok` says no message is left. An old queue's
+    /// (a migration, which deletes the queue next) goes on to `get-empty`.
+    async fn pull(
+        &self,
+        channel: &Channel,
+        target: &Target,
+        queue: Queue<'_>,
+    ) -> Result<u64, Failure> {
         if let Some(err) = self.local.write_failure() {
             // Pulling now would only return the deliveries, each return counting toward the
             // delivery limit: leave them on the broker until the local file takes writes.
             return Err(Failure::Fatal(err));
         }
-        let queue = queue_name(target);
+        let name = queue_name(target);
         let mut fresh = 0;
         loop {
             let mut batch: Vec<Delivery> = Vec::new();
             let (mut bytes, mut last) = (0, false);
             while batch.len() < INGEST_BATCH && bytes < INGEST_BATCH_BYTES {
                 let got = channel
-                    .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
+                    .basic_get(name.as_str().into(), BasicGetOptions { no_ack: false })
                     .await?;
                 let Some(got) = got else {
                     last = true;
@@ -221,12 +234,12 @@ impl Inner {
                 };
                 bytes += got.delivery.data.len();
                 batch.push(got.delivery);
-                if matches!(until, Until::Seen) && got.message_count == 0 {
+                if matches!(queue, Queue::Current) && got.message_count == 0 {
                     last = true;
                     break;
                 }
             }
-            fresh += self.settle(channel, target, batch).await?;
+            fresh += self.settle(channel, target, queue, batch).await?;
             if last {
                 return Ok(fresh);
             }
@@ -264,38 +277,40 @@ impl Inner {
         &self,
         channel: &Channel,
         target: &Target,
+        queue: Queue<'_>,
         batch: Vec<Delivery>,
     ) -> Result<u64, Failure> {
-        let mut good: Vec<(u64, Message)> = Vec::with_capacity(batch.len());
-        for delivery in batch {
+        let mut good: Vec<(usize, Message)> = Vec::with_capacity(batch.len());
+        for (index, delivery) in batch.iter().enumerate() {
             match serde_json::from_slice::<Message>(&delivery.data) {
-                Ok(message) if message.target == *target => {
-                    good.push((delivery.delivery_tag, message));
-                }
+                Ok(message) if message.target == *target => good.push((index, message)),
                 Ok(_) => {
-                    self.dead_letter(channel, target, &delivery, Poison::WrongTarget)
+                    self.park(channel, target, queue, delivery, Poison::WrongTarget)
                         .await?
                 }
                 Err(_) => {
-                    self.dead_letter(channel, target, &delivery, Poison::Undecodable)
+                    self.park(channel, target, queue, delivery, Poison::Undecodable)
                         .await?
                 }
             }
         }
         // Requeued messages may come back after newer ones: commit each step in msgId order.
         good.sort_by_key(|(_, message)| message.msg_id);
-        let (tags, messages): (Vec<u64>, Vec<Message>) = good.into_iter().unzip();
+        let (indexes, messages): (Vec<usize>, Vec<Message>) = good.into_iter().unzip();
         let outcomes = self.local.publish_all(messages).await;
         let mut fresh = 0;
         let mut failed: Option<StoreError> = None;
-        for (tag, outcome) in tags.into_iter().zip(outcomes) {
+        for (index, outcome) in indexes.into_iter().zip(outcomes) {
+            let delivery = &batch[index];
             match outcome {
                 Ok(outcome) => {
                     fresh += u64::from(outcome == PublishOutcome::Stored);
-                    channel.basic_ack(tag, BasicAckOptions::default()).await?;
+                    channel
+                        .basic_ack(delivery.delivery_tag, BasicAckOptions::default())
+                        .await?;
                 }
                 Err(StoreError::Refused(_)) => {
-                    self.reject(channel, target, tag, 0, Poison::Refused)
+                    self.park(channel, target, queue, delivery, Poison::Refused)
                         .await?;
                 }
                 Err(err) => {
@@ -309,42 +324,52 @@ impl Inner {
         }
     }
 
-    async fn dead_letter(
+    /// Moves one delivery fleetd cannot take to the target's dead-letter queue: a current queue
+    /// dead-letters what is rejected without requeueing; an old one has no dead-letter exchange
+    /// (a reject would destroy it), so a copy is published there (confirmed) before the ack.
+    /// Logged without its body.
+    async fn park(
         &self,
         channel: &Channel,
         target: &Target,
+        queue: Queue<'_>,
         delivery: &Delivery,
         why: Poison,
     ) -> Result<(), Failure> {
-        self.reject(
-            channel,
-            target,
-            delivery.delivery_tag,
-            delivery.data.len(),
-            why,
-        )
-        .await
-    }
-
-    /// Rejects one delivery without requeueing it: the broker moves it to the target's
-    /// dead-letter queue. Logged without its body.
-    async fn reject(
-        &self,
-        channel: &Channel,
-        target: &Target,
-        tag: u64,
-        bytes: usize,
-        why: Poison,
-    ) -> Result<(), Failure> {
-        channel
-            .basic_reject(tag, BasicRejectOptions { requeue: false })
-            .await?;
+        let dead = super::dead_letter_queue_name(target);
+        match queue {
+            Queue::Current => {
+                channel
+                    .basic_reject(delivery.delivery_tag, BasicRejectOptions { requeue: false })
+                    .await?;
+            }
+            Queue::Old { publisher } => {
+                let confirm = publisher
+                    .basic_publish(
+                        "".into(),
+                        dead.as_str().into(),
+                        BasicPublishOptions::default(),
+                        &delivery.data,
+                        delivery.properties.clone(),
+                    )
+                    .await?
+                    .await?;
+                if !confirm.is_ack() {
+                    return Err(Failure::Transient(format!(
+                        "the broker did not confirm a copy into {dead}"
+                    )));
+                }
+                channel
+                    .basic_ack(delivery.delivery_tag, BasicAckOptions::default())
+                    .await?;
+            }
+        }
         metrics::counter!("fleetd_amqp_dead_lettered_total", "reason" => why.as_str()).increment(1);
         tracing::warn!(
             queue = %queue_name(target),
-            dead_letter_queue = %super::dead_letter_queue_name(target),
+            dead_letter_queue = %dead,
             reason = why.as_str(),
-            bytes,
+            bytes = delivery.data.len(),
             "a message in the inbox queue is not a fleetd message this daemon can take; moved to the dead-letter queue"
         );
         Ok(())
