@@ -18,7 +18,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
-use crate::store::delete_queues_blocking;
+use crate::store::QueueCleanup;
 
 #[expect(
     clippy::disallowed_methods,
@@ -144,15 +144,6 @@ async fn open(url: &str, dir: &std::path::Path) -> Arc<dyn InboxStore> {
         .expect("open the AMQP store")
 }
 
-/// Deletes the test's queues on the default vhost when dropped, pass or fail.
-struct Cleanup(Vec<Target>);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        delete_queues_blocking(std::mem::take(&mut self.0));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqp_store_migrates_queues_an_older_fleetd_declared_without_loss() {
     if require_rabbitmq() == Service::Skip {
@@ -161,7 +152,7 @@ async fn amqp_store_migrates_queues_an_older_fleetd_declared_without_loss() {
     let run = format!("m{:08x}", fastrand::u32(..));
     let reader = Target::new(format!("{run}-reader")).expect("valid");
     let writer = Target::new(format!("{run}-writer")).expect("valid");
-    let _cleanup = Cleanup(vec![reader.clone(), writer.clone()]);
+    let _cleanup = QueueCleanup(vec![reader.clone(), writer.clone()]);
     let conn = connect(RABBITMQ_URL).await;
     let publisher = raw_publisher(&conn).await;
     // What an older fleetd left: quorum queues without a limit, with replies waiting, one of
@@ -243,7 +234,7 @@ async fn amqp_store_dead_letters_what_it_cannot_decode() {
     let run = format!("d{:08x}", fastrand::u32(..));
     let target = Target::new(format!("{run}-poisoned")).expect("valid");
     let other = Target::new(format!("{run}-other")).expect("valid");
-    let _cleanup = Cleanup(vec![target.clone()]);
+    let _cleanup = QueueCleanup(vec![target.clone()]);
     let dir = tempfile::tempdir().expect("tempdir");
     let store = open(RABBITMQ_URL, dir.path()).await;
     let good = message(&target, "a real reply");

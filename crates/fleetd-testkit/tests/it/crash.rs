@@ -13,7 +13,7 @@ use fleetd_core::{MsgId, Target};
 use fleetd_testkit::{RABBITMQ_URL, Service, require_rabbitmq};
 use tokio::io::AsyncReadExt;
 
-use crate::store::delete_queues_blocking;
+use crate::store::QueueCleanup;
 
 const WRITER: &str = env!("CARGO_BIN_EXE_inbox-crash-writer");
 /// Publishing tasks inside the writer: enough to keep group commits busy.
@@ -276,13 +276,4 @@ async fn amqp_store_survives_kill_9_without_loss_or_duplicates() {
         checked > 0,
         "the writer never got to publish: the test proved nothing"
     );
-}
-
-/// Deletes the test's queues when dropped, pass or fail.
-struct QueueCleanup(Vec<Target>);
-
-impl Drop for QueueCleanup {
-    fn drop(&mut self) {
-        delete_queues_blocking(std::mem::take(&mut self.0));
-    }
 }

@@ -108,9 +108,19 @@ impl Backend for Amqp {
     }
 }
 
+/// Deletes the inbox and dead-letter queues of its targets on the local broker when dropped,
+/// pass or fail.
+pub(crate) struct QueueCleanup(pub(crate) Vec<Target>);
+
+impl Drop for QueueCleanup {
+    fn drop(&mut self) {
+        delete_queues_blocking(std::mem::take(&mut self.0));
+    }
+}
+
 /// Deletes the inbox and dead-letter queues of `targets` on the local broker from a thread with its own runtime,
 /// so it also works while a failed test unwinds.
-pub(crate) fn delete_queues_blocking(targets: Vec<Target>) {
+fn delete_queues_blocking(targets: Vec<Target>) {
     let cleanup = std::thread::spawn(move || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
