@@ -216,8 +216,10 @@ impl Inner {
     ) -> Result<u64, Failure> {
         if let Some(err) = self.local.write_failure() {
             // Pulling now would only return the deliveries, each return counting toward the
-            // delivery limit: leave them on the broker until the local file takes writes.
-            return Err(Failure::Fatal(err));
+            // delivery limit: leave them on the broker until the local file takes writes
+            // (`/healthz` reports the failure meanwhile).
+            tracing::debug!(error = %err, "the local inbox takes no writes; leaving messages on the broker");
+            return Ok(0);
         }
         let name = queue_name(target);
         let mut fresh = 0;

@@ -118,9 +118,6 @@ impl AmqpStore {
         format!("agent.{target}.dead")
     }
 
-    /// The `x-delivery-limit` every inbox queue is declared with.
-    pub const DELIVERY_LIMIT: i32 = session::DELIVERY_LIMIT;
-
     /// Connects to the broker at `url` (retrying for up to 30 s, so a wrong URL or a dead broker
     /// fails at start-up), then ingests every queue `local` knows from earlier runs into it.
     /// `local` is the embedded file that holds the inbox (and the fleet state).
@@ -162,7 +159,9 @@ impl AmqpStore {
         for target in &known {
             // What waited on the broker (a reply confirmed just before a crash) is in the local
             // inbox before the engine first reads the depths.
-            Inner::ingest_logged(&inner, target, Need::All).await;
+            if !Inner::ingest_logged(&inner, target, Need::All).await {
+                break;
+            }
         }
         let sweeper = tokio::spawn(sweep(Arc::downgrade(&inner))).abort_handle();
         Ok(Self { inner, sweeper })
@@ -188,7 +187,10 @@ async fn sweep(inner: Weak<Inner>) {
         }
         let targets: Vec<Target> = guard(&inner.known).iter().cloned().collect();
         for target in targets {
-            Inner::ingest_logged(&inner, &target, Need::All).await;
+            // One unreachable broker is enough to know: the next sweep tries again.
+            if !Inner::ingest_logged(&inner, &target, Need::All).await {
+                break;
+            }
         }
     }
 }
@@ -337,8 +339,9 @@ impl Inner {
     }
 
     /// Ingests `target`'s queue on the current session in a task of its own; failures are
-    /// logged (what stays on the broker is taken by a later ingest).
-    async fn ingest_logged(this: &Arc<Self>, target: &Target, need: Need) {
+    /// logged (what stays on the broker is taken by a later ingest). False when the broker
+    /// could not be reached.
+    async fn ingest_logged(this: &Arc<Self>, target: &Target, need: Need) -> bool {
         let (inner, owned) = (Arc::clone(this), target.clone());
         let task = tokio::spawn(async move {
             let session = inner.session().await?;
@@ -364,6 +367,7 @@ impl Inner {
             }
             Err(join) => tracing::error!(%target, error = %join, "an AMQP ingest task failed"),
         }
+        !down
     }
 
     /// [`Inner::ensure`] in a task of its own: a migration is never left half done by a

@@ -31,7 +31,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// message instead of delivering it again. 20 is RabbitMQ 4.x's default, stated explicitly so
 /// 3.x brokers (no default: unlimited) behave the same. fleetd acks every delivery within the
 /// call that pulled it, so only crashes in the middle of an ingest count.
-pub(super) const DELIVERY_LIMIT: i32 = 20;
+const DELIVERY_LIMIT: i32 = 20;
 /// One live connection with its confirm-mode publishing channel.
 pub(super) struct Session {
     pub(super) generation: u64,
