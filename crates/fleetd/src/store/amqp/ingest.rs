@@ -1,8 +1,9 @@
 //! The AMQP backend's ingest: declaring a target's queues (and migrating a queue an older fleetd
 //! declared), then moving what waits in it into the local inbox — commit locally, then ack —
 //! on a channel of its own that is closed when done, so no delivery outlives the call.
-//! Undecodable messages are rejected into the dead-letter queue. Knows lapin's channel calls;
-//! connection handling lives in `session`.
+//! What fleetd cannot take (not a fleetd message, another target's, over the size limit) is
+//! rejected into the dead-letter queue. Knows lapin's channel calls; connection handling lives
+//! in `session`.
 //!
 //! Migration. A queue declared by fleetd before the delivery limit existed has different
 //! arguments, so declaring it again fails with PRECONDITION_FAILED, and arguments cannot be
@@ -11,7 +12,8 @@
 //! and closes the connection), so the delete is unconditional; it runs under the target's lock,
 //! which fleetd's own publishes to the target wait for, right after the ingest found the queue
 //! empty. Only a publisher outside this daemon could slip a message in between; the delete's
-//! count says so, and it is logged as an error.
+//! count says so, and it is logged as an error. An old queue has no dead-letter exchange, so its
+//! poison is copied into the dead-letter queue (confirmed) before it is acked, never rejected.
 
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions, QueueDeclareOptions,
