@@ -32,6 +32,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// 3.x brokers (no default: unlimited) behave the same. fleetd acks every delivery within the
 /// call that pulled it, so only crashes in the middle of an ingest count.
 const DELIVERY_LIMIT: i32 = 20;
+
 /// One live connection with its confirm-mode publishing channel.
 pub(super) struct Session {
     pub(super) generation: u64,
@@ -113,7 +114,7 @@ impl Backoff {
     pub(super) async fn pause(&mut self, op: &str, why: &str) -> Result<(), StoreError> {
         if self.spent >= RECONNECT_DEADLINE {
             return Err(StoreError::Unavailable(format!(
-                "{op}: still failing after {}s of reconnecting ({why}); check that the broker store.url names is running and reachable",
+                "{op}: still failing after {}s of reconnecting ({why}); check that the broker named by store.url is running and reachable",
                 RECONNECT_DEADLINE.as_secs()
             )));
         }
@@ -171,7 +172,7 @@ impl Session {
 /// limit whose rejected and over-delivered messages go, through the default exchange, to the
 /// target's dead-letter queue. At-least-once dead-lettering (RabbitMQ >= 3.10) keeps a message
 /// until the dead-letter queue confirmed it; it requires `x-overflow: reject-publish`.
-pub(super) fn inbox_arguments(target: &Target) -> FieldTable {
+fn inbox_arguments(target: &Target) -> FieldTable {
     let mut args = quorum();
     let text = |value: &str| AMQPValue::LongString(value.into());
     args.insert(
@@ -189,7 +190,7 @@ pub(super) fn inbox_arguments(target: &Target) -> FieldTable {
 }
 
 /// The arguments of a durable quorum queue (a dead-letter queue).
-pub(super) fn quorum() -> FieldTable {
+fn quorum() -> FieldTable {
     let mut args = FieldTable::default();
     args.insert(
         "x-queue-type".into(),
