@@ -251,13 +251,10 @@ impl Inner {
         message: Message,
     ) -> Result<PublishOutcome, StoreError> {
         message.check(&self.limits)?;
-        let id = message.msg_id;
-        if !guard(&self.in_flight).insert(id) {
+        let Some(_flight) = InFlight::start(&self.in_flight, message.msg_id) else {
             return Ok(PublishOutcome::Duplicate);
-        }
-        let outcome = self.publish_new(&message).await;
-        guard(&self.in_flight).remove(&id);
-        outcome
+        };
+        self.publish_new(&message).await
     }
 
     async fn publish_new(
@@ -391,6 +388,26 @@ impl Inner {
     }
 }
 
+/// One id in [`Inner::in_flight`] for as long as its publish runs, however it ends (a caller
+/// that gives up drops the publish: the id must not stay a "duplicate" for ever).
+struct InFlight<'a> {
+    set: &'a Mutex<HashSet<MsgId>>,
+    id: MsgId,
+}
+
+impl<'a> InFlight<'a> {
+    /// `None` when the id is being published already.
+    fn start(set: &'a Mutex<HashSet<MsgId>>, id: MsgId) -> Option<Self> {
+        guard(set).insert(id).then_some(Self { set, id })
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        guard(self.set).remove(&self.id);
+    }
+}
+
 impl InboxStore for AmqpStore {
     fn publish(&self, message: Message) -> StoreFuture<'_, PublishOutcome> {
         Box::pin(self.inner.publish_message(message))
@@ -501,6 +518,20 @@ mod tests {
         for (url, shown) in cases {
             assert_eq!(redact_url(url), shown, "{url}");
         }
+    }
+
+    #[test]
+    fn an_id_is_in_flight_only_while_its_publish_runs() {
+        let set = Mutex::new(HashSet::new());
+        let id = MsgId::from_parts(1_700_000_000_000, [7; 10]);
+        let first = InFlight::start(&set, id).expect("not in flight yet");
+        assert!(
+            InFlight::start(&set, id).is_none(),
+            "a concurrent publish is a duplicate"
+        );
+        // A publish whose caller gave up is dropped half way: the id is free again.
+        drop(first);
+        assert!(InFlight::start(&set, id).is_some());
     }
 
     #[test]
