@@ -398,7 +398,10 @@ struct InFlight<'a> {
 impl<'a> InFlight<'a> {
     /// `None` when the id is being published already.
     fn start(set: &'a Mutex<HashSet<MsgId>>, id: MsgId) -> Option<Self> {
-        guard(set).insert(id).then_some(Self { set, id })
+        // Built only when inserted: a guard built and dropped for a duplicate would free the
+        // id of the publish that is running.
+        let inserted = guard(set).insert(id);
+        inserted.then(|| Self { set, id })
     }
 }
 
