@@ -532,6 +532,10 @@ mod tests {
             InFlight::start(&set, id).is_none(),
             "a concurrent publish is a duplicate"
         );
+        assert!(
+            guard(&set).contains(&id),
+            "and the running one stays in flight"
+        );
         // A publish whose caller gave up is dropped half way: the id is free again.
         drop(first);
         assert!(InFlight::start(&set, id).is_some());
