@@ -307,7 +307,7 @@ struct Vhost(String);
 
 impl Vhost {
     fn create() -> Self {
-        let name = format!("fleetd-test-{:08x}", fastrand::u32(..));
+        let name = format!("{VHOST_PREFIX}{:08x}", fastrand::u32(..));
         ctl(&["add_vhost", &name]);
         let vhost = Self(name);
         ctl(&["set_permissions", "-p", &vhost.0, "guest", ".*", ".*", ".*"]);
@@ -353,30 +353,58 @@ impl Drop for Vhost {
 }
 
 /// The broker-wide consumer timeout (RabbitMQ 3.10 has no per-vhost one) set for the test and
-/// restored when dropped, pass or fail. Runs on one machine are serialised by a file lock, so
-/// two never take each other's setting for the original.
+/// restored when dropped, pass or fail. Runs on one machine are serialised by a file lock, and
+/// the file keeps the original value while it is changed: a run killed before it could restore
+/// (nextest's timeout, a SIGKILL) leaves it there, and the next run restores that, never the
+/// test's own value.
 struct ConsumerTimeout {
     previous: String,
-    _serial: std::fs::File,
+    record: std::fs::File,
 }
+
+/// Vhosts this test creates are named so; while holding the lock, any left by a killed run are
+/// deleted.
+const VHOST_PREFIX: &str = "fleetd-test-";
 
 impl ConsumerTimeout {
     fn set(millis: u64) -> Self {
-        let serial =
-            std::fs::File::create(std::env::temp_dir().join("fleetd-consumer-timeout.lock"))
-                .expect("create the lock file");
-        serial.lock().expect("lock the consumer-timeout setting");
-        let previous = ctl(&["eval", "application:get_env(rabbit, consumer_timeout)."])
-            .trim()
-            .to_owned();
+        use std::io::{Read as _, Seek as _, Write as _};
+        let mut record = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(std::env::temp_dir().join("fleetd-consumer-timeout.lock"))
+            .expect("open the lock file");
+        record.lock().expect("lock the consumer-timeout setting");
+        let mut left = String::new();
+        record
+            .read_to_string(&mut left)
+            .expect("read the lock file");
+        let previous = if left.trim().is_empty() {
+            ctl(&["eval", "application:get_env(rabbit, consumer_timeout)."])
+                .trim()
+                .to_owned()
+        } else {
+            eprintln!("a killed run left the consumer timeout changed; its original: {left}");
+            left.trim().to_owned()
+        };
+        record.set_len(0).expect("truncate the lock file");
+        record.rewind().expect("rewind the lock file");
+        record
+            .write_all(previous.as_bytes())
+            .and_then(|()| record.sync_all())
+            .expect("record the original consumer timeout");
+        for vhost in ctl(&["list_vhosts", "-q"]).lines() {
+            if vhost.starts_with(VHOST_PREFIX) {
+                let _ = rabbitmqctl(&["delete_vhost", vhost]);
+            }
+        }
         ctl(&[
             "eval",
             &format!("application:set_env(rabbit, consumer_timeout, {millis})."),
         ]);
-        Self {
-            previous,
-            _serial: serial,
-        }
+        Self { previous, record }
     }
 }
 
@@ -391,11 +419,15 @@ impl Drop for ConsumerTimeout {
             Some(value) => format!("application:set_env(rabbit, consumer_timeout, {value})."),
             None => "application:unset_env(rabbit, consumer_timeout).".to_owned(),
         };
-        if let Err(err) = rabbitmqctl(&["eval", &restore]) {
-            eprintln!(
+        match rabbitmqctl(&["eval", &restore]) {
+            // Restored: nothing left for a later run to repair.
+            Ok(_) => {
+                let _ = self.record.set_len(0);
+            }
+            Err(err) => eprintln!(
                 "could not restore the consumer timeout ({}): {err}",
                 self.previous
-            );
+            ),
         }
     }
 }
@@ -459,14 +491,16 @@ async fn amqp_inbox_holds_nothing_on_the_broker_across_consumer_timeouts_and_res
     {
         return;
     }
-    // FLEETD_AMQP_LONG=1: wait for several timeouts (each takes up to a minute on 3.10).
+    // FLEETD_AMQP_LONG=1: wait for five timeouts (each takes up to a minute on 3.10), about six
+    // minutes; nextest stops a test at five, so run that with `cargo test` (README, Tests).
     let timeouts_wanted = if std::env::var("FLEETD_AMQP_LONG").is_ok_and(|v| v == "1") {
         5
     } else {
         1
     };
-    let vhost = Vhost::create();
+    // The timeout (and its lock) first: the vhost is dropped before it, while the lock is held.
     let _timeout = ConsumerTimeout::set(5_000);
+    let vhost = Vhost::create();
     let url = vhost.url();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut store = open(&url, dir.path()).await;
