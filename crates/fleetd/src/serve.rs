@@ -309,11 +309,16 @@ pub fn operator_socket_path(state_dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 async fn open_store(config: &Config) -> anyhow::Result<crate::store::Stores> {
+    // With the inbox on AMQP the embedded file holds the ingested inbox and the fleet state.
+    let state_path = config.state_dir.join("inbox.db");
     let spec = match &config.store {
         Store::Embedded { path } => StoreSpec::Embedded { path: path.clone() },
         Store::Amqp {
             url: AmqpUrl::Literal(url),
-        } => StoreSpec::Amqp { url: url.clone() },
+        } => StoreSpec::Amqp {
+            url: url.clone(),
+            path: state_path,
+        },
         Store::Amqp {
             url: AmqpUrl::Secret(name),
         } => {
@@ -323,15 +328,14 @@ async fn open_store(config: &Config) -> anyhow::Result<crate::store::Stores> {
                 .context("failed to resolve store.url")?;
             StoreSpec::Amqp {
                 url: url.expose().to_owned(),
+                path: state_path,
             }
         }
     };
     let limits = MessageLimits {
         max_message_bytes: usize::try_from(config.inbox.max_message_bytes).unwrap_or(usize::MAX),
     };
-    // With the inbox on AMQP the fleet state still lives in the embedded file.
-    let state_path = config.state_dir.join("inbox.db");
-    crate::store::open_stores(&spec, &state_path, &StoreOptions { limits })
+    crate::store::open_stores(&spec, &StoreOptions { limits })
         .await
         .map_err(|e| anyhow::anyhow!("failed to {e}"))
 }

@@ -15,6 +15,8 @@
 //! - `fleetd_connections_open` — connections the gate holds, over every door;
 //! - `fleetd_connections_closed_total{reason}` — connections refused (the refusal's code) or
 //!   closed by fleetd (`idle_timeout`, `header_timeout`, `evicted`).
+//! - `fleetd_amqp_dead_lettered_total{reason}` — messages the AMQP inbox moved to a dead-letter
+//!   queue because it could not take them: `undecodable`, `wrong_target`, `refused`.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
@@ -91,6 +93,11 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "fleetd_connections_closed_total",
         "counter",
         "Connections refused (by the refusal's code) or closed by fleetd (idle_timeout, header_timeout, evicted)",
+    ),
+    (
+        "fleetd_amqp_dead_lettered_total",
+        "counter",
+        "Messages the AMQP inbox rejected into a dead-letter queue (agent.<target>.dead), by reason",
     ),
 ];
 

@@ -398,8 +398,12 @@ async fn amqp_column(sizes: Sizes) -> Column {
 }
 
 async fn amqp_runs(targets: &[Target], sizes: Sizes, column: &mut Column) -> anyhow::Result<()> {
+    // The AMQP store ingests into a local file, as the daemon's does.
+    let dir = tempfile::tempdir()?;
+    let local =
+        Arc::new(SqliteStore::open(dir.path().join("inbox.db"), StoreOptions::default()).await?);
     let store: Arc<dyn InboxStore> =
-        Arc::new(AmqpStore::open(crate::RABBITMQ_URL, StoreOptions::default()).await?);
+        Arc::new(AmqpStore::open(crate::RABBITMQ_URL, local, StoreOptions::default()).await?);
     let (latency, mut published) = single(&*store, targets, sizes.amqp_single).await?;
     column.single = Some(latency);
     for (publishers, each) in sizes.amqp_per_publisher {
@@ -429,12 +433,14 @@ pub(super) async fn delete_queues_on(
 ) -> anyhow::Result<()> {
     let channel = conn.create_channel().await?;
     for target in targets {
-        channel
-            .queue_delete(
-                AmqpStore::queue_name(target).into(),
-                lapin::options::QueueDeleteOptions::default(),
-            )
-            .await?;
+        for queue in [
+            AmqpStore::queue_name(target),
+            AmqpStore::dead_letter_queue_name(target),
+        ] {
+            channel
+                .queue_delete(queue.into(), lapin::options::QueueDeleteOptions::default())
+                .await?;
+        }
     }
     Ok(())
 }

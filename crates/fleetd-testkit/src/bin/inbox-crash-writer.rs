@@ -1,9 +1,10 @@
-//! `inbox-crash-writer KIND LOCATION TASKS TARGETS`: the victim of the inbox kill -9 tests. It
+//! `inbox-crash-writer KIND PATH TASKS TARGETS [URL]`: the victim of the inbox kill -9 tests. It
 //! publishes replies from many tasks and prints each msgId only after `publish` returned, then
 //! acks some of them, printing its intent before and the result after. Test support only: it
 //! must never print a line before the store operation it reports has completed.
 //!
-//! KIND is `embedded` (LOCATION = database path) or `amqp` (LOCATION = broker URL); TARGETS is a
+//! KIND is `embedded` or `amqp`; PATH is the database file (with `amqp` the local file the
+//! broker's queues are ingested into), URL the broker (`amqp` only); TARGETS is a
 //! comma-separated list of member names. Output lines: `ready`, `published <msgId>`,
 //! `acking <msgId>`, `acked <msgId>`. It runs until killed; any store failure exits non-zero with
 //! the error on stderr.
@@ -77,17 +78,20 @@ async fn run_task(store: Arc<dyn InboxStore>, targets: Arc<Vec<Target>>, task: u
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [kind, location, tasks, targets] = args.as_slice() else {
-        bail!("usage: inbox-crash-writer embedded|amqp PATH|URL TASKS TARGET[,TARGET...]");
+    let usage = "usage: inbox-crash-writer embedded|amqp PATH TASKS TARGET[,TARGET...] [URL]";
+    let (kind, path, tasks, targets, url) = match args.as_slice() {
+        [kind, path, tasks, targets] => (kind, path, tasks, targets, None),
+        [kind, path, tasks, targets, url] => (kind, path, tasks, targets, Some(url)),
+        _ => bail!("{usage}"),
     };
-    let spec = match kind.as_str() {
-        "embedded" => StoreSpec::Embedded {
-            path: PathBuf::from(location),
+    let path = PathBuf::from(path);
+    let spec = match (kind.as_str(), url) {
+        ("embedded", None) => StoreSpec::Embedded { path },
+        ("amqp", Some(url)) => StoreSpec::Amqp {
+            url: url.clone(),
+            path,
         },
-        "amqp" => StoreSpec::Amqp {
-            url: location.clone(),
-        },
-        other => bail!("unknown store kind {other:?}"),
+        _ => bail!("{usage}"),
     };
     let tasks: u64 = tasks.parse().context("TASKS must be a number")?;
     let targets: Vec<Target> = targets

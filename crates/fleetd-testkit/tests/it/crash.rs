@@ -13,7 +13,7 @@ use fleetd_core::{MsgId, Target};
 use fleetd_testkit::{RABBITMQ_URL, Service, require_rabbitmq};
 use tokio::io::AsyncReadExt;
 
-use crate::store::delete_queues_blocking;
+use crate::store::QueueCleanup;
 
 const WRITER: &str = env!("CARGO_BIN_EXE_inbox-crash-writer");
 /// Publishing tasks inside the writer: enough to keep group commits busy.
@@ -50,11 +50,24 @@ fn parse_claims(stdout: &str) -> Claims {
     claims
 }
 
-/// Runs the writer, SIGKILLs it after `delay`, and returns what it printed.
-async fn run_and_kill(kind: &str, location: &str, targets: &[Target], delay: Duration) -> Claims {
-    let names: Vec<&str> = targets.iter().map(Target::as_str).collect();
+/// Runs the writer on the store at `path` (with `url`, the AMQP store on that broker), SIGKILLs
+/// it after `delay`, and returns what it printed.
+async fn run_and_kill(
+    path: &str,
+    url: Option<&str>,
+    targets: &[Target],
+    delay: Duration,
+) -> Claims {
+    let names = targets
+        .iter()
+        .map(Target::as_str)
+        .collect::<Vec<_>>()
+        .join(",");
+    let kind = if url.is_some() { "amqp" } else { "embedded" };
+    let mut args = vec![kind, path, WRITER_TASKS, &names];
+    args.extend(url);
     let mut child = tokio::process::Command::new(WRITER)
-        .args([kind, location, WRITER_TASKS, &names.join(",")])
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -185,7 +198,7 @@ async fn embedded_store_survives_kill_9_without_loss_or_duplicates() {
         // 0–250 ms: some kills land during start-up (lock, migration, WAL recovery), most while
         // 16 tasks publish and ack.
         let delay = Duration::from_millis(rng.u64(0..=250));
-        let claims = run_and_kill("embedded", location, &targets, delay).await;
+        let claims = run_and_kill(location, None, &targets, delay).await;
         if claims.published.is_empty() {
             kills_before_ready += 1;
         }
@@ -227,18 +240,24 @@ async fn amqp_store_survives_kill_9_without_loss_or_duplicates() {
         .map(|name| Target::new(format!("{run}-{name}")).expect("valid"))
         .collect();
     let _cleanup = QueueCleanup(targets.clone());
+    // The writer's local file: it ingests what it publishes there, and each check reopens it
+    // (with the broker) the way a restarted daemon would.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("inbox.db");
+    let location = path.to_str().expect("utf-8 path");
     let spec = StoreSpec::Amqp {
         url: RABBITMQ_URL.to_owned(),
+        path: path.clone(),
     };
-    let store: Arc<dyn InboxStore> = store::open(&spec, &StoreOptions::default())
-        .await
-        .expect("open the AMQP store");
     let mut history = HashSet::new();
     let mut checked = 0;
     for cycle in 0..CYCLES {
         let delay = Duration::from_millis(rng.u64(50..=600));
-        let claims = run_and_kill("amqp", RABBITMQ_URL, &targets, delay).await;
+        let claims = run_and_kill(location, Some(RABBITMQ_URL), &targets, delay).await;
         let context = format!("seed {seed}, cycle {cycle}, kill after {delay:?}");
+        let store: Arc<dyn InboxStore> = store::open(&spec, &StoreOptions::default())
+            .await
+            .unwrap_or_else(|err| panic!("{context}: reopen after kill -9 failed: {err}"));
         checked += check_and_drain(
             &*store,
             &targets,
@@ -248,8 +267,8 @@ async fn amqp_store_survives_kill_9_without_loss_or_duplicates() {
             Duration::from_secs(20),
         )
         .await;
+        store.close().await.expect("close");
     }
-    store.close().await.expect("close");
     eprintln!(
         "{CYCLES} kill -9 cycles against RabbitMQ: {checked} confirmed publishes checked, 0 lost, 0 duplicated"
     );
@@ -257,13 +276,4 @@ async fn amqp_store_survives_kill_9_without_loss_or_duplicates() {
         checked > 0,
         "the writer never got to publish: the test proved nothing"
     );
-}
-
-/// Deletes the test's queues when dropped, pass or fail.
-struct QueueCleanup(Vec<Target>);
-
-impl Drop for QueueCleanup {
-    fn drop(&mut self) {
-        delete_queues_blocking(std::mem::take(&mut self.0));
-    }
 }

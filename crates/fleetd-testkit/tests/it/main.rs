@@ -2,6 +2,7 @@
 //! service readiness), the stores against real disks and the real RabbitMQ, the multiplexer
 //! backends against real tmux and fake-herdr.
 
+mod amqp;
 mod bridge;
 mod cli;
 mod client;

@@ -133,6 +133,7 @@ fn a_fresh_daemon_describes_every_family_before_any_traffic() {
         ("fleetd_nudge_seconds", "histogram"),
         ("fleetd_store_publish_seconds", "histogram"),
         ("fleetd_store_ack_seconds", "histogram"),
+        ("fleetd_amqp_dead_lettered_total", "counter"),
     ] {
         assert!(
             response.body.contains(&format!("# TYPE {family} {kind}\n")),

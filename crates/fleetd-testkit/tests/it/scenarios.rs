@@ -139,6 +139,8 @@ fn e2e_scenario_amqp_inbox_survives_a_daemon_kill_9() {
     }
     // Queue names are per target: a name unique to this run keeps runs apart on a shared broker.
     let name = format!("amqp{}", std::process::id());
+    let _cleanup =
+        crate::store::QueueCleanup(vec![fleetd_core::Target::new(&name).expect("valid")]);
     let mut rig = Rig::start(&format!(
         "primary:\n  tab: base:lead\n  pushReminders: 0\nstore:\n  kind: amqp\n  url: amqp://guest:guest@127.0.0.1:5672/%2f\nprofiles:\n{}",
         sim_profile("sim", &[("SIM_AGENT_WORK_MS", "200")])

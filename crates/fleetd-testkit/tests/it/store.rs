@@ -51,10 +51,12 @@ impl Backend for Embedded {
     }
 }
 
-/// The AMQP backend on a broker. Targets get a per-run prefix; their queues are deleted from the
-/// local broker when the fixture is dropped, pass or fail.
+/// The AMQP backend on a broker, ingesting into a local file in its own tempdir. Targets get a
+/// per-run prefix; their queues are deleted from the local broker when the fixture is dropped,
+/// pass or fail.
 pub(crate) struct Amqp {
     url: String,
+    dir: tempfile::TempDir,
     run: String,
     used: Mutex<Vec<Target>>,
 }
@@ -63,9 +65,21 @@ impl Amqp {
     pub(crate) fn new(url: &str) -> Self {
         Self {
             url: url.to_owned(),
+            dir: tempfile::tempdir().expect("tempdir"),
             run: format!("t{:08x}", fastrand::u32(..)),
             used: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Opens the store on the fixture's local file through the broker at `url`.
+    async fn open_with(&self, url: &str) -> Arc<dyn InboxStore> {
+        let spec = StoreSpec::Amqp {
+            url: url.to_owned(),
+            path: self.dir.path().join("inbox.db"),
+        };
+        store::open(&spec, &StoreOptions::default())
+            .await
+            .expect("open the AMQP store")
     }
 }
 
@@ -85,12 +99,7 @@ impl Drop for Amqp {
 
 impl Backend for Amqp {
     async fn open(&self) -> Arc<dyn InboxStore> {
-        let spec = StoreSpec::Amqp {
-            url: self.url.clone(),
-        };
-        store::open(&spec, &StoreOptions::default())
-            .await
-            .expect("open the AMQP store")
+        self.open_with(&self.url).await
     }
     fn target(&self, base: &str) -> Target {
         let target = Target::new(format!("{}-{base}", self.run)).expect("valid target");
@@ -99,9 +108,19 @@ impl Backend for Amqp {
     }
 }
 
-/// Deletes the inbox queues of `targets` on the local broker from a thread with its own runtime,
+/// Deletes the inbox and dead-letter queues of its targets on the local broker when dropped,
+/// pass or fail.
+pub(crate) struct QueueCleanup(pub(crate) Vec<Target>);
+
+impl Drop for QueueCleanup {
+    fn drop(&mut self) {
+        delete_queues_blocking(std::mem::take(&mut self.0));
+    }
+}
+
+/// Deletes the inbox and dead-letter queues of `targets` on the local broker from a thread with its own runtime,
 /// so it also works while a failed test unwinds.
-pub(crate) fn delete_queues_blocking(targets: Vec<Target>) {
+fn delete_queues_blocking(targets: Vec<Target>) {
     let cleanup = std::thread::spawn(move || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -114,7 +133,7 @@ pub(crate) fn delete_queues_blocking(targets: Vec<Target>) {
     }
 }
 
-/// Deletes the inbox queues of `targets` on the local broker.
+/// Deletes the inbox and dead-letter queues of `targets` on the local broker.
 async fn delete_queues(targets: &[Target]) {
     use lapin::options::QueueDeleteOptions;
     let conn = lapin::Connection::connect(RABBITMQ_URL, lapin::ConnectionProperties::default())
@@ -122,13 +141,15 @@ async fn delete_queues(targets: &[Target]) {
         .expect("connect for cleanup");
     let channel = conn.create_channel().await.expect("cleanup channel");
     for target in targets {
-        channel
-            .queue_delete(
-                AmqpStore::queue_name(target).into(),
-                QueueDeleteOptions::default(),
-            )
-            .await
-            .expect("delete a test queue");
+        for queue in [
+            AmqpStore::queue_name(target),
+            AmqpStore::dead_letter_queue_name(target),
+        ] {
+            channel
+                .queue_delete(queue.into(), QueueDeleteOptions::default())
+                .await
+                .expect("delete a test queue");
+        }
     }
     conn.close(200, "cleanup done".into())
         .await
@@ -687,9 +708,24 @@ async fn amqp_store_reconnects_without_losing_or_doubling_messages() {
         .map(|n| message(&target, n, &format!("before {n}")))
         .collect();
     publish_all(&*store, &first).await;
-    // Hold three deliveries unacknowledged, then lose the connection under them.
+    // Read three, then lose the connection under the reader.
     assert_eq!(store.peek(&target, 3).await.expect("peek"), first[..3]);
     proxy.cut();
+    // With the broker gone, health says so and the local inbox still answers.
+    let mut health = Ok(());
+    for _ in 0..100 {
+        health = store.health().await;
+        if health.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    match health {
+        Err(StoreError::Unavailable(why)) => assert!(!why.is_empty()),
+        other => panic!("health with the broker cut: {other:?}"),
+    }
+    assert_eq!(store.peek(&target, 3).await.expect("peek"), first[..3]);
+    assert_eq!(store.depth(&target).await.expect("depth"), 5);
     let reopen = Arc::clone(&proxy);
     let outage = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -727,8 +763,10 @@ async fn amqp_store_reconnects_without_losing_or_doubling_messages() {
     assert_eq!(store.depth(&target).await.expect("depth"), 0);
     store.close().await.expect("close");
 
-    // A fresh store (a restarted daemon) finds nothing left: acks survived the reconnects.
-    let store = Amqp::new(RABBITMQ_URL).open().await;
+    // The restarted daemon, straight on the broker, finds nothing left: nothing was held on
+    // the broker, and the acks are in the local file.
+    let store = backend.open_with(RABBITMQ_URL).await;
     assert_eq!(store.depth(&target).await.expect("depth"), 0);
+    assert!(peek_all(&*store, &target).await.is_empty());
     store.close().await.expect("close");
 }

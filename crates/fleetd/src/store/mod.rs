@@ -71,9 +71,9 @@ pub trait InboxStore: Send + Sync + fmt::Debug {
     /// How many messages are pending for `target`.
     fn depth<'a>(&'a self, target: &'a Target) -> StoreFuture<'a, u64>;
 
-    /// The targets with at least one pending message, sorted. The AMQP backend can only see the
-    /// queues it has touched since it opened (AMQP 0.9.1 cannot list queues), so callers combine
-    /// this with their own member list and [`InboxStore::depth`].
+    /// The targets with at least one pending message, sorted. The AMQP backend sees the queues
+    /// this daemon has used (AMQP 0.9.1 cannot list queues), so callers combine this with their
+    /// own member list and [`InboxStore::depth`].
     fn targets(&self) -> StoreFuture<'_, Vec<Target>>;
 
     /// A cheap probe for `/healthz`: `Ok` when the store can take writes right now.
@@ -160,8 +160,7 @@ impl PageRequest {
 pub struct Page {
     /// The messages, oldest first.
     pub messages: Vec<Message>,
-    /// More pending messages follow the last one: ask again with `after` = its msgId. (With the
-    /// AMQP backend only as far as its held window reaches: see `store::amqp`.)
+    /// More pending messages follow the last one: ask again with `after` = its msgId.
     pub more: bool,
     /// The request's `after` is not pending in this inbox (acknowledged since, or unknown): the
     /// page starts from the oldest pending message instead.
@@ -232,10 +231,15 @@ pub enum StoreSpec {
         /// The database file; its directory is created when missing.
         path: PathBuf,
     },
-    /// An AMQP 0.9.1 broker (RabbitMQ, LavinMQ): one durable quorum queue per target.
+    /// An AMQP 0.9.1 broker (RabbitMQ, LavinMQ) as the transport: one durable quorum queue per
+    /// target, ingested into the embedded file at `path`, where the inbox is read and
+    /// acknowledged (see `store::amqp`).
     Amqp {
         /// `amqp://user:pass@host:5672/vhost`. Never logged or shown: it holds a password.
         url: String,
+        /// The embedded file that holds the ingested inbox (and the fleet state); locked like
+        /// the embedded store's.
+        path: PathBuf,
     },
 }
 
@@ -243,9 +247,10 @@ impl fmt::Debug for StoreSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Embedded { path } => f.debug_struct("Embedded").field("path", path).finish(),
-            Self::Amqp { url } => f
+            Self::Amqp { url, path } => f
                 .debug_struct("Amqp")
                 .field("url", &amqp::redact_url(url))
+                .field("path", path)
                 .finish(),
         }
     }
@@ -258,34 +263,21 @@ pub struct StoreOptions {
     pub limits: MessageLimits,
 }
 
-/// Opens the backend `spec` names. For the embedded store this takes the exclusive lock (failing
-/// with [`StoreError::Locked`] naming the other owner's pid), checks the file and migrates its
-/// schema; a corrupt or newer file fails with a clear error and is never recreated. For AMQP it
-/// connects to the broker once, so a wrong URL fails at start-up rather than at the first reply.
+/// Opens the backend `spec` names. For the embedded store (and the AMQP store's local file)
+/// this takes the exclusive lock (failing with [`StoreError::Locked`] naming the other owner's
+/// pid), checks the file and migrates its schema; a corrupt or newer file fails with a clear
+/// error and is never recreated. For AMQP it also connects to the broker, so a wrong URL fails
+/// at start-up rather than at the first reply.
 pub async fn open(
     spec: &StoreSpec,
     options: &StoreOptions,
 ) -> Result<Arc<dyn InboxStore>, StoreError> {
-    match spec {
-        StoreSpec::Embedded { path } => {
-            let store = SqliteStore::open(path.clone(), *options).await?;
-            Ok(Arc::new(metered::Metered(Arc::new(store))))
-        }
-        StoreSpec::Amqp { url } => {
-            let store = AmqpStore::open(url, *options).await?;
-            Ok(Arc::new(metered::Metered(Arc::new(store))))
-        }
-    }
+    Ok(open_stores(spec, options).await?.inbox)
 }
 
-/// Opens the inbox `spec` names and the fleet state beside it: for the embedded store the same
-/// SQLite file (one writer, one lock); for AMQP the embedded file at `state_path` holds the
-/// state while replies stay on the broker.
-pub async fn open_stores(
-    spec: &StoreSpec,
-    state_path: &std::path::Path,
-    options: &StoreOptions,
-) -> Result<Stores, StoreError> {
+/// Opens the inbox `spec` names and the fleet state beside it: the same embedded SQLite file
+/// (one writer, one lock), which with AMQP also holds the ingested inbox.
+pub async fn open_stores(spec: &StoreSpec, options: &StoreOptions) -> Result<Stores, StoreError> {
     match spec {
         StoreSpec::Embedded { path } => {
             let store = Arc::new(SqliteStore::open(path.clone(), *options).await?);
@@ -294,12 +286,12 @@ pub async fn open_stores(
                 state: store,
             })
         }
-        StoreSpec::Amqp { url } => {
-            let state = Arc::new(SqliteStore::open(state_path.to_owned(), *options).await?);
-            let inbox = AmqpStore::open(url, *options).await?;
+        StoreSpec::Amqp { url, path } => {
+            let local = Arc::new(SqliteStore::open(path.clone(), *options).await?);
+            let inbox = AmqpStore::open(url, Arc::clone(&local), *options).await?;
             Ok(Stores {
                 inbox: Arc::new(metered::Metered(Arc::new(inbox))),
-                state,
+                state: local,
             })
         }
     }
@@ -404,8 +396,7 @@ impl fmt::Display for LockHolder {
     }
 }
 
-/// A bounded set of msgIds that forgets the oldest first: the in-memory dedup memory of the memory
-/// and AMQP backends.
+/// A bounded set of msgIds that forgets the oldest first: the memory backend's dedup memory.
 #[derive(Debug)]
 pub(crate) struct RecentIds {
     set: HashSet<MsgId>,
@@ -439,12 +430,6 @@ impl RecentIds {
     pub(crate) fn contains(&self, id: &MsgId) -> bool {
         self.set.contains(id)
     }
-
-    pub(crate) fn remove(&mut self, id: &MsgId) {
-        if self.set.remove(id) {
-            self.order.retain(|kept| kept != id);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -464,9 +449,6 @@ mod tests {
             !recent.insert(ids[3]),
             "a second insert reports a duplicate"
         );
-        recent.remove(&ids[2]);
-        assert!(!recent.contains(&ids[2]));
-        assert!(recent.insert(ids[2]));
     }
 
     #[test]
@@ -487,6 +469,7 @@ mod tests {
     fn spec_debug_hides_the_amqp_password() {
         let spec = StoreSpec::Amqp {
             url: "amqp://fleet:s3cret@broker:5672/prod".to_owned(),
+            path: PathBuf::from("/state/inbox.db"),
         };
         let shown = format!("{spec:?}");
         assert!(!shown.contains("s3cret"), "{shown}");

@@ -1,6 +1,6 @@
 //! The AMQP backend's connection handling: one session (connection + confirm-mode publishing
-//! channel), queue declaration, the publish-and-confirm step, error classification and the
-//! reconnect backoff. Knows lapin; knows nothing about held windows or peek order.
+//! channel), the queues' declaration arguments, the publish-and-confirm step, error
+//! classification and the reconnect backoff. Knows lapin; knows nothing about the local inbox.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -13,7 +13,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 
 use fleetd_core::{Message, Target};
 
-use super::{guard, queue_name};
+use super::{dead_letter_queue_name, guard, queue_name};
 use crate::store::StoreError;
 
 /// How long an operation keeps reconnecting before it gives up with [`StoreError::Unavailable`].
@@ -26,18 +26,35 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Longest wait for the TCP + AMQP handshake of one connection attempt.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `x-delivery-limit` of every inbox queue: after this many failed deliveries (returned by a
+/// dropped connection, or, before RabbitMQ 4.3, by a consumer timeout) the broker dead-letters a
+/// message instead of delivering it again. 20 is RabbitMQ 4.x's default, stated explicitly so
+/// 3.x brokers (no default: unlimited) behave the same. fleetd acks every delivery within the
+/// call that pulled it, so only crashes in the middle of an ingest count.
+const DELIVERY_LIMIT: i32 = 20;
+
 /// One live connection with its confirm-mode publishing channel.
 pub(super) struct Session {
     pub(super) generation: u64,
     pub(super) connection: Connection,
     pub(super) publisher: Channel,
-    declared: Mutex<HashSet<Target>>,
+    /// Targets whose queues this session declared (and migrated, if they were old).
+    ready: Mutex<HashSet<Target>>,
 }
 
 /// Why one attempt failed: worth reconnecting and retrying, or final.
 pub(super) enum Failure {
     Transient(String),
     Fatal(StoreError),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Transient(why) => f.write_str(why),
+            Self::Fatal(err) => err.fmt(f),
+        }
+    }
 }
 
 impl From<lapin::Error> for Failure {
@@ -72,6 +89,13 @@ pub(super) fn is_not_found(err: &lapin::Error) -> bool {
         if *amqp.kind() == AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
 }
 
+/// The broker refused a declaration because the queue exists with other arguments (it was
+/// declared by an older fleetd). The broker closed the channel.
+pub(super) fn is_precondition_failed(err: &lapin::Error) -> bool {
+    matches!(err.kind(), ErrorKind::ProtocolError(amqp)
+        if *amqp.kind() == AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED))
+}
+
 /// Paces reconnect attempts and enforces [`RECONNECT_DEADLINE`].
 pub(super) struct Backoff {
     next: Duration,
@@ -90,7 +114,7 @@ impl Backoff {
     pub(super) async fn pause(&mut self, op: &str, why: &str) -> Result<(), StoreError> {
         if self.spent >= RECONNECT_DEADLINE {
             return Err(StoreError::Unavailable(format!(
-                "{op}: still failing after {}s of reconnecting ({why})",
+                "{op}: still failing after {}s of reconnecting ({why}); check that the broker named by store.url is running and reachable",
                 RECONNECT_DEADLINE.as_secs()
             )));
         }
@@ -121,7 +145,7 @@ impl Session {
             generation,
             connection,
             publisher,
-            declared: Mutex::new(HashSet::new()),
+            ready: Mutex::new(HashSet::new()),
         })
     }
 
@@ -129,38 +153,67 @@ impl Session {
         self.connection.status().connected() && self.publisher.status().connected()
     }
 
-    /// Declares the target's queue once per session (declaring is idempotent on the broker).
-    pub(super) async fn declare(&self, target: &Target) -> Result<(), Failure> {
-        if guard(&self.declared).contains(target) {
-            return Ok(());
+    /// Whether this session already declared `target`'s queues.
+    pub(super) fn is_ready(&self, target: &Target) -> bool {
+        guard(&self.ready).contains(target)
+    }
+
+    pub(super) fn set_ready(&self, target: &Target, ready: bool) {
+        let mut set = guard(&self.ready);
+        if ready {
+            set.insert(target.clone());
+        } else {
+            set.remove(target);
         }
-        declare(&self.publisher, target, false).await?;
-        guard(&self.declared).insert(target.clone());
-        Ok(())
     }
 }
 
-/// `queue.declare` for a target's inbox: durable quorum queue. `passive` only checks it exists
-/// (a missing queue is a 404 that closes `channel`). Returns the count of ready messages.
-pub(super) async fn declare(
-    channel: &Channel,
-    target: &Target,
-    passive: bool,
-) -> Result<u32, lapin::Error> {
+/// The arguments of a target's inbox queue: a durable quorum queue with an explicit delivery
+/// limit whose rejected and over-delivered messages go, through the default exchange, to the
+/// target's dead-letter queue. At-least-once dead-lettering (RabbitMQ >= 3.10) keeps a message
+/// until the dead-letter queue confirmed it; it requires `x-overflow: reject-publish`.
+fn inbox_arguments(target: &Target) -> FieldTable {
+    let mut args = quorum();
+    let text = |value: &str| AMQPValue::LongString(value.into());
+    args.insert(
+        "x-delivery-limit".into(),
+        AMQPValue::LongInt(DELIVERY_LIMIT),
+    );
+    args.insert("x-dead-letter-exchange".into(), text(""));
+    args.insert(
+        "x-dead-letter-routing-key".into(),
+        text(&dead_letter_queue_name(target)),
+    );
+    args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+    args.insert("x-overflow".into(), text("reject-publish"));
+    args
+}
+
+/// The arguments of a durable quorum queue (a dead-letter queue).
+fn quorum() -> FieldTable {
     let mut args = FieldTable::default();
     args.insert(
         "x-queue-type".into(),
         AMQPValue::LongString("quorum".into()),
     );
+    args
+}
+
+/// Declares the target's dead-letter queue, then its inbox queue with [`inbox_arguments`], on
+/// `channel`. Fails with PRECONDITION_FAILED (see [`is_precondition_failed`]; the broker closes
+/// the channel) when the inbox queue exists with other arguments.
+pub(super) async fn declare(channel: &Channel, target: &Target) -> Result<(), lapin::Error> {
     let options = QueueDeclareOptions {
         durable: true,
-        passive,
         ..QueueDeclareOptions::default()
     };
-    let queue = channel
-        .queue_declare(queue_name(target).into(), options, args)
+    channel
+        .queue_declare(dead_letter_queue_name(target).into(), options, quorum())
         .await?;
-    Ok(queue.message_count())
+    channel
+        .queue_declare(queue_name(target).into(), options, inbox_arguments(target))
+        .await?;
+    Ok(())
 }
 
 pub(super) async fn publish_once(
@@ -168,7 +221,6 @@ pub(super) async fn publish_once(
     message: &Message,
     body: &[u8],
 ) -> Result<(), Failure> {
-    session.declare(&message.target).await?;
     let properties = BasicProperties::default()
         .with_message_id(message.msg_id.to_string().into())
         .with_delivery_mode(2)
@@ -194,7 +246,7 @@ pub(super) async fn publish_once(
         Confirmation::Ack(None) => Ok(()),
         Confirmation::Ack(Some(_returned)) => {
             // Unroutable: the queue vanished (deleted by an operator). Declare it again and retry.
-            guard(&session.declared).remove(&message.target);
+            session.set_ready(&message.target, false);
             Err(Failure::Transient(format!(
                 "queue {} did not exist",
                 queue_name(&message.target)

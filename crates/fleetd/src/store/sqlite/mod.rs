@@ -110,6 +110,67 @@ impl SqliteStore {
         &self.path
     }
 
+    /// Whether `msg_id` is pending in any inbox or was acknowledged recently (within
+    /// [`super::DEDUP_WINDOW`]): the AMQP backend asks before it publishes a message again.
+    pub(crate) async fn knows(&self, msg_id: MsgId) -> Result<bool, StoreError> {
+        self.read(move |conn| {
+            let id = msg_id.to_string();
+            conn.prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM messages WHERE msg_id = ?1)
+                     OR EXISTS (SELECT 1 FROM acked WHERE msg_id = ?1)",
+            )
+            .and_then(|mut stmt| stmt.query_row([id], |row| row.get::<_, bool>(0)))
+            .map_err(|err| StoreError::backend("look a message id up in the embedded inbox", err))
+        })
+        .await
+    }
+
+    /// Publishes `messages` in one go: each is queued to the writer in order before any answer is
+    /// awaited, so they commit in this order and share commits (one fsync for the lot). One
+    /// answer per message, in order; a message that breaks the limits is refused alone.
+    pub(crate) async fn publish_all(
+        &self,
+        messages: Vec<Message>,
+    ) -> Vec<Result<PublishOutcome, StoreError>> {
+        let ops = guard(&self.writer)
+            .as_ref()
+            .map(|writer| writer.ops.clone());
+        let mut answers = Vec::with_capacity(messages.len());
+        for message in messages {
+            let Some(ops) = ops.as_ref() else {
+                answers.push(Err(StoreError::Closed));
+                continue;
+            };
+            if let Err(err) = message.check(&self.limits) {
+                answers.push(Err(err.into()));
+                continue;
+            }
+            let (reply, answer) = oneshot::channel();
+            answers.push(match ops.send(Op::Publish { message, reply }).await {
+                Ok(()) => Ok(answer),
+                Err(_) => Err(StoreError::Closed),
+            });
+        }
+        let mut outcomes = Vec::with_capacity(answers.len());
+        for answer in answers {
+            outcomes.push(match answer {
+                Ok(answer) => answer.await.unwrap_or(Err(StoreError::Closed)),
+                Err(err) => Err(err),
+            });
+        }
+        outcomes
+    }
+
+    /// The error of the last write that failed, until a write succeeds again (the disk is full,
+    /// say): the AMQP backend pulls nothing from the broker that it could not commit.
+    pub(crate) fn write_failure(&self) -> Option<StoreError> {
+        self.stats
+            .last_failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// Sends one write to the writer thread and waits for its committed result.
     async fn write<T>(
         &self,

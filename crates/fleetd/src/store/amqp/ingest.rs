@@ -1,0 +1,381 @@
+//! The AMQP backend's ingest: declaring a target's queues (and migrating a queue an older fleetd
+//! declared), then moving what waits in it into the local inbox — commit locally, then ack —
+//! on a channel of its own that is closed when done, so no delivery outlives the call.
+//! What fleetd cannot take (not a fleetd message, another target's, over the size limit) is
+//! rejected into the dead-letter queue. Knows lapin's channel calls; connection handling lives
+//! in `session`.
+//!
+//! Migration. A queue declared by fleetd before the delivery limit existed has different
+//! arguments, so declaring it again fails with PRECONDITION_FAILED, and arguments cannot be
+//! changed in place. So: ingest every message of the old queue, delete it, declare it anew.
+//! Quorum queues refuse `queue.delete` with `if_empty` (RabbitMQ 3.10 answers NOT_IMPLEMENTED
+//! and closes the connection), so the delete is unconditional; it runs under the target's lock,
+//! which fleetd's own publishes to the target wait for, right after the ingest found the queue
+//! empty. Only a publisher outside this daemon could slip a message in between; the delete's
+//! count says so, and it is logged as an error. An old queue has no dead-letter exchange, so its
+//! poison is copied into the dead-letter queue (confirmed) before it is acked, never rejected.
+
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, message::Delivery};
+
+use fleetd_core::{Message, MsgId, Target};
+
+use super::session::{Failure, Session, declare, is_precondition_failed};
+use super::{Inner, queue_name};
+use crate::store::{PublishOutcome, StoreError};
+
+/// Most deliveries one ingest step pulls before it commits them (in one local transaction) and
+/// acks them. Bounds the memory of a step together with [`INGEST_BATCH_BYTES`].
+const INGEST_BATCH: usize = 64;
+
+/// Most message bytes one ingest step holds (messages are up to `maxMessageBytes` each).
+const INGEST_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// Whether `target`'s inbox queue exists on the broker (a passive declare on a channel of its
+/// own: a missing queue closes that channel, nothing else).
+pub(super) async fn exists(session: &Session, target: &Target) -> Result<bool, Failure> {
+    let channel = session.connection.create_channel().await?;
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let found = match channel
+        .queue_declare(queue_name(target).into(), options, FieldTable::default())
+        .await
+    {
+        Ok(_) => true,
+        Err(err) if super::session::is_not_found(&err) => return Ok(false),
+        Err(err) => return Err(err.into()),
+    };
+    close(&channel).await;
+    Ok(found)
+}
+
+/// Closes a channel the ingest opened. Closing returns every delivery it still holds to the
+/// queue; a channel the broker closed already needs nothing.
+async fn close(channel: &Channel) {
+    if channel.status().connected()
+        && let Err(err) = channel.close(200, "ingest done".into()).await
+    {
+        tracing::debug!(error = %err, "closing an ingest channel failed");
+    }
+}
+
+/// What an ingest is for, which says when another one running for the same target will do.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Need {
+    /// Everything waiting now (at start, the sweep): wait for a running ingest, then run.
+    All,
+    /// A message just confirmed (a publish): wait for a running ingest; if that took the
+    /// message in, there is nothing left to do. So concurrent publishers share ingests.
+    Message(MsgId),
+    /// Whatever waits (before a read): if an ingest is running it takes that in, so skip. A
+    /// reader needs no more: publishes from this daemon are taken in before they return.
+    IfIdle,
+}
+
+/// The kind of inbox queue [`Inner::pull`] empties, which says when it stops and where poison
+/// goes.
+#[derive(Clone, Copy)]
+enum Queue<'c> {
+    /// Declared with a dead-letter exchange. The pull stops when a delivery says it was the
+    /// last ready message.
+    Current,
+    /// Declared by an older fleetd, without one, and about to be deleted: the pull stops only
+    /// at `get-empty`, and poison is copied to the dead-letter queue through `publisher` (a
+    /// confirm-mode channel).
+    Old { publisher: &'c Channel },
+}
+
+/// Why a delivery goes to the dead-letter queue, as the metric's `reason` label.
+#[derive(Debug, Clone, Copy)]
+enum Poison {
+    /// Not JSON of a fleetd message.
+    Undecodable,
+    /// A fleetd message for another target.
+    WrongTarget,
+    /// A fleetd message that breaks this daemon's limits.
+    Refused,
+}
+
+impl Poison {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Undecodable => "undecodable",
+            Self::WrongTarget => "wrong_target",
+            Self::Refused => "refused",
+        }
+    }
+}
+
+impl Inner {
+    /// Declares (or migrates) `target`'s queues if this session has not, then moves every
+    /// message waiting in its inbox queue into the local inbox. Returns how many were new.
+    /// `need` says when a concurrent ingest of the same target makes this one unnecessary.
+    pub(super) async fn ingest(
+        &self,
+        session: &Session,
+        target: &Target,
+        need: Need,
+    ) -> Result<u64, Failure> {
+        let lock = self.lock(target);
+        let _held = match need {
+            Need::IfIdle => match lock.try_lock() {
+                Ok(held) => held,
+                Err(_) => return Ok(0),
+            },
+            Need::All | Need::Message(_) => lock.lock().await,
+        };
+        if let Need::Message(id) = need
+            && self.local.knows(id).await.map_err(Failure::Fatal)?
+        {
+            return Ok(0);
+        }
+        self.ensure(session, target).await?;
+        let channel = session.connection.create_channel().await?;
+        let result = match need {
+            // Just confirmed: it is there, no need to look first.
+            Need::Message(_) => self.pull(&channel, target, Queue::Current).await,
+            Need::All | Need::IfIdle => match self.waiting(session, &channel, target).await {
+                Ok(0) => Ok(0),
+                Ok(_) => self.pull(&channel, target, Queue::Current).await,
+                Err(failure) => Err(failure),
+            },
+        };
+        close(&channel).await;
+        result
+    }
+
+    /// Declares `target`'s queues once per session, migrating an old inbox queue. The caller
+    /// holds the target's lock.
+    pub(super) async fn ensure(&self, session: &Session, target: &Target) -> Result<(), Failure> {
+        if session.is_ready(target) {
+            return Ok(());
+        }
+        let channel = session.connection.create_channel().await?;
+        let declared = declare(&channel, target).await;
+        close(&channel).await;
+        match declared {
+            Ok(()) => {}
+            Err(err) if is_precondition_failed(&err) => self.migrate(session, target).await?,
+            Err(err) => return Err(err.into()),
+        }
+        session.set_ready(target, true);
+        Ok(())
+    }
+
+    /// Moves every message of an old-style inbox queue into the local inbox, deletes the queue
+    /// and declares it again with the current arguments (see the module docs).
+    async fn migrate(&self, session: &Session, target: &Target) -> Result<(), Failure> {
+        let queue = queue_name(target);
+        tracing::info!(
+            %queue,
+            "the queue was declared by an older fleetd (no delivery limit or dead-letter queue); moving its messages into the local inbox and declaring it again"
+        );
+        let channel = session.connection.create_channel().await?;
+        let result = async {
+            let old = Queue::Old {
+                publisher: &session.publisher,
+            };
+            let moved = self.pull(&channel, target, old).await?;
+            let deleted = channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await?;
+            if deleted > 0 {
+                tracing::error!(
+                    %queue,
+                    deleted,
+                    "messages arrived in the old queue between its last read and its deletion and were deleted with it: a publisher outside this fleetd uses the queue"
+                );
+            }
+            declare(&channel, target).await?;
+            Ok::<_, Failure>(moved)
+        }
+        .await;
+        close(&channel).await;
+        let moved = result?;
+        tracing::info!(%queue, moved, "queue migrated: it now has a delivery limit and a dead-letter queue");
+        Ok(())
+    }
+
+    /// Pulls every message waiting in `target`'s inbox queue on `channel`, a step at a time:
+    /// up to [`INGEST_BATCH`] deliveries, committed to the local inbox in one go (in msgId
+    /// order), then acked; poison is rejected into the dead-letter queue. A delivery whose
+    /// commit failed stays unacked, and the caller's closing of the channel returns it.
+    ///
+    /// On a quorum queue every `basic.get` is a replicated, fsynced command, an empty one too:
+    /// so a current queue's pull stops when a `get-ok` says no message is left. An old queue's
+    /// (a migration, which deletes the queue next) goes on to `get-empty`.
+    async fn pull(
+        &self,
+        channel: &Channel,
+        target: &Target,
+        queue: Queue<'_>,
+    ) -> Result<u64, Failure> {
+        if let Some(err) = self.local.write_failure() {
+            // Pulling now would only return the deliveries, each return counting toward the
+            // delivery limit: leave them on the broker until the local file takes writes
+            // (`/healthz` reports the failure meanwhile).
+            tracing::debug!(error = %err, "the local inbox takes no writes; leaving messages on the broker");
+            return Ok(0);
+        }
+        let name = queue_name(target);
+        let mut fresh = 0;
+        loop {
+            let mut batch: Vec<Delivery> = Vec::new();
+            let (mut bytes, mut last) = (0, false);
+            while batch.len() < INGEST_BATCH && bytes < INGEST_BATCH_BYTES {
+                let got = channel
+                    .basic_get(name.as_str().into(), BasicGetOptions { no_ack: false })
+                    .await?;
+                let Some(got) = got else {
+                    last = true;
+                    break;
+                };
+                bytes += got.delivery.data.len();
+                batch.push(got.delivery);
+                if matches!(queue, Queue::Current) && got.message_count == 0 {
+                    last = true;
+                    break;
+                }
+            }
+            fresh += self.settle(channel, target, queue, batch).await?;
+            if last {
+                return Ok(fresh);
+            }
+        }
+    }
+
+    /// How many messages wait ready in `target`'s inbox queue (a passive declare, which the
+    /// broker answers from the queue's state without a replicated command). A queue deleted
+    /// under this session is declared again by the next ingest.
+    async fn waiting(
+        &self,
+        session: &Session,
+        channel: &Channel,
+        target: &Target,
+    ) -> Result<u32, Failure> {
+        let options = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        match channel
+            .queue_declare(queue_name(target).into(), options, FieldTable::default())
+            .await
+        {
+            Ok(queue) => Ok(queue.message_count()),
+            Err(err) if super::session::is_not_found(&err) => {
+                session.set_ready(target, false);
+                Ok(0)
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Commits one step's deliveries locally and acks them on the broker.
+    async fn settle(
+        &self,
+        channel: &Channel,
+        target: &Target,
+        queue: Queue<'_>,
+        batch: Vec<Delivery>,
+    ) -> Result<u64, Failure> {
+        let mut good: Vec<(usize, Message)> = Vec::with_capacity(batch.len());
+        for (index, delivery) in batch.iter().enumerate() {
+            match serde_json::from_slice::<Message>(&delivery.data) {
+                Ok(message) if message.target == *target => good.push((index, message)),
+                Ok(_) => {
+                    self.park(channel, target, queue, delivery, Poison::WrongTarget)
+                        .await?
+                }
+                Err(_) => {
+                    self.park(channel, target, queue, delivery, Poison::Undecodable)
+                        .await?
+                }
+            }
+        }
+        // Requeued messages may come back after newer ones: commit each step in msgId order.
+        good.sort_by_key(|(_, message)| message.msg_id);
+        let (indexes, messages): (Vec<usize>, Vec<Message>) = good.into_iter().unzip();
+        let outcomes = self.local.publish_all(messages).await;
+        let mut fresh = 0;
+        let mut failed: Option<StoreError> = None;
+        for (index, outcome) in indexes.into_iter().zip(outcomes) {
+            let delivery = &batch[index];
+            match outcome {
+                Ok(outcome) => {
+                    fresh += u64::from(outcome == PublishOutcome::Stored);
+                    channel
+                        .basic_ack(delivery.delivery_tag, BasicAckOptions::default())
+                        .await?;
+                }
+                Err(StoreError::Refused(_)) => {
+                    self.park(channel, target, queue, delivery, Poison::Refused)
+                        .await?;
+                }
+                Err(err) => {
+                    failed.get_or_insert(err);
+                }
+            }
+        }
+        match failed {
+            Some(err) => Err(Failure::Fatal(err)),
+            None => Ok(fresh),
+        }
+    }
+
+    /// Moves one delivery fleetd cannot take to the target's dead-letter queue: a current queue
+    /// dead-letters what is rejected without requeueing; an old one has no dead-letter exchange
+    /// (a reject would destroy it), so a copy is published there (confirmed) before the ack.
+    /// Logged without its body.
+    async fn park(
+        &self,
+        channel: &Channel,
+        target: &Target,
+        queue: Queue<'_>,
+        delivery: &Delivery,
+        why: Poison,
+    ) -> Result<(), Failure> {
+        let dead = super::dead_letter_queue_name(target);
+        match queue {
+            Queue::Current => {
+                channel
+                    .basic_reject(delivery.delivery_tag, BasicRejectOptions { requeue: false })
+                    .await?;
+            }
+            Queue::Old { publisher } => {
+                let confirm = publisher
+                    .basic_publish(
+                        "".into(),
+                        dead.as_str().into(),
+                        BasicPublishOptions::default(),
+                        &delivery.data,
+                        delivery.properties.clone(),
+                    )
+                    .await?
+                    .await?;
+                if !confirm.is_ack() {
+                    return Err(Failure::Transient(format!(
+                        "the broker did not confirm a copy into {dead}"
+                    )));
+                }
+                channel
+                    .basic_ack(delivery.delivery_tag, BasicAckOptions::default())
+                    .await?;
+            }
+        }
+        metrics::counter!("fleetd_amqp_dead_lettered_total", "reason" => why.as_str()).increment(1);
+        tracing::warn!(
+            queue = %queue_name(target),
+            dead_letter_queue = %dead,
+            reason = why.as_str(),
+            bytes = delivery.data.len(),
+            "a message in the inbox queue is not a fleetd message this daemon can take; moved to the dead-letter queue"
+        );
+        Ok(())
+    }
+}
