@@ -409,9 +409,20 @@ async fn a_send_keys_that_times_out_may_have_typed() {
         .open_pane(open("fleet", &[], vec!["cat".into()]))
         .await
         .expect("open");
-    // A tmux client killed at its timeout may already have handed the keys to the server.
+    // A tmux client killed at its timeout may already have handed the keys to the server: here
+    // every client does its work and then hangs, so each call times out after it acted (a zero
+    // timeout raced the client, which sometimes finished first on a busy machine).
+    let bin = tempfile::tempdir().expect("tempdir");
+    let program = bin.path().join("tmux-then-hang");
+    std::fs::write(&program, "#!/bin/sh\ntmux \"$@\"\nexec sleep 30\n").expect("wrapper");
+    std::fs::set_permissions(
+        &program,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
     let mut config = server.backend_config();
-    config.call_timeout = Duration::ZERO;
+    config.call_timeout = Duration::from_millis(500);
+    config.program = program;
     let impatient = Tmux::new(config);
     for err in [
         impatient
