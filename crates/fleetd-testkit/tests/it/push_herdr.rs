@@ -46,6 +46,17 @@ fn send(rig: &HerdrRig, lead: &str, target: &str, timeout_secs: u32) {
     );
 }
 
+/// Restarts herdr: every pane comes back with a new terminal and a fresh shell. Returns once it
+/// answers again.
+fn restart_herdr(rig: &HerdrRig) {
+    rig.herdr
+        .fault(&json!({ "fault": "restart", "down_ms": 800 }))
+        .expect("restart");
+    wait_until("herdr to answer again", Duration::from_secs(30), || {
+        rig.herdr.call("ping", &json!({})).is_ok()
+    });
+}
+
 fn reply_waiting(rig: &HerdrRig, target: &str) -> bool {
     http::get(
         rig.daemon.operator(),
@@ -111,13 +122,7 @@ fn e2e_herdr_closing_the_delegating_lead_sends_the_nudge_to_the_primary() {
 fn e2e_herdr_restart_between_reply_and_nudge_loses_nothing() {
     let rig = rig();
     let lead = lead_busy_when_nia_replies(&rig);
-    // herdr restarts: every pane comes back with a new terminal and a fresh shell.
-    rig.herdr
-        .fault(&json!({ "fault": "restart", "down_ms": 800 }))
-        .expect("restart");
-    wait_until("herdr to answer again", Duration::from_secs(30), || {
-        rig.herdr.call("ping", &json!({})).is_ok()
-    });
+    restart_herdr(&rig);
     // The user starts the lead agent again in the primary tab: fleetd finds it and nudges it.
     rig.start_agent(&lead);
     wait_until(
@@ -273,13 +278,7 @@ fn e2e_herdr_a_restart_leaves_no_restored_shells_of_released_members() {
     let (_, lead) = rig.agent_lead("boss");
     spawn(&rig, &lead, "slow", "nia");
     spawn(&rig, &lead, "slower", "zed");
-    // herdr restarts: every pane comes back with a new terminal and a fresh shell.
-    rig.herdr
-        .fault(&json!({ "fault": "restart", "down_ms": 800 }))
-        .expect("restart");
-    wait_until("herdr to answer again", Duration::from_secs(30), || {
-        rig.herdr.call("ping", &json!({})).is_ok()
-    });
+    restart_herdr(&rig);
     wait_until("both members released", Duration::from_secs(30), || {
         ["nia", "zed"].iter().all(|m| {
             http::get(rig.daemon.operator(), &format!("/sessions/{m}"))

@@ -217,6 +217,29 @@ impl Watcher {
         (true, self.follow(&mut reader, &terminal).await)
     }
 
+    /// Reads the pane (deriving its status when herdr knows no agent there) and publishes the
+    /// reading: always when `forced` (a poke), else only a change. `Err` when the pane is gone;
+    /// any other failure is logged and the watch goes on.
+    async fn read_pane(&mut self, forced: bool) -> Result<(), ()> {
+        match self.herdr.derived_inner(&self.pane).await {
+            Ok((info, derived)) => {
+                self.derive = derived.is_some();
+                let status = derived.unwrap_or(info.status);
+                if forced {
+                    self.observe_forced(info.terminal, status);
+                } else {
+                    self.observe(info.terminal, status);
+                }
+                Ok(())
+            }
+            Err(e) if e.is_not_found() => Err(()),
+            Err(e) => {
+                tracing::debug!(pane = %self.pane, error = %e, "herdr pane read failed; the watch goes on");
+                Ok(())
+            }
+        }
+    }
+
     /// Reads pushed events until the connection ends or the pane is gone.
     async fn follow(
         &mut self,
@@ -229,24 +252,14 @@ impl Watcher {
             let read = tokio::select! {
                 read = wire::read_line_limited(reader, wire::MAX_LINE_BYTES) => read,
                 () = self.poke.notified() => {
-                    match self.herdr.derived_inner(&self.pane).await {
-                        Ok((info, derived)) => {
-                            self.derive = derived.is_some();
-                            self.observe_forced(info.terminal, derived.unwrap_or(info.status));
-                        }
-                        Err(e) if e.is_not_found() => return SessionEnd::Gone,
-                        Err(e) => tracing::debug!(pane = %self.pane, error = %e, "herdr pane read failed; the subscription goes on"),
+                    if self.read_pane(true).await.is_err() {
+                        return SessionEnd::Gone;
                     }
                     continue;
                 }
                 _ = derive_tick.tick(), if self.derive => {
-                    match self.herdr.derived_inner(&self.pane).await {
-                        Ok((info, derived)) => {
-                            self.derive = derived.is_some();
-                            self.observe(info.terminal, derived.unwrap_or(info.status));
-                        }
-                        Err(e) if e.is_not_found() => return SessionEnd::Gone,
-                        Err(e) => tracing::debug!(pane = %self.pane, error = %e, "herdr pane read failed; deriving again at the next tick"),
+                    if self.read_pane(false).await.is_err() {
+                        return SessionEnd::Gone;
                     }
                     continue;
                 }
