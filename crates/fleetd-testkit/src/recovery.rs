@@ -158,6 +158,10 @@ struct Session {
     read: BTreeSet<String>,
     /// Askers with a question seen open (so one was stored and must be answered).
     asked: BTreeSet<String>,
+    /// Tickets seen in a final state: a final state never changes, so they are not polled
+    /// again (polling every ticket of the run on every settle check made a round take longer
+    /// the longer the run, up to the settle timeout by round 100).
+    ended: std::cell::RefCell<BTreeSet<String>>,
     counts: Counts,
 }
 
@@ -243,6 +247,7 @@ impl Session {
             tasks: BTreeMap::new(),
             read: BTreeSet::new(),
             asked: BTreeSet::new(),
+            ended: std::cell::RefCell::default(),
             counts: Counts::default(),
         })
     }
@@ -368,21 +373,24 @@ impl Session {
 
     /// Every ticket ended, and every send that got a ticket was typed into its member.
     fn settled(&self, asker: Option<&str>) -> bool {
-        let delivered: BTreeMap<String, BTreeMap<String, usize>> = self
-            .members
-            .values()
-            .map(|m| (m.name.clone(), m.prompts()))
-            .collect();
         if asker.is_some_and(|q| !self.asker_done(q)) {
             return false;
         }
+        // Each member's log is read once per check, and only for members with a task still
+        // to settle (typed and ended stay so).
+        let mut delivered: BTreeMap<&str, BTreeMap<String, usize>> = BTreeMap::new();
         self.tasks.iter().all(|((member, text), ticket)| {
             let Some(ticket) = ticket else { return true };
-            let typed = delivered
-                .get(member)
-                .and_then(|p| p.get(text))
-                .copied()
-                .unwrap_or(0);
+            if self.ended.borrow().contains(ticket.as_str()) {
+                return true;
+            }
+            let prompts = delivered.entry(member.as_str()).or_insert_with(|| {
+                self.members
+                    .get(member)
+                    .map(Member::prompts)
+                    .unwrap_or_default()
+            });
+            let typed = prompts.get(text).copied().unwrap_or(0);
             typed >= 1 && self.ended(ticket)
         })
     }
@@ -423,13 +431,21 @@ impl Session {
     }
 
     fn ended(&self, ticket: &str) -> bool {
-        self.operator
+        if self.ended.borrow().contains(ticket) {
+            return true;
+        }
+        let ended = self
+            .operator
             .tool("fleet_poll", &json!({ "ticket": ticket }))
             .is_ok_and(|v| {
                 v["state"]
                     .as_str()
                     .is_some_and(|s| !matches!(s, "queued" | "delivered" | "working"))
-            })
+            });
+        if ended {
+            self.ended.borrow_mut().insert(ticket.to_owned());
+        }
+        ended
     }
 
     /// The checks over the whole run.
