@@ -12,6 +12,19 @@ use super::super::{Delivered, LeadRef, Settled, TicketAnswer, TicketView};
 use super::{Io, State, view};
 
 impl State {
+    /// The text typed into a member's pane for `ticket`: its task as the injection plan shapes
+    /// it (a long task is referred to, not typed whole).
+    pub(super) fn injection_text(&self, ticket: Ticket) -> String {
+        let task = self
+            .tasks
+            .get(&ticket)
+            .map(String::as_str)
+            .unwrap_or_default();
+        fleetd_core::plan_injection(task, ticket, self.max_inject)
+            .text()
+            .to_owned()
+    }
+
     /// Queues `task` for `target` (a `fleet_send`), unless `limits.maxQueuedTasks` tasks already
     /// wait to be typed into its pane.
     pub(in crate::engine) fn submit(
@@ -295,14 +308,7 @@ impl State {
                     let Some(pane) = self.members.get(&target).map(|m| m.pane.clone()) else {
                         continue;
                     };
-                    let task = self
-                        .tasks
-                        .get(&ticket)
-                        .map(String::as_str)
-                        .unwrap_or_default();
-                    let text = fleetd_core::plan_injection(task, ticket, self.max_inject)
-                        .text()
-                        .to_owned();
+                    let text = self.injection_text(ticket);
                     // Durable before it is typed: after a restart it is never typed again.
                     if self.typed.insert(ticket) {
                         self.dirty.tickets.insert(ticket);

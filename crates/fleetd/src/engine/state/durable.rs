@@ -398,14 +398,7 @@ impl State {
                 // is typed into that member.
                 self.injector.restore_typing(&target, ticket);
                 if let Some(pane) = self.members.get(&target).map(|m| m.pane.clone()) {
-                    let task = self
-                        .tasks
-                        .get(&ticket)
-                        .map(String::as_str)
-                        .unwrap_or_default();
-                    let text = fleetd_core::plan_injection(task, ticket, self.max_inject)
-                        .text()
-                        .to_owned();
+                    let text = self.injection_text(ticket);
                     io.push(Io::FindTyped {
                         target,
                         ticket,
