@@ -206,6 +206,9 @@ struct LeadState {
     seen: BTreeMap<String, u64>,
     /// Deferred-busy was already counted for this wait (count transitions, not ticks).
     deferred: bool,
+    /// The multiplexer refused the last nudge because the lead was busy: its retry waits for
+    /// the lead to be seen receptive again, not for the retry interval.
+    refused_busy: bool,
 }
 
 /// The push loop.
@@ -324,6 +327,10 @@ impl PushLoop {
                 if activity != LeadActivity::Receptive {
                     // A new wait begins; count it once when mail is pending (below).
                     state.deferred = false;
+                } else if std::mem::take(&mut state.refused_busy) {
+                    // The lead that refused the nudge as busy is receptive again: nudge now
+                    // (the wake-up a user waits for), not at the retry interval.
+                    state.next_at = None;
                 }
             }
             PushInput::LeadGone { lead } => self.forget_lead(&lead, &mut out),
@@ -361,10 +368,12 @@ impl PushLoop {
                 } else {
                     PushMetric::InjectFailed
                 }));
-                // Nothing reached the lead: try again soon, not after a whole reminder backoff.
+                // Nothing reached the lead: try again soon, not after a whole reminder backoff
+                // (and, when it was busy, as soon as it is seen receptive again).
                 let backoff = self.config.backoff.min(TRANSIENT_RETRY);
                 if let Some(state) = self.leads.get_mut(lead) {
                     state.in_flight = false;
+                    state.refused_busy = outcome == InjectOutcome::Busy;
                     // It did not reach the lead: give the budget back, try again later.
                     state.sent = state.sent.saturating_sub(1);
                     state.next_at = now.checked_add(backoff).ok();

@@ -109,6 +109,43 @@ fn working_lead_is_nudged_only_after_going_idle() {
 }
 
 #[test]
+fn a_nudge_refused_as_busy_goes_out_when_the_lead_is_receptive_again() {
+    let refused = |l: &str, outcome| PushInput::Injected {
+        lead: lead(l),
+        outcome,
+    };
+    let got = run(vec![
+        (0, PushInput::Primary(Some(lead("p")))),
+        (0, status("p", LeadActivity::Receptive)),
+        (1, inbox("alice", 1)),
+        // The multiplexer saw the lead busy (a dialog opened just before the typing).
+        (1, refused("p", InjectOutcome::Busy)),
+        (1, status("p", LeadActivity::Busy)),
+        // Receptive again well before the 2 s retry: nudged at once.
+        (2, status("p", LeadActivity::Receptive)),
+        (2, delivered("p")),
+        // A transient failure still waits out its retry, receptive or not.
+        (40, inbox("alice", 2)),
+        (40, refused("p", InjectOutcome::Transient)),
+        (40, status("p", LeadActivity::Receptive)),
+        (41, PushInput::Tick),
+        (42, PushInput::Tick),
+    ]);
+    let got: Vec<String> = got.into_iter().filter(|l| !l.contains("inject")).collect();
+    assert_eq!(
+        got,
+        [
+            "@1 count Nudged",
+            "@1 count DeferredBusy",
+            "@2 count Nudged",
+            "@40 count Nudged",
+            "@40 count InjectFailed",
+            "@42 count Nudged",
+        ]
+    );
+}
+
+#[test]
 fn reminders_back_off_exponentially_then_give_up_and_reading_stops_them() {
     let mut steps = vec![
         (0, PushInput::Primary(Some(lead("p")))),
