@@ -11,6 +11,7 @@ pub mod mailbox;
 pub mod nudge;
 pub mod pane_client;
 mod rabbit;
+pub mod wake;
 
 use std::fmt::Write as _;
 use std::time::Duration;

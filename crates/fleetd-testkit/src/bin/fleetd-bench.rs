@@ -1,4 +1,4 @@
-//! `fleetd-bench [inbox|mailbox|locate|bridge|nudge|footprint|all] [args...]`: the benchmark
+//! `fleetd-bench [inbox|mailbox|locate|bridge|nudge|wake|footprint|all] [args...]`: the benchmark
 //! suite's one command. Each benchmark prints its own table; `all` runs every one (on its
 //! defaults) and ends with one combined table, side by side with the alternatives and the target
 //! of the issue that introduced each row. The numbers are reported, never asserted.
@@ -8,10 +8,11 @@ use fleetd_testkit::bench::{self, Row};
 type Bench = fn(&[String]) -> anyhow::Result<Vec<Row>>;
 
 /// Every benchmark, in the order `all` runs them, with the area its failure is reported under.
-const SUITE: [(&str, &str, Bench); 6] = [
+const SUITE: [(&str, &str, Bench); 7] = [
     ("inbox", "inbox", bench::inbox::run),
     ("mailbox", "mailbox (MCP)", bench::mailbox::run),
     ("nudge", "push", bench::nudge::run),
+    ("wake", "wake-up", bench::wake::run),
     ("locate", "identity", bench::locate::run),
     ("bridge", "bridge", bench::bridge::run),
     ("footprint", "footprint", bench::footprint::run),
@@ -45,7 +46,7 @@ fn main() -> anyhow::Result<()> {
     }
     let Some((_, _, run)) = SUITE.iter().find(|(name, _, _)| *name == which) else {
         anyhow::bail!(
-            "unknown benchmark {which:?}: use inbox, mailbox, nudge, locate, bridge, footprint or all"
+            "unknown benchmark {which:?}: use inbox, mailbox, nudge, wake, locate, bridge, footprint or all"
         );
     };
     run(&rest).map(drop)

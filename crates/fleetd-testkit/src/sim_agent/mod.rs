@@ -305,6 +305,18 @@ impl Agent {
                 draft = prompt;
                 continue;
             }
+            // `@busy=MS ...`: a turn that only works for MS (a lead kept busy on cue, so a
+            // benchmark can make it go idle at a moment it knows). Not a script step.
+            if let Some(ms) = busy_prefix(&prompt) {
+                self.log(&json!({ "event": "turn", "prompt": prompt, "action": "Busy" }));
+                let scripted = std::mem::replace(&mut self.config.work, ms);
+                self.work(false).await;
+                self.config.work = scripted;
+                self.title("sim-agent").await;
+                self.log(&json!({ "event": "turn_done" }));
+                self.say("sim-agent: turn done\r\n").await;
+                continue;
+            }
             let action = self.next_action();
             self.log(
                 &json!({ "event": "turn", "prompt": prompt, "action": format!("{action:?}") }),
@@ -482,6 +494,13 @@ fn strip_controls(line: &str) -> String {
         }
     }
     out
+}
+
+/// The work time of a `@busy=MS ...` prompt.
+fn busy_prefix(prompt: &str) -> Option<Duration> {
+    let rest = prompt.trim_start().strip_prefix("@busy=")?;
+    let ms = rest.split_whitespace().next()?;
+    ms.parse().ok().map(Duration::from_millis)
 }
 
 #[cfg(test)]

@@ -1,0 +1,593 @@
+//! Wake-up benchmark (issue 21): the reply lands while the lead is **busy**, and what is measured
+//! is how soon after the lead's turn ends the nudge reaches it — the latency a user feels. Built
+//! binary, real tmux server and fake-herdr, `sim-agent`s at both ends logging each event with a
+//! microsecond timestamp.
+//!
+//! One round: the lead sends a task (`wait: false`); the member works briefly and replies; the
+//! lead meanwhile works on something else (`@busy=MS`, a turn that only shows working), so the
+//! nudge is deferred; the lead's turn ends ("goes idle", its own log's `turn_done`), and the
+//! series run from that moment to (a) the nudge's text visible in the lead's pane (the pane read
+//! as fast as it can be) and (b) the lead starting the nudge's turn. A round whose reply did not
+//! land before the lead went idle is not counted (it measures the idle-lead path, which
+//! `fleetd-bench nudge` covers).
+//!
+//! On fake-herdr the lead's status comes from herdr, so herdr's own part is measured apart: a
+//! subscriber of the bench's own (`pane.agent_status_changed` on the lead's pane) notes when
+//! herdr reported the lead idle, and fleetd's part is what follows. Its `agent.prompt` presses
+//! Enter 300 ms after the paste by design (herdr's `PROMPT_ENTER_DELAY`), which is in the
+//! "turn starts" series and is herdr's, not fleetd's.
+//!
+//! The restart case (tmux): the reply lands while the lead is busy, fleetd is killed (-9), the
+//! lead goes idle while no fleetd runs, and fleetd is started again: from its start to the nudge
+//! visible (fleetd's start-up included).
+//!
+//! `fleetd-bench wake [--rounds N] [--restarts N]`. Prints; never asserts.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::{Value, json};
+
+use super::{Met, Row, Summary, progress};
+use crate::http;
+
+const DEFAULT_ROUNDS: usize = 30;
+const DEFAULT_RESTARTS: usize = 8;
+/// The member's turn: short, so its reply lands well inside the lead's busy turn.
+const MEMBER_WORK_MS: u32 = 150;
+/// The lead's busy turn after sending.
+const LEAD_BUSY_MS: u32 = 1200;
+/// Issue 21's target for fleetd's part.
+const TARGET: Duration = Duration::from_millis(50);
+
+/// A lead agent's pane, as the rig of one backend drives it.
+trait Lead {
+    fn type_line(&self, line: &str);
+    fn history(&self) -> String;
+}
+
+/// One backend's series.
+#[derive(Default)]
+struct Series {
+    visible: Vec<Duration>,
+    turn: Vec<Duration>,
+    /// fake-herdr only: lead idle → herdr reports it idle (herdr's part).
+    herdr: Vec<Duration>,
+    /// fake-herdr only: herdr reported idle → nudge visible (fleetd's part).
+    fleetd: Vec<Duration>,
+    /// Rounds not counted because the reply landed after the lead went idle.
+    late: usize,
+}
+
+/// Runs the benchmark, prints its tables and returns its rows.
+pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
+    let rounds = super::arg_number(args, "--rounds", DEFAULT_ROUNDS)?;
+    let restarts = super::arg_number(args, "--restarts", DEFAULT_RESTARTS)?;
+    let has_tmux = crate::require_tmux() == crate::Service::Present;
+    let tmux = if has_tmux {
+        guarded(|| on_tmux(rounds))
+    } else {
+        Err("not measured: tmux not found".to_owned())
+    };
+    let herdr = guarded(|| on_herdr(rounds));
+    let restart = if has_tmux {
+        guarded(|| restart_on_tmux(restarts))
+    } else {
+        Err("not measured: tmux not found".to_owned())
+    };
+
+    let mut rows = Vec::new();
+    println!(
+        "\nLead busy when the reply lands → lead goes idle → nudge ({rounds} rounds each; \
+         lead busy {LEAD_BUSY_MS} ms, member works {MEMBER_WORK_MS} ms)\n"
+    );
+    println!("| backend | from → until | p50 | p99 | max | n | target | met |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let line = |name: &str, what: &str, samples: &[Duration], target: bool| {
+        if samples.is_empty() {
+            println!("| {name} | {what} | no samples | | | 0 | | |");
+            return None;
+        }
+        let s = Summary::of(samples.to_vec());
+        let (t, met) = if target {
+            let met = s.p99 <= TARGET;
+            ("p99 ≤ 50 ms", if met { "yes" } else { "no" })
+        } else {
+            ("", "")
+        };
+        println!(
+            "| {name} | {what} | {} | {} | {} | {} | {t} | {met} |",
+            super::ms(s.p50),
+            super::ms(s.p99),
+            super::ms(s.max),
+            samples.len()
+        );
+        Some(s)
+    };
+    for (name, series) in [("tmux", &tmux), ("fake-herdr", &herdr)] {
+        let series = match series {
+            Ok(s) => s,
+            Err(why) => {
+                println!("| {name} | {why} | | | | | | |");
+                rows.push(Row::new(
+                    "wake-up",
+                    format!("lead goes idle → nudge visible, {name}"),
+                    why.clone(),
+                ));
+                continue;
+            }
+        };
+        let herdr_side = name == "fake-herdr";
+        // On tmux every millisecond from idle on is fleetd's (tmux reports no status).
+        let visible = line(
+            name,
+            "lead idle → nudge visible",
+            &series.visible,
+            !herdr_side,
+        );
+        let turn = line(name, "lead idle → nudge's turn starts", &series.turn, false);
+        let (herdr_part, fleetd_part) = if herdr_side {
+            (
+                line(
+                    name,
+                    "lead idle → herdr reports idle (herdr's part)",
+                    &series.herdr,
+                    false,
+                ),
+                line(
+                    name,
+                    "herdr reports idle → nudge visible (fleetd's part)",
+                    &series.fleetd,
+                    true,
+                ),
+            )
+        } else {
+            (None, None)
+        };
+        if series.late > 0 {
+            println!(
+                "| {name} | {} round(s) not counted: the reply landed after the lead went idle | | | | | | |",
+                series.late
+            );
+        }
+        let cell = |s: Option<Summary>| s.map_or_else(|| "no samples".to_owned(), |s| s.cell());
+        let mut row = Row::new(
+            "wake-up",
+            format!("lead goes idle → nudge visible, {name}"),
+            cell(visible),
+        );
+        if !herdr_side && let Some(s) = visible {
+            row = row.target("p99 ≤ 50 ms (#21)", Met::from_bool(s.p99 <= TARGET));
+        }
+        rows.push(row);
+        rows.push(Row::new(
+            "wake-up",
+            format!("lead goes idle → the nudge's turn starts, {name}"),
+            cell(turn),
+        ));
+        if herdr_side {
+            rows.push(Row::new(
+                "wake-up",
+                "lead goes idle → herdr reports it idle (herdr's part), fake-herdr",
+                cell(herdr_part),
+            ));
+            let mut row = Row::new(
+                "wake-up",
+                "herdr reports idle → nudge visible (fleetd's part), fake-herdr",
+                cell(fleetd_part),
+            );
+            if let Some(s) = fleetd_part {
+                row = row.target("p99 ≤ 50 ms (#21)", Met::from_bool(s.p99 <= TARGET));
+            }
+            rows.push(row);
+        }
+    }
+    match &restart {
+        Ok(samples) => {
+            let s = line("tmux", "fleetd (re)started → nudge visible", samples, false);
+            rows.push(Row::new(
+                "wake-up",
+                "fleetd restarted (kill -9) with a nudge due → nudge visible, tmux",
+                s.map_or_else(|| "no samples".to_owned(), |s| s.cell()),
+            ));
+        }
+        Err(why) => {
+            println!("| tmux | restart: {why} | | | | | | |");
+            rows.push(Row::new(
+                "wake-up",
+                "fleetd restarted (kill -9) with a nudge due → nudge visible, tmux",
+                why.clone(),
+            ));
+        }
+    }
+    Ok(rows)
+}
+
+fn guarded<T>(run: impl FnOnce() -> anyhow::Result<T>) -> Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(Ok(m)) => Ok(m),
+        Ok(Err(e)) => Err(format!("failed: {e:#}")),
+        Err(_) => Err("failed: the rig panicked (see stderr)".to_owned()),
+    }
+}
+
+fn config(primary_tab: &str, profile: &str) -> String {
+    format!(
+        "primary:\n  tab: {primary_tab}\n  pushReminders: 1\n  pushBackoffMs: 60000\nprofiles:\n{profile}"
+    )
+}
+
+struct TmuxLead<'a> {
+    rig: &'a crate::rig::Rig,
+    pane: String,
+}
+
+impl Lead for TmuxLead<'_> {
+    fn type_line(&self, line: &str) {
+        self.rig.type_line(&self.pane, line);
+    }
+    fn history(&self) -> String {
+        self.rig.history(&self.pane)
+    }
+}
+
+struct HerdrLead<'a> {
+    rig: &'a crate::rig_herdr::HerdrRig,
+    pane: String,
+}
+
+impl Lead for HerdrLead<'_> {
+    fn type_line(&self, line: &str) {
+        self.rig.type_line(&self.pane, line);
+    }
+    fn history(&self) -> String {
+        self.rig.history(&self.pane)
+    }
+}
+
+/// The two agents' logs.
+struct Logs {
+    _dir: tempfile::TempDir,
+    member: PathBuf,
+    lead: PathBuf,
+}
+
+impl Logs {
+    fn new() -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        Ok(Self {
+            member: dir.path().join("member.log"),
+            lead: dir.path().join("lead.log"),
+            _dir: dir,
+        })
+    }
+}
+
+fn on_tmux(rounds: usize) -> anyhow::Result<Series> {
+    let logs = Logs::new()?;
+    let profile = crate::rig::sim_profile(
+        "bench",
+        &[
+            ("SIM_AGENT_WORK_MS", &MEMBER_WORK_MS.to_string()),
+            ("SIM_AGENT_LOG", &logs.member.display().to_string()),
+        ],
+    );
+    let rig = crate::rig::Rig::start(&config("base:boss", &profile));
+    let pane = rig.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", logs.lead.display())]);
+    rig.spawn("bench", "nia");
+    let lead = TmuxLead { rig: &rig, pane };
+    let mut series = Series::default();
+    for round in 0..rounds {
+        progress(&format!("wake-up, tmux: round {round}"));
+        measure_round(
+            round,
+            &rig.daemon.operator(),
+            &logs,
+            &lead,
+            None,
+            &mut series,
+        )?;
+    }
+    Ok(series)
+}
+
+fn on_herdr(rounds: usize) -> anyhow::Result<Series> {
+    let logs = Logs::new()?;
+    let profile = format!(
+        "{}      SIM_AGENT_LOG: \"{}\"\n",
+        crate::rig_herdr::sim_profile("bench", MEMBER_WORK_MS),
+        logs.member.display()
+    );
+    let rig = crate::rig_herdr::HerdrRig::start(&config("w1:t1", &profile));
+    let (_, pane) =
+        rig.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", logs.lead.display())]);
+    rig.call_from(&pane, r#"fleet_spawn {"profile":"bench","name":"nia"}"#);
+    let statuses = StatusLog::subscribe(&rig.dir().join("herdr.sock"), &pane)?;
+    let lead = HerdrLead { rig: &rig, pane };
+    let mut series = Series::default();
+    for round in 0..rounds {
+        progress(&format!("wake-up, fake-herdr: round {round}"));
+        measure_round(
+            round,
+            &rig.daemon.operator(),
+            &logs,
+            &lead,
+            Some(&statuses),
+            &mut series,
+        )?;
+    }
+    Ok(series)
+}
+
+/// The restart case on tmux: returns fleetd start → nudge visible, one sample per restart.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a benchmark compares its timings with the agents wall-clock logs"
+)]
+fn restart_on_tmux(restarts: usize) -> anyhow::Result<Vec<Duration>> {
+    let logs = Logs::new()?;
+    let profile = crate::rig::sim_profile(
+        "bench",
+        &[
+            ("SIM_AGENT_WORK_MS", &MEMBER_WORK_MS.to_string()),
+            ("SIM_AGENT_LOG", &logs.member.display().to_string()),
+        ],
+    );
+    let mut rig = crate::rig::Rig::start(&config("base:boss", &profile));
+    let pane = rig.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", logs.lead.display())]);
+    rig.spawn("bench", "nia");
+    let mut samples = Vec::new();
+    for round in 0..restarts {
+        progress(&format!("wake-up, tmux restart: round {round}"));
+        let (member_from, lead_from) = (line_count(&logs.member), line_count(&logs.lead));
+        let seen = nudges(&rig.history(&pane));
+        send_then_busy(
+            round,
+            &logs,
+            lead_from,
+            &|l| rig.type_line(&pane, l),
+            LEAD_BUSY_MS + 1500,
+        )?;
+        // The reply is in the inbox while the lead is still busy: kill fleetd now.
+        wait_for(&logs.member, member_from, Duration::from_secs(30), |e| {
+            e["event"] == "tool" && e["name"] == "fleet_reply"
+        })?;
+        rig.kill_daemon();
+        // The lead goes idle while no fleetd runs.
+        wait_for(&logs.lead, lead_from, Duration::from_secs(30), |e| {
+            e["event"] == "turn_done" && after_busy(&logs.lead, lead_from, e)
+        })?;
+        std::thread::sleep(Duration::from_millis(300));
+        let started = std::time::Instant::now();
+        rig.restart_daemon();
+        let visible = loop {
+            if nudges(&rig.history(&pane)) > seen {
+                break started.elapsed();
+            }
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(60),
+                "no nudge in the lead's pane 60 s after the restart"
+            );
+        };
+        samples.push(visible);
+        settle(&rig.daemon.operator(), &logs.lead, lead_from)?;
+    }
+    Ok(samples)
+}
+
+fn nudges(text: &str) -> usize {
+    text.matches("[fleet]").count()
+}
+
+/// Types the task and, once the lead's send turn is over, the busy turn.
+fn send_then_busy(
+    round: usize,
+    logs: &Logs,
+    lead_from: usize,
+    type_into_lead: &dyn Fn(&str),
+    busy_ms: u32,
+) -> anyhow::Result<()> {
+    type_into_lead(&format!(
+        r#"fleet_send {{"target":"nia","task":"round {round}","wait":false}}"#
+    ));
+    wait_for(&logs.lead, lead_from, Duration::from_secs(30), |e| {
+        e["event"] == "turn_done"
+    })?;
+    type_into_lead(&format!("@busy={busy_ms} round {round}"));
+    Ok(())
+}
+
+/// Whether `event` of the lead's log comes after its busy turn started.
+fn after_busy(log: &Path, from: usize, event: &Value) -> bool {
+    let all = events(log, from);
+    let busy = all.iter().position(|e| e["action"] == "Busy");
+    let this = all.iter().position(|e| e == event);
+    matches!((busy, this), (Some(b), Some(t)) if t > b)
+}
+
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a benchmark polls and paces its rounds on the wall clock"
+)]
+fn measure_round(
+    round: usize,
+    operator: &http::Endpoint,
+    logs: &Logs,
+    lead: &dyn Lead,
+    statuses: Option<&StatusLog>,
+    series: &mut Series,
+) -> anyhow::Result<()> {
+    let (member_from, lead_from) = (line_count(&logs.member), line_count(&logs.lead));
+    let seen = nudges(&lead.history());
+    send_then_busy(round, logs, lead_from, &|l| lead.type_line(l), LEAD_BUSY_MS)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let visible_at = loop {
+        if nudges(&lead.history()) > seen {
+            break now_us();
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no nudge in the lead's pane after 60 s"
+        );
+    };
+    let turn_at = wait_for(&logs.lead, lead_from, Duration::from_secs(60), |e| {
+        e["event"] == "turn"
+            && e["prompt"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("[fleet]"))
+    })?;
+    let lead_events = events(&logs.lead, lead_from);
+    let busy = lead_events
+        .iter()
+        .position(|e| e["action"] == "Busy")
+        .context("the lead's busy turn is not in its log")?;
+    let idle_at = lead_events
+        .iter()
+        .skip(busy)
+        .find(|e| e["event"] == "turn_done")
+        .and_then(|e| e["at_us"].as_i64())
+        .context("the lead's busy turn did not end")?;
+    let reply_at = events(&logs.member, member_from)
+        .iter()
+        .find_map(|e| {
+            (e["event"] == "tool" && e["name"] == "fleet_reply")
+                .then(|| e["at_us"].as_i64())
+                .flatten()
+        })
+        .context("the member's fleet_reply is not in its log")?;
+    if reply_at < idle_at {
+        let since = |at: i64| Duration::from_micros(u64::try_from(at - idle_at).unwrap_or(0));
+        series.visible.push(since(visible_at));
+        series.turn.push(since(turn_at));
+        if let Some(statuses) = statuses {
+            // herdr's idle report for this idle moment: the first one at or after it.
+            if let Some(reported) = statuses.first_idle_after(idle_at - 1_000) {
+                series.herdr.push(since(reported.max(idle_at)));
+                series.fleetd.push(Duration::from_micros(
+                    u64::try_from(visible_at - reported.max(idle_at)).unwrap_or(0),
+                ));
+            }
+        }
+    } else {
+        series.late += 1;
+    }
+    settle(operator, &logs.lead, lead_from)
+}
+
+/// Reads the mail so the next round starts a fresh batch, and lets the nudge's turn end.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a benchmark paces its rounds on the wall clock"
+)]
+fn settle(operator: &http::Endpoint, lead_log: &Path, lead_from: usize) -> anyhow::Result<()> {
+    wait_for(lead_log, lead_from, Duration::from_secs(60), |e| {
+        e["event"] == "turn"
+            && e["prompt"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("[fleet]"))
+    })?;
+    let replies = http::get(operator, "/sessions/nia/replies")?.json();
+    for reply in replies["replies"].as_array().into_iter().flatten() {
+        if let Some(id) = reply["msgId"].as_str() {
+            http::request(
+                operator,
+                "POST",
+                &format!("/sessions/nia/replies/{id}/ack"),
+                None,
+            )?;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    Ok(())
+}
+
+/// Waits until the log at `path` (from line `from`) has an event matching `pred`; returns its
+/// `at_us`.
+fn wait_for(
+    path: &Path,
+    from: usize,
+    timeout: Duration,
+    pred: impl Fn(&Value) -> bool,
+) -> anyhow::Result<i64> {
+    let mut found = None;
+    crate::wait_until("an agent's log event", timeout, || {
+        found = events(path, from)
+            .iter()
+            .find(|e| pred(e))
+            .and_then(|e| e["at_us"].as_i64());
+        found.is_some()
+    });
+    found.context("the event has no timestamp")
+}
+
+/// Events of a sim-agent log from line `from` on.
+fn events(path: &Path, from: usize) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .skip(from)
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn line_count(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
+}
+
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a benchmark compares its timings with the agents wall-clock logs"
+)]
+fn now_us() -> i64 {
+    jiff::Timestamp::now().as_microsecond()
+}
+
+/// The bench's own subscription to herdr's status events for one pane: when each report of the
+/// agent at rest (`idle` or `done`) arrived.
+struct StatusLog {
+    idle_at: Arc<Mutex<Vec<i64>>>,
+}
+
+impl StatusLog {
+    fn subscribe(socket: &Path, pane: &str) -> anyhow::Result<Self> {
+        let mut stream = std::os::unix::net::UnixStream::connect(socket)
+            .with_context(|| format!("connecting to {}", socket.display()))?;
+        let request = json!({
+            "id": "wake-bench",
+            "method": "events.subscribe",
+            "params": { "subscriptions": [{ "type": "pane.agent_status_changed", "pane_id": pane }] },
+        });
+        stream.write_all(format!("{request}\n").as_bytes())?;
+        let idle_at = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&idle_at);
+        // Never write on a subscription socket again: herdr takes any byte as "client gone".
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let at = now_us();
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                // `done` is herdr's idle for a turn nobody has looked at yet.
+                let status = v["data"]["agent_status"].as_str().unwrap_or_default();
+                if v["event"] == "pane.agent_status_changed" && matches!(status, "idle" | "done") {
+                    sink.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(at);
+                }
+            }
+        });
+        Ok(Self { idle_at })
+    }
+
+    fn first_idle_after(&self, at: i64) -> Option<i64> {
+        self.idle_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .copied()
+            .find(|&t| t >= at)
+    }
+}
