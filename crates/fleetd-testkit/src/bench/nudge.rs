@@ -118,10 +118,10 @@ fn on_tmux(rounds: usize) -> anyhow::Result<Measured> {
             ("SIM_AGENT_LOG", &member_log.display().to_string()),
         ],
     );
-    let rig = crate::rig::Rig::start(&config("base:boss", &profile));
+    let mut rig = crate::rig::Rig::start(&config("base:boss", &profile));
     let lead = rig.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", lead_log.display())]);
     rig.spawn("bench", "nia");
-    measure(
+    let measured = measure(
         rounds,
         &rig.daemon.operator(),
         (&member_log, &lead_log),
@@ -129,7 +129,9 @@ fn on_tmux(rounds: usize) -> anyhow::Result<Measured> {
         // The whole scrollback: on the visible screen alone an old nudge scrolls off as the
         // new one appears, and the count never grows.
         || rig.history(&lead),
-    )
+    );
+    keep_logs("tmux", &mut rig.daemon, &[&member_log, &lead_log]);
+    measured
 }
 
 fn on_herdr(rounds: usize) -> anyhow::Result<Measured> {
@@ -141,16 +143,39 @@ fn on_herdr(rounds: usize) -> anyhow::Result<Measured> {
         crate::rig_herdr::sim_profile("bench", MEMBER_WORK_MS),
         member_log.display()
     );
-    let rig = crate::rig_herdr::HerdrRig::start(&config("w1:t1", &profile));
+    let mut rig = crate::rig_herdr::HerdrRig::start(&config("w1:t1", &profile));
     let (_, lead) = rig.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", lead_log.display())]);
     rig.call_from(&lead, r#"fleet_spawn {"profile":"bench","name":"nia"}"#);
-    measure(
+    let measured = measure(
         rounds,
         &rig.daemon.operator(),
         (&member_log, &lead_log),
         |line| rig.type_line(&lead, line),
         || rig.history(&lead),
-    )
+    );
+    keep_logs("herdr", &mut rig.daemon, &[&member_log, &lead_log]);
+    measured
+}
+
+/// With `FLEETD_BENCH_LOGS=DIR`, keeps fleetd's log and the agents' logs of a run there (to
+/// explain a slow round).
+fn keep_logs(backend: &str, daemon: &mut crate::daemon::Daemon, agents: &[&Path]) {
+    let Some(dir) = std::env::var_os("FLEETD_BENCH_LOGS").map(std::path::PathBuf::from) else {
+        return;
+    };
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(
+        dir.join(format!("{backend}-fleetd.log")),
+        daemon.logs_so_far().join("\n"),
+    );
+    for log in agents {
+        if let Some(name) = log.file_name() {
+            let _ = std::fs::copy(
+                log,
+                dir.join(format!("{backend}-{}", name.to_string_lossy())),
+            );
+        }
+    }
 }
 
 /// Events of a sim-agent log from line `from` on.
@@ -232,6 +257,11 @@ fn measure(
         let since_reply = |at: i64| {
             Duration::from_micros(u64::try_from(at.saturating_sub(reply_at)).unwrap_or(0))
         };
+        if since_reply(visible_at) > Duration::from_millis(500) {
+            super::progress(&format!(
+                "slow round {round}: reply at {reply_at} µs, nudge visible at {visible_at} µs (wall clock)"
+            ));
+        }
         visible.push(since_reply(visible_at));
         submitted.push(since_reply(turn_at.unwrap_or(reply_at)));
         // Read the mail so the next round starts a fresh batch, and let the lead's turn end.

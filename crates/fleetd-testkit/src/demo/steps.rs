@@ -140,7 +140,8 @@ impl Session {
             .context("alice's reply vanished from her log")?;
         let latency = between(at_us(&idle), at_us(&nudge));
         self.notes.push(format!(
-            "nudge latency seen: {} from the lead going idle to the nudge's turn starting",
+            "nudge latency seen: {} from the lead going idle to the nudge's turn starting \
+             (what `fleetd-bench wake` reports as \"lead goes idle → the nudge's turn starts\")",
             human(latency)
         ));
         Ok(format!(
