@@ -147,6 +147,9 @@ pub enum ToolClass {
     Orchestration,
     /// Answering a task (`fleet_reply`, `fleet_ask`): members only.
     Worker,
+    /// Watching the whole fleet (`GET /events`): leads and operators only. Unlike the other
+    /// lead classes, a delegating member may not: the stream covers every lead's members.
+    Observe,
 }
 
 /// A refusal: a stable code and a sentence saying what to do instead.
@@ -180,6 +183,12 @@ pub fn authorize(role: &Role, class: ToolClass, tool: &str) -> Result<(), Refusa
         )),
         (_, ToolClass::Public) => Ok(()),
         (Role::Member { .. }, ToolClass::Worker | ToolClass::Ticket) => Ok(()),
+        (Role::Member { target, .. }, ToolClass::Observe) => Err(Refusal::new(
+            "not_a_lead",
+            format!(
+                "{tool} shows the whole fleet and is for leads and the operator; you are member {target}: ask your lead, or read your own sub-members with fleet_list and fleet_status"
+            ),
+        )),
         (
             Role::Member {
                 allow_delegation: true,
@@ -243,6 +252,7 @@ mod tests {
             ToolClass::Ticket,
             ToolClass::Orchestration,
             ToolClass::Worker,
+            ToolClass::Observe,
         ];
         roles
             .iter()
@@ -264,12 +274,12 @@ mod tests {
         assert_eq!(
             table(),
             [
-                "member: ok not_a_lead ok not_a_lead ok",
-                "delegating-member: ok ok ok ok ok",
-                "lead: ok ok ok ok not_a_member",
-                "operator: ok ok ok ok not_a_member",
-                "nobody: unregistered_pane unregistered_pane unregistered_pane unregistered_pane unregistered_pane",
-                "anonymous: ok anonymous_caller anonymous_caller anonymous_caller anonymous_caller",
+                "member: ok not_a_lead ok not_a_lead ok not_a_lead",
+                "delegating-member: ok ok ok ok ok not_a_lead",
+                "lead: ok ok ok ok not_a_member ok",
+                "operator: ok ok ok ok not_a_member ok",
+                "nobody: unregistered_pane unregistered_pane unregistered_pane unregistered_pane unregistered_pane unregistered_pane",
+                "anonymous: ok anonymous_caller anonymous_caller anonymous_caller anonymous_caller anonymous_caller",
             ]
         );
     }

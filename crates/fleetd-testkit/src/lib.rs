@@ -569,4 +569,5 @@ pub mod recovery;
 pub mod rig;
 pub mod rig_herdr;
 pub mod sim_agent;
+pub mod sse;
 pub mod tmux;

@@ -11,6 +11,7 @@ pub mod config;
 pub mod conn;
 pub mod demo;
 pub mod engine;
+pub mod events;
 pub mod health;
 pub mod http;
 pub mod identity;

@@ -167,8 +167,8 @@ impl Daemon {
         let store = Arc::clone(&self.inner.store);
         let engine = fleet.engine.clone();
         let probe = self.probe(engine.clone());
-        let app = crate::http::router(probe, fleet, mcp);
         let stop = tokio_util::sync::CancellationToken::new();
+        let app = crate::http::router(probe, fleet, mcp, stop.clone());
         let stopper = stop.clone();
         tokio::spawn(async move {
             shutdown.await;

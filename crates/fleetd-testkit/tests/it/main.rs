@@ -11,6 +11,7 @@ mod conn_limits;
 mod crash;
 mod delivery_herdr;
 mod demo;
+mod events;
 mod faults;
 mod install;
 mod locate;

@@ -137,8 +137,10 @@ fn e2e_security_rest_and_mcp_follow_one_policy_for_anonymous_callers_and_web_pag
     assert_eq!(http::get(addr, "/metrics").expect("metrics").status, 200);
     let task = r#"{"task":"forged","wait":false}"#;
     let ack = format!("/sessions/alice/replies/{id}/ack");
-    let attempts: [(&str, &str, Option<&str>); 6] = [
+    let attempts: [(&str, &str, Option<&str>); 7] = [
         ("GET", "/sessions/alice", None),
+        // The event stream shows the whole fleet: leads and the operator only.
+        ("GET", "/events", None),
         ("GET", "/sessions/alice/replies", None),
         ("POST", "/sessions/alice/replies/drain", None),
         ("POST", &ack, None),
@@ -253,6 +255,14 @@ fn e2e_security_rest_and_mcp_follow_one_policy_for_anonymous_callers_and_web_pag
         (answer.status, answer.error_code().as_str()),
         (403, "foreign_origin")
     );
+    // Another site's `EventSource`: refused before any event, even with the token.
+    let answer = http::request_with(addr, "GET", "/events", &origin, None).expect("answers");
+    assert_eq!(
+        (answer.status, answer.error_code().as_str()),
+        (403, "foreign_origin"),
+        "cross-site GET /events: {}",
+        answer.body
+    );
     assert_eq!(fleet_state(&rig), before, "nothing changed in any inbox");
 }
 
@@ -284,15 +294,16 @@ fn e2e_security_a_member_can_use_no_lead_door() {
         format!("{m} --http POST /sessions/alice/replies/drain"),
         format!("{m} --http POST /sessions/alice/replies/{id}/ack"),
         format!("{m} --http POST /sessions/alice/tasks '{{\"task\":\"forged\"}}'"),
+        format!("{m} --http GET /events"),
         format!("{} inbox alice", bin_path("fleetd").display()),
     ]
     .join(" ; ");
     let answers = run_in(&rig, "mallory", &line);
-    let codes: Vec<String> = answers.iter().take(8).map(code).collect();
-    assert_eq!(codes, vec!["not_a_lead"; 8], "{answers:#?}");
+    let codes: Vec<String> = answers.iter().take(9).map(code).collect();
+    assert_eq!(codes, vec!["not_a_lead"; 9], "{answers:#?}");
     let cli = answers
         .iter()
-        .skip(8)
+        .skip(9)
         .map(|v| v.as_str().unwrap_or_default().to_owned())
         .collect::<Vec<_>>()
         .join("\n");
@@ -532,6 +543,7 @@ fn e2e_security_another_uid_is_anonymous_unless_it_has_the_token() {
     };
     assert_eq!(listed["status"], 200, "{listed}");
     for args in [
+        vec!["--http", "GET", "/events"],
         vec!["--http", "GET", "/sessions/alice/replies"],
         vec!["--http", "POST", "/sessions/alice/replies/drain"],
         vec!["--http", "POST", ack.as_str()],

@@ -57,6 +57,7 @@ pub(super) struct Effects {
     pub(super) clock: SharedClock,
     pub(super) redactor: Redactor,
     pub(super) tx: mpsc::WeakSender<Msg>,
+    pub(super) events: Arc<crate::events::EventHub>,
 }
 
 impl Effects {
@@ -105,6 +106,11 @@ impl Effects {
 
     /// Runs `request` in its own task.
     pub(super) fn perform(&self, request: Io) {
+        if let Io::Event(event) = &request {
+            // In order, at once: a task per event could reorder them.
+            self.events.publish(event, self.clock.now());
+            return;
+        }
         let this = self.clone();
         tokio::spawn(async move { this.run(request).await });
     }
@@ -188,6 +194,7 @@ impl Effects {
                 }
                 self.report(Event::Injected { lead, outcome }).await;
             }
+            Io::Event(event) => self.events.publish(&event, self.clock.now()),
             Io::Watch { pane } => self.watch(pane).await,
             Io::Unwatch { pane } => self.mux.unwatch(&pane),
             Io::Depth { target } => match self.store.depth(&target).await {

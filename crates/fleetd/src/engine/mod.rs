@@ -325,6 +325,11 @@ impl WeakEngineHandle {
 }
 
 impl EngineHandle {
+    /// The fleet's event stream (`GET /events`).
+    pub fn events(&self) -> &Arc<crate::events::EventHub> {
+        &self.life.events
+    }
+
     /// A handle that does not keep the engine running.
     pub fn downgrade(&self) -> WeakEngineHandle {
         WeakEngineHandle {

@@ -89,6 +89,9 @@ pub(super) enum Event {
 pub(crate) struct Life {
     alive: AtomicBool,
     stopped: CancellationToken,
+    /// The fleet's event stream: outlives the engine task, so subscribers of a daemon whose
+    /// engine stopped see the stream end quietly rather than error.
+    pub(crate) events: Arc<crate::events::EventHub>,
 }
 
 impl Life {
@@ -110,9 +113,11 @@ impl Life {
 /// handle is dropped (effect tasks hold only weak senders), or on [`EngineHandle::shutdown`].
 pub fn spawn(parts: EngineParts) -> EngineHandle {
     let (tx, rx) = mpsc::channel(ENGINE_QUEUE);
+    let hub = Arc::new(crate::events::EventHub::default());
     let life = Arc::new(Life {
         alive: AtomicBool::new(true),
         stopped: CancellationToken::new(),
+        events: Arc::clone(&hub),
     });
     let handle = EngineHandle {
         tx: tx.clone(),
@@ -141,6 +146,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
         clock: Arc::clone(&parts.clock),
         redactor: parts.redactor.clone(),
         tx: tx.downgrade(),
+        events: hub,
     };
     drop(tx);
     // Durable state goes through one persister task, in order: each batch of changes is
@@ -414,7 +420,8 @@ impl Engine {
 
     /// Sends what one input changed on its way: with a durable store, through the persister
     /// (commit first, then the replies and the I/O); without one, at once.
-    fn flush(&mut self, io: Vec<Io>, replies: Vec<Deferred>) {
+    fn flush(&mut self, mut io: Vec<Io>, replies: Vec<Deferred>) {
+        io.extend(self.state.take_events().into_iter().map(Io::Event));
         match &self.jobs {
             Some(jobs) => {
                 let ops = self.state.take_ops();

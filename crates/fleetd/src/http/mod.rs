@@ -9,11 +9,13 @@
 //! - `Host` must be this daemon's listen address, a loopback address, `localhost` or a name in
 //!   `allowedHosts`: a page that reaches fleetd through DNS rebinding names its own host and is
 //!   refused (unix-socket requests carry no meaningful `Host`; no browser can send them).
-//! - A state-changing request (anything but GET/HEAD/OPTIONS) whose `Origin` is not this very
-//!   `Host` is refused: a cross-site form or `fetch` from any web page.
+//! - A state-changing request (anything but GET/HEAD/OPTIONS), or a read of the event stream
+//!   (`/events`), whose `Origin` is not this very `Host` is refused: a cross-site form, `fetch`
+//!   or `EventSource` from any web page.
 //! - A presented bearer token that is wrong is refused from anywhere; a peer that is not on
 //!   this machine must present the right one (everything but `/healthz`).
 
+mod events;
 pub mod serve;
 
 use std::net::{IpAddr, SocketAddr};
@@ -38,15 +40,28 @@ use crate::mcp::Fleet;
 struct App {
     health: Probe,
     fleet: Arc<Fleet>,
+    /// Cancelled when the daemon stops serving: ends the streams that would otherwise hold
+    /// the shutdown (`/events`).
+    stopping: tokio_util::sync::CancellationToken,
 }
 
 /// The router for every endpoint; `mcp` is the MCP service mounted at `/mcp`, `health` what
-/// `/healthz` asks.
-pub fn router(health: Probe, fleet: Arc<Fleet>, mcp: crate::mcp::HttpService) -> Router {
-    let app = App { health, fleet };
+/// `/healthz` asks, `stopping` cancelled when the daemon stops serving.
+pub fn router(
+    health: Probe,
+    fleet: Arc<Fleet>,
+    mcp: crate::mcp::HttpService,
+    stopping: tokio_util::sync::CancellationToken,
+) -> Router {
+    let app = App {
+        health,
+        fleet,
+        stopping,
+    };
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/events", get(events::stream))
         .route("/sessions", get(sessions))
         .route("/sessions/{target}", get(session))
         .route("/sessions/{target}/replies", get(replies))
@@ -83,7 +98,12 @@ async fn guard(
         if let Err(e) = check_host(host, local, &config.allowed_hosts) {
             return e.into_response();
         }
-        if let Err(e) = check_origin(request.method(), request.headers(), host) {
+        if let Err(e) = check_origin(
+            request.method(),
+            request.uri().path(),
+            request.headers(),
+            host,
+        ) {
             return e.into_response();
         }
         let exempt = request.uri().path() == "/healthz";
@@ -160,8 +180,16 @@ fn check_host(value: Option<&str>, local: SocketAddr, allowed: &[String]) -> Res
 }
 
 /// Refuses a state-changing request whose `Origin` is another site than `Host`.
-fn check_origin(method: &Method, headers: &HeaderMap, host: Option<&str>) -> Result<(), ApiError> {
-    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+fn check_origin(
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    host: Option<&str>,
+) -> Result<(), ApiError> {
+    // The event stream is read by fleetd's own page only: another site's `EventSource` is
+    // refused before the stream opens, not merely hidden from it by the browser's CORS rules.
+    let reads_the_fleet = path == "/events";
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) && !reads_the_fleet {
         return Ok(());
     }
     let Some(origin) = headers.get(axum::http::header::ORIGIN) else {
@@ -579,11 +607,20 @@ mod tests {
     }
 
     fn origin(method: &Method, origin: Option<&str>, host: &str) -> Result<(), &'static str> {
+        origin_at(method, "/sessions", origin, host)
+    }
+
+    fn origin_at(
+        method: &Method,
+        path: &str,
+        origin: Option<&str>,
+        host: &str,
+    ) -> Result<(), &'static str> {
         let mut headers = HeaderMap::new();
         if let Some(o) = origin {
             headers.insert(axum::http::header::ORIGIN, o.parse().expect("header"));
         }
-        check_origin(method, &headers, Some(host)).map_err(|e| e.code)
+        check_origin(method, path, &headers, Some(host)).map_err(|e| e.code)
     }
 
     #[test]
@@ -620,5 +657,15 @@ mod tests {
             Ok(()),
             "a read changes nothing, and the browser keeps the answer from the page"
         );
+        assert_eq!(
+            origin_at(&Method::GET, "/events", Some("http://evil.example"), h),
+            Err("foreign_origin"),
+            "the event stream is refused to another site outright"
+        );
+        assert_eq!(
+            origin_at(&Method::GET, "/events", Some("http://127.0.0.1:7797"), h),
+            Ok(())
+        );
+        assert_eq!(origin_at(&Method::GET, "/events", None, h), Ok(()));
     }
 }

@@ -1,6 +1,7 @@
 //! Delivery: tickets, task texts, waiters and the injector's effects — from `fleet_send` to a
 //! settled ticket.
 
+use crate::events::FleetEvent;
 use fleetd_core::access::Refusal;
 use fleetd_core::injector::{InjectorEffect, InjectorInput, TypeOutcome};
 use fleetd_core::push::PushInput;
@@ -83,6 +84,7 @@ impl State {
         }
         let ticket = Ticket::from_uuid(self.ids.new_id());
         self.tickets.open_at(ticket, target.clone(), now);
+        self.emit_ticket(ticket, now);
         self.ticket_gauges();
         self.tasks.insert(ticket, task);
         if let Some(by) = by
@@ -149,6 +151,14 @@ impl State {
         io: &mut Vec<Io>,
     ) -> Delivered {
         let target = message.target.clone();
+        if matches!(message.kind, MessageKind::Reply | MessageKind::Fallback) {
+            self.emit(FleetEvent::ReplyStored {
+                target: target.to_string(),
+                msg_id: message.msg_id.to_string(),
+                ticket: message.ticket.map(|t| t.to_string()),
+                bytes: message.text.len(),
+            });
+        }
         let mut delivered = Delivered::Inbox;
         if let Some(ticket) = message.ticket {
             let event = match message.kind {
@@ -201,9 +211,22 @@ impl State {
         let changed = self.apply_event(ticket, event, now);
         if changed {
             self.dirty.tickets.insert(ticket);
+            self.emit_ticket(ticket, now);
         }
         self.ticket_gauges();
         changed
+    }
+
+    /// Emits `ticket`'s current state.
+    fn emit_ticket(&mut self, ticket: Ticket, now: Timestamp) {
+        if let TicketLookup::Live(r) = self.tickets.get_at(ticket, now) {
+            let event = FleetEvent::TicketState {
+                ticket: ticket.to_string(),
+                target: r.target.to_string(),
+                state: r.state.as_str().to_owned(),
+            };
+            self.emit(event);
+        }
     }
 
     pub(super) fn apply_event(

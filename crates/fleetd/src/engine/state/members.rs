@@ -1,6 +1,7 @@
 //! Members: registering, re-adopting and releasing them (the one release path), their statuses,
 //! names, presence and backend incidents.
 
+use crate::events::FleetEvent;
 use fleetd_core::access::Refusal;
 use fleetd_core::injector::{Activity, InjectorInput};
 use fleetd_core::push::PushInput;
@@ -76,18 +77,43 @@ impl State {
             if let Some(m) = self.members.get_mut(&target) {
                 m.unmapped = true;
             }
+            let text = format!(
+                "[fleet] incident: backend {backend} was removed from the configuration; this member keeps running on the settings it was started with — stop it or add the backend back"
+            );
+            self.emit(FleetEvent::Incident {
+                targets: vec![target.to_string()],
+                text: text.clone(),
+            });
             io.push(Io::Notice {
                 target,
                 ticket: None,
                 kind: MessageKind::Incident,
-                text: format!("[fleet] incident: backend {backend} was removed from the configuration; this member keeps running on the settings it was started with — stop it or add the backend back"),
+                text,
             });
         }
+        self.emit(FleetEvent::ConfigReloaded);
     }
 
     /// Publishes `text` as an incident to every member `which` selects.
-    pub(super) fn incident(&self, which: impl Fn(&Member) -> bool, text: &str, io: &mut Vec<Io>) {
-        for (target, _) in self.members.iter().filter(|(_, m)| which(m)) {
+    pub(super) fn incident(
+        &mut self,
+        which: impl Fn(&Member) -> bool,
+        text: &str,
+        io: &mut Vec<Io>,
+    ) {
+        let targets: Vec<Target> = self
+            .members
+            .iter()
+            .filter(|(_, m)| which(m))
+            .map(|(t, _)| t.clone())
+            .collect();
+        if !targets.is_empty() {
+            self.emit(FleetEvent::Incident {
+                targets: targets.iter().map(ToString::to_string).collect(),
+                text: text.to_owned(),
+            });
+        }
+        for target in targets {
             io.push(Io::Notice {
                 target: target.clone(),
                 ticket: None,
@@ -266,6 +292,13 @@ impl State {
         io: &mut Vec<Io>,
     ) {
         self.reserved.remove(&new.target);
+        self.emit(FleetEvent::MemberSpawned {
+            target: new.target.to_string(),
+            profile: new.profile.clone(),
+            backend: new.backend.clone(),
+            pane: new.pane.to_string(),
+            lead: new.lead.as_ref().map(|l| Self::lead_id(l).0),
+        });
         self.registry.insert(new.target.clone(), new.clone());
         self.dirty.members.insert(new.target.clone());
         let lead = new.lead.as_ref().map(Self::lead_id);
@@ -358,6 +391,10 @@ impl State {
         io: &mut Vec<Io>,
     ) -> Option<QualifiedPaneId> {
         let member = self.members.remove(target)?;
+        self.emit(FleetEvent::MemberReleased {
+            target: target.to_string(),
+            cause: cause.to_owned(),
+        });
         self.by_pane.remove(&member.pane);
         for waiter in self.ready_waiters.remove(target).unwrap_or_default() {
             let _ = waiter.send(Readiness::Gone);
@@ -419,6 +456,11 @@ impl State {
             .collect();
         for id in asked {
             self.questions.remove(&id);
+            self.emit(FleetEvent::QuestionClosed {
+                question_id: id.clone(),
+                target: target.to_string(),
+                how: "released".to_owned(),
+            });
             self.dirty.questions.insert(id.clone());
             let effects = self
                 .push
@@ -442,6 +484,7 @@ impl State {
         if terminal.is_some_and(|t| *t != member.terminal) {
             return; // A reading of another incarnation of the pane.
         }
+        let changed = member.status != status;
         member.status = status;
         member.idle_since = match (status.is_at_rest(), member.idle_since) {
             (true, Some(since)) => Some(since),
@@ -457,6 +500,12 @@ impl State {
         );
         self.injector_effects(effects, now, io);
         self.ready_check(target);
+        if changed {
+            self.emit(FleetEvent::MemberStatus {
+                target: target.to_string(),
+                status: status.as_str().to_owned(),
+            });
+        }
     }
 }
 

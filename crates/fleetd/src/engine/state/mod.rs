@@ -95,6 +95,9 @@ pub(super) enum Io {
         target: Target,
         tickets: std::collections::BTreeSet<Ticket>,
     },
+    /// Publish a fleet event (`/events`). Published in order, after the change it reports is
+    /// committed, never in a task of its own.
+    Event(crate::events::FleetEvent),
 }
 
 #[derive(Debug, Clone)]
@@ -139,6 +142,8 @@ const NAMES: &[&str] = &[
 /// The engine's state.
 #[derive(Debug)]
 pub(super) struct State {
+    /// Fleet events decided by the inputs handled since the last flush, in order.
+    events: Vec<crate::events::FleetEvent>,
     members: BTreeMap<Target, Member>,
     /// Names a spawn holds between reserving them and registering its member, with when each
     /// was reserved; one older than [`RESERVATION_TTL`] expires on the next tick.
@@ -205,6 +210,7 @@ impl State {
         ids: crate::clock::SharedClock,
     ) -> Self {
         Self {
+            events: Vec::new(),
             members: BTreeMap::new(),
             reserved: BTreeMap::new(),
             ready_waiters: BTreeMap::new(),
@@ -239,6 +245,16 @@ impl State {
     /// Applies the per-member caps (at start, and on each reload: to what is asked next).
     pub(super) fn set_limits(&mut self, limits: crate::config::Limits) {
         self.limits = limits;
+    }
+
+    /// Records a fleet event for `/events` (published after the change is committed).
+    pub(super) fn emit(&mut self, event: crate::events::FleetEvent) {
+        self.events.push(event);
+    }
+
+    /// The fleet events decided since the last call, in order.
+    pub(super) fn take_events(&mut self) -> Vec<crate::events::FleetEvent> {
+        std::mem::take(&mut self.events)
     }
 
     /// Forgets which records changed (state kept in memory only).

@@ -1,7 +1,8 @@
 //! Leads and the push loop: registering leads, the primary, the lead-tab scanner, watches that
 //! must be retried, inbox depths and the nudges the push loop asks for.
 
-use fleetd_core::push::{InjectOutcome, LeadId, PushConfig, PushEffect, PushInput};
+use crate::events::FleetEvent;
+use fleetd_core::push::{InjectOutcome, LeadId, PushConfig, PushEffect, PushInput, PushMetric};
 use fleetd_core::{QualifiedPaneId, Target};
 use jiff::{SignedDuration, Timestamp};
 
@@ -272,12 +273,19 @@ impl State {
         for effect in effects {
             match effect {
                 PushEffect::Inject { lead, text } => match self.leads.get(&lead) {
-                    Some(l) => io.push(Io::Nudge {
-                        lead,
-                        pane: l.pane.clone(),
-                        terminal: l.terminal.clone(),
-                        text,
-                    }),
+                    Some(l) => {
+                        let event = FleetEvent::Nudge {
+                            lead: Some(lead.0.clone()),
+                            outcome: "nudged".to_owned(),
+                        };
+                        io.push(Io::Nudge {
+                            lead,
+                            pane: l.pane.clone(),
+                            terminal: l.terminal.clone(),
+                            text,
+                        });
+                        self.emit(event);
+                    }
                     None => {
                         // No pane is known for it (never seen, or forgotten): as good as gone,
                         // and the push loop must hear so or it waits on this nudge forever.
@@ -292,9 +300,20 @@ impl State {
                     tracing::debug!(?metric, "push decision");
                     metrics::counter!("fleetd_nudges_total", "outcome" => metric.as_str())
                         .increment(1);
+                    // `nudged` and `exhausted` are told with their lead (Inject, GaveUp).
+                    if !matches!(metric, PushMetric::Nudged | PushMetric::Exhausted) {
+                        self.emit(FleetEvent::Nudge {
+                            lead: None,
+                            outcome: metric.as_str().to_owned(),
+                        });
+                    }
                 }
                 PushEffect::GaveUp { lead, reminders } => {
                     tracing::warn!(%lead, reminders, "stopped nudging: the lead has not read its mail; it stays in the inbox");
+                    self.emit(FleetEvent::Nudge {
+                        lead: Some(lead.0.clone()),
+                        outcome: PushMetric::Exhausted.as_str().to_owned(),
+                    });
                 }
             }
         }

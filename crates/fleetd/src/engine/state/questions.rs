@@ -1,6 +1,7 @@
 //! Questions: `fleet_ask` opens one, `fleet_answer` closes it (to the waiting member, or as a
 //! task when it stopped waiting).
 
+use crate::events::FleetEvent;
 use fleetd_core::Target;
 use fleetd_core::access::Refusal;
 use fleetd_core::push::PushInput;
@@ -34,6 +35,10 @@ impl State {
             ));
         }
         let id = self.ids.new_id().to_string();
+        self.emit(FleetEvent::QuestionOpened {
+            question_id: id.clone(),
+            target: target.to_string(),
+        });
         let (tx, rx) = oneshot::channel();
         self.dirty.questions.insert(id.clone());
         self.questions.insert(
@@ -74,6 +79,11 @@ impl State {
                 ),
             ));
         };
+        self.emit(FleetEvent::QuestionClosed {
+            question_id: id.to_owned(),
+            target: question.target.to_string(),
+            how: "answered".to_owned(),
+        });
         let effects = self.push.handle_at(
             PushInput::QuestionClosed {
                 question_id: id.to_owned(),

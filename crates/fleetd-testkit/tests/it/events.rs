@@ -1,0 +1,123 @@
+//! `GET /events` end to end (SPEC §14): the built daemon on real tmux with sim-agents. The
+//! operator follows the stream while a member is spawned, works a task and replies; a client
+//! that reconnects with `Last-Event-ID` gets exactly what it missed, in order; the stream never
+//! carries a task's or a reply's text. (The refusals to members, anonymous processes, other
+//! users and web pages are in the security suite with every other door.)
+
+use fleetd_testkit::daemon::state_dir;
+use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
+use fleetd_testkit::sse::{SseEvent, SseReader};
+use fleetd_testkit::{Service, require_tmux};
+use serde_json::json;
+
+const TASK: &str = "count the pebbles in the north garden";
+const REPLY: &str = "there were forty-two pebbles";
+
+fn target_is(e: &SseEvent, kind: &str, target: &str) -> bool {
+    e.event == kind && e.data["target"] == target
+}
+
+#[test]
+fn e2e_events_follow_the_fleet_and_resume_after_the_last_event_id() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let rig = Rig::start(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{}",
+        sim_profile(
+            "sim",
+            &[("SIM_AGENT_WORK_MS", "1200"), ("SIM_AGENT_REPLY", REPLY)]
+        ),
+    ));
+    let socket = state_dir(rig.dir()).join("api.sock");
+    let mut first = SseReader::unix(&socket, None).expect("open /events");
+    assert_eq!(first.status, 200, "{}", first.refusal);
+
+    rig.spawn("sim", "nia");
+    let spawned = first.until("nia's member.spawned", |e| {
+        target_is(e, "member.spawned", "nia")
+    });
+    let spawned = spawned.last().expect("an event").clone();
+    assert_eq!(spawned.data["profile"], "sim");
+    assert_eq!(spawned.data["type"], "member.spawned");
+    assert_eq!(
+        spawned.data["id"],
+        spawned.id.as_str(),
+        "the id is in the data too"
+    );
+    assert!(spawned.data["at"].is_string());
+
+    // A task, worked and answered: what the stream says of it, in order.
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "nia", "task": TASK, "wait": false }),
+    ));
+    let ticket = sent["ticket"].as_str().expect("ticket").to_owned();
+    let seen = first.until("nia's reply stored", |e| {
+        target_is(e, "reply.stored", "nia")
+    });
+    let states: Vec<String> = seen
+        .iter()
+        .filter(|e| e.event == "ticket.state" && e.data["ticket"] == ticket.as_str())
+        .map(|e| e.data["state"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        states.first().map(String::as_str),
+        Some("queued"),
+        "{seen:#?}"
+    );
+    assert!(states.contains(&"delivered".to_owned()), "{states:?}");
+    assert!(
+        seen.iter()
+            .any(|e| target_is(e, "member.status", "nia") && e.data["status"] == "working"),
+        "nia was seen working: {seen:#?}"
+    );
+    let stored = seen.last().expect("the reply");
+    assert_eq!(stored.data["ticket"], ticket.as_str());
+    assert_eq!(stored.data["bytes"], REPLY.len());
+    let after = first.until("the ticket replied", |e| {
+        e.event == "ticket.state"
+            && e.data["ticket"] == ticket.as_str()
+            && e.data["state"] == "replied"
+    });
+    let last_seen = after.last().expect("an event").id.clone();
+
+    // A second client that had read up to the spawn gets everything after it, in order, and
+    // nothing before it.
+    let mut resumed = SseReader::unix(&socket, Some(&spawned.id)).expect("reopen");
+    assert_eq!(resumed.status, 200, "{}", resumed.refusal);
+    let replayed = resumed.until("the same last event", |e| e.id == last_seen);
+    let ids = |events: &[SseEvent]| events.iter().map(|e| e.id.clone()).collect::<Vec<_>>();
+    let mut live: Vec<SseEvent> = seen.clone();
+    live.extend(after.iter().cloned());
+    assert_eq!(
+        ids(&replayed),
+        ids(&live),
+        "the replay is what the first client saw after the spawn"
+    );
+    assert!(replayed.iter().all(|e| e.event != "stream.gap"));
+
+    // An id of another run: told to re-read the state, then given what the ring holds.
+    let mut stale = SseReader::unix(&socket, Some("0-5")).expect("reopen");
+    let gap = stale.next_event().expect("a gap notice");
+    assert_eq!(gap.event, "stream.gap", "{gap:?}");
+    assert!(
+        gap.id.is_empty(),
+        "a gap carries no id, so the client's last id stands"
+    );
+
+    // Live events still reach the first client after the others joined.
+    structured_ok(&rig.lead("fleet_stop", &json!({ "target": "nia" })));
+    first.until("nia released", |e| target_is(e, "member.released", "nia"));
+
+    for (name, stream) in [("first", &first), ("resumed", &resumed)] {
+        assert!(
+            !stream.raw.contains(TASK),
+            "{name}: no task text in the stream"
+        );
+        assert!(
+            !stream.raw.contains(REPLY),
+            "{name}: no reply text in the stream"
+        );
+    }
+}

@@ -1,0 +1,373 @@
+//! The fleet's event stream (SPEC §14): typed events the engine publishes as it decides — a
+//! member spawned, its status, a ticket's state, a reply stored, a question opened or answered,
+//! a nudge sent, deferred or given up, an incident, a reload — the same decisions the metrics
+//! count, never re-read from state. Never a message body or a task text: ids, names, sizes.
+//!
+//! Each event gets an id `<boot>-<seq>`: `boot` tells this run of the daemon from the previous
+//! one, `seq` counts from 1. The last [`RING`] events are kept in memory, so a client that
+//! reconnects with `Last-Event-ID` gets what it missed; when what it missed is no longer held
+//! (the ring moved past it, or the daemon restarted in between), it is told so by a `stream.gap`
+//! event and re-reads the state it shows. Publishing never blocks on a client: each subscriber
+//! has a bounded queue, and one that falls behind is disconnected (it resumes from the ring).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use jiff::Timestamp;
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+/// How many events the ring holds for reconnecting clients.
+pub const RING: usize = 10_000;
+/// How many events one subscriber may lag behind before it is disconnected.
+const SUBSCRIBER_QUEUE: usize = 4096;
+
+/// One fleet event. Serialised with its kind in `type` (`member.spawned`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "type")]
+pub enum FleetEvent {
+    /// A member joined the fleet (spawned, or re-adopted after a restart).
+    #[serde(rename = "member.spawned")]
+    MemberSpawned {
+        /// Its name.
+        target: String,
+        /// Its profile.
+        profile: String,
+        /// Its profile's model backend, when it names one.
+        backend: Option<String>,
+        /// Its pane (daemon-qualified).
+        pane: String,
+        /// The lead it works for, when it is not the primary.
+        lead: Option<String>,
+    },
+    /// A member's agent status changed (`idle`, `working`, `blocked`, `done`, `unknown`).
+    #[serde(rename = "member.status")]
+    MemberStatus {
+        /// The member.
+        target: String,
+        /// The new status.
+        status: String,
+    },
+    /// A member left the fleet.
+    #[serde(rename = "member.released")]
+    MemberReleased {
+        /// The member.
+        target: String,
+        /// Why (`stopped`, `gone`, `idle`, `shutdown`, ...).
+        cause: String,
+    },
+    /// A ticket changed state.
+    #[serde(rename = "ticket.state")]
+    TicketState {
+        /// The ticket.
+        ticket: String,
+        /// The member it was sent to.
+        target: String,
+        /// Its new state (`queued`, `delivered`, `replied`, `failed`, ...).
+        state: String,
+    },
+    /// A member's reply was stored in its inbox.
+    #[serde(rename = "reply.stored")]
+    ReplyStored {
+        /// The member.
+        target: String,
+        /// The message id.
+        msg_id: String,
+        /// The ticket it answers, when it answers one.
+        ticket: Option<String>,
+        /// The body's size in bytes (never the body).
+        bytes: usize,
+    },
+    /// A member asked its lead a question.
+    #[serde(rename = "question.opened")]
+    QuestionOpened {
+        /// The question's id (what `fleet_answer` takes).
+        question_id: String,
+        /// The member that asked.
+        target: String,
+    },
+    /// A question was answered (or closed with its member).
+    #[serde(rename = "question.closed")]
+    QuestionClosed {
+        /// The question's id.
+        question_id: String,
+        /// The member that asked.
+        target: String,
+        /// `answered`, or `released` when its member left first.
+        how: String,
+    },
+    /// A nudge decision for a lead: `nudged`, `deferred_busy`, `exhausted` (given up),
+    /// `no_lead`, `binding_forgotten`, `inject_failed`, `inject_uncertain`.
+    #[serde(rename = "nudge")]
+    Nudge {
+        /// The lead, when the decision concerns one.
+        lead: Option<String>,
+        /// The outcome.
+        outcome: String,
+    },
+    /// An incident fleetd reported to the members' leads (a backend down, a member unmapped).
+    #[serde(rename = "incident")]
+    Incident {
+        /// The members it concerns.
+        targets: Vec<String>,
+        /// fleetd's own sentence (never a member's text).
+        text: String,
+    },
+    /// The configuration was reloaded.
+    #[serde(rename = "config.reloaded")]
+    ConfigReloaded,
+}
+
+/// A published event, serialised once for every subscriber.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// Its id (`<boot>-<seq>`).
+    pub id: String,
+    /// Its kind (the SSE `event:` field).
+    pub kind: &'static str,
+    /// The JSON object: `id`, `at` and the event's fields.
+    pub json: String,
+    seq: u64,
+}
+
+/// Where a subscription starts.
+#[derive(Debug)]
+pub struct Subscription {
+    /// Events published after the client's `Last-Event-ID`, oldest first.
+    pub missed: Vec<Arc<Published>>,
+    /// Set when some of what the client missed is no longer held: why.
+    pub gap: Option<String>,
+    /// Everything published from now on.
+    pub live: broadcast::Receiver<Arc<Published>>,
+}
+
+#[derive(Debug)]
+struct Ring {
+    next: u64,
+    events: VecDeque<Arc<Published>>,
+}
+
+/// The event hub: the ring and the live fan-out. Cheap to share.
+#[derive(Debug)]
+pub struct EventHub {
+    boot: String,
+    ring: Mutex<Ring>,
+    live: broadcast::Sender<Arc<Published>>,
+    capacity: usize,
+}
+
+impl Default for EventHub {
+    fn default() -> Self {
+        Self::new(RING)
+    }
+}
+
+impl EventHub {
+    /// A hub keeping the last `capacity` events.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the boot id only tells runs apart; no decision reads it as a time"
+    )]
+    pub fn new(capacity: usize) -> Self {
+        let (live, _) = broadcast::channel(SUBSCRIBER_QUEUE);
+        Self {
+            // Milliseconds since the epoch at start: distinct across restarts of one daemon.
+            boot: format!("{:x}", Timestamp::now().as_millisecond()),
+            ring: Mutex::new(Ring {
+                next: 1,
+                events: VecDeque::with_capacity(capacity.min(1024)),
+            }),
+            live,
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn ring(&self) -> std::sync::MutexGuard<'_, Ring> {
+        self.ring
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Publishes `event` (stamped `at`) to the ring and every subscriber.
+    pub fn publish(&self, event: &FleetEvent, at: Timestamp) {
+        let mut value = match serde_json::to_value(event) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "a fleet event could not be serialised; dropped");
+                return;
+            }
+        };
+        let kind = kind_of(event);
+        let mut ring = self.ring();
+        let seq = ring.next;
+        ring.next += 1;
+        let id = format!("{}-{seq}", self.boot);
+        if let serde_json::Value::Object(map) = &mut value {
+            map.insert("id".into(), id.clone().into());
+            map.insert("at".into(), at.to_string().into());
+        }
+        let published = Arc::new(Published {
+            id,
+            kind,
+            json: value.to_string(),
+            seq,
+        });
+        if ring.events.len() >= self.capacity {
+            ring.events.pop_front();
+        }
+        ring.events.push_back(Arc::clone(&published));
+        // Sent under the ring's lock, so a subscriber's missed list and its live stream meet
+        // without a hole or a repeat. No subscriber is not an error.
+        let _ = self.live.send(published);
+    }
+
+    /// Subscribes from `last_event_id` (a client's `Last-Event-ID`, `None` for a new client,
+    /// who gets only what comes next).
+    pub fn subscribe(&self, last_event_id: Option<&str>) -> Subscription {
+        let ring = self.ring();
+        let live = self.live.subscribe();
+        let Some(last) = last_event_id.map(str::trim).filter(|s| !s.is_empty()) else {
+            return Subscription {
+                missed: Vec::new(),
+                gap: None,
+                live,
+            };
+        };
+        let seq = last
+            .rsplit_once('-')
+            .filter(|(boot, _)| *boot == self.boot)
+            .and_then(|(_, seq)| seq.parse::<u64>().ok());
+        let Some(seq) = seq.filter(|s| *s < ring.next) else {
+            return Subscription {
+                missed: ring.events.iter().cloned().collect(),
+                gap: Some(format!(
+                    "event {last} is not from this run of fleetd (it restarted, or the id is not one it sent): re-read the fleet's state"
+                )),
+                live,
+            };
+        };
+        let oldest = ring.events.front().map_or(ring.next, |e| e.seq);
+        let gap = (seq + 1 < oldest).then(|| {
+            format!(
+                "{} events after {last} are no longer held (the ring keeps the last {}): re-read the fleet's state",
+                oldest - seq - 1,
+                self.capacity
+            )
+        });
+        Subscription {
+            missed: ring
+                .events
+                .iter()
+                .filter(|e| e.seq > seq)
+                .cloned()
+                .collect(),
+            gap,
+            live,
+        }
+    }
+}
+
+fn kind_of(event: &FleetEvent) -> &'static str {
+    match event {
+        FleetEvent::MemberSpawned { .. } => "member.spawned",
+        FleetEvent::MemberStatus { .. } => "member.status",
+        FleetEvent::MemberReleased { .. } => "member.released",
+        FleetEvent::TicketState { .. } => "ticket.state",
+        FleetEvent::ReplyStored { .. } => "reply.stored",
+        FleetEvent::QuestionOpened { .. } => "question.opened",
+        FleetEvent::QuestionClosed { .. } => "question.closed",
+        FleetEvent::Nudge { .. } => "nudge",
+        FleetEvent::Incident { .. } => "incident",
+        FleetEvent::ConfigReloaded => "config.reloaded",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(n: usize) -> FleetEvent {
+        FleetEvent::MemberStatus {
+            target: format!("m{n}"),
+            status: "working".into(),
+        }
+    }
+
+    fn at() -> Timestamp {
+        Timestamp::from_second(1_800_000_000).expect("valid")
+    }
+
+    #[test]
+    fn events_carry_id_time_and_type() {
+        let hub = EventHub::new(8);
+        let mut sub = hub.subscribe(None);
+        hub.publish(&status(1), at());
+        let got = sub.live.try_recv().expect("published");
+        let v: serde_json::Value = serde_json::from_str(&got.json).expect("json");
+        assert_eq!(v["type"], "member.status");
+        assert_eq!(v["target"], "m1");
+        assert_eq!(v["id"], got.id.as_str());
+        assert!(got.id.ends_with("-1"), "{}", got.id);
+        assert_eq!(v["at"], "2027-01-15T08:00:00Z");
+        assert_eq!(got.kind, "member.status");
+    }
+
+    #[test]
+    fn a_client_resumes_after_its_last_event_id() {
+        let hub = EventHub::new(8);
+        for n in 1..=5 {
+            hub.publish(&status(n), at());
+        }
+        let all = hub.subscribe(Some(&format!("{}-0", hub.boot)));
+        let last = all.missed[2].id.clone();
+        let sub = hub.subscribe(Some(&last));
+        let targets: Vec<String> = sub
+            .missed
+            .iter()
+            .map(|e| {
+                serde_json::from_str::<serde_json::Value>(&e.json).expect("json")["target"]
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(targets, ["\"m4\"", "\"m5\""]);
+        assert_eq!(sub.gap, None);
+    }
+
+    #[test]
+    fn the_ring_is_bounded_and_a_client_too_far_behind_is_told() {
+        let hub = EventHub::new(3);
+        for n in 1..=10 {
+            hub.publish(&status(n), at());
+        }
+        assert_eq!(hub.ring().events.len(), 3);
+        let sub = hub.subscribe(Some(&format!("{}-2", hub.boot)));
+        assert_eq!(sub.missed.len(), 3);
+        let gap = sub.gap.expect("a gap");
+        assert!(gap.starts_with("5 events after"), "{gap}");
+        // Caught up exactly at the ring's start: no gap.
+        let sub = hub.subscribe(Some(&format!("{}-7", hub.boot)));
+        assert_eq!(sub.missed.len(), 3);
+        assert_eq!(sub.gap, None);
+    }
+
+    #[test]
+    fn an_id_from_another_run_or_garbage_is_a_gap_with_everything_held() {
+        let hub = EventHub::new(4);
+        hub.publish(&status(1), at());
+        for bad in ["0-1", "nonsense", &format!("{}-99", hub.boot)] {
+            let sub = hub.subscribe(Some(bad));
+            assert!(sub.gap.is_some(), "{bad}");
+            assert_eq!(sub.missed.len(), 1, "{bad}");
+        }
+    }
+
+    #[test]
+    fn live_events_follow_the_missed_ones_without_a_hole() {
+        let hub = EventHub::new(8);
+        hub.publish(&status(1), at());
+        let mut sub = hub.subscribe(Some(&format!("{}-0", hub.boot)));
+        hub.publish(&status(2), at());
+        assert_eq!(sub.missed.len(), 1);
+        assert!(sub.live.try_recv().expect("live").id.ends_with("-2"));
+    }
+}
