@@ -68,6 +68,11 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Follow the fleet live: a member table (status, inbox depth, open tickets with their
+    /// ages, delegating lead) above the latest events, redrawn as they come; piped, the table
+    /// once and then one line per event (--json: each event's JSON). Reconnects by itself.
+    /// Needs the lead's or the operator's role (the default unix socket makes you the operator).
+    Watch(ClientArgs),
     /// Hand a task to a member, as a lead's fleet_send does. Without --wait prints the ticket at
     /// once; the reply lands in the member's inbox (and the primary lead is nudged).
     Send(SendArgs),

@@ -44,6 +44,7 @@ fn main() -> ExitCode {
             client,
         } => ask(config, &env, &client, &Request::Ack { target, msg_id }),
         Command::Send(args) => send(config, &env, args),
+        Command::Watch(client) => watch(config, &env, &client).map(|()| true),
         Command::Install(InstallCommand::Claude(args)) => {
             install_claude(config, &env, &args).map(|()| true)
         }
@@ -78,6 +79,33 @@ fn ask(
         .context("failed to start the async runtime")?;
     let mut out = std::io::stdout().lock();
     Ok(runtime.block_on(fleetd::client::run(&conn, request, client.json, &mut out))?)
+}
+
+fn watch(
+    config_path: Option<&std::path::Path>,
+    env: &Environment,
+    client: &ClientArgs,
+) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    let conn = fleetd::client::connect(
+        client.daemon.as_deref(),
+        client.token.clone(),
+        Config::load(config_path, env),
+        &fleetd::secrets::process_env,
+    )?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")?;
+    let style = if client.json {
+        fleetd::client::watch::Style::Json
+    } else if std::io::stdout().is_terminal() {
+        fleetd::client::watch::Style::Screen
+    } else {
+        fleetd::client::watch::Style::Lines
+    };
+    let mut out = std::io::stdout().lock();
+    Ok(runtime.block_on(fleetd::client::watch::watch(&conn, style, &mut out))?)
 }
 
 fn send(

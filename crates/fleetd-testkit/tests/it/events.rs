@@ -121,3 +121,84 @@ fn e2e_events_follow_the_fleet_and_resume_after_the_last_event_id() {
         );
     }
 }
+
+/// `fleetd watch` on a pipe: the table, then one line per event; it rides out a daemon restart
+/// (kill -9) and goes on with the new daemon's events.
+#[test]
+fn e2e_events_fleetd_watch_follows_on_a_pipe_and_reconnects() {
+    use std::io::{BufRead as _, BufReader};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let mut rig = Rig::start(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{}",
+        sim_profile("sim", &[("SIM_AGENT_WORK_MS", "200")]),
+    ));
+    rig.spawn("sim", "ada");
+    let mut child = fleetd_testkit::daemon::command(rig.dir())
+        .arg("watch")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("fleetd watch starts");
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, lines) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let mut wait_for = |what: &str, pred: &dyn Fn(&str) -> bool| {
+        loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| {
+                    panic!("fleetd watch printed no line for {what}; so far: {seen:#?}")
+                });
+            let done = pred(&line);
+            seen.push(line);
+            if done {
+                return;
+            }
+        }
+    };
+    wait_for("the table header", &|l| l.starts_with("TARGET"));
+    wait_for("ada's row", &|l| l.starts_with("ada ") && l.contains("sim"));
+    rig.spawn("sim", "bo");
+    wait_for("bo joining", &|l| {
+        l.contains("member.spawned") && l.contains("bo joined")
+    });
+    structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": "bo", "task": "a task", "wait": false }),
+    ));
+    wait_for("bo's reply", &|l| {
+        l.contains("reply.stored") && l.contains("bo replied")
+    });
+
+    rig.kill_daemon();
+    wait_for("the lost connection", &|l| l.contains("not connected"));
+    rig.restart_daemon();
+    // A new daemon: the watcher shows the table again, and is told its last id is from
+    // another run.
+    wait_for("the table again", &|l| l.starts_with("TARGET"));
+    wait_for("the gap after the restart", &|l| {
+        l.contains("stream.gap") && l.contains("re-read the fleet's state")
+    });
+    rig.spawn("sim", "cy");
+    wait_for("cy joining the new daemon", &|l| {
+        l.contains("member.spawned") && l.contains("cy joined")
+    });
+    assert!(
+        seen.iter().all(|l| !l.contains("a task")),
+        "no task text on the watcher's lines: {seen:#?}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -3,6 +3,7 @@
 //! JSON as it came. Owns the commands' output and exit status; never decides anything about the
 //! fleet itself (the daemon does), and speaks HTTP only through `wire`.
 
+pub mod watch;
 pub(crate) mod wire;
 
 use std::io::Write;

@@ -231,6 +231,30 @@ async fn exchange_raw(
     path: &str,
     body: Option<&Value>,
 ) -> Result<(u16, Bytes), WireError> {
+    let response = open(url, token, method, path, body, &[]).await?;
+    let status = response.status().as_u16();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|source| WireError::Http {
+            url: url.to_string(),
+            source,
+        })?
+        .to_bytes();
+    Ok((status, bytes))
+}
+
+/// Sends one request and returns the answer with its body still to be read (a stream such as
+/// `/events` is read frame by frame). `headers` are added as given.
+pub(super) async fn open(
+    url: &DaemonUrl,
+    token: Option<&str>,
+    method: http::Method,
+    path: &str,
+    body: Option<&Value>,
+    headers: &[(&str, &str)],
+) -> Result<http::Response<hyper::body::Incoming>, WireError> {
     let no_daemon = |reason: String| WireError::NoDaemon {
         url: url.to_string(),
         reason,
@@ -255,8 +279,8 @@ async fn exchange_raw(
         Err(_) => return Err(no_daemon(format!("no answer within {CONNECT_TIMEOUT:?}"))),
     };
     match stream {
-        Stream::Tcp(s) => send(url, TokioIo::new(s), token, method, path, body).await,
-        Stream::Unix(s) => send(url, TokioIo::new(s), token, method, path, body).await,
+        Stream::Tcp(s) => send(url, TokioIo::new(s), token, method, path, body, headers).await,
+        Stream::Unix(s) => send(url, TokioIo::new(s), token, method, path, body, headers).await,
     }
 }
 
@@ -274,7 +298,8 @@ async fn send<I>(
     method: http::Method,
     path: &str,
     body: Option<&Value>,
-) -> Result<(u16, Bytes), WireError>
+    headers: &[(&str, &str)],
+) -> Result<http::Response<hyper::body::Incoming>, WireError>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -303,21 +328,16 @@ where
     if let Some(token) = token {
         request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
     }
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
     let request = request
         .body(Full::new(Bytes::from(payload)))
         .map_err(|e| WireError::BadUrl {
             given: format!("{url}{path}"),
             why: e.to_string(),
         })?;
-    let response = sender.send_request(request).await.map_err(http_error)?;
-    let status = response.status().as_u16();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(http_error)?
-        .to_bytes();
-    Ok((status, bytes))
+    sender.send_request(request).await.map_err(http_error)
 }
 
 #[cfg(test)]
