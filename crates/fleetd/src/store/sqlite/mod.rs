@@ -702,6 +702,47 @@ mod tests {
         assert_eq!(count, 63);
     }
 
+    #[tokio::test]
+    async fn the_wal_is_checkpointed_beside_the_writer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inbox.db");
+        let store = open(&path).await.expect("open");
+        let size = || std::fs::metadata(&path).expect("the database file").len();
+        let before = size();
+        // One commit each, a few WAL frames each: past the checkpointer's threshold, far from
+        // the one at which the writer checkpoints itself.
+        for n in 0..600 {
+            store.publish(message("frank", n)).await.expect("publish");
+        }
+        assert!(
+            store
+                .stats
+                .wal_frames
+                .load(std::sync::atomic::Ordering::Relaxed)
+                < checkpoint::WRITER_CHECKPOINT_FRAMES
+        );
+        // Only a checkpoint writes pages into the database file itself.
+        let mut polls = 0;
+        while size() < before + 32 * 1024 {
+            polls += 1;
+            assert!(
+                polls < 3000,
+                "no checkpoint copied the WAL into the database file within 30 s ({} bytes)",
+                size()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        store.close().await.expect("close");
+        let again = open(&path).await.expect("reopen");
+        assert_eq!(
+            again
+                .depth(&Target::new("frank").expect("valid"))
+                .await
+                .expect("depth"),
+            600
+        );
+    }
+
     fn record(kind: &str, key: &str, value: &str) -> StateRecord {
         StateRecord {
             kind: kind.to_owned(),

@@ -97,13 +97,17 @@ pub(crate) fn run(mut conn: Connection, mut ops: mpsc::Receiver<Op>, stats: &Sta
             // checkpoint always completes, and the next transaction starts the WAL over.
             match super::checkpoint::checkpoint(&conn) {
                 Ok((frames, _)) => tracing::debug!(frames, "the inbox writer checkpointed the WAL"),
-                Err(err) => tracing::warn!(error = %err, "a checkpoint of the embedded inbox failed"),
+                Err(err) => {
+                    tracing::warn!(error = %err, "a checkpoint of the embedded inbox failed")
+                }
             }
             stats.wal_frames.store(0, Ordering::Relaxed);
         }
     }
     // Dropping the WAL hook lets the checkpointer end (it waits for the hook's wake-ups).
-    if let Err(err) = conn.wal_hook(None::<fn(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()>>) {
+    if let Err(err) =
+        conn.wal_hook(None::<fn(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()>>)
+    {
         tracing::warn!(error = %err, "removing the embedded inbox's WAL hook failed");
     }
     if let Err((_, err)) = conn.close() {
