@@ -39,6 +39,10 @@ const INGEST_BATCH: usize = 64;
 /// Most message bytes one ingest step holds (messages are up to `maxMessageBytes` each).
 const INGEST_BATCH_BYTES: usize = 8 * 1024 * 1024;
 
+/// Steps of at most this many messages use `basic.get` instead of a consumer (see
+/// [`Inner::consume`]).
+const GET_AT_MOST: u16 = 2;
+
 /// Longest a consume step waits for the next of the deliveries it counted. The broker pushes
 /// them at once; only a consumer outside this daemon taking some first leaves the step short,
 /// and then it settles what came.
@@ -233,7 +237,8 @@ impl Inner {
     /// prefetch is that count, so the broker pushes them in one go and none beyond: on a quorum
     /// queue a `basic.get` is a replicated, fsynced command per message, a consumer one per step.
     /// The consumer is cancelled before the step is settled, so nothing more arrives on the
-    /// channel. Stops when a count finds the queue empty.
+    /// channel. A step of one or two messages takes them with `basic.get` (as many replicated
+    /// commands as a consumer's consume and cancel). Stops when a count finds the queue empty.
     async fn consume(
         &self,
         session: &Session,
@@ -249,6 +254,26 @@ impl Inner {
                 return Ok(fresh);
             }
             let want = u16::try_from(ready).unwrap_or(u16::MAX).min(step);
+            if want <= GET_AT_MOST {
+                // A consumer costs two replicated commands (consume, cancel): for one or two
+                // messages, as many `basic.get`s cost no more.
+                let mut batch: Vec<Delivery> = Vec::with_capacity(usize::from(want));
+                for _ in 0..want {
+                    let got = channel
+                        .basic_get(name.as_str().into(), BasicGetOptions { no_ack: false })
+                        .await?;
+                    match got {
+                        Some(got) => batch.push(got.delivery),
+                        None => break,
+                    }
+                }
+                let short = batch.len() < usize::from(want);
+                fresh += self.settle(channel, target, Queue::Current, batch).await?;
+                if short {
+                    return Ok(fresh);
+                }
+                continue;
+            }
             channel
                 .basic_qos(want, BasicQosOptions { global: false })
                 .await?;
