@@ -71,7 +71,13 @@ fn latest(dir: &Path) -> anyhow::Result<Peer> {
     let log = dir.join("broker.log");
     let mut child = ProcessGroup::spawn(
         Command::new(&broker)
-            .args(["init", "--instance-name", "fleetd-bench", "--channels", "general"])
+            .args([
+                "init",
+                "--instance-name",
+                "fleetd-bench",
+                "--channels",
+                "general",
+            ])
             .arg("--persist")
             .arg("--state-dir")
             .arg(&state)
@@ -171,7 +177,10 @@ impl Env {
                 return Ok((daemon, socket));
             }
             if let Some(status) = daemon.try_wait()? {
-                bail!("agent-relay up exited ({status}): {}", tail(text.as_bytes()));
+                bail!(
+                    "agent-relay up exited ({status}): {}",
+                    tail(text.as_bytes())
+                );
             }
             if start.elapsed() > DAEMON_START_TIMEOUT {
                 bail!(
@@ -194,7 +203,11 @@ impl Env {
             .output()
             .context("node could not run")?;
         if !out.status.success() {
-            bail!("the node driver failed ({}): {}", out.status, tail(&out.stderr));
+            bail!(
+                "the node driver failed ({}): {}",
+                out.status,
+                tail(&out.stderr)
+            );
         }
         summary_us(&parse_samples(&String::from_utf8_lossy(&out.stdout))?)
     }
@@ -203,9 +216,16 @@ impl Env {
         let name = format!("FleetdBenchIdle{}", std::process::id());
         let log = self.run.join("idle-agent.log");
         let mut cmd = self.command(&self.cli);
-        cmd.args(["create-agent", "-n", &name, "--skip-instructions", "--", "python3"])
-            .arg(self.run.join("idle_agent.py"))
-            .arg(&log);
+        cmd.args([
+            "create-agent",
+            "-n",
+            &name,
+            "--skip-instructions",
+            "--",
+            "python3",
+        ])
+        .arg(self.run.join("idle_agent.py"))
+        .arg(&log);
         let wrapper = ProcessGroup::spawn(&mut cmd, &self.run.join("create-agent.log"))?;
         let measured = self.driver(&[
             "wake",
@@ -226,7 +246,10 @@ impl Env {
         measured.map_err(|e| {
             let wrapper_log =
                 std::fs::read_to_string(self.run.join("create-agent.log")).unwrap_or_default();
-            e.context(format!("create-agent log: {}", tail(wrapper_log.as_bytes())))
+            e.context(format!(
+                "create-agent log: {}",
+                tail(wrapper_log.as_bytes())
+            ))
         })
     }
 }
@@ -402,7 +425,8 @@ mod tests {
 
     #[test]
     fn the_daemons_socket_comes_from_its_banner() {
-        let log = "Project: /tmp/x/proj\nSocket:  /tmp/x/data/84bad4c54166/relay.sock\n[INFO] Listening";
+        let log =
+            "Project: /tmp/x/proj\nSocket:  /tmp/x/data/84bad4c54166/relay.sock\n[INFO] Listening";
         assert_eq!(
             socket_path(log),
             Some(PathBuf::from("/tmp/x/data/84bad4c54166/relay.sock"))

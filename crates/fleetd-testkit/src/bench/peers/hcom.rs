@@ -170,10 +170,17 @@ impl Hcom {
             let start = std::time::Instant::now();
             let sent = self.send(round);
             let got = rx.recv_timeout(Duration::from_secs(10));
+            // It exits by itself once it has printed (and marked read) what arrived; killing it
+            // earlier could leave the message unread for the next round.
+            let exit_by = std::time::Instant::now() + Duration::from_secs(5);
+            while listener.try_wait()?.is_none() && std::time::Instant::now() < exit_by {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             let _ = listener.kill();
             let _ = listener.wait();
             sent?;
-            let (at, line) = got.with_context(|| format!("no message in the listener, round {round}"))?;
+            let (at, line) =
+                got.with_context(|| format!("no message in the listener, round {round}"))?;
             anyhow::ensure!(
                 has_round(&line, round),
                 "the listener printed something else in round {round}: {line:?}"

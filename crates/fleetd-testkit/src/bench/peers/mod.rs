@@ -32,7 +32,8 @@ const WARMUP: usize = 5;
 const TEXT: &str = "benchmark reply: the task is done, see the diff in the branch; nothing else changed. \
                     This sentence pads the reply to about two hundred bytes like a short real answer.";
 /// The measurement of the wake-up row, matched by `fill_fleetd_wakeup`.
-const WAKE_ROW: &str = "a peer's own wake-up of an idle receiving agent (message → the agent reads it)";
+const WAKE_ROW: &str =
+    "a peer's own wake-up of an idle receiving agent (message → the agent reads it)";
 /// The push benchmark's rows that measure the same moment for fleetd.
 const FLEETD_WAKE_PREFIX: &str = "reply → the nudge's turn starts in the lead, ";
 const FLEETD_WAKE_UNFILLED: &str =
@@ -134,7 +135,12 @@ fn rows(fleetd: &Series, peers: &[Peer]) -> Vec<Row> {
         .iter()
         .map(|p| {
             let series: Vec<String> = p.readable.iter().map(Series::cell).collect();
-            format!("{} ({}): {}", p.name, durability(&p.durable), series.join(", "))
+            format!(
+                "{} ({}): {}",
+                p.name,
+                durability(&p.durable),
+                series.join(", ")
+            )
         })
         .collect();
     let wake: Vec<String> = peers
@@ -179,7 +185,10 @@ pub fn fill_fleetd_wakeup(rows: &mut [Row]) {
     if found.is_empty() {
         return;
     }
-    let text = format!("nudge → the lead's turn starts (push rows) — {}", found.join("; "));
+    let text = format!(
+        "nudge → the lead's turn starts (push rows) — {}",
+        found.join("; ")
+    );
     for row in rows.iter_mut().filter(|r| r.measurement == WAKE_ROW) {
         row.fleetd = text.clone();
     }
@@ -283,8 +292,16 @@ mod tests {
     fn the_wake_row_gets_fleetds_push_numbers_of_the_same_run() {
         let mut rows = vec![
             Row::new("push", format!("{FLEETD_WAKE_PREFIX}tmux"), "p50 1 / p99 2"),
-            Row::new("push", "reply → nudge text visible in an idle lead pane, tmux", "x"),
-            Row::new("push", format!("{FLEETD_WAKE_PREFIX}fake-herdr"), "p50 3 / p99 4"),
+            Row::new(
+                "push",
+                "reply → nudge text visible in an idle lead pane, tmux",
+                "x",
+            ),
+            Row::new(
+                "push",
+                format!("{FLEETD_WAKE_PREFIX}fake-herdr"),
+                "p50 3 / p99 4",
+            ),
             Row::new("peers", WAKE_ROW, FLEETD_WAKE_UNFILLED),
         ];
         fill_fleetd_wakeup(&mut rows);
@@ -306,7 +323,11 @@ mod tests {
         let fleetd = Series::new("fleet_reply + fleet_poll", Ok(summary(2)));
         let peer = failed_peer("hcom", &anyhow::anyhow!("pip install hcom failed: a | b"));
         let rows = rows(&fleetd, &[peer]);
-        assert!(rows[0].fleetd.starts_with("p50 2.000 ms"), "{}", rows[0].fleetd);
+        assert!(
+            rows[0].fleetd.starts_with("p50 2.000 ms"),
+            "{}",
+            rows[0].fleetd
+        );
         assert_eq!(
             rows[0].alternatives,
             "hcom (durability unknown): send → read: not measured — pip install hcom failed: a / b"
