@@ -95,6 +95,13 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
 }
 
 fn on_fleetd(rounds: usize) -> anyhow::Result<Rounds> {
+    Ok(rounds_of(&fleetd_samples(rounds)?))
+}
+
+/// fleetd's three calls per round, `[fleet_reply, fleet_poll, fleet_ack]`, timed as this
+/// benchmark times them (also the fleetd side of `fleetd-bench peers`, so both compare the same
+/// work measured the same way).
+pub(super) fn fleetd_samples(rounds: usize) -> anyhow::Result<Vec<[Duration; 3]>> {
     let mut fleet = HerdrFleet::start("")?;
     fleet.spawn("ctl", "nia", 1, 1)?;
     let mut member = fleet.control.accept()?;
@@ -121,7 +128,7 @@ fn on_fleetd(rounds: usize) -> anyhow::Result<Rounds> {
             samples.push([sent.took, polled.took, acked.took]);
         }
     }
-    Ok(rounds_of(&samples))
+    Ok(samples)
 }
 
 fn on_agent_mail(rounds: usize) -> anyhow::Result<(String, Rounds)> {
@@ -132,7 +139,7 @@ fn on_agent_mail(rounds: usize) -> anyhow::Result<(String, Rounds)> {
         Some(dir) => std::path::PathBuf::from(dir),
         None => {
             let venv = scratch.path().join("venv");
-            install(&venv)?;
+            venv_install(&venv, "mcp-agent-mail")?;
             venv
         }
     };
@@ -145,7 +152,8 @@ fn on_agent_mail(rounds: usize) -> anyhow::Result<(String, Rounds)> {
         .map_err(|e| e.context(format!("server log: {}", server.log_tail())))
 }
 
-fn install(venv: &Path) -> anyhow::Result<()> {
+/// A fresh `python3 -m venv` at `venv` with `package` pip-installed into it from PyPI.
+pub(super) fn venv_install(venv: &Path, package: &str) -> anyhow::Result<()> {
     let out = Command::new("python3")
         .args(["-m", "venv"])
         .arg(venv)
@@ -155,16 +163,11 @@ fn install(venv: &Path) -> anyhow::Result<()> {
         bail!("python3 -m venv failed: {}", tail(&out.stderr));
     }
     let out = Command::new(venv.join("bin/pip"))
-        .args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "mcp-agent-mail",
-        ])
+        .args(["install", "--quiet", "--disable-pip-version-check", package])
         .output()
         .context("pip could not run")?;
     if !out.status.success() {
-        bail!("pip install mcp-agent-mail failed: {}", tail(&out.stderr));
+        bail!("pip install {package} failed: {}", tail(&out.stderr));
     }
     Ok(())
 }
@@ -181,7 +184,7 @@ fn version(venv: &Path) -> anyhow::Result<String> {
 }
 
 /// The last few lines of a command's output, for an error message.
-fn tail(bytes: &[u8]) -> String {
+pub(super) fn tail(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(3)..].join(" / ")

@@ -10,6 +10,7 @@ pub mod locate;
 pub mod mailbox;
 pub mod nudge;
 pub mod pane_client;
+pub mod peers;
 mod rabbit;
 pub mod wake;
 

@@ -1,6 +1,6 @@
-//! `fleetd-bench [inbox|mailbox|locate|bridge|nudge|wake|footprint|all] [args...]`: the benchmark
-//! suite's one command. Each benchmark prints its own table; `all` runs every one (on its
-//! defaults) and ends with one combined table, side by side with the alternatives and the target
+//! `fleetd-bench [inbox|mailbox|locate|bridge|nudge|wake|footprint|peers|all] [args...]`: the
+//! benchmark suite's one command. Each benchmark prints its own table; `all` runs every one (on
+//! its defaults) and ends with one combined table, side by side with the alternatives and the target
 //! of the issue that introduced each row. The numbers are reported, never asserted.
 
 use fleetd_testkit::bench::{self, Row};
@@ -8,7 +8,7 @@ use fleetd_testkit::bench::{self, Row};
 type Bench = fn(&[String]) -> anyhow::Result<Vec<Row>>;
 
 /// Every benchmark, in the order `all` runs them, with the area its failure is reported under.
-const SUITE: [(&str, &str, Bench); 7] = [
+const SUITE: [(&str, &str, Bench); 8] = [
     ("inbox", "inbox", bench::inbox::run),
     ("mailbox", "mailbox (MCP)", bench::mailbox::run),
     ("nudge", "push", bench::nudge::run),
@@ -16,6 +16,8 @@ const SUITE: [(&str, &str, Bench); 7] = [
     ("locate", "identity", bench::locate::run),
     ("bridge", "bridge", bench::bridge::run),
     ("footprint", "footprint", bench::footprint::run),
+    // Last: it installs the peers (minutes), and its wake-up row takes fleetd's push numbers.
+    ("peers", "peers", bench::peers::run),
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -40,13 +42,14 @@ fn main() -> anyhow::Result<()> {
                 Err(_) => rows.push(Row::failed(area, &anyhow::anyhow!("panicked (see above)"))),
             }
         }
+        bench::peers::fill_fleetd_wakeup(&mut rows);
         println!("\n## fleetd benchmark suite: all rows\n");
         print!("{}", bench::render(&rows));
         return Ok(());
     }
     let Some((_, _, run)) = SUITE.iter().find(|(name, _, _)| *name == which) else {
         anyhow::bail!(
-            "unknown benchmark {which:?}: use inbox, mailbox, nudge, wake, locate, bridge, footprint or all"
+            "unknown benchmark {which:?}: use inbox, mailbox, nudge, wake, locate, bridge, footprint, peers or all"
         );
     };
     run(&rest).map(drop)
