@@ -131,7 +131,11 @@ async fn measure(herdr: &Herdr, panes: usize, under_shell: bool) -> anyhow::Resu
     println!(
         "locate benchmark: {panes} fake-herdr panes (real PTYs), {} connected callers{}, set up in {:.1} s",
         held.len(),
-        if under_shell { " (each a shell's child)" } else { " (each its pane's own process)" },
+        if under_shell {
+            " (each a shell's child)"
+        } else {
+            " (each its pane's own process)"
+        },
         started.elapsed().as_secs_f64()
     );
 
@@ -267,7 +271,11 @@ async fn measure(herdr: &Herdr, panes: usize, under_shell: bool) -> anyhow::Resu
             "identity",
             format!(
                 "caller lookup among {panes} panes, new connection (peer → pid → pane){}",
-                if under_shell { ", each a shell's child" } else { "" }
+                if under_shell {
+                    ", each a shell's child"
+                } else {
+                    ""
+                }
             ),
             cell(cold),
         )

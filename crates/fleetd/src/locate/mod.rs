@@ -277,6 +277,27 @@ impl Locator {
         peer: SocketAddr,
         local: SocketAddr,
     ) -> Result<Located, LocateError> {
+        self.tcp(peer, local, Miss::Wait).await
+    }
+
+    /// [`Locator::locate_tcp`] for a connection already found in no pane, looked up again: a
+    /// miss now does not wait for the panes to be read (its first lookup did); it starts that
+    /// reading in the background, for the next time. So a caller in no pane never makes a call
+    /// wait on the multiplexer more than once per connection.
+    pub async fn relocate_tcp(
+        &self,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) -> Result<Located, LocateError> {
+        self.tcp(peer, local, Miss::Background).await
+    }
+
+    async fn tcp(
+        &self,
+        peer: SocketAddr,
+        local: SocketAddr,
+        miss: Miss,
+    ) -> Result<Located, LocateError> {
         if !is_loopback(&peer) {
             return Err(LocateError::NotLoopback(peer));
         }
@@ -288,7 +309,7 @@ impl Locator {
             return Ok(Located::untraced(owner.uid, None));
         }
         let pid = self.socket_pid(owner.inode, peer).await?;
-        self.locate_process(pid, owner.uid).await
+        self.locate_process(pid, owner.uid, miss).await
     }
 
     /// Locates the process at the other end of a unix-socket connection from the credentials the
@@ -306,7 +327,7 @@ impl Locator {
             return Ok(Located::untraced(uid, pid));
         }
         let pid = pid.ok_or(LocateError::NoPeerPid)?;
-        self.locate_process(pid, uid).await
+        self.locate_process(pid, uid, Miss::Wait).await
     }
 
     /// The pid holding the client socket `inode` (of a connection from `peer`).
@@ -320,7 +341,11 @@ impl Locator {
                 Vec::new()
             }
         };
-        let mut first: Vec<u32> = lock(&self.sockets).get(&inode).copied().into_iter().collect();
+        let mut first: Vec<u32> = lock(&self.sockets)
+            .get(&inode)
+            .copied()
+            .into_iter()
+            .collect();
         first.extend(lock(&self.recent).iter().copied());
         let sockets = Arc::clone(&self.sockets);
         let found = tokio::task::spawn_blocking(move || {
@@ -347,11 +372,11 @@ impl Locator {
 
     /// Locates a known process of this daemon's user (the benchmark's warm path).
     pub async fn locate_pid(&self, pid: u32) -> Result<Located, LocateError> {
-        self.locate_process(pid, own_uid()).await
+        self.locate_process(pid, own_uid(), Miss::Wait).await
     }
 
     /// Locates process `pid`, which runs as `uid`: its nearest ancestor that is a pane's process.
-    async fn locate_process(&self, pid: u32, uid: u32) -> Result<Located, LocateError> {
+    async fn locate_process(&self, pid: u32, uid: u32, miss: Miss) -> Result<Located, LocateError> {
         let (chain, hints) = tokio::task::spawn_blocking(move || {
             process::ancestry(pid).map(|chain| (chain, platform::read_env_hints(pid)))
         })
@@ -360,7 +385,9 @@ impl Locator {
         let mut pane = None;
         if let Some(map) = no_panes_is_none(self.panes.current().await)? {
             pane = map.find(&chain);
-            if pane.is_none() {
+            if pane.is_none() && miss == Miss::Background {
+                self.panes.refresh_in_background(self.panes.miss_refresh());
+            } else if pane.is_none() {
                 // A miss is often a pane opened a moment ago (a member connects at start-up), so
                 // the panes are read again — no more often than `miss_refresh`, so anonymous
                 // callers cannot turn every request into a multiplexer listing. Only this lookup
@@ -402,6 +429,15 @@ impl Locator {
             Err(_) => true,
         }
     }
+}
+
+/// What a lookup whose caller is in no pane of the map does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Miss {
+    /// Waits for the panes to be read again (no sooner than `miss_refresh`).
+    Wait,
+    /// Answers now and has the panes read in the background.
+    Background,
 }
 
 /// A pane map, where a multiplexer that cannot list its panes (and never could) means none: the

@@ -171,7 +171,7 @@ impl Panes {
             .fetched
             .is_some_and(|at| at.elapsed() >= self.config.pane_ttl)
         {
-            self.refresh_in_background();
+            self.refresh_in_background(self.config.pane_ttl);
         }
         Ok(map)
     }
@@ -179,6 +179,11 @@ impl Panes {
     /// A reading taken after a lookup missed in `missed`: at once when fleetd has just opened a
     /// pane, otherwise no sooner than `miss_refresh` after `missed` was read (anonymous callers
     /// must not turn every request into a multiplexer listing).
+    /// How long a lookup that missed waits before the panes are read again.
+    pub(super) fn miss_refresh(&self) -> std::time::Duration {
+        self.config.miss_refresh
+    }
+
     pub(super) async fn after_miss(
         self: &Arc<Self>,
         missed: &Arc<PaneMap>,
@@ -198,7 +203,8 @@ impl Panes {
         let _turn = self.refreshing.lock().await;
         let map = self.snapshot();
         let someone_read = self.attempts.load(Ordering::Acquire) != attempts;
-        if (someone_read || !Arc::ptr_eq(&map, seen))
+        // A newer reading, not merely the same one with a gone pane taken out.
+        if (someone_read || map.fetched != seen.fetched)
             && map.fetched.is_some()
             && !self.stale.load(Ordering::Relaxed)
         {
@@ -246,9 +252,9 @@ impl Panes {
         }
     }
 
-    /// Starts one refresh on a task of its own, unless one is running or a failed one is too
-    /// recent.
-    fn refresh_in_background(self: &Arc<Self>) {
+    /// Starts one refresh on a task of its own, when the map is older than `max_age` then, unless
+    /// one is running or a failed one is too recent.
+    pub(super) fn refresh_in_background(self: &Arc<Self>, max_age: std::time::Duration) {
         if lock(&self.retry_at).is_some_and(|at| Instant::now() < at)
             || self.background.swap(true, Ordering::AcqRel)
         {
@@ -258,10 +264,7 @@ impl Panes {
         tokio::spawn(async move {
             let turn = this.refreshing.lock().await;
             let map = this.snapshot();
-            if map
-                .fetched
-                .is_none_or(|at| at.elapsed() >= this.config.pane_ttl)
-            {
+            if map.fetched.is_none_or(|at| at.elapsed() >= max_age) {
                 let _ = this.refresh_now(map).await;
             }
             drop(turn);

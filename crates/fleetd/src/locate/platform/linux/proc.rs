@@ -111,7 +111,10 @@ pub fn children(pid: u32) -> io::Result<Vec<u32>> {
             use std::io::Read as _;
             f.read_to_string(&mut buf)
         }) {
-            Ok(_) => out.extend(buf.split_ascii_whitespace().filter_map(|p| p.parse::<u32>().ok())),
+            Ok(_) => out.extend(
+                buf.split_ascii_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            ),
             // No `children` file in a thread directory that is still there: the kernel has none.
             Err(e) if e.kind() == io::ErrorKind::NotFound && task.path().exists() => {
                 return Err(io::Error::new(
