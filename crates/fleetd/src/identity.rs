@@ -219,6 +219,7 @@ pub async fn resolve(
 /// The connection's located peer: the cached answer while it holds (its pane still has the same
 /// incarnation; or, in no pane, for [`ANONYMOUS_RECHECK`]), else a fresh lookup.
 async fn locate(fleet: &Fleet, conn: &ConnInfo) -> Option<Located> {
+    let mut again_in_no_pane = false;
     if let Some((located, at)) = conn.cached() {
         let holds = match &located.pane {
             // A stopped member's leftover connection is looked up again (SPEC §2).
@@ -228,8 +229,13 @@ async fn locate(fleet: &Fleet, conn: &ConnInfo) -> Option<Located> {
         if holds {
             return Some(located);
         }
+        again_in_no_pane = located.pane.is_none();
     }
     let found = match &conn.endpoint {
+        // Its first lookup already waited for the panes to be read: this one does not.
+        Endpoint::Tcp { peer, local } if again_in_no_pane => {
+            fleet.locator.relocate_tcp(*peer, *local).await
+        }
         Endpoint::Tcp { peer, local } => fleet.locator.locate_tcp(*peer, *local).await,
         Endpoint::Unix {
             uid: Some(uid),

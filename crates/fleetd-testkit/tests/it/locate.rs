@@ -136,16 +136,39 @@ async fn locator_names_the_right_pane_for_every_connection() {
         held.push(stream);
     }
 
-    // A caller in no pane (this test process) is anonymous.
+    // A fresh locator, knowing every pane from its first reading, finds each pane's caller in
+    // the panes' process trees (none by the full scan), and in the same pane as before.
+    let fresh = Locator::new(router.clone(), LocatorConfig::default());
+    for stream in &held {
+        let peer = stream.peer_addr().expect("peer");
+        let located = fresh.locate_tcp(peer, local).await.expect("locate again");
+        let pane = located.pane.expect("still in its pane");
+        assert!(expected.values().any(|p| *p == pane.pane), "{pane:?}");
+    }
+    let counts = fresh.search_counts();
+    assert_eq!(
+        (counts.pane_tree, counts.full_scan, counts.not_found),
+        (held.len() as u64, 0, 0),
+        "{counts:?}"
+    );
+
+    // A caller in no pane (this test process) is not in any pane's tree: the full scan finds it,
+    // and it is anonymous.
     let own = TcpStream::connect(local).await.expect("connect");
     let (_own_server_side, own_peer) = listener.accept().await.expect("accept");
     assert_eq!(own_peer, own.local_addr().expect("addr"));
-    let anonymous = locator
+    let anonymous = fresh
         .locate_tcp(own_peer, local)
         .await
         .expect("locate self");
     assert_eq!(anonymous.pid, Some(std::process::id()));
     assert_eq!(anonymous.pane, None);
+    assert_eq!(
+        fresh.search_counts().full_scan,
+        1,
+        "{:?}",
+        fresh.search_counts()
+    );
 
     // The unix-socket path: SO_PEERCRED names the peer process.
     let sock = dir.path().join("fleetd.sock");

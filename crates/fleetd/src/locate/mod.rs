@@ -13,26 +13,35 @@
 //! an orphan look like another pane's process). A peer of another user is not traced at all:
 //! the socket's owner ([`platform::client_socket`]) or the unix peer's credentials say who it is.
 //!
-//! The pane map (pane process pid → pane incarnation) is cached. It is refreshed when older than
-//! `pane_ttl`, on a miss (at most every `miss_refresh`: a miss waits for that), after a pane of
-//! the router goes away (a `Gone` event), and on [`Locator::invalidate`]. Pane pids are fetched only
-//! for pane incarnations not seen before, and every match is checked against the process's start
-//! time, so a recycled pid is never mistaken for the old pane process.
+//! Finding which process holds a TCP connection's socket has no direct kernel answer: it is
+//! looked for in the processes most likely to hold it first — the pid that held it before, recent
+//! callers, then the known panes' process trees breadth first from each pane's own process — and
+//! the full scan of every process only after those (`process::find_holder`).
+//!
+//! The pane map (pane process pid → pane incarnation) is a snapshot lookups read without waiting
+//! for a refresh in flight (`panes`): refreshed in the background when older than `pane_ttl`, on
+//! a miss (at most every `miss_refresh`: that lookup alone waits for it), at once after fleetd
+//! opens a pane ([`Locator::invalidate`]); a pane the router reports `Gone` leaves it at once.
+//! Pane pids are fetched only for pane incarnations not seen before, and every match is checked
+//! against the process's start time, so a recycled pid is never mistaken for the old pane process.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetd_core::{QualifiedPaneId, TerminalId};
 use tokio::net::UnixStream;
-use tokio::time::Instant;
 
 use crate::mux::{MuxError, MuxRouter, PaneEvent};
 
+mod panes;
 pub mod platform;
 pub mod process;
+
+use panes::{PaneMap, Panes};
+use process::FoundBy;
 
 /// How many recent callers are tried first in an fd scan.
 const RECENT_CALLERS: usize = 32;
@@ -158,30 +167,54 @@ impl Default for LocatorConfig {
     }
 }
 
-#[derive(Debug, Clone)]
-struct ShellEntry {
-    pane: QualifiedPaneId,
-    terminal: TerminalId,
-    start_time: u64,
-    workspace_label: Option<String>,
+/// How the socket holders of new TCP callers were found, counted since the locator was made:
+/// the benchmark prints it, and tests check which step answered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SearchCounts {
+    /// Found among the pids tried first (the socket's previous holder, recent callers).
+    pub first: u64,
+    /// Found in a known pane's process tree.
+    pub pane_tree: u64,
+    /// Found only by the full scan.
+    pub full_scan: u64,
+    /// Found nowhere (the connection closed, or its holder's fds are unreadable).
+    pub not_found: u64,
 }
 
 #[derive(Debug, Default)]
-struct PaneMap {
-    fetched: Option<Instant>,
-    by_shell: HashMap<u32, ShellEntry>,
-    /// (pane, terminal) → shell pid, so a refresh only asks for new incarnations.
-    known: HashMap<(QualifiedPaneId, TerminalId), u32>,
+struct Counters {
+    first: AtomicU64,
+    pane_tree: AtomicU64,
+    full_scan: AtomicU64,
+    not_found: AtomicU64,
+}
+
+impl Counters {
+    fn count(&self, found: Option<FoundBy>) {
+        let slot = match found {
+            Some(FoundBy::First) => &self.first,
+            Some(FoundBy::PaneTree { .. }) => &self.pane_tree,
+            Some(FoundBy::FullScan) => &self.full_scan,
+            None => &self.not_found,
+        };
+        slot.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn read(&self) -> SearchCounts {
+        SearchCounts {
+            first: self.first.load(Ordering::Relaxed),
+            pane_tree: self.pane_tree.load(Ordering::Relaxed),
+            full_scan: self.full_scan.load(Ordering::Relaxed),
+            not_found: self.not_found.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// Finds which pane a connection comes from.
 #[derive(Debug, Clone)]
 pub struct Locator {
-    router: MuxRouter,
-    config: LocatorConfig,
-    map: Arc<tokio::sync::Mutex<PaneMap>>,
-    stale: Arc<AtomicBool>,
-    procs: Arc<Mutex<process::ProcessIndex>>,
+    panes: Arc<Panes>,
+    counters: Arc<Counters>,
     recent: Arc<Mutex<Vec<u32>>>,
     /// Socket inode → the pid found holding it. An inode names one live socket, so a hit only
     /// needs the pid re-checked (one fd listing), not a scan.
@@ -192,39 +225,46 @@ impl Locator {
     /// A locator over `router`'s panes. Spawns a task that invalidates the pane map when a pane
     /// goes away, so it must be called inside a tokio runtime.
     pub fn new(router: MuxRouter, config: LocatorConfig) -> Self {
-        let stale = Arc::new(AtomicBool::new(true));
         let mut events = router.events();
-        let flag = Arc::clone(&stale);
+        let panes = Arc::new(Panes::new(router, config));
+        let weak = Arc::downgrade(&panes);
         tokio::spawn(async move {
             loop {
-                match events.recv().await {
+                let event = events.recv().await;
+                let Some(panes) = weak.upgrade() else { return };
+                match event {
                     // A status change keeps the pane and its process: only an ended
-                    // incarnation (or missed events) makes the map stale.
-                    Ok(routed) if matches!(routed.event, PaneEvent::Gone { .. }) => {
-                        flag.store(true, Ordering::Relaxed);
+                    // incarnation leaves the map (at once, with no listing).
+                    Ok(routed) => {
+                        if let PaneEvent::Gone { terminal, .. } = &routed.event {
+                            panes.gone(routed.pane(), terminal.clone());
+                        }
                     }
-                    Ok(_) => {}
+                    // Missed events may have been `Gone`s: read the panes again first.
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        flag.store(true, Ordering::Relaxed);
+                        panes.mark_stale();
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 }
             }
         });
         Self {
-            router,
-            config,
-            map: Arc::new(tokio::sync::Mutex::new(PaneMap::default())),
-            stale,
-            procs: Arc::new(Mutex::new(process::ProcessIndex::default())),
+            panes,
+            counters: Arc::default(),
             recent: Arc::new(Mutex::new(Vec::new())),
             sockets: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
-    /// Marks the pane map stale; the next lookup refreshes it.
+    /// fleetd opened a pane: the next caller found in no pane has the panes read again at once,
+    /// without waiting for `miss_refresh`. Lookups that find their pane are not held up.
     pub fn invalidate(&self) {
-        self.stale.store(true, Ordering::Relaxed);
+        self.panes.mark_grown();
+    }
+
+    /// How the socket holders of new TCP callers were found so far.
+    pub fn search_counts(&self) -> SearchCounts {
+        self.counters.read()
     }
 
     /// Locates the process at the other end of an accepted loopback TCP connection: `peer` is
@@ -237,6 +277,27 @@ impl Locator {
         peer: SocketAddr,
         local: SocketAddr,
     ) -> Result<Located, LocateError> {
+        self.tcp(peer, local, Miss::Wait).await
+    }
+
+    /// [`Locator::locate_tcp`] for a connection already found in no pane, looked up again: a
+    /// miss now does not wait for the panes to be read (its first lookup did); it starts that
+    /// reading in the background, for the next time. So a caller in no pane never makes a call
+    /// wait on the multiplexer more than once per connection.
+    pub async fn relocate_tcp(
+        &self,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) -> Result<Located, LocateError> {
+        self.tcp(peer, local, Miss::Background).await
+    }
+
+    async fn tcp(
+        &self,
+        peer: SocketAddr,
+        local: SocketAddr,
+        miss: Miss,
+    ) -> Result<Located, LocateError> {
         if !is_loopback(&peer) {
             return Err(LocateError::NotLoopback(peer));
         }
@@ -248,7 +309,7 @@ impl Locator {
             return Ok(Located::untraced(owner.uid, None));
         }
         let pid = self.socket_pid(owner.inode, peer).await?;
-        self.locate_process(pid, owner.uid).await
+        self.locate_process(pid, owner.uid, miss).await
     }
 
     /// Locates the process at the other end of a unix-socket connection from the credentials the
@@ -266,43 +327,42 @@ impl Locator {
             return Ok(Located::untraced(uid, pid));
         }
         let pid = pid.ok_or(LocateError::NoPeerPid)?;
-        self.locate_process(pid, uid).await
+        self.locate_process(pid, uid, Miss::Wait).await
     }
 
     /// The pid holding the client socket `inode` (of a connection from `peer`).
     async fn socket_pid(&self, inode: u64, peer: SocketAddr) -> Result<u32, LocateError> {
-        let sessions: HashSet<u32> = self.current_map().await?.by_shell.keys().copied().collect();
-        let procs = Arc::clone(&self.procs);
-        let recent = lock(&self.recent).clone();
+        // The snapshot as it is: a refresh in flight is not waited for (a pane it would add is
+        // still found, by the full scan). Only a map never read yet is waited for.
+        let roots = match self.panes.current().await {
+            Ok(map) => map.shells(),
+            Err(e) => {
+                tracing::debug!(error = %e, "no pane list to order the socket search by");
+                Vec::new()
+            }
+        };
+        let mut first: Vec<u32> = lock(&self.sockets)
+            .get(&inode)
+            .copied()
+            .into_iter()
+            .collect();
+        first.extend(lock(&self.recent).iter().copied());
         let sockets = Arc::clone(&self.sockets);
-        let found = tokio::task::spawn_blocking(move || -> std::io::Result<Option<u32>> {
-            let known = lock(&sockets).get(&inode).copied();
-            // The same connection again: re-check the pid that held it.
-            let mut found = known.and_then(|pid| platform::find_socket_owner(inode, &[pid]));
-            // Recent callers next: most calls come from processes that called before.
-            if found.is_none() {
-                found = platform::find_socket_owner(inode, &recent);
-            }
-            if found.is_none() {
-                let mut index = procs
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                index.refresh()?;
-                let candidates = index.candidates(&[], &sessions);
-                found = platform::find_socket_owner(inode, &candidates);
-            }
-            if let Some(pid) = found {
+        let found = tokio::task::spawn_blocking(move || {
+            let found = process::find_holder(inode, &first, &roots)?;
+            if let Some((pid, _)) = found {
                 let mut sockets = lock(&sockets);
                 if sockets.len() >= SOCKET_CACHE {
                     sockets.clear();
                 }
                 sockets.insert(inode, pid);
             }
-            Ok(found)
+            Ok::<_, std::io::Error>(found)
         })
         .await
         .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
-        let pid = found.ok_or(LocateError::NoOwner { peer })?;
+        self.counters.count(found.map(|(_, by)| by));
+        let (pid, _) = found.ok_or(LocateError::NoOwner { peer })?;
         let mut recent = lock(&self.recent);
         recent.retain(|p| *p != pid);
         recent.insert(0, pid);
@@ -312,24 +372,29 @@ impl Locator {
 
     /// Locates a known process of this daemon's user (the benchmark's warm path).
     pub async fn locate_pid(&self, pid: u32) -> Result<Located, LocateError> {
-        self.locate_process(pid, own_uid()).await
+        self.locate_process(pid, own_uid(), Miss::Wait).await
     }
 
     /// Locates process `pid`, which runs as `uid`: its nearest ancestor that is a pane's process.
-    async fn locate_process(&self, pid: u32, uid: u32) -> Result<Located, LocateError> {
+    async fn locate_process(&self, pid: u32, uid: u32, miss: Miss) -> Result<Located, LocateError> {
         let (chain, hints) = tokio::task::spawn_blocking(move || {
             process::ancestry(pid).map(|chain| (chain, platform::read_env_hints(pid)))
         })
         .await
         .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
-        let mut pane = self.lookup_or_none(&chain).await?;
-        if pane.is_none() {
-            // A miss is often a pane opened a moment ago (a member connects at start-up), so
-            // re-read the panes — but no more often than `miss_refresh`, so anonymous callers
-            // cannot turn every request into a multiplexer listing.
-            self.wait_for_miss_refresh().await;
-            self.invalidate();
-            pane = self.lookup_or_none(&chain).await?;
+        let mut pane = None;
+        if let Some(map) = no_panes_is_none(self.panes.current().await)? {
+            pane = map.find(&chain);
+            if pane.is_none() && miss == Miss::Background {
+                self.panes.refresh_in_background(self.panes.miss_refresh());
+            } else if pane.is_none() {
+                // A miss is often a pane opened a moment ago (a member connects at start-up), so
+                // the panes are read again — no more often than `miss_refresh`, so anonymous
+                // callers cannot turn every request into a multiplexer listing. Only this lookup
+                // waits for that reading.
+                pane = no_panes_is_none(self.panes.after_miss(&map).await)?
+                    .and_then(|map| map.find(&chain));
+            }
         }
         let env_pane_id = hints.herdr_pane_id.or(hints.tmux_pane);
         let env_mismatch = match (&pane, &env_pane_id) {
@@ -354,126 +419,40 @@ impl Locator {
         })
     }
 
-    /// Whether `pane` still holds incarnation `terminal`, as far as the (refreshed when stale)
-    /// pane map says: a caller cached in a pane is looked up again once it does not. A failed
-    /// refresh keeps the previous map, so a multiplexer blip never drops a caller.
+    /// Whether `pane` still holds incarnation `terminal`, as far as the pane map says (a gone
+    /// incarnation leaves it as soon as the router reports it): a caller cached in a pane is
+    /// looked up again once it does not. A failed reading keeps the previous map, so a
+    /// multiplexer blip never drops a caller.
     pub async fn is_current(&self, pane: &QualifiedPaneId, terminal: &TerminalId) -> bool {
-        match self.current_map().await {
-            Ok(map) => map.known.contains_key(&(pane.clone(), terminal.clone())),
+        match self.panes.current().await {
+            Ok(map) => map.holds(pane, terminal),
             Err(_) => true,
         }
     }
+}
 
-    async fn wait_for_miss_refresh(&self) {
-        let fetched = self.map.lock().await.fetched;
-        if let Some(at) = fetched {
-            tokio::time::sleep_until(at + self.config.miss_refresh).await;
+/// What a lookup whose caller is in no pane of the map does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Miss {
+    /// Waits for the panes to be read again (no sooner than `miss_refresh`).
+    Wait,
+    /// Answers now and has the panes read in the background.
+    Background,
+}
+
+/// A pane map, where a multiplexer that cannot list its panes (and never could) means none: the
+/// caller's user and environment are still known, and a caller in no known pane is never more
+/// than anonymous over TCP or the shim.
+fn no_panes_is_none(
+    map: Result<Arc<PaneMap>, LocateError>,
+) -> Result<Option<Arc<PaneMap>>, LocateError> {
+    match map {
+        Ok(map) => Ok(Some(map)),
+        Err(LocateError::Mux(e)) => {
+            tracing::debug!(error = %e, "no pane list to place the caller in");
+            Ok(None)
         }
-    }
-
-    /// [`Locator::lookup_chain`], where a multiplexer that cannot list its panes (and never
-    /// could) means no pane: the caller's user and environment are still known, and a caller
-    /// in no known pane is never more than anonymous over TCP or the shim.
-    async fn lookup_or_none(
-        &self,
-        chain: &[platform::ProcStat],
-    ) -> Result<Option<CallerPane>, LocateError> {
-        match self.lookup_chain(chain).await {
-            Err(LocateError::Mux(e)) => {
-                tracing::debug!(error = %e, "no pane list to place the caller in");
-                Ok(None)
-            }
-            other => other,
-        }
-    }
-
-    /// The pane of the nearest process in `chain` (the caller first, then its ancestors) that is
-    /// a pane's process with the start time the map recorded for it.
-    async fn lookup_chain(
-        &self,
-        chain: &[platform::ProcStat],
-    ) -> Result<Option<CallerPane>, LocateError> {
-        let map = self.current_map().await?;
-        Ok(chain.iter().find_map(|stat| {
-            map.by_shell
-                .get(&stat.pid)
-                .filter(|entry| entry.start_time == stat.start_time)
-                .map(|entry| CallerPane {
-                    pane: entry.pane.clone(),
-                    terminal: entry.terminal.clone(),
-                    shell_pid: stat.pid,
-                    workspace_label: entry.workspace_label.clone(),
-                })
-        }))
-    }
-
-    /// The pane map, refreshed first when stale or expired.
-    async fn current_map(&self) -> Result<tokio::sync::MutexGuard<'_, PaneMap>, LocateError> {
-        let mut map = self.map.lock().await;
-        let expired = map
-            .fetched
-            .is_none_or(|at| at.elapsed() >= self.config.pane_ttl);
-        if expired || self.stale.swap(false, Ordering::Relaxed) {
-            match self.refresh(&mut map).await {
-                Ok(()) => {}
-                // One failed reading keeps the previous map, if there is one.
-                Err(e) if map.fetched.is_some() => {
-                    tracing::debug!(error = %e, "pane map refresh failed; keeping the previous one");
-                    self.stale.store(true, Ordering::Relaxed);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(map)
-    }
-
-    async fn refresh(&self, map: &mut PaneMap) -> Result<(), LocateError> {
-        let panes = self.router.list_panes().await?;
-        let mut known = HashMap::new();
-        let mut labels = HashMap::new();
-        for routed in panes {
-            let key = (routed.id.clone(), routed.info.terminal.clone());
-            let shell = match (map.known.get(&key).copied(), routed.info.shell_pid) {
-                (Some(pid), _) | (None, Some(pid)) => Some(pid),
-                (None, None) => match self.router.process_info(&routed.id).await {
-                    Ok(info) => info.shell_pid,
-                    Err(e) if e.is_not_found() => None,
-                    Err(e) => return Err(e.into()),
-                },
-            };
-            if let Some(pid) = shell {
-                labels.insert(key.clone(), routed.info.workspace_label.clone());
-                known.insert(key, pid);
-            }
-        }
-        let shells: Vec<u32> = known.values().copied().collect();
-        let starts = tokio::task::spawn_blocking(move || {
-            shells
-                .into_iter()
-                .filter_map(|pid| platform::read_stat(pid).ok().map(|s| (pid, s.start_time)))
-                .collect::<HashMap<u32, u64>>()
-        })
-        .await
-        .map_err(|e| LocateError::Proc(std::io::Error::other(e)))?;
-        map.by_shell = known
-            .iter()
-            .filter_map(|(key, pid)| {
-                starts.get(pid).map(|start| {
-                    (
-                        *pid,
-                        ShellEntry {
-                            pane: key.0.clone(),
-                            terminal: key.1.clone(),
-                            start_time: *start,
-                            workspace_label: labels.get(key).cloned().flatten(),
-                        },
-                    )
-                })
-            })
-            .collect();
-        map.known = known;
-        map.fetched = Some(Instant::now());
-        Ok(())
+        Err(e) => Err(e),
     }
 }
 

@@ -1,11 +1,12 @@
 //! The caller locator's one platform seam: what the kernel says about a connection and a process.
 //! The rest of `locate` (the pane map, the ancestry walk, the caches, the order of an fd scan) is
-//! portable and reaches the operating system only through these five functions:
+//! portable and reaches the operating system only through these six functions:
 //!
 //! - [`client_socket`]: the client side of an accepted loopback TCP connection — its socket's
 //!   inode and the uid that owns it;
 //! - [`find_socket_owner`]: which of some candidate pids holds that socket;
 //! - [`pids`]: every live pid;
+//! - [`children`]: a process's children (how the pane trees are walked before any full scan);
 //! - [`read_stat`]: a process's parent, session and start time;
 //! - [`read_env_hints`]: the identity variables in a process's environment.
 //!
@@ -19,16 +20,17 @@
 #[cfg(target_os = "linux")]
 mod linux;
 #[cfg(target_os = "linux")]
-pub use linux::{client_socket, find_socket_owner, pids, read_env_hints, read_stat};
+pub use linux::{children, client_socket, find_socket_owner, pids, read_env_hints, read_stat};
 
 #[cfg(not(target_os = "linux"))]
 compile_error!(
     "fleetd: caller location (locate::platform) is implemented for Linux only. \
-     A macOS port must supply these five (Linux's source; the likely macOS one): \
+     A macOS port must supply these six (Linux's source; the likely macOS one): \
      client_socket, the uid and socket id of a loopback TCP connection (netlink sock_diag \
      or /proc/net/tcp; sysctl net.inet.tcp.pcblist_n); find_socket_owner, the process \
      holding that socket (/proc/<pid>/fd; proc_pidinfo PROC_PIDLISTFDS + proc_pidfdinfo \
-     PROC_PIDFDSOCKETINFO); pids, every live pid (/proc; proc_listallpids); read_stat, a \
+     PROC_PIDFDSOCKETINFO); pids, every live pid (/proc; proc_listallpids); children, a \
+     process's children (/proc/<pid>/task/*/children; proc_listchildpids); read_stat, a \
      process's parent, session and start time (/proc/<pid>/stat; proc_pidinfo \
      PROC_PIDTBSDINFO + getsid); read_env_hints, its environment (/proc/<pid>/environ; \
      sysctl KERN_PROCARGS2)."

@@ -1,7 +1,7 @@
 //! Linux's `/proc` readers for caller identity: a process's parent, session and start time, the
 //! identity variables in its environment, the pid list, the socket inode of a loopback TCP
-//! connection (`/proc/net/tcp` and `tcp6`), and the process holding a socket inode (an fd scan
-//! restricted to an ordered candidate list). Blocking: the locator calls them from
+//! connection (`/proc/net/tcp` and `tcp6`), a process's children (`/proc/<pid>/task/*/children`),
+//! and the process holding a socket inode (an fd scan restricted to an ordered candidate list). Blocking: the locator calls them from
 //! `spawn_blocking`; they must not touch a multiplexer.
 
 use std::io;
@@ -90,6 +90,43 @@ pub fn pids() -> io::Result<Vec<u32>> {
         }
     }
     Ok(pids)
+}
+
+/// The children of every thread of `pid`, from `/proc/<pid>/task/*/children` (a child is listed
+/// under the thread that forked it). Empty for a process that is gone; an error only when the
+/// kernel offers no `children` file at all (built without `CONFIG_PROC_CHILDREN`), which the
+/// caller answers with its full scan.
+pub fn children(pid: u32) -> io::Result<Vec<u32>> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    let mut buf = String::new();
+    for task in tasks {
+        let Ok(task) = task else { continue };
+        let mut path = task.path();
+        path.push("children");
+        buf.clear();
+        match std::fs::File::open(&path).and_then(|mut f| {
+            use std::io::Read as _;
+            f.read_to_string(&mut buf)
+        }) {
+            Ok(_) => out.extend(
+                buf.split_ascii_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            ),
+            // No `children` file in a thread directory that is still there: the kernel has none.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && task.path().exists() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "this kernel lists no /proc/<pid>/task/<tid>/children",
+                ));
+            }
+            // The thread ended between the listing and the read.
+            Err(_) => {}
+        }
+    }
+    Ok(out)
 }
 
 /// Whether process `pid` has an fd on `target` (a link text such as `socket:[123]`). Reads
@@ -188,5 +225,18 @@ mod tests {
         let me = std::process::id();
         assert_eq!(find_socket_owner(socket.inode, &[me]), Some(me));
         assert_eq!(socket.uid, rustix::process::geteuid().as_raw());
+    }
+
+    #[test]
+    fn a_child_is_listed_under_its_parent() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep runs");
+        let listed = children(std::process::id()).expect("children files");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(listed.contains(&child.id()), "{listed:?}");
+        assert_eq!(children(u32::MAX).expect("a gone pid"), Vec::<u32>::new());
     }
 }
