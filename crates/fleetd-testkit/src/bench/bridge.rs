@@ -273,18 +273,39 @@ async fn list_round_trip(rounds: usize) -> anyhow::Result<Stats> {
             let start = std::time::Instant::now();
             stream.write_all(request.as_bytes())?;
             let mut length = 0;
+            let mut chunked = false;
             loop {
                 let mut line = String::new();
                 reader.read_line(&mut line)?;
                 if line == "\r\n" {
                     break;
                 }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
                     length = v.trim().parse()?;
                 }
+                if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
+                    chunked = true;
+                }
             }
-            let mut buf = vec![0; length];
-            reader.read_exact(&mut buf)?;
+            let mut buf = Vec::new();
+            if chunked {
+                // rmcp's answer has no length: read the chunks up to the empty one.
+                loop {
+                    let mut size = String::new();
+                    reader.read_line(&mut size)?;
+                    let size = usize::from_str_radix(size.trim(), 16)?;
+                    let mut chunk = vec![0; size + 2];
+                    reader.read_exact(&mut chunk)?;
+                    if size == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..size]);
+                }
+            } else {
+                buf.resize(length, 0);
+                reader.read_exact(&mut buf)?;
+            }
             let text = String::from_utf8_lossy(&buf);
             anyhow::ensure!(text.contains("\"isError\":false"), "fleet_list failed: {text}");
             if i > 0 {
