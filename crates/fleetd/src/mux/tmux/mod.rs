@@ -38,7 +38,9 @@ use crate::mux::status::SHELLS;
 /// Field separator in `-F` formats (a control character no id or name contains).
 pub use crate::mux::status::derive_status;
 
+mod control;
 mod launch;
+mod run;
 mod watch;
 
 const SEP: char = '\u{1f}';
@@ -73,6 +75,9 @@ pub struct TmuxConfig {
     pub server_umask: Option<u32>,
     /// The `tmux` executable (looked up on `PATH` when it is a bare name).
     pub program: PathBuf,
+    /// Commands go over one persistent control-mode client (`tmux -C`) while one can attach;
+    /// `false` runs every command as its own `tmux` process.
+    pub control_mode: bool,
 }
 
 impl TmuxConfig {
@@ -85,30 +90,7 @@ impl TmuxConfig {
             launch_dir: None,
             server_umask: None,
             program: PathBuf::from("tmux"),
-        }
-    }
-}
-
-/// A failed `tmux` invocation: the error, and whether the command may have been carried out
-/// (tmux ran and was killed at the timeout, or lost its server) — what tells a typing that wrote
-/// nothing from one that may have written.
-struct RunFailure {
-    error: MuxError,
-    maybe_done: bool,
-}
-
-impl RunFailure {
-    fn not_done(op: &str, reason: impl std::fmt::Display) -> Self {
-        Self {
-            error: MuxError::transient(op, reason),
-            maybe_done: false,
-        }
-    }
-
-    fn maybe_done(op: &str, reason: impl std::fmt::Display) -> Self {
-        Self {
-            error: MuxError::transient(op, reason),
-            maybe_done: true,
+            control_mode: true,
         }
     }
 }
@@ -128,6 +110,8 @@ struct Inner {
     /// Each watched pane's polling task and the poke that makes it read at once.
     watches: Mutex<watch::Watches>,
     events: broadcast::Sender<PaneEvent>,
+    /// The control client commands go over.
+    commands: run::CommandSlot,
 }
 
 impl Drop for Inner {
@@ -148,17 +132,6 @@ struct RawPane {
     window_name: String,
     command: String,
     title: String,
-}
-
-/// `text` as a tmux argument that stays literal. tmux reads an argument ending in `;` as the end
-/// of a command (the `;` dropped) and one ending in `\;` as a literal `;` (the backslash dropped),
-/// and nothing else: so a backslash before the final `;` keeps any text whole — `a;` → `a\;`,
-/// `a\;` → `a\\;`. tmux 3.3a `cmd-parse.c`, `cmd_parse_from_arguments`.
-fn literal_arg(text: &str) -> String {
-    match text.strip_suffix(';') {
-        Some(head) => format!("{head}\\;"),
-        None => text.to_owned(),
-    }
 }
 
 /// Replaces characters fleetd's ids refuse (whitespace, controls) so every pane has an id.
@@ -190,91 +163,9 @@ impl Tmux {
                 inherited: launch::inherited_env(),
                 watches: Mutex::new(watch::Watches::default()),
                 events,
+                commands: run::CommandSlot::default(),
             }),
         }
-    }
-
-    /// Runs `tmux <socket args> <args>` and returns stdout; `what` names the looked-up object for
-    /// not-found errors.
-    async fn run(&self, args: &[String], what: &str) -> Result<String, MuxError> {
-        self.exec(args, what).await.map_err(|failure| failure.error)
-    }
-
-    /// Runs a `tmux` command that types into a pane: a failure after the command may have
-    /// reached the server is [`MuxError::Uncertain`].
-    async fn run_input(&self, args: &[String], what: &str) -> Result<String, MuxError> {
-        self.exec(args, what)
-            .await
-            .map_err(|failure| match failure.error {
-                MuxError::Transient { op, reason } if failure.maybe_done => {
-                    MuxError::Uncertain { op, reason }
-                }
-                error => error,
-            })
-    }
-
-    /// [`Tmux::run`], saying on failure whether the command may have been carried out.
-    async fn exec(&self, args: &[String], what: &str) -> Result<String, RunFailure> {
-        let op = format!("tmux {}", args.first().map_or("", String::as_str));
-        // `new-session` may start the server, which then keeps the umask it was started with
-        // for every pane: give it the user's own, through a shell (std cannot set a child's
-        // umask without unsafe code).
-        let starts_server = args.first().is_some_and(|a| a == "new-session");
-        let mut cmd = match self.inner.config.server_umask {
-            Some(mask) if starts_server => {
-                let mut sh = tokio::process::Command::new("/bin/sh");
-                sh.args(["-c", &format!("umask {mask:04o}; exec \"$0\" \"$@\"")])
-                    .arg(&self.inner.config.program);
-                sh
-            }
-            _ => tokio::process::Command::new(&self.inner.config.program),
-        };
-        cmd.env_clear();
-        cmd.envs(self.inner.inherited.iter().map(|(k, v)| (k, v)));
-        match &self.inner.config.socket {
-            TmuxSocket::Default => {}
-            TmuxSocket::Name(name) => {
-                cmd.arg("-L").arg(name);
-            }
-            TmuxSocket::Path(path) => {
-                cmd.arg("-S").arg(path);
-            }
-        }
-        cmd.args(args)
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true);
-        // Killed at the timeout (`kill_on_drop`), the client may already have handed the command
-        // to the server.
-        let output = tokio::time::timeout(self.inner.config.call_timeout, cmd.output())
-            .await
-            .map_err(|_| RunFailure::maybe_done(&op, "tmux did not answer in time"))?
-            .map_err(|e| RunFailure::not_done(&op, format!("cannot run tmux: {e}")))?;
-        if output.status.success() {
-            // The command ran; only its output is unreadable.
-            return String::from_utf8(output.stdout)
-                .map_err(|e| RunFailure::maybe_done(&op, format!("non-UTF-8 output: {e}")));
-        }
-        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
-        if stderr.contains("can't find pane")
-            || stderr.contains("can't find window")
-            || stderr.contains("can't find session")
-        {
-            return Err(RunFailure {
-                error: MuxError::NotFound {
-                    what: what.to_owned(),
-                    code: "tmux_not_found".to_owned(),
-                    message: stderr,
-                },
-                maybe_done: false,
-            });
-        }
-        let reason = format!("{}: {stderr}", output.status);
-        // The server went away while the command was with it; any other failure (no server,
-        // a refused command) is tmux saying it did nothing.
-        if stderr.contains("server exited unexpectedly") || stderr.contains("lost server") {
-            return Err(RunFailure::maybe_done(&op, reason));
-        }
-        Err(RunFailure::not_done(&op, reason))
     }
 
     fn parse_pane_line(line: &str) -> Option<RawPane> {
@@ -489,7 +380,7 @@ impl Tmux {
                     target.clone(),
                     "-l".into(),
                     "--".into(),
-                    literal_arg(text),
+                    text.to_owned(),
                 ],
                 &what,
             )
