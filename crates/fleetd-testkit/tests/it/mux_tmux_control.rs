@@ -11,7 +11,7 @@ use fleetd::mux::tmux::Tmux;
 use fleetd::mux::{Launch, Multiplexer, OpenPane, PaneEvent, Placement};
 use fleetd_core::{AgentStatus, PaneId, TerminalId};
 use fleetd_testkit::tmux::TmuxServer;
-use fleetd_testkit::{Service, require_tmux};
+use fleetd_testkit::{Service, bin_path, require_tmux};
 use tokio::sync::broadcast;
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -160,11 +160,15 @@ async fn hot_paths_run_no_tmux_process_while_the_control_client_is_up() {
         [] as [String; 0],
         "tmux processes on the hot paths"
     );
-    let attaches = after
-        .iter()
-        .filter(|l| l.contains("-C attach-session"))
-        .count();
-    assert_eq!(attaches, 1, "{after:#?}");
+    // One command client (no output), one event client for the watched pane's session.
+    let attaches = |kind: &str| {
+        after
+            .iter()
+            .filter(|l| l.contains("-C attach-session") && l.contains(kind))
+            .count()
+    };
+    assert_eq!(attaches("no-output"), 1, "{after:#?}");
+    assert_eq!(attaches("-t =fleet"), 1, "{after:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -399,4 +403,68 @@ async fn watched_status_follows_a_pane_on_the_control_client() {
         .expect("kill-pane");
     assert!(out.status.success());
     assert_eq!(gone(&mut events, &pane).await, Some(first));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_changes_are_read_on_tmux_notifications_not_on_a_poll() {
+    // Both polls a minute apart: every reading after the first must come from tmux's `%output`
+    // and window notifications (the test gives up long before a poll).
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let server = TmuxServer::start().expect("tmux");
+    let mut config = server.backend_config();
+    config.poll_interval = Duration::from_secs(60);
+    config.safety_poll_interval = Duration::from_secs(60);
+    let tmux = Tmux::new(config);
+    let agent = bin_path("sim-agent").display().to_string();
+    let pane = tmux
+        .open_pane(open(
+            "fleet",
+            &[&agent, "--script", "silent", "--work-ms", "1500"],
+        ))
+        .await
+        .expect("open");
+    eventually("sim-agent to start", async || {
+        tmux.read_tail(&pane.pane, 20)
+            .await
+            .ok()
+            .filter(|t| t.contains("sim-agent ready"))
+    })
+    .await;
+    let mut events = tmux.events();
+    tmux.watch(&pane.pane).await.expect("watch");
+    let status = |want: AgentStatus| {
+        let pane = pane.pane.clone();
+        move |event: &PaneEvent| matches!(event, PaneEvent::StatusChanged { pane: p, status, .. } if *p == pane && *status == want)
+    };
+    next_matching(&mut events, status(AgentStatus::Idle)).await;
+    for turn in 0..2 {
+        tmux.submit(&pane.pane, &format!("turn {turn}"))
+            .await
+            .expect("submit");
+        next_matching(&mut events, status(AgentStatus::Working)).await;
+        next_matching(&mut events, status(AgentStatus::Idle)).await;
+    }
+    // Closing the window: `%window-close` makes the listing that finds it gone.
+    let out = server
+        .run(&["kill-pane", "-t", pane.pane.as_str()])
+        .expect("kill-pane");
+    assert!(out.status.success());
+    assert_eq!(gone(&mut events, &pane.pane).await, Some(pane.terminal));
+}
+
+async fn next_matching(rx: &mut broadcast::Receiver<PaneEvent>, want: impl Fn(&PaneEvent) -> bool) {
+    let wait = async {
+        loop {
+            match rx.recv().await {
+                Ok(event) if want(&event) => return,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("closed"),
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, wait)
+        .await
+        .expect("the awaited pane event");
 }

@@ -1,16 +1,25 @@
-//! The tmux backend: a `Multiplexer` over the `tmux` CLI on one server (`-L name` / `-S path`).
-//! The only module that runs `tmux`. Panes come from `list-panes -a -F`, members from `new-window`
-//! (or `new-session` / `split-window`) running a launcher (`launch`), text from `send-keys -l` plus a separate
-//! `Enter`, output from `capture-pane -p`.
+//! The tmux backend: a `Multiplexer` over tmux on one server (`-L name` / `-S path`). The only
+//! module that runs `tmux`. Panes come from `list-panes -a -F`, members from `new-window` (or
+//! `new-session` / `split-window`) running a launcher (`launch`), text from `send-keys -l` plus a
+//! separate `Enter`, output from `capture-pane -p`.
+//!
+//! Commands go over one persistent control-mode client per server (`control`, `run`): `tmux -N
+//! -C attach-session -f ignore-size,no-output`, commands written one per line and quoted for
+//! tmux's command parser, replies matched in order. So a nudge, a screen read or a listing costs
+//! no process. Without a server, or when control mode fails, each command runs as its own `tmux`
+//! process as before (the `new-session` that starts a server does, with the user's umask); the
+//! client is attached again on the next command after it exits (its session destroyed, the
+//! server restarted), at most once a second while that fails.
 //!
 //! Status is derived, and weaker than herdr's: tmux knows nothing about agents. A braille spinner
 //! (U+2800–U+28FF) leading the pane title, as Claude Code sets it, means `working`; a pane whose
 //! foreground command is a shell has no agent (`unknown`); an approval UI in the bottom screen lines
-//! means `blocked`; anything else is `idle`. There is no `done`, no state-change sequence, and no push:
-//! watches poll. Server-level failures ("no server running", a bad socket) are transient; only
+//! means `blocked`; anything else is `idle`. There is no `done` and no state-change sequence; a
+//! watched pane is read again when tmux reports its output or a window's coming or going (`watch`),
+//! with a slow safety poll. Server-level failures ("no server running", a bad socket) are transient; only
 //! tmux's "can't find pane/window/session" is an affirmative not-found. A `send-keys` that timed
-//! out or lost its server, or an Enter that failed after the text went in, may have typed:
-//! `submit` and `press_enter` report those as uncertain, never as transient.
+//! out or lost its server (or control client), or an Enter that failed after the text went in, may
+//! have typed: `submit` and `press_enter` report those as uncertain, never as transient.
 //!
 //! tmux runs with a cleared environment (a short allowlist such as `PATH` and `HOME`): a tmux
 //! server started by fleetd must not inherit fleetd's secrets into every pane.
@@ -65,8 +74,12 @@ pub struct TmuxConfig {
     pub socket: TmuxSocket,
     /// Bound on one `tmux` invocation.
     pub call_timeout: Duration,
-    /// How often a watched pane is polled.
+    /// How often watched panes are read while some watched session has no event client
+    /// (control mode off or failing).
     pub poll_interval: Duration,
+    /// How often watched panes are read anyway while event clients report their output: the
+    /// safety net for a change that printed nothing (a title set alone).
+    pub safety_poll_interval: Duration,
     /// Where a pane's environment waits for its launcher (an owner-only directory). A pane
     /// opened with environment and no launch directory is refused.
     pub launch_dir: Option<PathBuf>,
@@ -87,6 +100,7 @@ impl TmuxConfig {
             socket,
             call_timeout: Duration::from_secs(5),
             poll_interval: Duration::from_millis(400),
+            safety_poll_interval: Duration::from_secs(5),
             launch_dir: None,
             server_umask: None,
             program: PathBuf::from("tmux"),
