@@ -5,7 +5,10 @@
 //! `/proc/<pid>/stat` over an idle window; RSS is `VmRSS` from `/proc/<pid>/status` at its end.
 //! Only fleetd's own process is counted (not fake-herdr, not the panes). Prints; never asserts.
 //!
-//! `fleetd-bench footprint [--starts N] [--window SECS] [--members N] [--queued N]`.
+//! With tmux present, the same idle window with `--members` idle `sim-agent` members on a private
+//! tmux server (issue 17's row; `--tmux-only` measures just that).
+//!
+//! `fleetd-bench footprint [--starts N] [--window SECS] [--members N] [--queued N] [--tmux-only]`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::Stdio;
@@ -56,6 +59,14 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
     let window = Duration::from_secs(arg_number(args, "--window", DEFAULT_WINDOW_SECS)? as u64);
     let members = arg_number(args, "--members", DEFAULT_MEMBERS)?;
     let queued = arg_number(args, "--queued", DEFAULT_QUEUED)?;
+    if args.iter().any(|a| a == "--tmux-only") {
+        let row = tmux_row(members, window);
+        println!(
+            "\n| {} | {} | {} |",
+            row.measurement, row.fleetd, row.target
+        );
+        return Ok(vec![row]);
+    }
 
     progress(&format!("cold start to /healthz 200, {starts} times…"));
     let cold = cold_starts(starts)?;
@@ -76,6 +87,8 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
     settle();
     let crowded = idle(fleet.daemon_pid(), window)?;
     drop(fleet);
+
+    let on_tmux = tmux_row(members, window);
 
     progress(&format!("idle with {queued} queued replies…"));
     let (boot, full) = with_queue(queued, window)?;
@@ -101,6 +114,7 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
             format!("idle {secs} s, {members} members (fake-herdr)"),
             crowded.cell(),
         ),
+        on_tmux,
         Row::new(
             "footprint",
             format!("start → /healthz 200 with {queued} queued replies"),
@@ -162,6 +176,40 @@ fn idle(pid: u32, window: Duration) -> anyhow::Result<Idle> {
         cpu_percent: used / elapsed.as_secs_f64() * 100.0,
         rss_kib,
     })
+}
+
+/// The row "idle, `members` members on tmux" (issue 17's target), or why it was not measured.
+fn tmux_row(members: usize, window: Duration) -> Row {
+    let measurement = format!("idle {} s, {members} members on tmux", window.as_secs());
+    if crate::require_tmux() != crate::Service::Present {
+        return Row::new("footprint", measurement, "not measured: tmux not found");
+    }
+    progress(&format!("idle with {members} members on tmux…"));
+    match std::panic::catch_unwind(|| tmux_members(members, window)) {
+        Ok(Ok(idle)) => Row::new("footprint", measurement, idle.cell()).target(
+            "≤ 1 % of a core, RSS ≤ 64 MiB (#17)",
+            super::Met::from_bool(idle.cpu_percent <= 1.0 && idle.rss_kib <= 64 * 1024),
+        ),
+        Ok(Err(e)) => Row::new("footprint", measurement, format!("failed: {e:#}")),
+        Err(_) => Row::new(
+            "footprint",
+            measurement,
+            "failed: the rig panicked (see stderr)",
+        ),
+    }
+}
+
+/// A private tmux server, the built `fleetd` on it and `members` idle `sim-agent` members
+/// spawned by the lead's `fleet_spawn` one at a time: fleetd's own CPU and RSS while they idle
+/// (it watches every member's status: tmux's notifications plus the safety poll).
+fn tmux_members(members: usize, window: Duration) -> anyhow::Result<Idle> {
+    let profile = format!("profiles:\n{}", crate::rig::sim_profile("idle", &[]));
+    let rig = crate::rig::Rig::start(&profile);
+    for n in 0..members {
+        rig.spawn("idle", &format!("m{n}"));
+    }
+    settle();
+    idle(rig.daemon.child.id(), window)
 }
 
 fn herdr_config(socket: &std::path::Path) -> String {

@@ -21,8 +21,15 @@ const DEFAULT_ROUNDS: usize = 30;
 /// The member's turn: long enough that the lead is idle again (its own `fleet_send` turn over)
 /// before the reply lands, so what is measured is the idle-lead path.
 const MEMBER_WORK_MS: u32 = 900;
-/// The issue's target for the visible nudge.
-const TARGET: Duration = Duration::from_millis(50);
+/// The targets for the visible nudge: issue 17's on tmux (one persistent control client),
+/// issue 6's on herdr.
+fn target(backend: &str) -> (Duration, &'static str) {
+    if backend == "tmux" {
+        (Duration::from_millis(10), "p99 ≤ 10 ms (#17)")
+    } else {
+        (Duration::from_millis(50), "p99 ≤ 50 ms (#6)")
+    }
+}
 
 /// One backend's two series.
 struct Measured {
@@ -57,14 +64,15 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
                 continue;
             }
         };
-        let met = if m.visible.p99 <= TARGET { "yes" } else { "no" };
+        let (target, target_text) = target(name);
+        let met = if m.visible.p99 <= target { "yes" } else { "no" };
         rows.push(
             Row::new(
                 "push",
                 format!("reply → nudge text visible in an idle lead pane, {name}"),
                 m.visible.cell(),
             )
-            .target("p99 ≤ 50 ms (#6)", Met::from_bool(m.visible.p99 <= TARGET)),
+            .target(target_text, Met::from_bool(m.visible.p99 <= target)),
         );
         rows.push(Row::new(
             "push",
@@ -72,7 +80,7 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
             m.submitted.cell(),
         ));
         println!(
-            "| {name} | nudge text visible | {} | {} | {} | p99 ≤ 50 ms | {met} |",
+            "| {name} | nudge text visible | {} | {} | {} | {target_text} | {met} |",
             super::ms(m.visible.p50),
             super::ms(m.visible.p99),
             super::ms(m.visible.max),

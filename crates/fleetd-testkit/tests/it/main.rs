@@ -19,6 +19,7 @@ mod members;
 mod metrics;
 mod mux_herdr;
 mod mux_tmux;
+mod mux_tmux_control;
 mod paging;
 mod push;
 mod push_herdr;

@@ -180,36 +180,62 @@ async fn send_keys_deliver_quotes_unicode_and_newlines_literally() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn texts_ending_in_a_semicolon_arrive_whole() {
-    // tmux reads an argument ending in `;` as a command separator and drops it (`a;` typed `a`,
-    // a task of just `;` typed an empty line) and one ending in `\;` as an escaped `;`.
+    // On a process's argv tmux reads an argument ending in `;` as a command separator and drops
+    // it (`a;` typed `a`, a task of just `;` typed an empty line) and one ending in `\;` as an
+    // escaped `;`; on the control client's command line its parser reads quotes, `$`, `~`, `#`
+    // and escapes. Both paths must type every text as it is.
     if require_tmux() == Service::Skip {
         return;
     }
-    let server = TmuxServer::start().expect("tmux");
-    let tmux = backend(&server);
-    let record = server.dir().join("received.bin");
-    let script = format!("stty raw -echo; exec cat > '{}'", record.display());
-    let pane = tmux
-        .open_pane(open("fleet", &[], vec!["sh".into(), "-c".into(), script]))
-        .await
-        .expect("open recorder");
-    eventually("the recorder to start", async || {
-        record.exists().then_some(())
-    })
-    .await;
-    let texts = ["run the tests;", ";", "a\\;", "x;;", "a \\\\;", "end\\"];
-    let mut expected = String::new();
-    for text in texts {
-        tmux.submit(&pane.pane, text).await.expect("submit");
-        expected.push_str(text);
-        expected.push('\r');
+    let texts = [
+        "run the tests;",
+        ";",
+        "a\\;",
+        "x;;",
+        "a \\\\;",
+        "end\\",
+        "it's 'quoted' \"twice\" $HOME ${X} ~ ~/x #{pane_id} #x {a} } %if 1",
+        "'",
+        "\\'\\",
+        "tab\there\u{1f}unit\u{7f}del \u{1b}[0m",
+        "two\nlines\r\n",
+        "-n",
+        "--",
+        "Enter",
+        "ünïcödé ✓ 日本 \u{2800}",
+    ];
+    for control_mode in [true, false] {
+        let server = TmuxServer::start().expect("tmux");
+        let mut config = server.backend_config();
+        config.control_mode = control_mode;
+        let tmux = Tmux::new(config);
+        let record = server.dir().join("received.bin");
+        let script = format!("stty raw -echo; exec cat > '{}'", record.display());
+        let pane = tmux
+            .open_pane(open("fleet", &[], vec!["sh".into(), "-c".into(), script]))
+            .await
+            .expect("open recorder");
+        eventually("the recorder to start", async || {
+            record.exists().then_some(())
+        })
+        .await;
+        let mut expected = String::new();
+        for text in texts {
+            tmux.submit(&pane.pane, text).await.expect("submit");
+            expected.push_str(text);
+            expected.push('\r');
+        }
+        let got = eventually("every text to arrive", async || {
+            let bytes = std::fs::read(&record).ok()?;
+            (bytes.len() >= expected.len()).then_some(bytes)
+        })
+        .await;
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            expected,
+            "control mode {control_mode}"
+        );
     }
-    let got = eventually("every text to arrive", async || {
-        let bytes = std::fs::read(&record).ok()?;
-        (bytes.len() >= expected.len()).then_some(bytes)
-    })
-    .await;
-    assert_eq!(String::from_utf8_lossy(&got), expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -249,6 +275,8 @@ async fn one_listing_per_poll_serves_every_watched_pane() {
     let mut config = server.backend_config();
     config.program = wrapper;
     config.poll_interval = Duration::from_millis(50);
+    // Processes, so the wrapper sees each command (over the control client it sees one attach).
+    config.control_mode = false;
     let tmux = Tmux::new(config);
     let mut panes = Vec::new();
     for _ in 0..4 {
@@ -328,11 +356,16 @@ async fn status_follows_the_title_spinner_and_closing_reports_gone() {
         .expect("submit");
     next_status(&mut events, &pane.pane, AgentStatus::Working).await;
     next_status(&mut events, &pane.pane, AgentStatus::Idle).await;
-    let tail = tmux.read_tail(&pane.pane, 50).await.expect("tail");
-    assert!(
-        tail.contains("work please") && tail.contains("turn done"),
-        "{tail}"
-    );
+    // sim-agent drops its spinner before it prints "turn done", and the idle title is read as
+    // soon as tmux reports the output that set it: the line may follow the reading.
+    let tail = eventually("the turn's last line", async || {
+        tmux.read_tail(&pane.pane, 50)
+            .await
+            .ok()
+            .filter(|t| t.contains("turn done"))
+    })
+    .await;
+    assert!(tail.contains("work please"), "{tail}");
 
     tmux.close_pane(&pane.pane).await.expect("close");
     let gone = tokio::time::timeout(PATIENCE, async {
@@ -423,6 +456,8 @@ async fn a_send_keys_that_times_out_may_have_typed() {
     let mut config = server.backend_config();
     config.call_timeout = Duration::from_millis(500);
     config.program = program;
+    // Processes; the control client's timeout is tested in `mux_tmux_control`.
+    config.control_mode = false;
     let impatient = Tmux::new(config);
     for err in [
         impatient

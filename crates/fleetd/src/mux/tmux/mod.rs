@@ -1,16 +1,25 @@
-//! The tmux backend: a `Multiplexer` over the `tmux` CLI on one server (`-L name` / `-S path`).
-//! The only module that runs `tmux`. Panes come from `list-panes -a -F`, members from `new-window`
-//! (or `new-session` / `split-window`) running a launcher (`launch`), text from `send-keys -l` plus a separate
-//! `Enter`, output from `capture-pane -p`.
+//! The tmux backend: a `Multiplexer` over tmux on one server (`-L name` / `-S path`). The only
+//! module that runs `tmux`. Panes come from `list-panes -a -F`, members from `new-window` (or
+//! `new-session` / `split-window`) running a launcher (`launch`), text from `send-keys -l` plus a
+//! separate `Enter`, output from `capture-pane -p`.
+//!
+//! Commands go over one persistent control-mode client per server (`control`, `run`): `tmux -N
+//! -C attach-session -f ignore-size,no-output`, commands written one per line and quoted for
+//! tmux's command parser, replies matched in order. So a nudge, a screen read or a listing costs
+//! no process. Without a server, or when control mode fails, each command runs as its own `tmux`
+//! process as before (the `new-session` that starts a server does, with the user's umask); the
+//! client is attached again on the next command after it exits (its session destroyed, the
+//! server restarted), at most once a second while that fails.
 //!
 //! Status is derived, and weaker than herdr's: tmux knows nothing about agents. A braille spinner
 //! (U+2800–U+28FF) leading the pane title, as Claude Code sets it, means `working`; a pane whose
 //! foreground command is a shell has no agent (`unknown`); an approval UI in the bottom screen lines
-//! means `blocked`; anything else is `idle`. There is no `done`, no state-change sequence, and no push:
-//! watches poll. Server-level failures ("no server running", a bad socket) are transient; only
+//! means `blocked`; anything else is `idle`. There is no `done` and no state-change sequence; a
+//! watched pane is read again when tmux reports its output or a window's coming or going (`watch`),
+//! with a slow safety poll. Server-level failures ("no server running", a bad socket) are transient; only
 //! tmux's "can't find pane/window/session" is an affirmative not-found. A `send-keys` that timed
-//! out or lost its server, or an Enter that failed after the text went in, may have typed:
-//! `submit` and `press_enter` report those as uncertain, never as transient.
+//! out or lost its server (or control client), or an Enter that failed after the text went in, may
+//! have typed: `submit` and `press_enter` report those as uncertain, never as transient.
 //!
 //! tmux runs with a cleared environment (a short allowlist such as `PATH` and `HOME`): a tmux
 //! server started by fleetd must not inherit fleetd's secrets into every pane.
@@ -38,7 +47,9 @@ use crate::mux::status::SHELLS;
 /// Field separator in `-F` formats (a control character no id or name contains).
 pub use crate::mux::status::derive_status;
 
+mod control;
 mod launch;
+mod run;
 mod watch;
 
 const SEP: char = '\u{1f}';
@@ -63,8 +74,12 @@ pub struct TmuxConfig {
     pub socket: TmuxSocket,
     /// Bound on one `tmux` invocation.
     pub call_timeout: Duration,
-    /// How often a watched pane is polled.
+    /// How often watched panes are read while some watched session has no event client
+    /// (control mode off or failing).
     pub poll_interval: Duration,
+    /// How often watched panes are read anyway while event clients report their output: the
+    /// safety net for a change that printed nothing (a title set alone).
+    pub safety_poll_interval: Duration,
     /// Where a pane's environment waits for its launcher (an owner-only directory). A pane
     /// opened with environment and no launch directory is refused.
     pub launch_dir: Option<PathBuf>,
@@ -73,6 +88,9 @@ pub struct TmuxConfig {
     pub server_umask: Option<u32>,
     /// The `tmux` executable (looked up on `PATH` when it is a bare name).
     pub program: PathBuf,
+    /// Commands go over one persistent control-mode client (`tmux -C`) while one can attach;
+    /// `false` runs every command as its own `tmux` process.
+    pub control_mode: bool,
 }
 
 impl TmuxConfig {
@@ -82,33 +100,11 @@ impl TmuxConfig {
             socket,
             call_timeout: Duration::from_secs(5),
             poll_interval: Duration::from_millis(400),
+            safety_poll_interval: Duration::from_secs(5),
             launch_dir: None,
             server_umask: None,
             program: PathBuf::from("tmux"),
-        }
-    }
-}
-
-/// A failed `tmux` invocation: the error, and whether the command may have been carried out
-/// (tmux ran and was killed at the timeout, or lost its server) — what tells a typing that wrote
-/// nothing from one that may have written.
-struct RunFailure {
-    error: MuxError,
-    maybe_done: bool,
-}
-
-impl RunFailure {
-    fn not_done(op: &str, reason: impl std::fmt::Display) -> Self {
-        Self {
-            error: MuxError::transient(op, reason),
-            maybe_done: false,
-        }
-    }
-
-    fn maybe_done(op: &str, reason: impl std::fmt::Display) -> Self {
-        Self {
-            error: MuxError::transient(op, reason),
-            maybe_done: true,
+            control_mode: true,
         }
     }
 }
@@ -128,6 +124,8 @@ struct Inner {
     /// Each watched pane's polling task and the poke that makes it read at once.
     watches: Mutex<watch::Watches>,
     events: broadcast::Sender<PaneEvent>,
+    /// The control client commands go over.
+    commands: run::CommandSlot,
 }
 
 impl Drop for Inner {
@@ -148,17 +146,6 @@ struct RawPane {
     window_name: String,
     command: String,
     title: String,
-}
-
-/// `text` as a tmux argument that stays literal. tmux reads an argument ending in `;` as the end
-/// of a command (the `;` dropped) and one ending in `\;` as a literal `;` (the backslash dropped),
-/// and nothing else: so a backslash before the final `;` keeps any text whole — `a;` → `a\;`,
-/// `a\;` → `a\\;`. tmux 3.3a `cmd-parse.c`, `cmd_parse_from_arguments`.
-fn literal_arg(text: &str) -> String {
-    match text.strip_suffix(';') {
-        Some(head) => format!("{head}\\;"),
-        None => text.to_owned(),
-    }
 }
 
 /// Replaces characters fleetd's ids refuse (whitespace, controls) so every pane has an id.
@@ -190,91 +177,9 @@ impl Tmux {
                 inherited: launch::inherited_env(),
                 watches: Mutex::new(watch::Watches::default()),
                 events,
+                commands: run::CommandSlot::default(),
             }),
         }
-    }
-
-    /// Runs `tmux <socket args> <args>` and returns stdout; `what` names the looked-up object for
-    /// not-found errors.
-    async fn run(&self, args: &[String], what: &str) -> Result<String, MuxError> {
-        self.exec(args, what).await.map_err(|failure| failure.error)
-    }
-
-    /// Runs a `tmux` command that types into a pane: a failure after the command may have
-    /// reached the server is [`MuxError::Uncertain`].
-    async fn run_input(&self, args: &[String], what: &str) -> Result<String, MuxError> {
-        self.exec(args, what)
-            .await
-            .map_err(|failure| match failure.error {
-                MuxError::Transient { op, reason } if failure.maybe_done => {
-                    MuxError::Uncertain { op, reason }
-                }
-                error => error,
-            })
-    }
-
-    /// [`Tmux::run`], saying on failure whether the command may have been carried out.
-    async fn exec(&self, args: &[String], what: &str) -> Result<String, RunFailure> {
-        let op = format!("tmux {}", args.first().map_or("", String::as_str));
-        // `new-session` may start the server, which then keeps the umask it was started with
-        // for every pane: give it the user's own, through a shell (std cannot set a child's
-        // umask without unsafe code).
-        let starts_server = args.first().is_some_and(|a| a == "new-session");
-        let mut cmd = match self.inner.config.server_umask {
-            Some(mask) if starts_server => {
-                let mut sh = tokio::process::Command::new("/bin/sh");
-                sh.args(["-c", &format!("umask {mask:04o}; exec \"$0\" \"$@\"")])
-                    .arg(&self.inner.config.program);
-                sh
-            }
-            _ => tokio::process::Command::new(&self.inner.config.program),
-        };
-        cmd.env_clear();
-        cmd.envs(self.inner.inherited.iter().map(|(k, v)| (k, v)));
-        match &self.inner.config.socket {
-            TmuxSocket::Default => {}
-            TmuxSocket::Name(name) => {
-                cmd.arg("-L").arg(name);
-            }
-            TmuxSocket::Path(path) => {
-                cmd.arg("-S").arg(path);
-            }
-        }
-        cmd.args(args)
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true);
-        // Killed at the timeout (`kill_on_drop`), the client may already have handed the command
-        // to the server.
-        let output = tokio::time::timeout(self.inner.config.call_timeout, cmd.output())
-            .await
-            .map_err(|_| RunFailure::maybe_done(&op, "tmux did not answer in time"))?
-            .map_err(|e| RunFailure::not_done(&op, format!("cannot run tmux: {e}")))?;
-        if output.status.success() {
-            // The command ran; only its output is unreadable.
-            return String::from_utf8(output.stdout)
-                .map_err(|e| RunFailure::maybe_done(&op, format!("non-UTF-8 output: {e}")));
-        }
-        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
-        if stderr.contains("can't find pane")
-            || stderr.contains("can't find window")
-            || stderr.contains("can't find session")
-        {
-            return Err(RunFailure {
-                error: MuxError::NotFound {
-                    what: what.to_owned(),
-                    code: "tmux_not_found".to_owned(),
-                    message: stderr,
-                },
-                maybe_done: false,
-            });
-        }
-        let reason = format!("{}: {stderr}", output.status);
-        // The server went away while the command was with it; any other failure (no server,
-        // a refused command) is tmux saying it did nothing.
-        if stderr.contains("server exited unexpectedly") || stderr.contains("lost server") {
-            return Err(RunFailure::maybe_done(&op, reason));
-        }
-        Err(RunFailure::not_done(&op, reason))
     }
 
     fn parse_pane_line(line: &str) -> Option<RawPane> {
@@ -489,7 +394,7 @@ impl Tmux {
                     target.clone(),
                     "-l".into(),
                     "--".into(),
-                    literal_arg(text),
+                    text.to_owned(),
                 ],
                 &what,
             )

@@ -1,23 +1,50 @@
-//! tmux status watches: one polling task for every watched pane (tmux pushes nothing). Each poll
-//! is one `list-panes -a` for all of them, plus a `capture-pane` only for a pane whose status
-//! depends on its screen (an agent that is not showing a spinner: is it at a prompt or in an
-//! approval dialog?). Readings are de-duplicated into `PaneEvent`s, and `Gone` is published when
-//! a successful listing lacks the pane or shows it re-incarnated. All readings come from the one
-//! task, so they reach the event stream in the order they were read; a poke (watching a pane
-//! again) makes the task read at once and publish that pane's status even when unchanged.
+//! tmux status watches: one task reads every watched pane, woken by tmux's own notifications.
+//! Each session holding a watched pane gets an event client (a control client attached to it
+//! with output on, `control`): a pane's `%output` marks that pane for an immediate reading (one
+//! `list-panes` filtered to it, plus its screen when its status depends on it), at most one per
+//! [`COALESCE`] however chatty the pane; a window or pane coming or going (`%window-close`,
+//! `%unlinked-window-close`, `%window-add`, `%pane-mode-changed`, `%sessions-changed`, ...), an
+//! event client leaving, or a lagging notification stream reads everything: one `list-panes -a`
+//! for all watched panes. A safety poll does the same every `safety_poll_interval` to catch
+//! anything missed (a title set without output), and every `poll_interval` while some watched
+//! session has no event client (control mode off or failing: the old polling).
 //!
-//! The task holds the backend weakly: dropping the last `Tmux` ends it.
+//! Readings are de-duplicated into `PaneEvent`s, and `Gone` is published when a successful
+//! listing lacks the pane or shows it re-incarnated. All readings come from the one task, so
+//! they reach the event stream in the order they were read; a poke (watching a pane again)
+//! makes the task read at once and publish that pane's status even when unchanged.
+//!
+//! tmux sends `%output` only for panes of the session a control client is attached to, hence
+//! one event client per watched session; attaching bumps that session's activity (which
+//! session a bare `tmux attach` picks). Format subscriptions (`refresh-client -B`) would need
+//! no output stream, but tmux checks them on a one-second timer: too slow for a wake-up.
+//!
+//! The task and the event pumps hold the backend weakly: dropping the last `Tmux` ends them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use fleetd_core::{AgentStatus, PaneId, TerminalId};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, broadcast};
 use tokio::task::AbortHandle;
+use tokio::time::Instant;
 
+use super::control::{self, Conn, Notification};
 use super::{Inner, RawPane, Tmux};
 use crate::mux::PaneEvent;
 use crate::mux::status::SHELLS;
+
+/// After reading panes on their output, the task waits this long before reading on output
+/// again: a pane printing continuously costs at most one reading per window, and a quiet pane's
+/// first output is read at once.
+const COALESCE: Duration = Duration::from_millis(25);
+
+/// More panes than this marked at once are read with one listing of all of them.
+const MAX_SINGLE_READS: usize = 4;
+
+/// How long after an event client failed to attach the task tries again (meanwhile it polls).
+const EVENT_CLIENT_BACKOFF: Duration = Duration::from_secs(2);
 
 /// The watched panes and the task polling them.
 #[derive(Debug, Default)]
@@ -26,6 +53,28 @@ pub(super) struct Watches {
     task: Option<AbortHandle>,
     /// Wakes the task before its interval: a pane to read and publish now.
     poke: Arc<Notify>,
+    /// Panes whose output tmux reported since their last reading.
+    dirty: HashSet<PaneId>,
+    /// A pane or window came or went, or an event client left: read every watched pane.
+    relist: bool,
+    /// The event clients, by the name of the session each is attached to.
+    clients: HashMap<String, EventClient>,
+    /// No event client is attached before this (one failed to just now).
+    clients_retry_at: Option<Instant>,
+}
+
+/// A control client attached to one session for its notifications, and the task passing them
+/// on to the watches.
+#[derive(Debug)]
+struct EventClient {
+    conn: Arc<Conn>,
+    pump: AbortHandle,
+}
+
+impl Drop for EventClient {
+    fn drop(&mut self) {
+        self.pump.abort();
+    }
 }
 
 #[derive(Debug, Default)]
@@ -42,6 +91,8 @@ impl Watches {
         if let Some(task) = self.task.take() {
             task.abort();
         }
+        self.clients.clear();
+        self.dirty.clear();
     }
 }
 
@@ -61,8 +112,7 @@ impl Tmux {
         }
         let inner = Arc::downgrade(&self.inner);
         let poke = Arc::clone(&watches.poke);
-        let interval = self.inner.config.poll_interval;
-        let task = tokio::spawn(poll_loop(inner, poke, interval));
+        let task = tokio::spawn(poll_loop(inner, poke));
         watches.task = Some(task.abort_handle());
     }
 
@@ -75,11 +125,12 @@ impl Tmux {
         }
     }
 
-    /// One poll over every watched pane.
-    async fn poll_once(&self) {
+    /// One reading of every watched pane from one listing; true when every watched session's
+    /// event client is attached (so the next full reading can wait for the safety poll).
+    async fn poll_once(&self) -> bool {
         let watched: Vec<PaneId> = self.watches().panes.keys().cloned().collect();
         if watched.is_empty() {
-            return;
+            return false;
         }
         let listed: HashMap<String, RawPane> = match self.raw_panes().await {
             Ok(listed) => listed
@@ -88,9 +139,14 @@ impl Tmux {
                 .collect(),
             Err(e) => {
                 tracing::debug!(error = %e, "tmux status poll failed; will retry");
-                return;
+                return false;
             }
         };
+        let sessions: HashSet<String> = watched
+            .iter()
+            .filter_map(|pane| listed.get(pane.as_str()).map(|raw| raw.session.clone()))
+            .collect();
+        let covered = self.attach_event_clients(sessions).await;
         for pane in watched {
             let reading = match listed.get(pane.as_str()) {
                 // A successful listing without the pane: affirmatively gone.
@@ -106,6 +162,83 @@ impl Tmux {
             };
             self.publish(&pane, reading);
         }
+        covered
+    }
+
+    /// One reading of `pane` alone (its output was seen).
+    async fn poll_pane(&self, pane: &PaneId) {
+        let reading = match self.raw_pane(pane).await {
+            Ok(raw) => match self.read_status(pane, &raw).await {
+                Ok(reading) => Some(reading),
+                Err(e) if e.is_not_found() => None,
+                Err(e) => {
+                    tracing::debug!(%pane, error = %e, "tmux status read failed; will retry");
+                    return;
+                }
+            },
+            // A successful listing without the pane: affirmatively gone.
+            Err(e) if e.is_not_found() => None,
+            Err(e) => {
+                tracing::debug!(%pane, error = %e, "tmux status read failed; will retry");
+                return;
+            }
+        };
+        self.publish(pane, reading);
+    }
+
+    /// Keeps one event client attached to each of `sessions` (and none to any other); true when
+    /// every one is attached.
+    async fn attach_event_clients(&self, sessions: HashSet<String>) -> bool {
+        let config = &self.inner.config;
+        if !config.control_mode {
+            return false;
+        }
+        let missing: Vec<String> = {
+            let mut watches = self.watches();
+            watches
+                .clients
+                .retain(|session, client| sessions.contains(session) && !client.conn.is_closed());
+            let now = Instant::now();
+            if watches.clients_retry_at.is_some_and(|at| now < at) {
+                return sessions.iter().all(|s| watches.clients.contains_key(s));
+            }
+            sessions
+                .into_iter()
+                .filter(|s| !watches.clients.contains_key(s))
+                .collect()
+        };
+        let mut covered = true;
+        for session in missing {
+            let cmd = self.base_command(&config.program);
+            let target = format!("={session}");
+            match control::connect(cmd, Some(&target), true, config.call_timeout).await {
+                Ok(conn) => {
+                    let conn = Arc::new(conn);
+                    let mut watches = self.watches();
+                    let pump = tokio::spawn(pump(
+                        Arc::downgrade(&self.inner),
+                        conn.notifications(),
+                        Arc::clone(&watches.poke),
+                    ));
+                    // Output between this listing and the attach would be missed: read again.
+                    watches.relist = true;
+                    watches.poke.notify_one();
+                    watches.clients.insert(
+                        session,
+                        EventClient {
+                            conn,
+                            pump: pump.abort_handle(),
+                        },
+                    );
+                }
+                Err(reason) => {
+                    tracing::debug!(%session, %reason, "no tmux event client; polling");
+                    self.watches().clients_retry_at = Some(Instant::now() + EVENT_CLIENT_BACKOFF);
+                    covered = false;
+                }
+            }
+        }
+        covered
     }
 
     /// The incarnation and status of a listed pane: its screen is read only when the status
@@ -170,25 +303,90 @@ fn lock(inner: &Inner) -> std::sync::MutexGuard<'_, Watches> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-async fn poll_loop(inner: Weak<Inner>, poke: Arc<Notify>, interval: std::time::Duration) {
+/// Passes one event client's notifications on to the watches: output of a watched pane marks
+/// it, anything about panes and windows (or a lag, or the client leaving) asks for a full read.
+async fn pump(inner: Weak<Inner>, mut notes: broadcast::Receiver<Notification>, poke: Arc<Notify>) {
+    loop {
+        let note = match notes.recv().await {
+            Ok(note) => note,
+            Err(broadcast::error::RecvError::Lagged(_)) => Notification::Layout { pane: None },
+            Err(broadcast::error::RecvError::Closed) => Notification::Exit,
+        };
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let mut watches = lock(&inner);
+        match &note {
+            Notification::Output { pane } => {
+                let Ok(pane) = PaneId::new(pane.clone()) else {
+                    continue;
+                };
+                if watches.panes.contains_key(&pane) && watches.dirty.insert(pane) {
+                    poke.notify_one();
+                }
+            }
+            Notification::Layout { .. } | Notification::Exit => {
+                watches.relist = true;
+                poke.notify_one();
+            }
+        }
+        if note == Notification::Exit {
+            return;
+        }
+    }
+}
+
+async fn poll_loop(inner: Weak<Inner>, poke: Arc<Notify>) {
+    // The first round reads everything (and attaches the event clients).
+    let mut next_full = Instant::now();
     loop {
         let Some(inner) = inner.upgrade() else {
             return;
         };
         let tmux = Tmux { inner };
-        tmux.poll_once().await;
+        let (full, dirty) = {
+            let mut watches = tmux.watches();
+            let forced = watches.panes.values().any(|w| w.force);
+            let dirty: Vec<PaneId> = watches.dirty.drain().collect();
+            let full = Instant::now() >= next_full
+                || watches.relist
+                || forced
+                || dirty.len() > MAX_SINGLE_READS;
+            if full {
+                watches.relist = false;
+            }
+            (full, dirty)
+        };
+        if full {
+            let covered = tmux.poll_once().await;
+            let config = &tmux.inner.config;
+            let interval = if covered {
+                config.safety_poll_interval
+            } else {
+                config.poll_interval
+            };
+            next_full = Instant::now() + interval;
+        } else {
+            for pane in &dirty {
+                tmux.poll_pane(pane).await;
+            }
+        }
         {
             let mut watches = lock(&tmux.inner);
             if watches.panes.is_empty() {
                 // Under the lock: a watch added from now on starts a new task.
                 watches.task = None;
+                watches.clients.clear();
                 return;
             }
         }
         // Not held while waiting: the backend can be dropped meanwhile.
         drop(tmux);
+        if !full && !dirty.is_empty() {
+            tokio::time::sleep(COALESCE).await;
+        }
         tokio::select! {
-            () = tokio::time::sleep(interval) => {}
+            () = tokio::time::sleep_until(next_full) => {}
             () = poke.notified() => {}
         }
     }

@@ -1,0 +1,470 @@
+//! Integration tests: the tmux backend's persistent control-mode client against real tmux on
+//! private `-S` sockets — the hot paths spawn no `tmux` process while it is up, a command that
+//! got no answer may have typed, and the backend recovers when its session or its whole server
+//! is killed (by `kill-server` and by SIGKILL) and tmux comes back.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fleetd::mux::tmux::Tmux;
+use fleetd::mux::{Launch, Multiplexer, OpenPane, PaneEvent, Placement};
+use fleetd_core::{AgentStatus, PaneId, TerminalId};
+use fleetd_testkit::tmux::TmuxServer;
+use fleetd_testkit::{Service, bin_path, require_tmux};
+use tokio::sync::broadcast;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn open(workspace: &str, command: &[&str]) -> OpenPane {
+    OpenPane {
+        placement: Placement::NewTab {
+            workspace: workspace.to_owned(),
+        },
+        label: Some("member".to_owned()),
+        cwd: None,
+        env: BTreeMap::new(),
+        launch: Launch::Argv(command.iter().map(|a| (*a).to_owned()).collect()),
+    }
+}
+
+async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    for _ in 0..300 {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn real_tmux() -> String {
+    let out = std::process::Command::new("sh")
+        .args(["-c", "command -v tmux"])
+        .output()
+        .expect("sh");
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_owned()
+}
+
+fn write_script(path: &Path, body: &str) {
+    std::fs::write(path, body).expect("write the wrapper");
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+}
+
+/// A tmux that appends each invocation's arguments (one line) to `log`, then runs the real one.
+fn logging_tmux(dir: &Path, log: &Path) -> PathBuf {
+    let wrapper = dir.join("tmux-logging");
+    write_script(
+        &wrapper,
+        &format!(
+            "#!/bin/sh\necho \"$*\" >> '{}'\nexec {} \"$@\"\n",
+            log.display(),
+            real_tmux()
+        ),
+    );
+    wrapper
+}
+
+fn invocations(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits for `pane`'s next status reading (any status) and returns its incarnation.
+async fn next_reading(rx: &mut broadcast::Receiver<PaneEvent>, pane: &PaneId) -> TerminalId {
+    let wait = async {
+        loop {
+            match rx.recv().await {
+                Ok(PaneEvent::StatusChanged {
+                    pane: p, terminal, ..
+                }) if p == *pane => {
+                    return terminal;
+                }
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("closed"),
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, wait)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for a reading of {pane}"))
+}
+
+async fn gone(rx: &mut broadcast::Receiver<PaneEvent>, pane: &PaneId) -> Option<TerminalId> {
+    let wait = async {
+        loop {
+            match rx.recv().await {
+                Ok(PaneEvent::Gone { pane: p, terminal }) if p == *pane => return terminal,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("closed"),
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, wait)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {pane} to be gone"))
+}
+
+async fn screen_shows(tmux: &Tmux, pane: &PaneId, text: &str) {
+    eventually(&format!("{text:?} on {pane}'s screen"), async || {
+        tmux.read_tail(pane, 20)
+            .await
+            .ok()
+            .filter(|t| t.contains(text))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_paths_run_no_tmux_process_while_the_control_client_is_up() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let server = TmuxServer::start().expect("tmux");
+    let log = server.dir().join("invocations.log");
+    let mut config = server.backend_config();
+    config.program = logging_tmux(server.dir(), &log);
+    let tmux = Tmux::new(config);
+    let pane = tmux
+        .open_pane(open("fleet", &["cat"]))
+        .await
+        .expect("open")
+        .pane;
+    let mut events = tmux.events();
+    tmux.watch(&pane).await.expect("watch");
+    next_reading(&mut events, &pane).await;
+    let before = invocations(&log);
+    for i in 0..3 {
+        tmux.submit(&pane, &format!("line {i}"))
+            .await
+            .expect("submit");
+    }
+    tmux.press_enter(&pane).await.expect("enter");
+    screen_shows(&tmux, &pane, "line 2").await;
+    tmux.list_panes().await.expect("list");
+    tmux.pane(&pane).await.expect("pane");
+    tmux.process_info(&pane).await.expect("process info");
+    tmux.ping().await.expect("ping");
+    tmux.watch(&pane).await.expect("watch again");
+    next_reading(&mut events, &pane).await;
+    let after = invocations(&log);
+    assert_eq!(
+        after[before.len()..],
+        [] as [String; 0],
+        "tmux processes on the hot paths"
+    );
+    // One command client (no output), one event client for the watched pane's session.
+    let attaches = |kind: &str| {
+        after
+            .iter()
+            .filter(|l| l.contains("-C attach-session") && l.contains(kind))
+            .count()
+    };
+    assert_eq!(attaches("no-output"), 1, "{after:#?}");
+    assert_eq!(attaches("-t =fleet"), 1, "{after:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_command_that_gets_no_answer_may_have_typed() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let server = TmuxServer::start().expect("tmux");
+    let bin = tempfile::tempdir().expect("tempdir");
+    // A control client that attaches and then passes on nothing more: tmux carries out each
+    // command, and its answer never arrives.
+    let program = bin.path().join("tmux-control-mute");
+    write_script(
+        &program,
+        &format!(
+            "#!/bin/sh\ncase \" $* \" in\n*\" -C \"*) {tmux} \"$@\" | while IFS= read -r line; do printf '%s\\n' \"$line\"; case \"$line\" in '%session-changed'*) exec sleep 30;; esac; done;;\n*) exec {tmux} \"$@\";;\nesac\n",
+            tmux = real_tmux()
+        ),
+    );
+    let plain = Tmux::new(server.backend_config());
+    let pane = plain
+        .open_pane(open("fleet", &["cat"]))
+        .await
+        .expect("open")
+        .pane;
+    let mut config = server.backend_config();
+    config.call_timeout = Duration::from_millis(500);
+    config.program = program;
+    let impatient = Tmux::new(config);
+    for err in [
+        impatient
+            .submit(&pane, "maybe typed")
+            .await
+            .map(|_| ())
+            .expect_err("no answer"),
+        impatient.press_enter(&pane).await.expect_err("no answer"),
+    ] {
+        assert!(err.is_uncertain() && !err.is_not_found(), "{err}");
+    }
+    // It was typed: uncertain was the truth.
+    screen_shows(&plain, &pane, "maybe typed").await;
+    // Other calls that get no answer did nothing worth knowing: still transient.
+    let err = impatient.list_panes().await.expect_err("no answer");
+    assert!(err.is_transient(), "{err}");
+}
+
+/// The session the backend's control client is attached to.
+fn control_session(server: &TmuxServer) -> Option<String> {
+    let out = server
+        .run(&[
+            "list-clients",
+            "-F",
+            "#{client_control_mode} #{client_session}",
+        ])
+        .expect("list-clients");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("1 ").map(str::to_owned))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_client_moves_on_when_its_session_is_destroyed() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let server = TmuxServer::start().expect("tmux");
+    let tmux = Tmux::new(server.backend_config());
+    let pane = tmux
+        .open_pane(open("fleet", &["cat"]))
+        .await
+        .expect("open")
+        .pane;
+    let spare = tmux
+        .open_pane(open("spare", &["cat"]))
+        .await
+        .expect("open")
+        .pane;
+    tmux.list_panes().await.expect("list");
+    let attached = control_session(&server).expect("a control client is attached");
+    // Destroy the session it is attached to (keeping a pane to type into elsewhere).
+    let (keep, target) = if attached == "fleet" {
+        (spare, "fleet")
+    } else {
+        (pane, attached.as_str())
+    };
+    let out = server
+        .run(&["kill-session", "-t", &format!("={target}")])
+        .expect("kill-session");
+    assert!(out.status.success(), "{out:?}");
+    // A read whose answer the leaving client took with it is read again: no failure shows.
+    let listed = tmux.list_panes().await.expect("list");
+    assert!(listed.iter().any(|p| p.pane == keep));
+    let again = eventually("a control client to attach again", async || {
+        tmux.list_panes().await.ok()?;
+        control_session(&server)
+    })
+    .await;
+    assert_ne!(again, target);
+    tmux.submit(&keep, "still here").await.expect("submit");
+    screen_shows(&tmux, &keep, "still here").await;
+}
+
+enum Kill {
+    Command,
+    Sigkill,
+}
+
+async fn recovers_after(kill: Kill) {
+    let server = TmuxServer::start().expect("tmux");
+    let log = server.dir().join("invocations.log");
+    let mut config = server.backend_config();
+    config.program = logging_tmux(server.dir(), &log);
+    config.poll_interval = Duration::from_millis(200);
+    let tmux = Tmux::new(config);
+    let old = tmux.open_pane(open("fleet", &["cat"])).await.expect("open");
+    let mut events = tmux.events();
+    tmux.watch(&old.pane).await.expect("watch");
+    next_reading(&mut events, &old.pane).await;
+
+    match kill {
+        Kill::Command => {
+            let out = server.run(&["kill-server"]).expect("kill-server");
+            assert!(out.status.success(), "{out:?}");
+        }
+        Kill::Sigkill => {
+            let out = server
+                .run(&["display-message", "-p", "#{pid}"])
+                .expect("pid");
+            let pid = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            let status = std::process::Command::new("kill")
+                .args(["-KILL", &pid])
+                .status()
+                .expect("kill");
+            assert!(status.success());
+        }
+    }
+    // No server: a failure that says nothing about the pane.
+    let err = eventually("the server to be gone", async || {
+        tmux.list_panes().await.err()
+    })
+    .await;
+    assert!(err.is_transient(), "{err}");
+
+    let out = server
+        .run(&["new-session", "-d", "-s", "base", "-x", "200", "-y", "50"])
+        .expect("restart tmux");
+    assert!(out.status.success(), "{out:?}");
+    // The watch's listing from the new server lacks the old pane's incarnation.
+    assert_eq!(
+        gone(&mut events, &old.pane).await,
+        Some(old.terminal.clone())
+    );
+    let new = tmux
+        .open_pane(open("fleet", &["cat"]))
+        .await
+        .expect("open on the new server");
+    tmux.watch(&new.pane).await.expect("watch");
+    next_reading(&mut events, &new.pane).await;
+    // Once the control client is back (at most a reconnect backoff later), nothing runs a
+    // process again.
+    eventually(
+        "the control client to attach to the new server",
+        async || {
+            tmux.list_panes().await.ok()?;
+            let log = invocations(&log);
+            let last = log.last()?;
+            last.contains("-C attach-session").then_some(())
+        },
+    )
+    .await;
+    let before = invocations(&log).len();
+    tmux.submit(&new.pane, "typed after the restart")
+        .await
+        .expect("submit");
+    screen_shows(&tmux, &new.pane, "typed after the restart").await;
+    assert!(!tmux.list_panes().await.expect("list").is_empty());
+    assert_eq!(invocations(&log)[before..], [] as [String; 0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backend_recovers_when_the_tmux_server_is_killed() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    recovers_after(Kill::Command).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backend_recovers_when_the_tmux_server_is_sigkilled() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    recovers_after(Kill::Sigkill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watched_status_follows_a_pane_on_the_control_client() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let server = TmuxServer::start().expect("tmux");
+    let tmux = Tmux::new(server.backend_config());
+    let pane = tmux
+        .open_pane(open("fleet", &["cat"]))
+        .await
+        .expect("open")
+        .pane;
+    let mut events = tmux.events();
+    tmux.watch(&pane).await.expect("watch");
+    let first = next_reading(&mut events, &pane).await;
+    // A spinner in the title: working.
+    tmux.submit(&pane, "x").await.expect("submit");
+    let out = server
+        .run(&["select-pane", "-t", pane.as_str(), "-T", "\u{2802} busy"])
+        .expect("title");
+    assert!(out.status.success());
+    let wait = async {
+        loop {
+            if let Ok(PaneEvent::StatusChanged {
+                pane: p, status, ..
+            }) = events.recv().await
+                && p == pane
+                && status == AgentStatus::Working
+            {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, wait).await.expect("working");
+    let out = server
+        .run(&["kill-pane", "-t", pane.as_str()])
+        .expect("kill-pane");
+    assert!(out.status.success());
+    assert_eq!(gone(&mut events, &pane).await, Some(first));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_changes_are_read_on_tmux_notifications_not_on_a_poll() {
+    // Both polls a minute apart: every reading after the first must come from tmux's `%output`
+    // and window notifications (the test gives up long before a poll).
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let server = TmuxServer::start().expect("tmux");
+    let mut config = server.backend_config();
+    config.poll_interval = Duration::from_secs(60);
+    config.safety_poll_interval = Duration::from_secs(60);
+    let tmux = Tmux::new(config);
+    let agent = bin_path("sim-agent").display().to_string();
+    let pane = tmux
+        .open_pane(open(
+            "fleet",
+            &[&agent, "--script", "silent", "--work-ms", "1500"],
+        ))
+        .await
+        .expect("open");
+    eventually("sim-agent to start", async || {
+        tmux.read_tail(&pane.pane, 20)
+            .await
+            .ok()
+            .filter(|t| t.contains("sim-agent ready"))
+    })
+    .await;
+    let mut events = tmux.events();
+    tmux.watch(&pane.pane).await.expect("watch");
+    let status = |want: AgentStatus| {
+        let pane = pane.pane.clone();
+        move |event: &PaneEvent| matches!(event, PaneEvent::StatusChanged { pane: p, status, .. } if *p == pane && *status == want)
+    };
+    next_matching(&mut events, status(AgentStatus::Idle)).await;
+    for turn in 0..2 {
+        tmux.submit(&pane.pane, &format!("turn {turn}"))
+            .await
+            .expect("submit");
+        next_matching(&mut events, status(AgentStatus::Working)).await;
+        next_matching(&mut events, status(AgentStatus::Idle)).await;
+    }
+    // Closing the window: `%window-close` makes the listing that finds it gone.
+    let out = server
+        .run(&["kill-pane", "-t", pane.pane.as_str()])
+        .expect("kill-pane");
+    assert!(out.status.success());
+    assert_eq!(gone(&mut events, &pane.pane).await, Some(pane.terminal));
+}
+
+async fn next_matching(rx: &mut broadcast::Receiver<PaneEvent>, want: impl Fn(&PaneEvent) -> bool) {
+    let wait = async {
+        loop {
+            match rx.recv().await {
+                Ok(event) if want(&event) => return,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("closed"),
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, wait)
+        .await
+        .expect("the awaited pane event");
+}
