@@ -7,7 +7,9 @@
 //! event client leaving, or a lagging notification stream reads everything: one `list-panes -a`
 //! for all watched panes. A safety poll does the same every `safety_poll_interval` to catch
 //! anything missed (a title set without output), and every `poll_interval` while some watched
-//! session has no event client (control mode off or failing: the old polling).
+//! session has no event client (control mode off or failing: the old polling). The safety poll
+//! judges a pane that printed nothing since its last screen read on that screen again (up to
+//! [`SCREEN_REUSE`] old) instead of capturing it: an idle fleet costs one `list-panes`.
 //!
 //! Readings are de-duplicated into `PaneEvent`s, and `Gone` is published when a successful
 //! listing lacks the pane or shows it re-incarnated. All readings come from the one task, so
@@ -46,6 +48,11 @@ const MAX_SINGLE_READS: usize = 4;
 /// How long after an event client failed to attach the task tries again (meanwhile it polls).
 const EVENT_CLIENT_BACKOFF: Duration = Duration::from_secs(2);
 
+/// A safety poll reuses a pane's last screen when tmux reported no output from it since (its
+/// session's event client would have), for at most this long: with 200 agents at rest, the
+/// poll is one `list-panes`, not 200 `capture-pane`s.
+const SCREEN_REUSE: Duration = Duration::from_secs(60);
+
 /// The watched panes and the task polling them.
 #[derive(Debug, Default)]
 pub(super) struct Watches {
@@ -83,6 +90,8 @@ struct Watched {
     last: Option<(TerminalId, AgentStatus)>,
     /// Publish the next reading even if unchanged (a new watch, or a poke).
     force: bool,
+    /// The screen tail its status was last derived from, and when it was read.
+    screen: Option<(String, Instant)>,
 }
 
 impl Watches {
@@ -126,8 +135,10 @@ impl Tmux {
     }
 
     /// One reading of every watched pane from one listing; true when every watched session's
-    /// event client is attached (so the next full reading can wait for the safety poll).
-    async fn poll_once(&self) -> bool {
+    /// event client is attached (so the next full reading can wait for the safety poll). Unless
+    /// `fresh`, a pane whose session has an event client and that printed nothing since its last
+    /// screen read (not in `dirty`) is judged on that screen again (see [`SCREEN_REUSE`]).
+    async fn poll_once(&self, fresh: bool, dirty: &HashSet<PaneId>) -> bool {
         let watched: Vec<PaneId> = self.watches().panes.keys().cloned().collect();
         if watched.is_empty() {
             return false;
@@ -148,10 +159,17 @@ impl Tmux {
             .collect();
         let covered = self.attach_event_clients(sessions).await;
         for pane in watched {
+            let reuse = if fresh || dirty.contains(&pane) {
+                None
+            } else {
+                listed
+                    .get(pane.as_str())
+                    .and_then(|raw| self.reusable_screen(&pane, &raw.session))
+            };
             let reading = match listed.get(pane.as_str()) {
                 // A successful listing without the pane: affirmatively gone.
                 None => None,
-                Some(raw) => match self.read_status(&pane, raw).await {
+                Some(raw) => match self.read_status_with(&pane, raw, reuse).await {
                     Ok(reading) => Some(reading),
                     Err(e) if e.is_not_found() => None,
                     Err(e) => {
@@ -241,6 +259,18 @@ impl Tmux {
         covered
     }
 
+    /// The screen `pane` was last judged on, when it may be judged on it again: its session's
+    /// event client is attached (it would have reported output), and it is recent.
+    fn reusable_screen(&self, pane: &PaneId, session: &str) -> Option<String> {
+        let watches = self.watches();
+        let attached = watches
+            .clients
+            .get(session)
+            .is_some_and(|c| !c.conn.is_closed());
+        let (screen, at) = watches.panes.get(pane)?.screen.as_ref()?;
+        (attached && at.elapsed() < SCREEN_REUSE).then(|| screen.clone())
+    }
+
     /// The incarnation and status of a listed pane: its screen is read only when the status
     /// depends on it.
     async fn read_status(
@@ -248,12 +278,28 @@ impl Tmux {
         pane: &PaneId,
         raw: &RawPane,
     ) -> Result<(TerminalId, AgentStatus), crate::mux::MuxError> {
+        self.read_status_with(pane, raw, None).await
+    }
+
+    /// [`Tmux::read_status`], judging on `screen` instead of reading it when one is given.
+    async fn read_status_with(
+        &self,
+        pane: &PaneId,
+        raw: &RawPane,
+        screen: Option<String>,
+    ) -> Result<(TerminalId, AgentStatus), crate::mux::MuxError> {
         let needs_screen =
             !SHELLS.contains(&raw.command.as_str()) && !crate::mux::status::has_spinner(&raw.title);
-        let screen = if needs_screen {
-            Some(self.read_tail_inner(pane, 40).await?)
-        } else {
-            None
+        let screen = match (needs_screen, screen) {
+            (false, _) => None,
+            (true, Some(kept)) => Some(kept),
+            (true, None) => {
+                let read = self.read_tail_inner(pane, 40).await?;
+                if let Some(watched) = self.watches().panes.get_mut(pane) {
+                    watched.screen = Some((read.clone(), Instant::now()));
+                }
+                Some(read)
+            }
         };
         let info = Self::convert(raw, screen.as_deref())?;
         Ok((info.terminal, info.status))
@@ -344,21 +390,23 @@ async fn poll_loop(inner: Weak<Inner>, poke: Arc<Notify>) {
             return;
         };
         let tmux = Tmux { inner };
-        let (full, dirty) = {
+        let (full, dirty, forced_or_relisted) = {
             let mut watches = tmux.watches();
             let forced = watches.panes.values().any(|w| w.force);
             let dirty: Vec<PaneId> = watches.dirty.drain().collect();
-            let full = Instant::now() >= next_full
-                || watches.relist
-                || forced
-                || dirty.len() > MAX_SINGLE_READS;
+            let forced_or_relisted = forced || watches.relist;
+            let full =
+                Instant::now() >= next_full || forced_or_relisted || dirty.len() > MAX_SINGLE_READS;
             if full {
                 watches.relist = false;
             }
-            (full, dirty)
+            (full, dirty, forced_or_relisted)
         };
         if full {
-            let covered = tmux.poll_once().await;
+            // Only a poll the timer alone asked for may judge quiet panes on their last screen.
+            let fresh = forced_or_relisted;
+            let dirty: HashSet<PaneId> = dirty.iter().cloned().collect();
+            let covered = tmux.poll_once(fresh, &dirty).await;
             let config = &tmux.inner.config;
             let interval = if covered {
                 config.safety_poll_interval
