@@ -56,10 +56,15 @@ fn e2e_metrics_parse_and_move_when_tools_are_called() {
         "fleet_send",
         &json!({ "target": "alice", "task": "later", "wait": false }),
     ));
+    // The second task is typed (a delivery recorded) on its own time: wait for both.
     wait_until(
-        "alice's inbox depth to read 1",
+        "alice's inbox depth to read 1 and both tasks to be delivered",
         Duration::from_secs(60),
-        || value(&scrape(&rig), "fleetd_inbox_depth", &[("target", "alice")]) >= 1.0,
+        || {
+            let now = scrape(&rig);
+            value(&now, "fleetd_inbox_depth", &[("target", "alice")]) >= 1.0
+                && value(&now, "fleetd_delivery_seconds", &[]) >= 2.0
+        },
     );
     let after = scrape(&rig);
     assert_eq!(
