@@ -67,6 +67,17 @@ fn ask(
     client: &ClientArgs,
     request: &Request,
 ) -> anyhow::Result<bool> {
+    let (conn, runtime) = client_session(config_path, env, client)?;
+    let mut out = std::io::stdout().lock();
+    Ok(runtime.block_on(fleetd::client::run(&conn, request, client.json, &mut out))?)
+}
+
+/// The daemon a client command talks to, and the runtime it talks on.
+fn client_session(
+    config_path: Option<&std::path::Path>,
+    env: &Environment,
+    client: &ClientArgs,
+) -> anyhow::Result<(fleetd::client::Connection, tokio::runtime::Runtime)> {
     let conn = fleetd::client::connect(
         client.daemon.as_deref(),
         client.token.clone(),
@@ -77,8 +88,7 @@ fn ask(
         .enable_all()
         .build()
         .context("failed to start the async runtime")?;
-    let mut out = std::io::stdout().lock();
-    Ok(runtime.block_on(fleetd::client::run(&conn, request, client.json, &mut out))?)
+    Ok((conn, runtime))
 }
 
 fn watch(
@@ -87,16 +97,7 @@ fn watch(
     client: &ClientArgs,
 ) -> anyhow::Result<()> {
     use std::io::IsTerminal as _;
-    let conn = fleetd::client::connect(
-        client.daemon.as_deref(),
-        client.token.clone(),
-        Config::load(config_path, env),
-        &fleetd::secrets::process_env,
-    )?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("failed to start the async runtime")?;
+    let (conn, runtime) = client_session(config_path, env, client)?;
     let style = if client.json {
         fleetd::client::watch::Style::Json
     } else if std::io::stdout().is_terminal() {

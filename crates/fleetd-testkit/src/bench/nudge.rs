@@ -94,7 +94,7 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
 
 /// One backend's run; a failure (or a rig's panic) becomes that backend's cell, so the other
 /// backend is still measured.
-fn guarded(run: impl FnOnce() -> anyhow::Result<Measured>) -> Result<Measured, String> {
+pub(super) fn guarded<T>(run: impl FnOnce() -> anyhow::Result<T>) -> Result<T, String> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
         Ok(Ok(m)) => Ok(m),
         Ok(Err(e)) => Err(format!("failed: {e:#}")),
@@ -102,7 +102,8 @@ fn guarded(run: impl FnOnce() -> anyhow::Result<Measured>) -> Result<Measured, S
     }
 }
 
-fn config(primary_tab: &str, profile: &str) -> String {
+/// The rig's config: the primary lead pinned to `primary_tab`, one nudge per batch.
+pub(super) fn config(primary_tab: &str, profile: &str) -> String {
     format!(
         "primary:\n  tab: {primary_tab}\n  pushReminders: 1\n  pushBackoffMs: 60000\nprofiles:\n{profile}"
     )
@@ -179,8 +180,29 @@ fn keep_logs(backend: &str, daemon: &mut crate::daemon::Daemon, agents: &[&Path]
     }
 }
 
+/// Reads the member's mail so the next round starts a fresh batch, and lets the lead's turn end.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a benchmark paces its rounds on the wall clock"
+)]
+pub(super) fn read_mail_and_pause(operator: &http::Endpoint) -> anyhow::Result<()> {
+    let replies = http::get(operator, "/sessions/nia/replies")?.json();
+    for reply in replies["replies"].as_array().into_iter().flatten() {
+        if let Some(id) = reply["msgId"].as_str() {
+            http::request(
+                operator,
+                "POST",
+                &format!("/sessions/nia/replies/{id}/ack"),
+                None,
+            )?;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    Ok(())
+}
+
 /// Events of a sim-agent log from line `from` on.
-fn events(path: &Path, from: usize) -> Vec<Value> {
+pub(super) fn events(path: &Path, from: usize) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
@@ -189,7 +211,7 @@ fn events(path: &Path, from: usize) -> Vec<Value> {
         .collect()
 }
 
-fn line_count(path: &Path) -> usize {
+pub(super) fn line_count(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
 }
 
@@ -197,7 +219,7 @@ fn line_count(path: &Path) -> usize {
     clippy::disallowed_methods,
     reason = "a benchmark compares its timings with the agents wall-clock logs"
 )]
-fn now_us() -> i64 {
+pub(super) fn now_us() -> i64 {
     jiff::Timestamp::now().as_microsecond()
 }
 
@@ -265,19 +287,7 @@ fn measure(
         }
         visible.push(since_reply(visible_at));
         submitted.push(since_reply(turn_at.unwrap_or(reply_at)));
-        // Read the mail so the next round starts a fresh batch, and let the lead's turn end.
-        let replies = http::get(operator, "/sessions/nia/replies")?.json();
-        for reply in replies["replies"].as_array().into_iter().flatten() {
-            if let Some(id) = reply["msgId"].as_str() {
-                http::request(
-                    operator,
-                    "POST",
-                    &format!("/sessions/nia/replies/{id}/ack"),
-                    None,
-                )?;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(600));
+        read_mail_and_pause(operator)?;
     }
     Ok(Measured {
         visible: Summary::of(visible),

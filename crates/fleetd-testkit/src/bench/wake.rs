@@ -31,6 +31,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde_json::{Value, json};
 
+use super::nudge::{config, events, guarded, line_count, now_us, read_mail_and_pause};
 use super::{Met, Row, Summary, progress};
 use crate::http;
 
@@ -204,20 +205,6 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
         }
     }
     Ok(rows)
-}
-
-fn guarded<T>(run: impl FnOnce() -> anyhow::Result<T>) -> Result<T, String> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
-        Ok(Ok(m)) => Ok(m),
-        Ok(Err(e)) => Err(format!("failed: {e:#}")),
-        Err(_) => Err("failed: the rig panicked (see stderr)".to_owned()),
-    }
-}
-
-fn config(primary_tab: &str, profile: &str) -> String {
-    format!(
-        "primary:\n  tab: {primary_tab}\n  pushReminders: 1\n  pushBackoffMs: 60000\nprofiles:\n{profile}"
-    )
 }
 
 struct TmuxLead<'a> {
@@ -477,11 +464,7 @@ fn measure_round(
     settle(operator, &logs.lead, lead_from)
 }
 
-/// Reads the mail so the next round starts a fresh batch, and lets the nudge's turn end.
-#[expect(
-    clippy::disallowed_methods,
-    reason = "a benchmark paces its rounds on the wall clock"
-)]
+/// Waits for the nudge's turn, then reads the mail so the next round starts a fresh batch.
 fn settle(operator: &http::Endpoint, lead_log: &Path, lead_from: usize) -> anyhow::Result<()> {
     wait_for(lead_log, lead_from, Duration::from_secs(60), |e| {
         e["event"] == "turn"
@@ -489,19 +472,7 @@ fn settle(operator: &http::Endpoint, lead_log: &Path, lead_from: usize) -> anyho
                 .as_str()
                 .is_some_and(|p| p.starts_with("[fleet]"))
     })?;
-    let replies = http::get(operator, "/sessions/nia/replies")?.json();
-    for reply in replies["replies"].as_array().into_iter().flatten() {
-        if let Some(id) = reply["msgId"].as_str() {
-            http::request(
-                operator,
-                "POST",
-                &format!("/sessions/nia/replies/{id}/ack"),
-                None,
-            )?;
-        }
-    }
-    std::thread::sleep(Duration::from_millis(600));
-    Ok(())
+    read_mail_and_pause(operator)
 }
 
 /// Waits until the log at `path` (from line `from`) has an event matching `pred`; returns its
@@ -521,28 +492,6 @@ fn wait_for(
         found.is_some()
     });
     found.context("the event has no timestamp")
-}
-
-/// Events of a sim-agent log from line `from` on.
-fn events(path: &Path, from: usize) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .skip(from)
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
-fn line_count(path: &Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
-}
-
-#[expect(
-    clippy::disallowed_methods,
-    reason = "a benchmark compares its timings with the agents wall-clock logs"
-)]
-fn now_us() -> i64 {
-    jiff::Timestamp::now().as_microsecond()
 }
 
 /// The bench's own subscription to herdr's status events for one pane: when each report of the
