@@ -15,9 +15,13 @@
 //! count says so, and it is logged as an error. An old queue has no dead-letter exchange, so its
 //! poison is copied into the dead-letter queue (confirmed) before it is acked, never rejected.
 
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_core::Stream;
 use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+    BasicQosOptions, BasicRejectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, message::Delivery};
@@ -34,6 +38,15 @@ const INGEST_BATCH: usize = 64;
 
 /// Most message bytes one ingest step holds (messages are up to `maxMessageBytes` each).
 const INGEST_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// Steps of at most this many messages use `basic.get` instead of a consumer (see
+/// [`Inner::consume`]).
+const GET_AT_MOST: u16 = 2;
+
+/// Longest a consume step waits for the next of the deliveries it counted. The broker pushes
+/// them at once; only a consumer outside this daemon taking some first leaves the step short,
+/// and then it settles what came.
+const DELIVERY_WAIT: Duration = Duration::from_secs(2);
 
 /// Whether `target`'s inbox queue exists on the broker (a passive declare on a channel of its
 /// own: a missing queue closes that channel, nothing else).
@@ -82,8 +95,8 @@ pub(super) enum Need {
 /// goes.
 #[derive(Clone, Copy)]
 enum Queue<'c> {
-    /// Declared with a dead-letter exchange. The pull stops when a delivery says it was the
-    /// last ready message.
+    /// Declared with a dead-letter exchange. The pull consumes what a count found ready, a
+    /// step at a time, and stops when a count finds none.
     Current,
     /// Declared by an older fleetd, without one, and about to be deleted: the pull stops only
     /// at `get-empty`, and poison is copied to the dead-letter queue through `publisher` (a
@@ -137,15 +150,8 @@ impl Inner {
         }
         self.ensure(session, target).await?;
         let channel = session.connection.create_channel().await?;
-        let result = match need {
-            // Just confirmed: it is there, no need to look first.
-            Need::Message(_) => self.pull(&channel, target, Queue::Current).await,
-            Need::All | Need::IfIdle => match self.waiting(session, &channel, target).await {
-                Ok(0) => Ok(0),
-                Ok(_) => self.pull(&channel, target, Queue::Current).await,
-                Err(failure) => Err(failure),
-            },
-        };
+        // Every step counts first (a passive declare), so an empty queue costs no consumer.
+        let result = self.pull(session, &channel, target, Queue::Current).await;
         close(&channel).await;
         result
     }
@@ -181,7 +187,7 @@ impl Inner {
             let old = Queue::Old {
                 publisher: &session.publisher,
             };
-            let moved = self.pull(&channel, target, old).await?;
+            let moved = self.pull(session, &channel, target, old).await?;
             let deleted = channel
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await?;
@@ -202,16 +208,13 @@ impl Inner {
         Ok(())
     }
 
-    /// Pulls every message waiting in `target`'s inbox queue on `channel`, a step at a time:
-    /// up to [`INGEST_BATCH`] deliveries, committed to the local inbox in one go (in msgId
-    /// order), then acked; poison is rejected into the dead-letter queue. A delivery whose
-    /// commit failed stays unacked, and the caller's closing of the channel returns it.
-    ///
-    /// On a quorum queue every `basic.get` is a replicated, fsynced command, an empty one too:
-    /// so a current queue's pull stops when a `get-ok` says no message is left. An old queue's
-    /// (a migration, which deletes the queue next) goes on to `get-empty`.
+    /// Pulls every message waiting in `target`'s inbox queue on `channel`, a step at a time,
+    /// each step committed to the local inbox in one go (in msgId order), then acknowledged;
+    /// poison is rejected into the dead-letter queue. A delivery whose commit failed stays
+    /// unacked, and the caller's closing of the channel returns it.
     async fn pull(
         &self,
+        session: &Session,
         channel: &Channel,
         target: &Target,
         queue: Queue<'_>,
@@ -223,6 +226,108 @@ impl Inner {
             tracing::debug!(error = %err, "the local inbox takes no writes; leaving messages on the broker");
             return Ok(0);
         }
+        match queue {
+            Queue::Current => self.consume(session, channel, target).await,
+            Queue::Old { .. } => self.get_all(channel, target, queue).await,
+        }
+    }
+
+    /// A current queue's pull. Each step counts the ready messages (a passive declare), then
+    /// takes exactly that many — at most [`Inner::step_size`] — through a consumer whose
+    /// prefetch is that count, so the broker pushes them in one go and none beyond: on a quorum
+    /// queue a `basic.get` is a replicated, fsynced command per message, a consumer one per step.
+    /// The consumer is cancelled before the step is settled, so nothing more arrives on the
+    /// channel. A step of one or two messages takes them with `basic.get` (as many replicated
+    /// commands as a consumer's consume and cancel). Stops when a count finds the queue empty.
+    async fn consume(
+        &self,
+        session: &Session,
+        channel: &Channel,
+        target: &Target,
+    ) -> Result<u64, Failure> {
+        let name = queue_name(target);
+        let step = self.step_size();
+        let mut fresh = 0;
+        loop {
+            let ready = self.waiting(session, channel, target).await?;
+            if ready == 0 {
+                return Ok(fresh);
+            }
+            let want = u16::try_from(ready).unwrap_or(u16::MAX).min(step);
+            if want <= GET_AT_MOST {
+                // A consumer costs two replicated commands (consume, cancel): for one or two
+                // messages, as many `basic.get`s cost no more.
+                let mut batch: Vec<Delivery> = Vec::with_capacity(usize::from(want));
+                for _ in 0..want {
+                    let got = channel
+                        .basic_get(name.as_str().into(), BasicGetOptions { no_ack: false })
+                        .await?;
+                    match got {
+                        Some(got) => batch.push(got.delivery),
+                        None => break,
+                    }
+                }
+                let short = batch.len() < usize::from(want);
+                fresh += self.settle(channel, target, Queue::Current, batch).await?;
+                if short {
+                    return Ok(fresh);
+                }
+                continue;
+            }
+            channel
+                .basic_qos(want, BasicQosOptions { global: false })
+                .await?;
+            let mut consumer = channel
+                .basic_consume(
+                    name.as_str().into(),
+                    "".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            let mut batch: Vec<Delivery> = Vec::with_capacity(usize::from(want));
+            while batch.len() < usize::from(want) {
+                let next = std::future::poll_fn(|cx| Pin::new(&mut consumer).poll_next(cx));
+                match tokio::time::timeout(DELIVERY_WAIT, next).await {
+                    Ok(Some(delivery)) => batch.push(delivery?),
+                    // Cancelled by the broker (the queue was deleted), or fewer came than were
+                    // counted (someone else consumes the queue): settle what came.
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            channel
+                .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+                .await?;
+            let short = batch.len() < usize::from(want);
+            fresh += self.settle(channel, target, Queue::Current, batch).await?;
+            if short {
+                return Ok(fresh);
+            }
+        }
+    }
+
+    /// Deliveries one consume step takes: [`INGEST_BATCH`], fewer when that many messages of the
+    /// largest size this daemon accepts would exceed [`INGEST_BATCH_BYTES`] (a prefetch counts
+    /// messages, not bytes). Never less than one.
+    fn step_size(&self) -> u16 {
+        // A message travels as JSON: room for its text, the escaping of some of it, its fields.
+        let largest = self
+            .limits
+            .max_message_bytes
+            .saturating_add(self.limits.max_message_bytes / 4)
+            .saturating_add(4096);
+        let fits = (INGEST_BATCH_BYTES / largest.max(1)).clamp(1, INGEST_BATCH);
+        u16::try_from(fits).unwrap_or(1)
+    }
+
+    /// An old queue's pull (a migration, which deletes the queue next): `basic.get` to
+    /// `get-empty`, up to [`INGEST_BATCH`] deliveries or [`INGEST_BATCH_BYTES`] per step.
+    async fn get_all(
+        &self,
+        channel: &Channel,
+        target: &Target,
+        queue: Queue<'_>,
+    ) -> Result<u64, Failure> {
         let name = queue_name(target);
         let mut fresh = 0;
         loop {
@@ -238,10 +343,6 @@ impl Inner {
                 };
                 bytes += got.delivery.data.len();
                 batch.push(got.delivery);
-                if matches!(queue, Queue::Current) && got.message_count == 0 {
-                    last = true;
-                    break;
-                }
             }
             fresh += self.settle(channel, target, queue, batch).await?;
             if last {
@@ -304,14 +405,13 @@ impl Inner {
         let outcomes = self.local.publish_all(messages).await;
         let mut fresh = 0;
         let mut failed: Option<StoreError> = None;
+        let mut committed: Vec<u64> = Vec::with_capacity(indexes.len());
         for (index, outcome) in indexes.into_iter().zip(outcomes) {
             let delivery = &batch[index];
             match outcome {
                 Ok(outcome) => {
                     fresh += u64::from(outcome == PublishOutcome::Stored);
-                    channel
-                        .basic_ack(delivery.delivery_tag, BasicAckOptions::default())
-                        .await?;
+                    committed.push(delivery.delivery_tag);
                 }
                 Err(StoreError::Refused(_)) => {
                     self.park(channel, target, queue, delivery, Poison::Refused)
@@ -322,9 +422,25 @@ impl Inner {
                 }
             }
         }
-        match failed {
-            Some(err) => Err(Failure::Fatal(err)),
-            None => Ok(fresh),
+        // Acked only now, after the commit that holds them.
+        match (failed, committed.iter().max()) {
+            (None, Some(&last)) => {
+                // Every other delivery of the step is settled already (poison rejected or
+                // parked), and earlier steps were settled whole: one ack with `multiple` covers
+                // exactly the committed ones.
+                let multiple = BasicAckOptions { multiple: true };
+                channel.basic_ack(last, multiple).await?;
+                Ok(fresh)
+            }
+            (None, None) => Ok(fresh),
+            (Some(err), _) => {
+                // Some stay unacked (the closing of the channel returns them): ack the
+                // committed ones one by one.
+                for tag in committed {
+                    channel.basic_ack(tag, BasicAckOptions::default()).await?;
+                }
+                Err(Failure::Fatal(err))
+            }
         }
     }
 

@@ -13,9 +13,10 @@
 //!
 //! When an ingest runs: right after each publish is confirmed, before `publish` returns (the
 //! engine says "inbox changed" as soon as it returns, and the lead's `fleet_poll` that follows
-//! must find the reply: waiting for the ingest costs the publisher a `basic.get`, one local
-//! commit and an ack — `fleetd-bench inbox` measured the whole publish at about 4 ms p50 against
-//! 0.6 ms for RabbitMQ's confirm alone, on a loaded 2-core machine); before every read of a
+//! must find the reply: waiting for the ingest costs the publisher a count, a consumer step,
+//! one local commit and an ack — concurrent publishers to a target share one step, so the
+//! messages confirmed while a step runs are taken by the next in one commit and one ack with
+//! `multiple`; see ARCHITECTURE.md for the measurements); before every read of a
 //! target, unless an ingest of it is running (bounded by [`READ_INGEST_WAIT`]: a broker that
 //! does not answer never stalls a read of the local inbox); and every [`SWEEP_INTERVAL`] for
 //! every known queue (what other publishers left, and recovery after an outage). Ingests of one

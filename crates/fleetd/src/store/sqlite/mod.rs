@@ -2,6 +2,7 @@
 //! (the state lock), written by one thread that group-commits, read through a second connection.
 //! Knows SQLite; must not know who publishes or why.
 
+mod checkpoint;
 mod schema;
 mod writer;
 
@@ -36,6 +37,20 @@ pub struct SqliteStore {
 struct Writer {
     ops: mpsc::Sender<Op>,
     thread: JoinHandle<()>,
+    checkpointer: checkpoint::Checkpointer,
+}
+
+impl Writer {
+    /// Lets the writer finish every queued write and close its connection, then the
+    /// checkpointer its last checkpoint. Blocks for the commit in flight.
+    fn stop(self) {
+        drop(self.ops);
+        if self.thread.join().is_err() {
+            tracing::error!("the inbox writer thread panicked");
+        }
+        // The writer's connection is closed, and with it the hook that woke the checkpointer.
+        self.checkpointer.join();
+    }
 }
 
 fn guard<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -74,10 +89,24 @@ impl SqliteStore {
                 .open(&path)
                 .map_err(|err| StoreError::backend("create the inbox file", err))?;
         }
-        let conn = schema::open_writer(&path)?;
+        let mut conn = schema::open_writer(&path)?;
         let reader = schema::open_reader(&path)?;
-        let (ops, rx) = mpsc::channel(writer::WRITE_QUEUE_CAPACITY);
         let stats = Arc::new(writer::Stats::default());
+        // Checkpoints run beside the writer, not inside a commit: the hook replaces SQLite's
+        // automatic checkpoint (itself a WAL hook).
+        let (checkpointer, signal) =
+            checkpoint::Checkpointer::start(schema::open_checkpointer(&path)?)?;
+        let hook_stats = Arc::clone(&stats);
+        conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, frames: i32| {
+            let frames = i64::from(frames);
+            hook_stats
+                .wal_frames
+                .store(frames, std::sync::atomic::Ordering::Relaxed);
+            signal.committed(frames);
+            Ok(())
+        }))
+        .map_err(|err| StoreError::backend("configure the embedded inbox", err))?;
+        let (ops, rx) = mpsc::channel(writer::WRITE_QUEUE_CAPACITY);
         let thread_stats = Arc::clone(&stats);
         let thread = std::thread::Builder::new()
             .name("fleetd-inbox-writer".to_owned())
@@ -87,7 +116,11 @@ impl SqliteStore {
         Ok(Self {
             path,
             limits: options.limits,
-            writer: Mutex::new(Some(Writer { ops, thread })),
+            writer: Mutex::new(Some(Writer {
+                ops,
+                thread,
+                checkpointer,
+            })),
             reader: Arc::new(Mutex::new(Some(reader))),
             lock: Mutex::new(Some(lock)),
             stats,
@@ -205,11 +238,8 @@ impl SqliteStore {
     /// Stops the writer after it finished every queued write, then closes the reader and releases
     /// the lock, in that order, so the next owner never sees a half-closed file.
     fn shut_down(&self) {
-        if let Some(Writer { ops, thread }) = guard(&self.writer).take() {
-            drop(ops);
-            if thread.join().is_err() {
-                tracing::error!("the inbox writer thread panicked");
-            }
+        if let Some(writer) = guard(&self.writer).take() {
+            writer.stop();
         }
         drop(guard(&self.reader).take());
         drop(guard(&self.lock).take());
@@ -332,12 +362,13 @@ impl InboxStore for SqliteStore {
     fn close(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let writer = guard(&self.writer).take();
-            if let Some(Writer { ops, thread }) = writer {
-                drop(ops);
-                // The join waits for the writer's last commit: do it off the async threads.
-                let joined = tokio::task::spawn_blocking(move || thread.join()).await;
-                if !matches!(joined, Ok(Ok(()))) {
-                    tracing::error!("the inbox writer thread panicked");
+            if let Some(writer) = writer {
+                // The joins wait for the writer's last commit: do them off the async threads.
+                if tokio::task::spawn_blocking(move || writer.stop())
+                    .await
+                    .is_err()
+                {
+                    tracing::error!("stopping the inbox writer failed");
                 }
             }
             self.shut_down();
@@ -669,6 +700,47 @@ mod tests {
             .query_row("SELECT count(*) FROM messages", [], |row| row.get(0))
             .expect("count");
         assert_eq!(count, 63);
+    }
+
+    #[tokio::test]
+    async fn the_wal_is_checkpointed_beside_the_writer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inbox.db");
+        let store = open(&path).await.expect("open");
+        let size = || std::fs::metadata(&path).expect("the database file").len();
+        let before = size();
+        // One commit each, a few WAL frames each: past the checkpointer's threshold, far from
+        // the one at which the writer checkpoints itself.
+        for n in 0..600 {
+            store.publish(message("frank", n)).await.expect("publish");
+        }
+        assert!(
+            store
+                .stats
+                .wal_frames
+                .load(std::sync::atomic::Ordering::Relaxed)
+                < checkpoint::WRITER_CHECKPOINT_FRAMES
+        );
+        // Only a checkpoint writes pages into the database file itself.
+        let mut polls = 0;
+        while size() < before + 32 * 1024 {
+            polls += 1;
+            assert!(
+                polls < 3000,
+                "no checkpoint copied the WAL into the database file within 30 s ({} bytes)",
+                size()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        store.close().await.expect("close");
+        let again = open(&path).await.expect("reopen");
+        assert_eq!(
+            again
+                .depth(&Target::new("frank").expect("valid"))
+                .await
+                .expect("depth"),
+            600
+        );
     }
 
     fn record(kind: &str, key: &str, value: &str) -> StateRecord {

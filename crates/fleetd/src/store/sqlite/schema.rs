@@ -95,6 +95,19 @@ pub(crate) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// Opens the checkpointer's connection (see `checkpoint`): `synchronous=FULL`, so a checkpoint
+/// syncs the WAL before it copies frames and the database file before the WAL is reused.
+pub(crate) fn open_checkpointer(path: &Path) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)
+        .map_err(|err| classify(path, "open the embedded inbox", err))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|err| classify(path, "configure the embedded inbox", err))?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(|err| classify(path, "set synchronous=FULL on the inbox checkpointer", err))?;
+    Ok(conn)
+}
+
 /// Opens a connection used only for reads (peek, depth, targets). WAL lets it read committed data
 /// while the writer commits.
 pub(crate) fn open_reader(path: &Path) -> Result<Connection, StoreError> {

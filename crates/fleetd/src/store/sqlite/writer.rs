@@ -2,7 +2,7 @@
 //! commit is in flight goes into the next transaction, so N concurrent publishers cost one fsync.
 //! Owns the read-write connection; never answers a caller before its transaction has committed.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior, params};
 use tokio::sync::{mpsc, oneshot};
@@ -76,6 +76,8 @@ pub(crate) struct Stats {
     pub(crate) commits: AtomicU64,
     /// Operations carried by those transactions.
     pub(crate) ops: AtomicU64,
+    /// Frames in the WAL after the last commit (set by the writer connection's WAL hook).
+    pub(crate) wal_frames: AtomicI64,
 }
 
 /// The writer thread's body: runs until every sender is dropped, then closes the connection.
@@ -90,6 +92,23 @@ pub(crate) fn run(mut conn: Connection, mut ops: mpsc::Receiver<Op>, stats: &Sta
             }
         }
         commit_batch(&mut conn, &mut batch, stats);
+        if stats.wal_frames.load(Ordering::Relaxed) >= super::checkpoint::WRITER_CHECKPOINT_FRAMES {
+            // The background checkpoints fell behind: between two transactions a passive
+            // checkpoint always completes, and the next transaction starts the WAL over.
+            match super::checkpoint::checkpoint(&conn) {
+                Ok((frames, _)) => tracing::debug!(frames, "the inbox writer checkpointed the WAL"),
+                Err(err) => {
+                    tracing::warn!(error = %err, "a checkpoint of the embedded inbox failed")
+                }
+            }
+            stats.wal_frames.store(0, Ordering::Relaxed);
+        }
+    }
+    // Dropping the WAL hook lets the checkpointer end (it waits for the hook's wake-ups).
+    if let Err(err) =
+        conn.wal_hook(None::<fn(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()>>)
+    {
+        tracing::warn!(error = %err, "removing the embedded inbox's WAL hook failed");
     }
     if let Err((_, err)) = conn.close() {
         tracing::warn!(error = %err, "closing the embedded inbox failed");
