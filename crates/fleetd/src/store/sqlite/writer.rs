@@ -110,6 +110,18 @@ pub(crate) fn run(mut conn: Connection, mut ops: mpsc::Receiver<Op>, stats: &Sta
     {
         tracing::warn!(error = %err, "removing the embedded inbox's WAL hook failed");
     }
+    // Leave the WAL empty: the connection that closes last only checkpoints if it had the WAL
+    // open, and the reader may never have read. A WAL left with frames would be replayed into
+    // the database file by whatever opens it next, even an open that refuses the file.
+    match conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
+        row.get::<_, i64>(0)
+    }) {
+        Ok(0) => {}
+        Ok(_busy) => {
+            tracing::warn!("the embedded inbox's last checkpoint was blocked; its WAL stays")
+        }
+        Err(err) => tracing::warn!(error = %err, "the embedded inbox's last checkpoint failed"),
+    }
     if let Err((_, err)) = conn.close() {
         tracing::warn!(error = %err, "closing the embedded inbox failed");
     }
