@@ -9,9 +9,10 @@ use uuid::Uuid;
 /// Why a string was refused as an identifier.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdError {
-    /// A member name that does not match `[a-z][a-z0-9_-]{0,31}`.
+    /// A member name that does not match `[a-z][a-z0-9_-]{0,31}` (with `@gateway` for a
+    /// member on another host).
     #[error(
-        "invalid target {0:?}: a member name starts with a lowercase letter, then up to 31 of a-z, 0-9, '_' or '-'"
+        "invalid target {0:?}: a member name starts with a lowercase letter, then up to 31 of a-z, 0-9, '_' or '-' (a member on another host: name@gateway)"
     )]
     Target(String),
     /// A message id or ticket that is not a UUID.
@@ -26,7 +27,9 @@ pub enum IdError {
     },
 }
 
-/// A member's name: `[a-z][a-z0-9_-]{0,31}`. Used as the inbox key and as the address in every tool.
+/// A member's name: `[a-z][a-z0-9_-]{0,31}`, or `name@gateway` for a member another host's
+/// fleetd runs (SPEC §12; the gateway part is `[a-z][a-z0-9-]{0,31}`). Used as the inbox key
+/// and as the address in every tool.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct Target(String);
@@ -35,14 +38,26 @@ impl Target {
     /// Longest accepted name, in bytes.
     pub const MAX_LEN: usize = 32;
 
-    /// Validates `name` as a target.
+    /// Validates `name` as a target: a local member's name, or `name@gateway`.
     pub fn new(name: impl Into<String>) -> Result<Self, IdError> {
         let name = name.into();
-        let mut bytes = name.bytes();
-        let first_ok = bytes.next().is_some_and(|b| b.is_ascii_lowercase());
-        let rest_ok =
-            bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-        if first_ok && rest_ok && name.len() <= Self::MAX_LEN {
+        let ok = match name.split_once('@') {
+            Some((member, gateway)) => {
+                is_local_name(member) && crate::gateway::GatewayName::new(gateway).is_ok()
+            }
+            None => is_local_name(&name),
+        };
+        if ok {
+            Ok(Self(name))
+        } else {
+            Err(IdError::Target(name))
+        }
+    }
+
+    /// Validates `name` as a member of this host (no `@gateway`): what a spawn may name.
+    pub fn local(name: impl Into<String>) -> Result<Self, IdError> {
+        let name = name.into();
+        if is_local_name(&name) {
             Ok(Self(name))
         } else {
             Err(IdError::Target(name))
@@ -53,6 +68,34 @@ impl Target {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The gateway of a member on another host (`alice@b` → `b`).
+    pub fn gateway(&self) -> Option<&str> {
+        self.0.split_once('@').map(|(_, g)| g)
+    }
+
+    /// The member's name on its own host (`alice@b` → `alice`).
+    pub fn member_name(&self) -> &str {
+        self.0.split_once('@').map_or(self.0.as_str(), |(m, _)| m)
+    }
+
+    /// The same member as its own host names it (`alice@b` → `alice`).
+    pub fn on_its_host(&self) -> Self {
+        Self(self.member_name().to_owned())
+    }
+
+    /// This host's member `self` as gateway `gateway` addresses it (`alice` → `alice@b`).
+    pub fn at(&self, gateway: &str) -> Self {
+        Self(format!("{}@{gateway}", self.member_name()))
+    }
+}
+
+/// `[a-z][a-z0-9_-]{0,31}`.
+fn is_local_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes.next().is_some_and(|b| b.is_ascii_lowercase())
+        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        && name.len() <= Target::MAX_LEN
 }
 
 impl TryFrom<String> for Target {
@@ -168,9 +211,28 @@ mod tests {
             "élan",
             "alice/../x",
             &format!("a{}", "b".repeat(32)),
+            "alice@",
+            "@b",
+            "alice@B",
+            "alice@b@c",
+            "alice@b_c",
         ] {
             check_target(bad, false);
         }
+        // A member on another host.
+        let remote = Target::new("alice@build-2").expect("remote");
+        assert_eq!(remote.gateway(), Some("build-2"));
+        assert_eq!(remote.member_name(), "alice");
+        assert_eq!(remote.on_its_host().as_str(), "alice");
+        assert_eq!(
+            Target::new("alice").expect("local").at("b").as_str(),
+            "alice@b"
+        );
+        assert!(
+            Target::local("alice@b").is_err(),
+            "a spawn names a local member"
+        );
+        assert!(Target::local("alice").is_ok());
     }
 
     #[test]

@@ -89,6 +89,27 @@ pub enum InjectorInput {
         /// The ticket answered.
         ticket: Ticket,
     },
+    /// Whether the member has delegated work outstanding: tickets it sent that are still open,
+    /// or its own members' replies or questions it has not read. While it has, a turn of its
+    /// that ends without a reply is not over — it waits on its members, and owes its reply in a
+    /// later turn (the one its nudge starts): no fallback is recorded, and nothing else is
+    /// typed meanwhile. Once it has none, a turn still unanswered at rest is recorded.
+    Delegating {
+        /// The member.
+        target: Target,
+        /// Delegated work is outstanding.
+        outstanding: bool,
+    },
+    /// Something else was just typed into the member's pane — a nudge, when the member is a
+    /// delegating one and so also a lead — and nothing may be typed after it until the member
+    /// is seen busy (the turn it started) or `until` passes; `None` lifts the hold (it was not
+    /// typed after all).
+    Hold {
+        /// The member.
+        target: Target,
+        /// Until when at most.
+        until: Option<Timestamp>,
+    },
     /// The driver recorded the fallback message for a turn that ended without a reply.
     FallbackRecorded {
         /// The member.
@@ -170,6 +191,10 @@ struct Lane {
     /// A fallback is being recorded: nothing is typed until it is (its tail must not include
     /// the next task).
     recording: bool,
+    /// The member has delegated work outstanding ([`InjectorInput::Delegating`]).
+    delegating: bool,
+    /// Nothing is typed before this ([`InjectorInput::Hold`]).
+    held_until: Option<Timestamp>,
     /// Typing failures of the head task, and when to try again.
     type_failures: u8,
     retry_at: Option<Timestamp>,
@@ -184,6 +209,8 @@ impl Lane {
             in_flight: None,
             current: None,
             recording: false,
+            delegating: false,
+            held_until: None,
             type_failures: 0,
             retry_at: None,
         }
@@ -196,6 +223,7 @@ impl Lane {
             && self.current.is_none()
             && !self.recording
             && self.retry_at.is_none_or(|t| now >= t)
+            && self.held_until.is_none_or(|t| now >= t)
     }
 }
 
@@ -244,6 +272,14 @@ impl Injector {
             .map(|f| f.ticket)
     }
 
+    /// Whether a task is being delivered to `target`, or would be typed at `now`: its pane is
+    /// not free for anything else to be typed into.
+    pub fn would_type(&self, target: &Target, now: Timestamp) -> bool {
+        self.lanes
+            .get(target)
+            .is_some_and(|l| l.in_flight.is_some() || (!l.queue.is_empty() && l.ready_at(now)))
+    }
+
     /// Whether fleetd has seen an MCP session from `target`'s pane since it joined.
     pub fn presence(&self, target: &Target) -> bool {
         self.lanes.get(target).is_some_and(|l| l.presence)
@@ -288,7 +324,10 @@ impl Injector {
                     }) => Some(*deadline),
                     _ => None,
                 };
-                verify.into_iter().chain(l.retry_at)
+                verify
+                    .into_iter()
+                    .chain(l.retry_at)
+                    .chain(l.held_until.filter(|_| !l.queue.is_empty()))
             })
             .min()
     }
@@ -347,6 +386,30 @@ impl Injector {
                 }
                 self.pump(&target, now, &mut out);
             }
+            InjectorInput::Delegating {
+                target,
+                outstanding,
+            } => {
+                if let Some(lane) = self.lanes.get_mut(&target) {
+                    lane.delegating = outstanding;
+                }
+                if !outstanding
+                    && self
+                        .lanes
+                        .get(&target)
+                        .is_some_and(|l| l.activity == Activity::AtRest)
+                {
+                    // At rest already (it read its members' mail and stopped): the turn ends now.
+                    self.turn_over(&target, &mut out);
+                }
+                self.pump(&target, now, &mut out);
+            }
+            InjectorInput::Hold { target, until } => {
+                if let Some(lane) = self.lanes.get_mut(&target) {
+                    lane.held_until = until;
+                }
+                self.pump(&target, now, &mut out);
+            }
             InjectorInput::FallbackRecorded { target } => {
                 if let Some(lane) = self.lanes.get_mut(&target) {
                     lane.recording = false;
@@ -371,6 +434,8 @@ impl Injector {
         lane.activity = activity;
         match activity {
             Activity::Busy => {
+                // Whatever was typed before has started its turn.
+                lane.held_until = None;
                 // Leaving rest after a submit is the proof the task arrived (typing only
                 // starts at rest, so any busy reading while a task is in flight is that turn).
                 if let Some(flight) = lane.in_flight.take() {
@@ -381,18 +446,28 @@ impl Injector {
                     });
                 }
             }
-            Activity::AtRest => {
-                if let Some((ticket, answered)) = lane.current.take()
-                    && !answered
-                {
-                    lane.recording = true;
-                    out.push(InjectorEffect::RecordFallback {
-                        target: target.clone(),
-                        ticket,
-                    });
-                }
-            }
+            Activity::AtRest => self.turn_over(target, out),
             Activity::Unknown => {}
+        }
+    }
+
+    /// The member is at rest: its turn is over unless it waits on delegated work; one that
+    /// ended unanswered has its fallback recorded.
+    fn turn_over(&mut self, target: &Target, out: &mut Vec<InjectorEffect>) {
+        let Some(lane) = self.lanes.get_mut(target) else {
+            return;
+        };
+        if lane.delegating && matches!(lane.current, Some((_, false))) {
+            return;
+        }
+        if let Some((ticket, answered)) = lane.current.take()
+            && !answered
+        {
+            lane.recording = true;
+            out.push(InjectorEffect::RecordFallback {
+                target: target.clone(),
+                ticket,
+            });
         }
     }
 

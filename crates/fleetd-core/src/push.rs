@@ -449,6 +449,12 @@ impl PushLoop {
                 }
                 continue;
             }
+            if state.sent >= self.config.reminders && grew {
+                // The budget is spent on mail the lead has since been sent more of: that is a
+                // new batch (without this, the new mail waited for some other input to come
+                // along after the give-up, and in a quiet fleet none does).
+                state.sent = 0;
+            }
             if state.sent >= self.config.reminders {
                 state.exhausted = true;
                 out.push(PushEffect::Count(PushMetric::Exhausted));

@@ -72,7 +72,8 @@ impl TicketState {
 }
 
 /// What happened to a ticket.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum TicketEvent {
     /// The task was typed into the pane.
     Delivered,

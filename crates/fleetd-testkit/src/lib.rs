@@ -119,7 +119,11 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
 }
 
 pub mod bench;
+pub mod broker;
+pub mod browser;
+pub mod cluster;
 pub mod demo;
+pub mod proxy;
 
 /// A minimal HTTP/1.1 client for tests: one request per connection, `Connection: close`, over
 /// TCP or the daemon's operator socket.
@@ -137,9 +141,22 @@ pub mod http {
         pub status: u16,
         /// The body, as text.
         pub body: String,
+        /// The status line and headers, as sent.
+        pub head: String,
     }
 
     impl Response {
+        /// Every value of header `name` (case-insensitive), in order.
+        pub fn headers(&self, name: &str) -> Vec<&str> {
+            self.head
+                .lines()
+                .skip(1)
+                .filter_map(|line| line.split_once(':'))
+                .filter(|(k, _)| k.trim().eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.trim())
+                .collect()
+        }
+
         /// The body parsed as JSON; panics with the body when it is not JSON.
         pub fn json(&self) -> serde_json::Value {
             serde_json::from_str(&self.body)
@@ -239,9 +256,33 @@ pub mod http {
     ) -> std::io::Result<Vec<u8>> {
         stream.write_all(head.as_bytes())?;
         stream.write_all(body.as_bytes())?;
+        // Up to the end of the stream, or of the body its `Content-Length` announces: some
+        // servers (chromedriver) say `Connection: close` and keep the socket open.
         let mut raw = Vec::new();
-        stream.read_to_end(&mut raw)?;
-        Ok(raw)
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let n = stream.read(&mut buf)?;
+            if n == 0 {
+                return Ok(raw);
+            }
+            raw.extend_from_slice(&buf[..n]);
+            if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n")
+                && let Some(length) = content_length(&raw[..end])
+                && raw.len() >= end + 4 + length
+            {
+                return Ok(raw);
+            }
+        }
+    }
+
+    /// The `Content-Length` of a response head, when it has one.
+    fn content_length(head: &[u8]) -> Option<usize> {
+        String::from_utf8_lossy(head)
+            .lines()
+            .skip(1)
+            .filter_map(|line| line.split_once(':'))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.trim().parse().ok())
     }
 
     fn parse(raw: &[u8]) -> Response {
@@ -260,7 +301,11 @@ pub mod http {
         } else {
             rest.to_owned()
         };
-        Response { status, body }
+        Response {
+            status,
+            body,
+            head: head.to_owned(),
+        }
     }
 
     /// Sends `GET path`.
@@ -282,6 +327,39 @@ pub mod http {
                     .collect()
             },
         )
+    }
+
+    /// Every reply pending in `target`'s inbox as `(msgId, text)`, oldest first, read a page of
+    /// 100 at a time ([`reply_texts`] reads only the first page); empty when the daemon does
+    /// not answer.
+    pub fn all_replies(to: impl Into<Endpoint>, target: &str) -> Vec<(String, String)> {
+        let to = to.into();
+        let mut all = Vec::new();
+        loop {
+            let path = match all.last() {
+                Some((after, _)) => format!("/sessions/{target}/replies?limit=100&after={after}"),
+                None => format!("/sessions/{target}/replies?limit=100"),
+            };
+            let Ok(page) = get(to.clone(), &path).map(|r| r.json()) else {
+                return all;
+            };
+            let before = all.len();
+            all.extend(
+                page["replies"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|m| {
+                        Some((
+                            m["msgId"].as_str()?.to_owned(),
+                            m["text"].as_str()?.to_owned(),
+                        ))
+                    }),
+            );
+            if page["more"] != true || all.len() == before {
+                return all;
+            }
+        }
     }
 
     fn dechunk(mut rest: &str) -> String {
@@ -570,4 +648,5 @@ pub mod rig;
 pub mod rig_herdr;
 pub mod sim_agent;
 pub mod sse;
+pub mod tls;
 pub mod tmux;

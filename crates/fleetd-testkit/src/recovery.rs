@@ -475,7 +475,10 @@ impl Session {
             let state = state["state"].as_str().unwrap_or("?").to_owned();
             *self.counts.ended.entry(state).or_insert(0) += 1;
         }
-        // No reply lost: every reply a member was told is stored was read.
+        // No reply lost: every reply a member was told is stored was read. The last round
+        // settled once its tickets ended, and a ticket ends with its reply's commit, which can
+        // come between that round's last read and its settled check: read once more.
+        self.read_inboxes();
         for m in self.members.values() {
             let stored = m.stored_replies();
             let lost: Vec<&String> = stored.difference(&self.read).collect();

@@ -19,10 +19,13 @@ pub const LEAD: &str = "base:lead";
 /// A running rig.
 #[derive(Debug)]
 pub struct Rig {
+    /// The daemon. Declared (so dropped) before the tmux server: a server killed while the
+    /// daemon's control clients are attached is reconnected to as it exits, and those clients,
+    /// orphaned by the daemon's SIGKILL a moment later, kept the dying server alive (a tmux
+    /// server leaked per test).
+    pub daemon: Daemon,
     /// The private tmux server.
     pub tmux: TmuxServer,
-    /// The daemon.
-    pub daemon: Daemon,
     home: tempfile::TempDir,
     calls: AtomicUsize,
 }
@@ -158,22 +161,27 @@ impl Rig {
         out_file
     }
 
-    /// Types `line` into tmux target `pane` and presses Enter.
+    /// Types `line` into tmux target `pane` and presses Enter, both in one tmux command list:
+    /// the server runs a client's list whole, so a nudge fleetd types meanwhile cannot land
+    /// between the line and its Enter (which would corrupt the call, and the test would wait
+    /// for it forever).
     pub fn type_line(&self, pane: &str, line: &str) {
-        let out = self
-            .tmux
-            .run(&["send-keys", "-t", pane, "-l", line])
-            .expect("tmux runs");
+        let mut args = vec!["send-keys", "-t", pane, "Enter"];
+        // tmux reads an argument ending in `;` as the end of a command, and `\;` as a `;`
+        // (tmux 3.3a cmd-parse.c, cmd_parse_from_arguments): a backslash keeps it literal.
+        let literal = match line.strip_suffix(';') {
+            Some(head) => format!("{head}\\;"),
+            None => line.to_owned(),
+        };
+        if !line.is_empty() {
+            args.splice(0..0, ["send-keys", "-t", pane, "-l", "--", &literal, ";"]);
+        }
+        let out = self.tmux.run(&args).expect("tmux runs");
         assert!(
             out.status.success(),
             "send-keys: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let out = self
-            .tmux
-            .run(&["send-keys", "-t", pane, "Enter"])
-            .expect("tmux runs");
-        assert!(out.status.success());
     }
 
     /// What tmux target `pane` shows now.

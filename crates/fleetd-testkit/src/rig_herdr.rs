@@ -49,6 +49,13 @@ impl HerdrRig {
         Self::start_with(extra, false, &["--rows", &rows])
     }
 
+    /// Like [`HerdrRig::start`] with fake-herdr writing each agent status it reports to
+    /// `status_log` (`--status-log`), when it reports it.
+    pub fn start_with_status_log(extra: &str, status_log: &std::path::Path) -> Self {
+        let path = status_log.display().to_string();
+        Self::start_with(extra, false, &["--status-log", &path])
+    }
+
     /// Like [`HerdrRig::start`] with a second fake-herdr for members (`memberHerdrSocket`):
     /// both number their panes from `w1:p1`, so pane ids collide and only the daemon-qualified
     /// form (`lead:` / `member:`) tells them apart.

@@ -68,6 +68,43 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Answer a member's open question (from fleet_ask), as a lead's fleet_answer does.
+    /// `fleetd watch` and the dashboard show the open questions with their ids.
+    Answer {
+        /// The question's id.
+        question_id: String,
+        /// The answer, in plain words (several words are joined with spaces; `-` reads it from
+        /// stdin).
+        #[arg(required = true, num_args = 1.., value_name = "TEXT")]
+        text: Vec<String>,
+        /// How to reach the daemon.
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Stop a member: close its pane and release it; its open tickets are cancelled and the
+    /// replies it already sent stay in its inbox.
+    Stop {
+        /// The member's name.
+        target: String,
+        /// Why (recorded on its open tickets; default "stopped").
+        #[arg(long, value_name = "TEXT")]
+        cause: Option<String>,
+        /// How to reach the daemon.
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show the recent tickets (the last ten of each member, or of TARGET), newest first, with
+    /// their states and ages.
+    Tickets {
+        /// Only this member's.
+        target: Option<String>,
+        /// How to reach the daemon.
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Sign a browser in to the dashboard: prints fleetd's address with a one-time key (valid
+    /// two minutes, used once). Needs the operator's role (the default unix socket).
+    Dashboard(ClientArgs),
     /// Follow the fleet live: a member table (status, inbox depth, open tickets with their
     /// ages, delegating lead) above the latest events, redrawn as they come; piped, the table
     /// once and then one line per event (--json: each event's JSON). Reconnects by itself.
@@ -79,6 +116,9 @@ pub enum Command {
     /// Configure an agent to use fleetd.
     #[command(subcommand)]
     Install(InstallCommand),
+    /// Several hosts, one fleet: the shared broker's side.
+    #[command(subcommand)]
+    Gateway(GatewayCommand),
     /// Watch fleetd work: a scripted session in a private tmux server (a lead agent, two
     /// members, a reply while the lead is busy, a nudge, a question, a stop, a SIGKILL and
     /// restart) that ends with a report of what happened and how many replies were lost. Needs
@@ -136,6 +176,35 @@ pub struct SendArgs {
     /// How to reach the daemon.
     #[command(flatten)]
     pub client: ClientArgs,
+}
+
+/// `fleetd gateway ...`.
+#[derive(Debug, Subcommand)]
+pub enum GatewayCommand {
+    /// Print the broker topology and permissions of a multi-host fleet as a definitions
+    /// document (JSON), to load once with `rabbitmqctl import_definitions FILE` (LavinMQ:
+    /// `lavinmqctl import_definitions FILE`). Gateways need no configure permission: they only
+    /// check that this topology is there.
+    Provision(ProvisionArgs),
+}
+
+/// Flags of `fleetd gateway provision`.
+#[derive(Debug, Args)]
+pub struct ProvisionArgs {
+    /// The gateways' names, comma-separated (each one is also its broker user).
+    #[arg(long, value_delimiter = ',', required = true, value_name = "NAME,...")]
+    pub gateways: Vec<String>,
+    /// The broker virtual host the fleet lives in.
+    #[arg(long, default_value = "fleet")]
+    pub vhost: String,
+    /// Which broker the document is for (LavinMQ has no topic permissions).
+    #[arg(long, value_enum, default_value = "rabbitmq")]
+    pub broker: crate::gateway::provision::Broker,
+    /// Also create each gateway's user, with a new random password written to DIR/NAME (0600;
+    /// give it to that gateway as its `passwordSecret` file). The document holds only the
+    /// password's salted hash. Without it, create the users yourself (`rabbitmqctl add_user`).
+    #[arg(long, value_name = "DIR")]
+    pub passwords_dir: Option<std::path::PathBuf>,
 }
 
 /// `fleetd install ...`.

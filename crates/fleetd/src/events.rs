@@ -21,6 +21,10 @@ use tokio::sync::broadcast;
 pub const RING: usize = 10_000;
 /// How many events one subscriber may lag behind before it is disconnected.
 const SUBSCRIBER_QUEUE: usize = 4096;
+/// How far back the latency record goes (the dashboard's charts: the last hour).
+pub const LATENCY_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Most samples the latency record keeps per series (the newest), however busy the hour.
+const LATENCY_SAMPLES: usize = 20_000;
 
 /// One fleet event. Serialised with its kind in `type` (`member.spawned`, ...).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -39,6 +43,8 @@ pub enum FleetEvent {
         pane: String,
         /// The lead it works for, when it is not the primary.
         lead: Option<String>,
+        /// Its own git branch, when it works in a worktree of its own.
+        branch: Option<String>,
     },
     /// A member's agent status changed (`idle`, `working`, `blocked`, `done`, `unknown`).
     #[serde(rename = "member.status")]
@@ -65,6 +71,9 @@ pub enum FleetEvent {
         target: String,
         /// Its new state (`queued`, `delivered`, `replied`, `failed`, ...).
         state: String,
+        /// On `delivered`: how long the task waited from its send to being typed, in ms.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        waited_ms: Option<u64>,
     },
     /// A member's reply was stored in its inbox.
     #[serde(rename = "reply.stored")]
@@ -77,6 +86,14 @@ pub enum FleetEvent {
         ticket: Option<String>,
         /// The body's size in bytes (never the body).
         bytes: usize,
+    },
+    /// How many replies wait in a member's inbox, when it changed.
+    #[serde(rename = "inbox.depth")]
+    InboxDepth {
+        /// The member.
+        target: String,
+        /// Replies waiting (not yet acknowledged).
+        depth: u64,
     },
     /// A member asked its lead a question.
     #[serde(rename = "question.opened")]
@@ -104,6 +121,9 @@ pub enum FleetEvent {
         lead: Option<String>,
         /// The outcome.
         outcome: String,
+        /// On `nudged`, the first nudge about mail: how long after that mail landed, in ms.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        after_ms: Option<u64>,
     },
     /// An incident fleetd reported to the members' leads (a backend down, a member unmapped).
     #[serde(rename = "incident")]
@@ -147,6 +167,48 @@ struct Ring {
     events: VecDeque<Arc<Published>>,
 }
 
+/// The last hour's latencies the events carried, for a page that opens now: the ring holds
+/// the last [`RING`] events, which a busy fleet goes through in minutes.
+#[derive(Debug, Default)]
+struct Latencies {
+    /// `(at, ms)`: a task's wait from its send to being typed.
+    delivery: VecDeque<(Timestamp, u64)>,
+    /// `(at, ms)`: mail landed → its lead's first nudge.
+    nudge: VecDeque<(Timestamp, u64)>,
+}
+
+impl Latencies {
+    fn record(series: &mut VecDeque<(Timestamp, u64)>, at: Timestamp, ms: u64) {
+        if series.len() >= LATENCY_SAMPLES {
+            series.pop_front();
+        }
+        series.push_back((at, ms));
+    }
+
+    fn prune(&mut self, now: Timestamp) {
+        let Ok(since) = now.checked_sub(LATENCY_WINDOW) else {
+            return;
+        };
+        for series in [&mut self.delivery, &mut self.nudge] {
+            while series.front().is_some_and(|(at, _)| *at < since) {
+                series.pop_front();
+            }
+        }
+    }
+}
+
+/// The last hour's latency samples (`GET /events/latency`): each `[at in ms since the epoch,
+/// latency in ms]`, oldest first, as of `at`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LatencyRecord {
+    /// When the record was read (events stamped later are not in it).
+    pub at: String,
+    /// A task's wait from its send to being typed.
+    pub delivery: Vec<(i64, u64)>,
+    /// Mail landed → its lead's first nudge about it.
+    pub nudge: Vec<(i64, u64)>,
+}
+
 /// The event hub: the ring and the live fan-out. Cheap to share.
 #[derive(Debug)]
 pub struct EventHub {
@@ -154,6 +216,7 @@ pub struct EventHub {
     ring: Mutex<Ring>,
     live: broadcast::Sender<Arc<Published>>,
     capacity: usize,
+    latencies: Mutex<Latencies>,
 }
 
 impl Default for EventHub {
@@ -179,6 +242,30 @@ impl EventHub {
             }),
             live,
             capacity: capacity.max(1),
+            latencies: Mutex::default(),
+        }
+    }
+
+    fn latencies(&self) -> std::sync::MutexGuard<'_, Latencies> {
+        self.latencies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The last hour's latency samples, as of `now`.
+    pub fn latency(&self, now: Timestamp) -> LatencyRecord {
+        let mut latencies = self.latencies();
+        latencies.prune(now);
+        let pairs = |series: &VecDeque<(Timestamp, u64)>| {
+            series
+                .iter()
+                .map(|(at, ms)| (at.as_millisecond(), *ms))
+                .collect()
+        };
+        LatencyRecord {
+            at: now.to_string(),
+            delivery: pairs(&latencies.delivery),
+            nudge: pairs(&latencies.nudge),
         }
     }
 
@@ -198,6 +285,24 @@ impl EventHub {
             }
         };
         let kind = kind_of(event);
+        match event {
+            FleetEvent::TicketState {
+                waited_ms: Some(ms),
+                ..
+            } => {
+                let mut latencies = self.latencies();
+                Latencies::record(&mut latencies.delivery, at, *ms);
+                latencies.prune(at);
+            }
+            FleetEvent::Nudge {
+                after_ms: Some(ms), ..
+            } => {
+                let mut latencies = self.latencies();
+                Latencies::record(&mut latencies.nudge, at, *ms);
+                latencies.prune(at);
+            }
+            _ => {}
+        }
         let mut ring = self.ring();
         let seq = ring.next;
         ring.next += 1;
@@ -219,6 +324,17 @@ impl EventHub {
         // Sent under the ring's lock, so a subscriber's missed list and its live stream meet
         // without a hole or a repeat. No subscriber is not an error.
         let _ = self.live.send(published);
+    }
+
+    /// Subscribes from the oldest event the ring holds: a new client that wants the recent past
+    /// too (the dashboard's charts and log), not only what comes next.
+    pub fn subscribe_all(&self) -> Subscription {
+        let ring = self.ring();
+        Subscription {
+            missed: ring.events.iter().cloned().collect(),
+            gap: None,
+            live: self.live.subscribe(),
+        }
     }
 
     /// Subscribes from `last_event_id` (a client's `Last-Event-ID`, `None` for a new client,
@@ -274,6 +390,7 @@ fn kind_of(event: &FleetEvent) -> &'static str {
         FleetEvent::MemberReleased { .. } => "member.released",
         FleetEvent::TicketState { .. } => "ticket.state",
         FleetEvent::ReplyStored { .. } => "reply.stored",
+        FleetEvent::InboxDepth { .. } => "inbox.depth",
         FleetEvent::QuestionOpened { .. } => "question.opened",
         FleetEvent::QuestionClosed { .. } => "question.closed",
         FleetEvent::Nudge { .. } => "nudge",
@@ -313,6 +430,24 @@ mod tests {
     }
 
     #[test]
+    fn a_new_client_may_ask_for_the_whole_ring() {
+        let hub = EventHub::new(3);
+        for n in 1..=5 {
+            hub.publish(&status(n), at());
+        }
+        let mut sub = hub.subscribe_all();
+        assert!(sub.gap.is_none());
+        let seqs: Vec<u64> = sub.missed.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [3, 4, 5], "the ring's bound holds");
+        hub.publish(&status(6), at());
+        assert_eq!(
+            sub.live.try_recv().expect("live").seq,
+            6,
+            "then live, no hole"
+        );
+    }
+
+    #[test]
     fn a_client_resumes_after_its_last_event_id() {
         let hub = EventHub::new(8);
         for n in 1..=5 {
@@ -331,6 +466,47 @@ mod tests {
             .collect();
         assert_eq!(targets, ["\"m4\"", "\"m5\""]);
         assert_eq!(sub.gap, None);
+    }
+
+    #[test]
+    fn the_latency_record_keeps_the_last_hour_of_what_events_carried() {
+        let hub = EventHub::new(2);
+        let delivered = |ms| FleetEvent::TicketState {
+            ticket: "t".into(),
+            target: "m".into(),
+            state: "delivered".into(),
+            waited_ms: Some(ms),
+        };
+        let nudged = |ms| FleetEvent::Nudge {
+            lead: Some("lead:%1".into()),
+            outcome: "nudged".into(),
+            after_ms: ms,
+        };
+        let minutes = |m: i64| at() + jiff::SignedDuration::from_mins(m);
+        hub.publish(&delivered(40), minutes(0));
+        hub.publish(&nudged(Some(7)), minutes(1));
+        // A reminder (no mail newly landed) and other events carry no sample.
+        hub.publish(&nudged(None), minutes(2));
+        for n in 0..5 {
+            hub.publish(&status(n), minutes(3));
+        }
+        // Far more events than the ring holds went by: the record still has the hour.
+        let record = hub.latency(minutes(30));
+        let ms = |m: i64| minutes(m).as_millisecond();
+        assert_eq!(record.delivery, vec![(ms(0), 40)]);
+        assert_eq!(record.nudge, vec![(ms(1), 7)]);
+        assert_eq!(record.at, minutes(30).to_string());
+        // An hour on, only what is younger than an hour stays.
+        hub.publish(&delivered(90), minutes(61));
+        let record = hub.latency(minutes(61));
+        assert_eq!(record.delivery, vec![(ms(61), 90)]);
+        assert_eq!(record.nudge, vec![(ms(1), 7)]);
+        assert!(hub.latency(minutes(62)).nudge.is_empty());
+        // The serialised event carries its sample; one without leaves the field out.
+        let json = serde_json::to_value(delivered(40)).expect("json");
+        assert_eq!(json["waited_ms"], 40);
+        let json = serde_json::to_value(nudged(None)).expect("json");
+        assert!(json.get("after_ms").is_none(), "{json}");
     }
 
     #[test]

@@ -32,6 +32,30 @@ pub struct HealthReport {
     pub member: Option<DaemonHealth>,
     /// True when the lead and member daemons report different protocol numbers.
     pub protocol_mismatch: bool,
+    /// This fleetd as a gateway of a multi-host fleet: its link to the shared broker.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<GatewayHealth>,
+}
+
+/// A gateway's link to the broker.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayHealth {
+    /// The gateway's name.
+    pub name: String,
+    /// Whether it is connected and consuming its queue.
+    pub linked: bool,
+    /// Why not, when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Messages waiting in its outbox for the broker.
+    pub outbox: u64,
+    /// The outbox length beyond which the gateway counts as degraded (`gateway.outboxAlarm`).
+    pub outbox_alarm: u64,
+    /// What the outbox's length means, when it is over the alarm (set by
+    /// [`HealthReport::with_gateway`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outbox_warning: Option<String>,
 }
 
 /// Overall state.
@@ -113,7 +137,25 @@ impl HealthReport {
             lead,
             member,
             protocol_mismatch,
+            gateway: None,
         }
+    }
+
+    /// The report with `gateway`'s link in it (degraded while the link is down, or while more
+    /// than the alarm's worth of messages wait in its outbox: messages to and from other hosts
+    /// wait, nothing is lost).
+    pub fn with_gateway(mut self, mut gateway: GatewayHealth) -> Self {
+        if gateway.outbox > gateway.outbox_alarm {
+            gateway.outbox_warning = Some(format!(
+                "{} messages wait in the outbox, over gateway.outboxAlarm ({}): the broker has not taken them (the link is down, or a peer's queue is full); nothing is dropped, they go once it takes them",
+                gateway.outbox, gateway.outbox_alarm
+            ));
+        }
+        if !gateway.linked || gateway.outbox_warning.is_some() {
+            self.status = HealthStatus::Degraded;
+        }
+        self.gateway = Some(gateway);
+        self
     }
 }
 
@@ -129,6 +171,8 @@ pub struct Probe {
     pub endpoints: Vec<(MuxDaemon, String)>,
     /// The engine.
     pub engine: EngineHandle,
+    /// The gateway's broker link, when this fleetd is one.
+    pub gateway: Option<(String, crate::store::gateway_link::Link)>,
 }
 
 impl Probe {
@@ -173,7 +217,22 @@ impl Probe {
         let engine = EngineHealth {
             alive: self.engine.is_alive(),
         };
-        HealthReport::from_parts(store, engine, lead, member)
+        let report = HealthReport::from_parts(store, engine, lead, member);
+        match &self.gateway {
+            Some((name, link)) => {
+                let down = link.down();
+                let (outbox, outbox_alarm) = link.outbox();
+                report.with_gateway(GatewayHealth {
+                    name: name.clone(),
+                    linked: down.is_none(),
+                    error: down,
+                    outbox,
+                    outbox_alarm,
+                    outbox_warning: None,
+                })
+            }
+            None => report,
+        }
     }
 }
 
@@ -200,6 +259,37 @@ mod tests {
             protocol: ok.then_some(protocol),
             error: (!ok).then(|| "connection refused".to_owned()),
         }
+    }
+
+    #[test]
+    fn a_gateway_is_degraded_while_unlinked_or_over_its_outbox_alarm() {
+        let ok = || HealthReport::from_parts(store(true), ALIVE, Some(daemon(true, 20)), None);
+        let gateway = |linked: bool, outbox: u64| GatewayHealth {
+            name: "a".to_owned(),
+            linked,
+            error: (!linked).then(|| "connection refused".to_owned()),
+            outbox,
+            outbox_alarm: 10,
+            outbox_warning: None,
+        };
+        let at_alarm = ok().with_gateway(gateway(true, 10));
+        assert_eq!(at_alarm.status, HealthStatus::Ok);
+        assert_eq!(at_alarm.gateway.and_then(|g| g.outbox_warning), None);
+        let past = ok().with_gateway(gateway(true, 11));
+        assert_eq!(past.status, HealthStatus::Degraded, "past the alarm");
+        let warning = past
+            .gateway
+            .and_then(|g| g.outbox_warning)
+            .unwrap_or_default();
+        assert!(
+            warning.contains("11 messages wait in the outbox, over gateway.outboxAlarm (10)"),
+            "{warning}"
+        );
+        assert_eq!(
+            ok().with_gateway(gateway(false, 0)).status,
+            HealthStatus::Degraded,
+            "unlinked"
+        );
     }
 
     #[test]

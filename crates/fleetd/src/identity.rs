@@ -170,11 +170,22 @@ pub async fn resolve(
     bearer: Option<&str>,
     cancel: tokio_util::sync::CancellationToken,
 ) -> Caller {
+    let token = bearer.is_some_and(|given| fleet.token_matches(given));
+    resolve_with(fleet, conn, token, cancel).await
+}
+
+/// [`resolve`] for a request whose credential was already checked: `token` is whether it
+/// presented the API token (or what counts as it, a signed-in dashboard's session).
+pub async fn resolve_with(
+    fleet: &Fleet,
+    conn: Option<&ConnInfo>,
+    token: bool,
+    cancel: tokio_util::sync::CancellationToken,
+) -> Caller {
     let located = match conn {
         Some(conn) => locate(fleet, conn).await,
         None => None,
     };
-    let token = bearer.is_some_and(|given| fleet.token_matches(given));
     let same_uid = located.as_ref().is_some_and(Located::same_uid);
     let pane = located.as_ref().and_then(|l| l.pane.clone());
     let place = match &pane {

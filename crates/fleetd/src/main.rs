@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use fleetd::cli::{
-    Cli, ClientArgs, Command, ConfigCommand, DemoArgs, InstallClaudeArgs, InstallCommand,
-    InstallScope, SendArgs, ServeArgs,
+    Cli, ClientArgs, Command, ConfigCommand, DemoArgs, GatewayCommand, InstallClaudeArgs,
+    InstallCommand, InstallScope, SendArgs, ServeArgs,
 };
 use fleetd::client::Request;
 use fleetd::config::{Config, Environment, Overrides};
@@ -44,10 +44,32 @@ fn main() -> ExitCode {
             client,
         } => ask(config, &env, &client, &Request::Ack { target, msg_id }),
         Command::Send(args) => send(config, &env, args),
+        Command::Answer {
+            question_id,
+            text,
+            client,
+        } => read_text(&text, "the answer").and_then(|text| {
+            ask(
+                config,
+                &env,
+                &client,
+                &Request::Answer { question_id, text },
+            )
+        }),
+        Command::Stop {
+            target,
+            cause,
+            client,
+        } => ask(config, &env, &client, &Request::Stop { target, cause }),
+        Command::Tickets { target, client } => {
+            ask(config, &env, &client, &Request::Tickets { target })
+        }
+        Command::Dashboard(client) => ask(config, &env, &client, &Request::Dashboard),
         Command::Watch(client) => watch(config, &env, &client).map(|()| true),
         Command::Install(InstallCommand::Claude(args)) => {
             install_claude(config, &env, &args).map(|()| true)
         }
+        Command::Gateway(GatewayCommand::Provision(args)) => provision(&args).map(|()| true),
         Command::Demo(DemoArgs { no_pause }) => Err(fleetd::demo::exec(no_pause).into()),
     };
     match result {
@@ -114,11 +136,7 @@ fn send(
     env: &Environment,
     args: SendArgs,
 ) -> anyhow::Result<bool> {
-    let task = if args.text == ["-"] {
-        std::io::read_to_string(std::io::stdin()).context("failed to read the task from stdin")?
-    } else {
-        args.text.join(" ")
-    };
+    let task = read_text(&args.text, "the task")?;
     let request = Request::Send {
         target: args.target,
         task,
@@ -126,6 +144,33 @@ fn send(
         timeout_secs: args.timeout,
     };
     ask(config_path, env, &args.client, &request)
+}
+
+/// `fleetd gateway provision`: the definitions document on stdout.
+fn provision(args: &fleetd::cli::ProvisionArgs) -> anyhow::Result<()> {
+    let gateways = args
+        .gateways
+        .iter()
+        .map(|g| fleetd_core::gateway::GatewayName::new(g.trim()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let doc = fleetd::gateway::provision::definitions(
+        &gateways,
+        &args.vhost,
+        args.broker,
+        args.passwords_dir.as_deref(),
+    )?;
+    println!("{}", serde_json::to_string_pretty(&doc)?);
+    Ok(())
+}
+
+/// Words given on the command line, joined with spaces; `-` alone reads stdin.
+fn read_text(words: &[String], what: &str) -> anyhow::Result<String> {
+    if words == ["-"] {
+        std::io::read_to_string(std::io::stdin())
+            .with_context(|| format!("failed to read {what} from stdin"))
+    } else {
+        Ok(words.join(" "))
+    }
 }
 
 fn install_claude(

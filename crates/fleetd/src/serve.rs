@@ -121,12 +121,17 @@ impl Daemon {
     }
 
     /// What `/healthz` asks, for an engine.
-    fn probe(&self, engine: crate::engine::EngineHandle) -> crate::health::Probe {
+    fn probe(
+        &self,
+        engine: crate::engine::EngineHandle,
+        gateway: Option<(String, crate::store::gateway_link::Link)>,
+    ) -> crate::health::Probe {
         crate::health::Probe {
             store: Arc::clone(&self.inner.store),
             mux: self.inner.mux.clone(),
             endpoints: self.inner.endpoints.clone(),
             engine,
+            gateway,
         }
     }
 
@@ -153,7 +158,8 @@ impl Daemon {
         let local = listener
             .local_addr()
             .context("the listener has no address")?;
-        let fleet = Arc::new(self.fleet(local)?);
+        let (fleet, link) = self.fleet(local)?;
+        let fleet = Arc::new(fleet);
         let config = self.config();
         let mcp = crate::mcp::http_service(Arc::clone(&fleet));
         // One gate for every door: the cap counts connections, whichever socket they came by.
@@ -166,9 +172,9 @@ impl Daemon {
             .context("failed to open the operator's socket")?;
         let store = Arc::clone(&self.inner.store);
         let engine = fleet.engine.clone();
-        let probe = self.probe(engine.clone());
+        let probe = self.probe(engine.clone(), link);
         let stop = tokio_util::sync::CancellationToken::new();
-        let app = crate::http::router(probe, fleet, mcp, stop.clone());
+        let app = crate::http::router(probe, fleet, mcp, stop.clone(), local);
         let stopper = stop.clone();
         tokio::spawn(async move {
             shutdown.await;
@@ -236,8 +242,15 @@ impl Daemon {
         Ok(())
     }
 
-    /// The tools' view of the daemon, with its engine started.
-    fn fleet(&self, local: SocketAddr) -> anyhow::Result<crate::mcp::Fleet> {
+    /// The tools' view of the daemon with its engine started, and the gateway's broker link
+    /// when it is one.
+    fn fleet(
+        &self,
+        local: SocketAddr,
+    ) -> anyhow::Result<(
+        crate::mcp::Fleet,
+        Option<(String, crate::store::gateway_link::Link)>,
+    )> {
         let config = self.config();
         let api_token = match &config.api_token {
             Some(name) => Some(
@@ -249,6 +262,45 @@ impl Daemon {
         };
         let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
         let redactor = crate::secrets::Redactor::new(self.live_config());
+        let gateway = match &config.gateway {
+            Some(gw) => {
+                let password = match &gw.broker.password_secret {
+                    Some(name) => Secrets::new(&config.secrets, &crate::secrets::process_env)
+                        .resolve(name)
+                        .context("failed to resolve gateway.broker.passwordSecret")?
+                        .expose()
+                        .to_owned(),
+                    None => String::new(),
+                };
+                // Read once, at start: `gateway` is boot-only.
+                let tls = match gw.broker.tls.as_ref().and_then(|t| t.ca_file.as_deref()) {
+                    Some(path) => crate::store::gateway_link::LinkTls::from_ca_file(path)
+                        .context("failed to load gateway.broker.tls.caFile")?,
+                    None => crate::store::gateway_link::LinkTls::system(),
+                };
+                let (forward, outbox) = tokio::sync::mpsc::unbounded_channel();
+                let link = crate::store::gateway_link::LinkConfig {
+                    me: gw.name.clone(),
+                    urls: gw.broker.urls.clone(),
+                    user: gw.broker.user.clone(),
+                    password,
+                    heartbeat_secs: gw.broker.heartbeat_secs,
+                    outbox_alarm: gw.outbox_alarm,
+                    tls,
+                };
+                let parts = crate::engine::GatewayParts {
+                    me: gw.name.clone(),
+                    peers: gw.peers.clone(),
+                    forward,
+                };
+                Some((parts, link, outbox))
+            }
+            None => None,
+        };
+        let (gateway_parts, gateway_link) = match gateway {
+            Some((parts, link, outbox)) => (Some(parts), Some((link, outbox))),
+            None => (None, None),
+        };
         let engine = crate::engine::spawn(crate::engine::EngineParts {
             durable: Some(crate::engine::Durable {
                 store: Arc::clone(&self.inner.state),
@@ -259,6 +311,7 @@ impl Daemon {
             store: Arc::clone(&self.inner.store),
             mux: self.inner.mux.clone(),
             redactor: redactor.clone(),
+            gateway: gateway_parts,
         });
         crate::backends::spawn(self.live_config(), engine.downgrade());
         let locator = crate::locate::Locator::new(
@@ -270,6 +323,14 @@ impl Daemon {
         } else {
             local.ip()
         };
+        if !host.is_loopback() {
+            // Members reach fleetd at this address, and a connection from a non-loopback
+            // address is identified by the API token alone: no member can be told apart.
+            tracing::warn!(
+                listen = %local,
+                "listening on one outside address only: members reach fleetd there, where callers are identified by the API token, not by their pane, so no member can work; listen on 0.0.0.0 (or [::]) to serve this address and loopback both"
+            );
+        }
         let inbox = crate::inbox::Inbox::new(Arc::clone(&self.inner.store), engine.clone());
         let url = format!("http://{}", SocketAddr::new(host, local.port()));
         let spawner = crate::members::Spawner {
@@ -280,18 +341,40 @@ impl Daemon {
             redactor: redactor.clone(),
             url,
         };
-        Ok(crate::mcp::Fleet {
-            engine,
-            store: Arc::clone(&self.inner.store),
-            mux: self.inner.mux.clone(),
-            locator,
-            config: self.live_config(),
-            clock,
-            api_token,
-            redactor,
-            inbox,
-            spawner,
-        })
+        let peers = gateway_link
+            .as_ref()
+            .map(|(link, _)| crate::gateway::presence::Peers::new(link.me.clone()))
+            .unwrap_or_default();
+        let link = gateway_link.map(|(link, outbox)| {
+            let name = link.me.to_string();
+            // Runs for the daemon's life: the runtime ends it with the process.
+            let link = crate::gateway::service::start(
+                link,
+                engine.clone(),
+                Arc::clone(&self.inner.store),
+                spawner.clone(),
+                &peers,
+                outbox,
+                tokio_util::sync::CancellationToken::new(),
+            );
+            (name, link)
+        });
+        Ok((
+            crate::mcp::Fleet {
+                engine,
+                store: Arc::clone(&self.inner.store),
+                mux: self.inner.mux.clone(),
+                locator,
+                config: self.live_config(),
+                clock,
+                api_token,
+                redactor,
+                inbox,
+                spawner,
+                peers,
+            },
+            link,
+        ))
     }
 }
 

@@ -17,6 +17,13 @@
 //!   closed by fleetd (`idle_timeout`, `header_timeout`, `evicted`).
 //! - `fleetd_amqp_dead_lettered_total{reason}` — messages the AMQP inbox moved to a dead-letter
 //!   queue because it could not take them: `undecodable`, `wrong_target`, `refused`.
+//! - `fleetd_gateway_refused_total{reason}` — another gateway's messages this gateway refused:
+//!   `malformed`, `no_user_id`, `impersonation`, `version` (before the engine looks at them),
+//!   `never_sent` (a reply, ticket event, question or spawn result for something never sent
+//!   there), `not_allowed` (`gateway.peers` does not allow it), `undeliverable`, `presence`;
+//! - `fleetd_gateway_outbox` — messages waiting in this gateway's outbox for the broker;
+//! - `fleetd_gateway_forwarded_total{kind, outcome}` — outbox messages the broker took
+//!   (`confirmed`), could not route (`unroutable`), or that wait for a missing queue (`parked`).
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
@@ -98,6 +105,21 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "fleetd_amqp_dead_lettered_total",
         "counter",
         "Messages the AMQP inbox rejected into a dead-letter queue (agent.<target>.dead), by reason",
+    ),
+    (
+        "fleetd_gateway_refused_total",
+        "counter",
+        "Messages from other gateways this gateway refused (dead-lettered, or a spawn answered with the reason), by reason",
+    ),
+    (
+        "fleetd_gateway_outbox",
+        "gauge",
+        "Messages waiting in this gateway's outbox for the broker",
+    ),
+    (
+        "fleetd_gateway_forwarded_total",
+        "counter",
+        "Outbox messages handed to the broker, by kind and outcome (confirmed, unroutable, parked)",
     ),
 ];
 

@@ -205,6 +205,142 @@ fn silent_turn_end_records_a_fallback_before_the_next_task() {
     );
 }
 
+fn delegating(outstanding: bool) -> InjectorInput {
+    InjectorInput::Delegating {
+        target: target("a"),
+        outstanding,
+    }
+}
+
+/// A member that handed part of its task to its own members and ended its turn is still on that
+/// task: no fallback, nothing else typed; the turn its nudge starts answers it.
+#[test]
+fn a_turn_that_ends_waiting_on_delegated_work_is_answered_in_a_later_turn() {
+    check(
+        vec![
+            Step(0, status(Activity::AtRest)),
+            Step(0, presence()),
+            Step(0, enqueue(1)),
+            Step(0, enqueue(2)),
+            Step(0, typed(1, TypeOutcome::Accepted)),
+            Step(1, status(Activity::Busy)),
+            Step(2, delegating(true)),
+            Step(3, status(Activity::AtRest)),
+            // Its member replied; the nudge starts a turn, in which it answers T1.
+            Step(9, status(Activity::Busy)),
+            Step(10, delegating(false)),
+            Step(11, replied(1)),
+            Step(12, status(Activity::AtRest)),
+        ],
+        &[
+            "@0 type a T1",
+            "@0 T1 Delivered",
+            "@1 T1 TurnStarted",
+            "@12 type a T2",
+        ],
+    );
+}
+
+/// Its members' mail read and nothing answered: the turn is over once the work is in, and its
+/// fallback is recorded then (at rest), or at its next rest.
+#[test]
+fn a_turn_waiting_on_delegated_work_gets_its_fallback_when_the_work_is_in() {
+    check(
+        vec![
+            Step(0, status(Activity::AtRest)),
+            Step(0, presence()),
+            Step(0, enqueue(1)),
+            Step(0, typed(1, TypeOutcome::Accepted)),
+            Step(1, status(Activity::Busy)),
+            Step(2, delegating(true)),
+            Step(3, status(Activity::AtRest)),
+            Step(5, delegating(false)),
+        ],
+        &[
+            "@0 type a T1",
+            "@0 T1 Delivered",
+            "@1 T1 TurnStarted",
+            "@5 fallback a T1",
+        ],
+    );
+    check(
+        vec![
+            Step(0, status(Activity::AtRest)),
+            Step(0, presence()),
+            Step(0, enqueue(1)),
+            Step(0, typed(1, TypeOutcome::Accepted)),
+            Step(1, status(Activity::Busy)),
+            Step(2, delegating(true)),
+            Step(3, status(Activity::AtRest)),
+            Step(9, status(Activity::Busy)),
+            Step(10, delegating(false)),
+            Step(12, status(Activity::AtRest)),
+        ],
+        &[
+            "@0 type a T1",
+            "@0 T1 Delivered",
+            "@1 T1 TurnStarted",
+            "@12 fallback a T1",
+        ],
+    );
+}
+
+/// A nudge typed into a delegating member's pane holds its tasks back until the nudge's turn
+/// is seen (or the hold runs out): the two are never typed on top of each other.
+#[test]
+fn a_hold_keeps_tasks_back_until_the_member_is_seen_busy_or_it_runs_out() {
+    let hold = |until: Option<i64>| InjectorInput::Hold {
+        target: target("a"),
+        until: until.map(t),
+    };
+    check(
+        vec![
+            Step(0, status(Activity::AtRest)),
+            Step(0, presence()),
+            Step(1, hold(Some(6))),
+            Step(2, enqueue(1)),
+            Step(3, status(Activity::Busy)),
+            Step(4, status(Activity::AtRest)),
+            Step(4, typed(1, TypeOutcome::Accepted)),
+            Step(4, status(Activity::Busy)),
+            Step(4, replied(1)),
+            Step(5, status(Activity::AtRest)),
+            Step(5, hold(Some(20))),
+            Step(6, enqueue(2)),
+            Step(19, InjectorInput::Tick),
+            Step(20, InjectorInput::Tick),
+        ],
+        &[
+            "@4 type a T1",
+            "@4 T1 Delivered",
+            "@4 T1 TurnStarted",
+            "@20 type a T2",
+        ],
+    );
+    let mut inj = Injector::new(SignedDuration::from_secs(5));
+    inj.handle_at(
+        InjectorInput::MemberAdded {
+            target: target("a"),
+        },
+        t(0),
+    );
+    inj.handle_at(status(Activity::AtRest), t(0));
+    inj.handle_at(presence(), t(0));
+    inj.handle_at(hold(Some(9)), t(0));
+    inj.handle_at(enqueue(1), t(1));
+    assert!(!inj.would_type(&target("a"), t(1)), "held");
+    assert_eq!(inj.next_wake(), Some(t(9)), "a wake when the hold runs out");
+    assert!(inj.would_type(&target("a"), t(9)));
+    assert_eq!(
+        inj.handle_at(hold(None), t(2)),
+        vec![InjectorEffect::Type {
+            target: target("a"),
+            ticket: ticket(1)
+        }],
+        "lifted: typed at once"
+    );
+}
+
 #[test]
 fn typing_errors_retry_then_stall() {
     check(
@@ -524,6 +660,11 @@ fn any_step() -> impl Strategy<Value = (InjectorInput, i64)> {
             .prop_map(|(n, outcome)| typed(n, outcome)),
         tickets.prop_map(replied),
         Just(recorded()),
+        any::<bool>().prop_map(delegating),
+        (0i64..10).prop_map(|s| InjectorInput::Hold {
+            target: target("a"),
+            until: Some(t(s)),
+        }),
         Just(InjectorInput::Tick),
     ];
     (input, 0i64..8)

@@ -355,6 +355,37 @@ fn new_mail_after_giving_up_starts_a_new_batch() {
     );
 }
 
+/// Mail that grows while the last reminder's backoff runs is a new batch when the backoff
+/// ends — not a give-up that only a later, unrelated input would undo.
+#[test]
+fn mail_that_grows_during_the_last_backoff_is_nudged_when_it_ends() {
+    let mut push = PushLoop::new(PushConfig {
+        reminders: 1,
+        ..config()
+    });
+    push.handle_at(PushInput::Primary(Some(lead("p"))), t(0));
+    push.handle_at(status("p", LeadActivity::Receptive), t(0));
+    push.handle_at(inbox("alice", 1), t(0));
+    push.handle_at(delivered("p"), t(0));
+    assert!(
+        !push
+            .handle_at(inbox("bob", 1), t(10))
+            .contains(&PushEffect::Count(PushMetric::Nudged)),
+        "within the backoff"
+    );
+    assert_eq!(push.next_wake(), Some(t(30)), "a wake at the backoff's end");
+    let out = push.handle_at(PushInput::Tick, t(30));
+    assert!(
+        out.iter()
+            .any(|e| matches!(e, PushEffect::Inject { text, .. } if text.contains("from bob"))),
+        "{out:?}"
+    );
+    assert!(
+        !out.contains(&PushEffect::Count(PushMetric::Exhausted)),
+        "{out:?}"
+    );
+}
+
 fn any_input() -> impl Strategy<Value = PushInput> {
     let leads = prop_oneof![Just("p"), Just("d")];
     let targets = prop_oneof![Just("alice"), Just("bob")];

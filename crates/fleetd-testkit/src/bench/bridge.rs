@@ -193,6 +193,7 @@ async fn send_overhead(rounds: usize) -> anyhow::Result<Stats> {
         store,
         mux,
         redactor: fleetd::secrets::Redactor::empty(),
+        gateway: None,
     });
     let target = Target::new("bench")?;
     let pane = QualifiedPaneId::new(MuxDaemon::Lead, PaneId::new("%1")?);
@@ -207,6 +208,7 @@ async fn send_overhead(rounds: usize) -> anyhow::Result<Stats> {
             idle_timeout_secs: None,
             backend: None,
             lead: None,
+            worktree: None,
         })
         .await?;
     engine.presence(target.clone()).await?;

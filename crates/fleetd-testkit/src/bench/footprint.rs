@@ -79,7 +79,8 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
     progress(&format!(
         "idle with a lead only, then with {members} members…"
     ));
-    let mut fleet = HerdrFleet::start("")?;
+    // One lead spawns them all: the per-lead cap is lifted to the fleet's size.
+    let mut fleet = HerdrFleet::start(&format!("maxMembersPerLead: {}\n", members + 1))?;
     fleet.wait_healthy();
     settle();
     let bare = idle(fleet.daemon_pid(), window)?;
@@ -203,7 +204,11 @@ fn tmux_row(members: usize, window: Duration) -> Row {
 /// spawned by the lead's `fleet_spawn` one at a time: fleetd's own CPU and RSS while they idle
 /// (it watches every member's status: tmux's notifications plus the safety poll).
 fn tmux_members(members: usize, window: Duration) -> anyhow::Result<Idle> {
-    let profile = format!("profiles:\n{}", crate::rig::sim_profile("idle", &[]));
+    let profile = format!(
+        "maxMembersPerLead: {}\nprofiles:\n{}",
+        members + 1,
+        crate::rig::sim_profile("idle", &[])
+    );
     let rig = crate::rig::Rig::start(&profile);
     for n in 0..members {
         rig.spawn("idle", &format!("m{n}"));

@@ -3,15 +3,19 @@
 //! one side-by-side table ([`render`]) with the target of the issue that introduced each row.
 
 pub mod bridge;
+pub mod dashboard;
 pub mod footprint;
+pub mod gateway;
 pub mod inbox;
 pub mod keepalive;
 pub mod locate;
 pub mod mailbox;
 pub mod nudge;
 pub mod pane_client;
+pub mod pane_output;
 pub mod peers;
 mod rabbit;
+pub mod tmux_events;
 pub mod wake;
 
 use std::fmt::Write as _;
@@ -177,6 +181,77 @@ pub fn render(rows: &[Row]) -> String {
         out.push_str(&line(&row.iter().map(String::as_str).collect::<Vec<_>>()));
     }
     out
+}
+
+/// A parallel build's load on the machine while it lives: one job more than the machine has
+/// cores (`make -j$(nproc+1)`), each compiling a generated C file with `gcc -O2` over and over
+/// (CPU, process starts, file writes, as a build does), or a busy shell loop where there is no
+/// `gcc`. Stopped (every job's process group killed) on drop.
+pub struct BuildLoad {
+    jobs: Vec<std::process::Child>,
+    _dir: tempfile::TempDir,
+    /// What it runs, for a table's row.
+    pub what: String,
+}
+
+impl BuildLoad {
+    /// Starts the jobs.
+    pub fn start() -> anyhow::Result<Self> {
+        use std::os::unix::process::CommandExt as _;
+        let dir = tempfile::tempdir()?;
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        let gcc = std::process::Command::new("gcc")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        let mut source = String::new();
+        for f in 0..400 {
+            let _ = writeln!(
+                source,
+                "double f{f}(double x) {{ double s = 0; for (int i = 0; i < 100; i++) s += x * i / (i + {f}.5); return s; }}"
+            );
+        }
+        std::fs::write(dir.path().join("load.c"), source)?;
+        let mut jobs = Vec::new();
+        for job in 0..=cores {
+            let script = if gcc {
+                format!("while :; do gcc -O2 -c load.c -o load{job}.o; done")
+            } else {
+                "while :; do :; done".to_owned()
+            };
+            jobs.push(
+                std::process::Command::new("/bin/sh")
+                    .args(["-c", &script])
+                    .current_dir(dir.path())
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .process_group(0)
+                    .spawn()?,
+            );
+        }
+        let what = if gcc {
+            format!("{} jobs of gcc -O2 on {cores} cores", cores + 1)
+        } else {
+            format!("{} busy shell loops on {cores} cores", cores + 1)
+        };
+        Ok(Self {
+            jobs,
+            _dir: dir,
+            what,
+        })
+    }
+}
+
+impl Drop for BuildLoad {
+    fn drop(&mut self) {
+        for job in &mut self.jobs {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", job.id())])
+                .status();
+            let _ = job.wait();
+        }
+    }
 }
 
 /// Writes one progress line to stderr (tables go to stdout).

@@ -6,8 +6,9 @@
 //! One round: the lead sends a task (`wait: false`); the member works briefly and replies; the
 //! lead meanwhile works on something else (`@busy=MS`, a turn that only shows working), so the
 //! nudge is deferred; the lead's turn ends ("goes idle", its own log's `turn_done`), and the
-//! series run from that moment to (a) the nudge's text visible in the lead's pane (the pane read
-//! as fast as it can be) and (b) the lead starting the nudge's turn. A round whose reply did not
+//! series run from that moment to (a) the nudge's text visible in the lead's pane (on tmux the
+//! pane's output as a control client of the bench's own gets it, on herdr the pane read as fast
+//! as it can be) and (b) the lead starting the nudge's turn. A round whose reply did not
 //! land before the lead went idle is not counted (it measures the idle-lead path, which
 //! `fleetd-bench nudge` covers).
 //!
@@ -23,15 +24,13 @@
 //!
 //! `fleetd-bench wake [--rounds N] [--restarts N]`. Prints; never asserts.
 
-use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::nudge::{config, events, guarded, line_count, now_us, read_mail_and_pause};
+use super::nudge::{Sight, config, events, guarded, line_count, now_us, read_mail_and_pause};
 use super::{Met, Row, Summary, progress};
 use crate::http;
 
@@ -47,7 +46,8 @@ const TARGET: Duration = Duration::from_millis(50);
 /// A lead agent's pane, as the rig of one backend drives it.
 trait Lead {
     fn type_line(&self, line: &str);
-    fn history(&self) -> String;
+    /// How the bench sees a nudge show in it.
+    fn sight(&self) -> &Sight<'_>;
 }
 
 /// One backend's series.
@@ -187,12 +187,29 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
         }
     }
     match &restart {
-        Ok(samples) => {
-            let s = line("tmux", "fleetd (re)started → nudge visible", samples, false);
-            rows.push(Row::new(
+        Ok((samples, turns)) => {
+            // From the new process's start: all of it is fleetd's (start-up, the store, the
+            // first reading of the lead's status, the nudge).
+            let s = line("tmux", "fleetd (re)started → nudge visible", samples, true);
+            let mut row = Row::new(
                 "wake-up",
                 "fleetd restarted (kill -9) with a nudge due → nudge visible, tmux",
                 s.map_or_else(|| "no samples".to_owned(), |s| s.cell()),
+            );
+            if let Some(s) = s {
+                row = row.target("p99 ≤ 50 ms (#21)", Met::from_bool(s.p99 <= TARGET));
+            }
+            rows.push(row);
+            let t = line(
+                "tmux",
+                "fleetd (re)started → nudge's turn starts",
+                turns,
+                false,
+            );
+            rows.push(Row::new(
+                "wake-up",
+                "fleetd restarted (kill -9) with a nudge due → the nudge's turn starts, tmux",
+                t.map_or_else(|| "no samples".to_owned(), |s| s.cell()),
             ));
         }
         Err(why) => {
@@ -210,34 +227,36 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
 struct TmuxLead<'a> {
     rig: &'a crate::rig::Rig,
     pane: String,
+    sight: Sight<'a>,
 }
 
 impl Lead for TmuxLead<'_> {
     fn type_line(&self, line: &str) {
         self.rig.type_line(&self.pane, line);
     }
-    fn history(&self) -> String {
-        self.rig.history(&self.pane)
+    fn sight(&self) -> &Sight<'_> {
+        &self.sight
     }
 }
 
 struct HerdrLead<'a> {
     rig: &'a crate::rig_herdr::HerdrRig,
     pane: String,
+    sight: Sight<'a>,
 }
 
 impl Lead for HerdrLead<'_> {
     fn type_line(&self, line: &str) {
         self.rig.type_line(&self.pane, line);
     }
-    fn history(&self) -> String {
-        self.rig.history(&self.pane)
+    fn sight(&self) -> &Sight<'_> {
+        &self.sight
     }
 }
 
 /// The two agents' logs.
 struct Logs {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     member: PathBuf,
     lead: PathBuf,
 }
@@ -248,8 +267,12 @@ impl Logs {
         Ok(Self {
             member: dir.path().join("member.log"),
             lead: dir.path().join("lead.log"),
-            _dir: dir,
+            dir,
         })
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.path()
     }
 }
 
@@ -265,7 +288,12 @@ fn on_tmux(rounds: usize) -> anyhow::Result<Series> {
     let rig = crate::rig::Rig::start(&config("base:boss", &profile));
     let pane = rig.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", logs.lead.display())]);
     rig.spawn("bench", "nia");
-    let lead = TmuxLead { rig: &rig, pane };
+    let sight = Sight::tmux(&rig, &pane)?;
+    let lead = TmuxLead {
+        rig: &rig,
+        pane,
+        sight,
+    };
     let mut series = Series::default();
     for round in 0..rounds {
         progress(&format!("wake-up, tmux: round {round}"));
@@ -288,25 +316,48 @@ fn on_herdr(rounds: usize) -> anyhow::Result<Series> {
         crate::rig_herdr::sim_profile("bench", MEMBER_WORK_MS),
         logs.member.display()
     );
-    let rig = crate::rig_herdr::HerdrRig::start(&config("w1:t1", &profile));
+    let status_log = logs.dir().join("herdr-status.jsonl");
+    let mut rig =
+        crate::rig_herdr::HerdrRig::start_with_status_log(&config("w1:t1", &profile), &status_log);
     let (_, pane) =
         rig.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", logs.lead.display())]);
     rig.call_from(&pane, r#"fleet_spawn {"profile":"bench","name":"nia"}"#);
-    let statuses = StatusLog::subscribe(&rig.dir().join("herdr.sock"), &pane)?;
-    let lead = HerdrLead { rig: &rig, pane };
+    let statuses = StatusLog {
+        path: status_log,
+        pane: pane.clone(),
+    };
+    let history = {
+        let (rig, pane) = (&rig, pane.clone());
+        move || rig.history(&pane)
+    };
+    let lead = HerdrLead {
+        rig: &rig,
+        pane,
+        sight: Sight::Poll(Box::new(history)),
+    };
     let mut series = Series::default();
+    let mut measured = Ok(());
     for round in 0..rounds {
         progress(&format!("wake-up, fake-herdr: round {round}"));
-        measure_round(
+        measured = measure_round(
             round,
             &rig.daemon.operator(),
             &logs,
             &lead,
             Some(&statuses),
             &mut series,
-        )?;
+        );
+        if measured.is_err() {
+            break;
+        }
     }
-    Ok(series)
+    drop(lead);
+    super::nudge::keep_logs(
+        "wake-herdr",
+        &mut rig.daemon,
+        &[&logs.member, &logs.lead, &statuses.path],
+    );
+    measured.map(|()| series)
 }
 
 /// The restart case on tmux: returns fleetd start → nudge visible, one sample per restart.
@@ -314,7 +365,7 @@ fn on_herdr(rounds: usize) -> anyhow::Result<Series> {
     clippy::disallowed_methods,
     reason = "a benchmark compares its timings with the agents wall-clock logs"
 )]
-fn restart_on_tmux(restarts: usize) -> anyhow::Result<Vec<Duration>> {
+fn restart_on_tmux(restarts: usize) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
     let logs = Logs::new()?;
     let profile = crate::rig::sim_profile(
         "bench",
@@ -326,11 +377,13 @@ fn restart_on_tmux(restarts: usize) -> anyhow::Result<Vec<Duration>> {
     let mut rig = crate::rig::Rig::start(&config("base:boss", &profile));
     let pane = rig.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", logs.lead.display())]);
     rig.spawn("bench", "nia");
-    let mut samples = Vec::new();
+    // The bench's own control client: it stays attached while fleetd is killed and restarted.
+    let sight = Sight::tmux(&rig, &pane)?;
+    let (mut samples, mut turns) = (Vec::new(), Vec::new());
     for round in 0..restarts {
         progress(&format!("wake-up, tmux restart: round {round}"));
         let (member_from, lead_from) = (line_count(&logs.member), line_count(&logs.lead));
-        let seen = nudges(&rig.history(&pane));
+        let seen = sight.before();
         send_then_busy(
             round,
             &logs,
@@ -348,25 +401,26 @@ fn restart_on_tmux(restarts: usize) -> anyhow::Result<Vec<Duration>> {
             e["event"] == "turn_done" && after_busy(&logs.lead, lead_from, e)
         })?;
         std::thread::sleep(Duration::from_millis(300));
-        let started = std::time::Instant::now();
+        let started_us = now_us();
         rig.restart_daemon();
-        let visible = loop {
-            if nudges(&rig.history(&pane)) > seen {
-                break started.elapsed();
-            }
-            anyhow::ensure!(
-                started.elapsed() < Duration::from_secs(60),
-                "no nudge in the lead's pane 60 s after the restart"
-            );
-        };
-        samples.push(visible);
+        let visible_at = sight
+            .shown(seen)
+            .context("no nudge in the lead's pane 60 s after the restart")?;
+        samples.push(Duration::from_micros(
+            u64::try_from(visible_at - started_us).unwrap_or(0),
+        ));
+        let turn_at = wait_for(&logs.lead, lead_from, Duration::from_secs(60), |e| {
+            e["event"] == "turn"
+                && e["prompt"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("[fleet]"))
+        })?;
+        turns.push(Duration::from_micros(
+            u64::try_from(turn_at - started_us).unwrap_or(0),
+        ));
         settle(&rig.daemon.operator(), &logs.lead, lead_from)?;
     }
-    Ok(samples)
-}
-
-fn nudges(text: &str) -> usize {
-    text.matches("[fleet]").count()
+    Ok((samples, turns))
 }
 
 /// Types the task and, once the lead's send turn is over, the busy turn.
@@ -395,10 +449,6 @@ fn after_busy(log: &Path, from: usize, event: &Value) -> bool {
     matches!((busy, this), (Some(b), Some(t)) if t > b)
 }
 
-#[expect(
-    clippy::disallowed_methods,
-    reason = "a benchmark polls and paces its rounds on the wall clock"
-)]
 fn measure_round(
     round: usize,
     operator: &http::Endpoint,
@@ -408,18 +458,9 @@ fn measure_round(
     series: &mut Series,
 ) -> anyhow::Result<()> {
     let (member_from, lead_from) = (line_count(&logs.member), line_count(&logs.lead));
-    let seen = nudges(&lead.history());
+    let seen = lead.sight().before();
     send_then_busy(round, logs, lead_from, &|l| lead.type_line(l), LEAD_BUSY_MS)?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let visible_at = loop {
-        if nudges(&lead.history()) > seen {
-            break now_us();
-        }
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "no nudge in the lead's pane after 60 s"
-        );
-    };
+    let visible_at = lead.sight().shown(seen)?;
     let turn_at = wait_for(&logs.lead, lead_from, Duration::from_secs(60), |e| {
         e["event"] == "turn"
             && e["prompt"]
@@ -472,7 +513,7 @@ fn settle(operator: &http::Endpoint, lead_log: &Path, lead_from: usize) -> anyho
                 .as_str()
                 .is_some_and(|p| p.starts_with("[fleet]"))
     })?;
-    read_mail_and_pause(operator)
+    read_mail_and_pause(operator, "nia")
 }
 
 /// Waits until the log at `path` (from line `from`) has an event matching `pred`; returns its
@@ -494,49 +535,27 @@ fn wait_for(
     found.context("the event has no timestamp")
 }
 
-/// The bench's own subscription to herdr's status events for one pane: when each report of the
-/// agent at rest (`idle` or `done`) arrived.
+/// fake-herdr's own record of the statuses it reported (`--status-log`), written as it pushes
+/// each event: when herdr said the lead was at rest, without the lag of a reader of its own on
+/// a busy machine (the bench's own subscriber used to see some reports after fleetd had already
+/// acted on them, which made fleetd's part look negative).
 struct StatusLog {
-    idle_at: Arc<Mutex<Vec<i64>>>,
+    path: std::path::PathBuf,
+    pane: String,
 }
 
 impl StatusLog {
-    fn subscribe(socket: &Path, pane: &str) -> anyhow::Result<Self> {
-        let mut stream = std::os::unix::net::UnixStream::connect(socket)
-            .with_context(|| format!("connecting to {}", socket.display()))?;
-        let request = json!({
-            "id": "wake-bench",
-            "method": "events.subscribe",
-            "params": { "subscriptions": [{ "type": "pane.agent_status_changed", "pane_id": pane }] },
-        });
-        stream.write_all(format!("{request}\n").as_bytes())?;
-        let idle_at = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&idle_at);
-        // Never write on a subscription socket again: herdr takes any byte as "client gone".
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                let at = now_us();
-                let Ok(v) = serde_json::from_str::<Value>(&line) else {
-                    continue;
-                };
-                // `done` is herdr's idle for a turn nobody has looked at yet.
-                let status = v["data"]["agent_status"].as_str().unwrap_or_default();
-                if v["event"] == "pane.agent_status_changed" && matches!(status, "idle" | "done") {
-                    sink.lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push(at);
-                }
-            }
-        });
-        Ok(Self { idle_at })
-    }
-
+    /// The first report of the agent at rest (`idle`, or `done`: herdr's idle for a turn nobody
+    /// has looked at yet) at or after `at`.
     fn first_idle_after(&self, at: i64) -> Option<i64> {
-        self.idle_at
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .copied()
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| {
+                v["pane_id"] == self.pane.as_str()
+                    && matches!(v["agent_status"].as_str(), Some("idle" | "done"))
+            })
+            .filter_map(|v| v["at_us"].as_i64())
             .find(|&t| t >= at)
     }
 }

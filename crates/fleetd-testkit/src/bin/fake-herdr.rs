@@ -1,4 +1,4 @@
-//! `fake-herdr --socket PATH [--control PATH] [--shell SH] [--rows N] [--protocol N] [--version V]`: runs the
+//! `fake-herdr --socket PATH [--control PATH] [--shell SH] [--rows N] [--protocol N] [--version V] [--status-log FILE]`: runs the
 //! test kit's herdr protocol-20 server (see `fleetd_testkit::fake_herdr`). The socket defaults to
 //! `HERDR_SOCKET_PATH`. A test double only: never point a real user session at it.
 
@@ -20,8 +20,9 @@ fn main() -> anyhow::Result<()> {
                 opts.protocol = value()?.parse().context("--protocol takes a number")?
             }
             "--version" => opts.version = value()?,
+            "--status-log" => opts.status_log = Some(value()?.into()),
             other => anyhow::bail!(
-                "unknown argument {other:?}; usage: fake-herdr --socket PATH [--control PATH] [--shell SH] [--rows N] [--protocol N] [--version V]"
+                "unknown argument {other:?}; usage: fake-herdr --socket PATH [--control PATH] [--shell SH] [--rows N] [--protocol N] [--version V] [--status-log FILE]"
             ),
         }
     }

@@ -47,10 +47,13 @@ pub struct Options {
     pub no_pause: bool,
     /// The `fleetd` binary to run (default: the one next to this executable).
     pub fleetd: Option<PathBuf>,
+    /// Follow the demo in a headless Chromium signed in to the dashboard and save a screenshot
+    /// of it here while bob's question is open (how `docs/dashboard.png` is made).
+    pub screenshot: Option<PathBuf>,
 }
 
 impl Options {
-    /// Parses `[--no-pause] [--fleetd PATH]`.
+    /// Parses `[--no-pause] [--fleetd PATH] [--screenshot PNG]`.
     pub fn parse(args: &[String]) -> anyhow::Result<Self> {
         let mut options = Self::default();
         let mut args = args.iter();
@@ -61,11 +64,15 @@ impl Options {
                     let path = args.next().context("--fleetd needs the binary's path")?;
                     options.fleetd = Some(PathBuf::from(path));
                 }
+                "--screenshot" => {
+                    let path = args.next().context("--screenshot needs a .png path")?;
+                    options.screenshot = Some(PathBuf::from(path));
+                }
                 "-h" | "--help" => bail!(
-                    "usage: fleetd-demo [--no-pause] [--fleetd PATH] (normally run as `fleetd demo`)"
+                    "usage: fleetd-demo [--no-pause] [--fleetd PATH] [--screenshot PNG] (normally run as `fleetd demo`)"
                 ),
                 other => bail!(
-                    "unknown argument {other:?}; usage: fleetd-demo [--no-pause] [--fleetd PATH]"
+                    "unknown argument {other:?}; usage: fleetd-demo [--no-pause] [--fleetd PATH] [--screenshot PNG]"
                 ),
             }
         }
@@ -135,7 +142,16 @@ pub fn run(options: &Options) -> anyhow::Result<bool> {
         steps: Vec::new(),
         notes: Vec::new(),
         facts: Facts::default(),
+        browser: None,
     };
+    if options.screenshot.is_some() {
+        match session.open_dashboard() {
+            Ok(browser) => session.browser = Some(browser),
+            Err(e) => session
+                .notes
+                .push(format!("no dashboard screenshot: {e:#}")),
+        }
+    }
     let detail = format!(
         "fleetd on {listen}, state in {}; the lead is a sim-agent in tmux window {LEAD_WINDOW}",
         crate::daemon::state_dir(session.rig.dir()).display()
@@ -298,9 +314,49 @@ struct Session {
     steps: Vec<StepRecord>,
     notes: Vec<String>,
     facts: Facts,
+    /// The dashboard in a headless Chromium, with `--screenshot`.
+    browser: Option<crate::browser::Browser>,
 }
 
 impl Session {
+    /// A headless Chromium signed in to the demo's dashboard (a key from the operator's
+    /// socket, as `fleetd dashboard` gets one), following the stream.
+    fn open_dashboard(&self) -> anyhow::Result<crate::browser::Browser> {
+        let browser = crate::browser::Browser::start(1440, 1000)?;
+        let key = http::request(self.rig.daemon.operator(), "POST", "/dashboard/keys", None)?;
+        ensure!(key.status == 200, "POST /dashboard/keys: {}", key.body);
+        let url = key.json()["url"]
+            .as_str()
+            .context("no url in the key's answer")?
+            .to_owned();
+        browser.goto(&url)?;
+        browser.wait_for(
+            "the dashboard to go live",
+            Duration::from_secs(30),
+            "return document.getElementById('conn').dataset.state === 'live';",
+        );
+        Ok(browser)
+    }
+
+    /// With `--screenshot`: the dashboard once it shows `question`'s card (or after 5 s).
+    fn capture_dashboard(&mut self) {
+        let (Some(browser), Some(path)) = (&self.browser, &self.options.screenshot) else {
+            return;
+        };
+        let shown = "return [...document.querySelectorAll('#questions li .ask')].some((e) => e.textContent.length > 1);";
+        for _ in 0..100 {
+            if browser.eval(shown, &[]).ok() == Some(Value::Bool(true)) {
+                break;
+            }
+            self.sleep(Duration::from_millis(50));
+        }
+        let note = match browser.screenshot(path) {
+            Ok(()) => format!("dashboard screenshot saved to {}", path.display()),
+            Err(e) => format!("no dashboard screenshot: {e:#}"),
+        };
+        self.notes.push(note);
+    }
+
     /// Prints how to watch, and gives the newcomer time to attach.
     fn invite(&self) {
         let socket = self.rig.tmux.socket().display();

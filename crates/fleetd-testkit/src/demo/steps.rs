@@ -213,6 +213,7 @@ impl Session {
         let (_, asked) = self.logs.bob.wait("bob's fleet_ask", 0, |e| {
             e["event"] == "tool_start" && e["name"] == "fleet_ask"
         })?;
+        self.capture_dashboard();
         let (nudge_at, nudge) =
             self.lead
                 .log
@@ -352,14 +353,15 @@ impl Session {
             .as_array()
             .is_some_and(|a| a.iter().all(|a| a["acked"] == true));
         ensure!(all, "fleet_ack after the restart: {acked}");
-        let latency = between(self.facts.restarted_at, at_us(&nudge));
+        let latency = between(self.facts.restart_started, at_us(&nudge));
         self.notes.push(format!(
-            "nudge after the restart: {} from fleetd listening again to the nudge's turn \
-             (the mail was read back from the inbox at start)",
+            "nudge after the restart: {} from fleetd starting to the nudge's turn (what \
+             `fleetd-bench wake` reports as \"fleetd restarted (kill -9) with a nudge due → the \
+             nudge's turn starts\"; the mail was read back from the inbox at start)",
             human(latency)
         ));
         Ok(format!(
-            "nudged {} after fleetd listened again; fleet_poll returned bob's reply, fleet_ack \
+            "nudged {} after fleetd started again; fleet_poll returned bob's reply, fleet_ack \
              removed it",
             human(latency)
         ))

@@ -345,20 +345,31 @@ fn new_tab_with_pane(
     tab_label: Option<String>,
     spec: PaneSpec,
 ) -> Result<(usize, Arc<PaneRt>), (&'static str, String)> {
-    let (tab_id, pane_id, ws_id, ti) = {
+    let (tab_id, pane_id, ws_id) = {
         let mut topo = lock(&server.topo);
         let ti = topo.add_tab(ws, tab_label);
         let pane_id = topo.next_pane_id(ws);
         let ws_id = topo.workspaces[ws].id.clone();
-        (topo.workspaces[ws].tabs[ti].id.clone(), pane_id, ws_id, ti)
+        (topo.workspaces[ws].tabs[ti].id.clone(), pane_id, ws_id)
     };
     let pane = server
         .spawn_pane(&pane_id, &tab_id, &ws_id, spec)
         .map_err(|e| ("tab_create_failed", e.to_string()))?;
+    // herdr creates a tab and its pane in one step of its app loop (v0.8.2
+    // src/api/server.rs:379 answers each request there), so no other request sees the one
+    // without the other. Here the process spawns outside the lock, and a tab closed meanwhile
+    // (a pane's exit) moves the others' indexes: the new tab is found again by its id. (By
+    // index, a pane could land in no tab and be left out of every `pane.list` for good.)
     let mut topo = lock(&server.topo);
-    if let Some(tab) = topo.workspaces.get_mut(ws).and_then(|w| w.tabs.get_mut(ti)) {
-        tab.panes.push(pane_id.clone());
-    }
+    let Some((wi, ti)) = topo.tab_index(&tab_id) else {
+        drop(topo);
+        super::pane::kill_session(pane.shell_pid);
+        return Err((
+            "tab_create_failed",
+            format!("tab {tab_id} was closed while its pane started"),
+        ));
+    };
+    topo.workspaces[wi].tabs[ti].panes.push(pane_id.clone());
     topo.panes.insert(pane_id.clone(), Arc::clone(&pane));
     if topo.focused_pane.is_none() {
         topo.focused_pane = Some(pane_id);

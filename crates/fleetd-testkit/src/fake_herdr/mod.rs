@@ -66,6 +66,11 @@ pub struct Options {
     pub protocol: u32,
     /// Rows of every pane's screen.
     pub rows: u16,
+    /// Where to append a line for each agent status event once it is written to a
+    /// subscriber (`at_us`, wall clock µs; `pane_id`; `agent_status`): the moment herdr reported
+    /// a status (detection plus its subscription poll), for benchmarks that split a latency into
+    /// herdr's part and fleetd's.
+    pub status_log: Option<PathBuf>,
 }
 
 impl Options {
@@ -78,6 +83,7 @@ impl Options {
             version: VERSION.to_owned(),
             protocol: PROTOCOL,
             rows: pane::ROWS,
+            status_log: None,
         }
     }
 
@@ -370,6 +376,26 @@ async fn read_request_line(stream: &mut UnixStream) -> std::io::Result<Option<St
         if buf.len() > MAX_REQUEST_BYTES {
             return Ok(None);
         }
+    }
+}
+
+/// Appends one status report to the `--status-log` file.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the status log is compared with the agents' wall-clock logs"
+)]
+pub(super) fn log_status(path: &std::path::Path, pane_id: &str, status: impl serde::Serialize) {
+    use std::io::Write as _;
+    let at_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    let line = json!({ "at_us": at_us, "pane_id": pane_id, "agent_status": status });
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(file, "{line}");
     }
 }
 

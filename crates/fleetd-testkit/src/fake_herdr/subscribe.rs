@@ -12,8 +12,10 @@ use tokio::net::UnixStream;
 use super::api::{Request, error, find_pane, success};
 use super::{Server, lock};
 
-/// How often subscriptions look for new events (herdr polls too).
-const SUBSCRIPTION_POLL: Duration = Duration::from_millis(50);
+/// How often subscriptions look for new events: herdr 0.8.2 polls each subscription
+/// connection every `CONNECTION_POLL_INTERVAL`, 100 ms (src/api/server.rs:28, the loop at
+/// :724-741), so an event reaches a subscriber up to 100 ms after herdr detected it.
+const SUBSCRIPTION_POLL: Duration = Duration::from_millis(100);
 
 /// One active subscription.
 enum Sub {
@@ -122,6 +124,9 @@ pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: Un
             return;
         }
         let mut out = String::new();
+        // Status reports pushed in this round, for the `--status-log`: written once they are
+        // on the socket, the moment a subscriber can know.
+        let mut reported = Vec::new();
         let oldest = subs
             .iter()
             .map(|s| match s {
@@ -159,6 +164,7 @@ pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: Un
                             && filter.as_deref().is_none_or(|f| data["agent_status"] == f)
                         {
                             out.push_str(&format!("{}\n", status_event(data)));
+                            reported.push((pane_id.clone(), data["agent_status"].clone()));
                         }
                     }
                 }
@@ -166,6 +172,11 @@ pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: Un
         }
         if !out.is_empty() && write.write_all(out.as_bytes()).await.is_err() {
             return;
+        }
+        if let Some(path) = &server.opts.status_log {
+            for (pane_id, status) in reported {
+                super::log_status(path, &pane_id, status);
+            }
         }
         tokio::select! {
             // Any inbound byte or EOF means the client is gone.

@@ -9,7 +9,14 @@
 //!   `hang`, `block`, `dialog` (a dialog straight away, never working), `exit`, `call` (the task is `TOOL {json}`: call it, reply with the result),
 //!   `shell` (run the task with `sh -c` in the agent's own session, as an agent's shell tool does,
 //!   and reply with its exit status and output), `print` (run it the same way, show its output
-//!   in the pane and end the turn without replying); the last one repeats (default `reply`);
+//!   in the pane and end the turn without replying), `delegate` (hand the task to a member of
+//!   its own: `fleet_spawn` one from `SIM_AGENT_DELEGATE_PROFILE` named
+//!   `SIM_AGENT_DELEGATE_NAME` unless it exists, `fleet_send` it the task without waiting, end
+//!   the turn unanswered), `collect` (the prompt is a nudge: read every `fleet_poll(target="X")`
+//!   it names, acknowledge what it read, and reply `collected: ...` with the texts), `answer`
+//!   (the prompt is a nudge: answer every `fleet_answer(questionId="X", ...)` it names with
+//!   `SIM_AGENT_ANSWER`, default `yes`, and end the turn unanswered); the last one repeats
+//!   (default `reply`);
 //! - `--work-ms N` / `SIM_AGENT_WORK_MS`: how long a turn shows working (default 1500);
 //! - `--reply T` / `SIM_AGENT_REPLY`: reply text, `{prompt}` replaced (default `sim-agent did: {prompt}`);
 //! - `--question Q` / `SIM_AGENT_QUESTION`: the `fleet_ask` question (default `sim-agent asks about: {prompt}`);
@@ -67,6 +74,12 @@ pub enum Action {
     /// Run the task as a shell command line, show its output in the pane and end the turn
     /// without replying (what the turn-done fallback is for).
     Print,
+    /// Hand the task to a member of its own (spawned once) without waiting; end the turn.
+    Delegate,
+    /// Read and acknowledge the replies a nudge names; reply with them.
+    Collect,
+    /// Answer the questions a nudge names; end the turn.
+    Answer,
 }
 
 impl std::str::FromStr for Action {
@@ -83,6 +96,9 @@ impl std::str::FromStr for Action {
             "call" => Action::Call,
             "shell" => Action::Shell,
             "print" => Action::Print,
+            "delegate" => Action::Delegate,
+            "collect" => Action::Collect,
+            "answer" => Action::Answer,
             other => anyhow::bail!("unknown sim-agent action {other:?}"),
         })
     }
@@ -373,6 +389,9 @@ impl Agent {
                         self.say(&text).await;
                     }
                 }
+                Action::Delegate => self.delegate(&prompt).await,
+                Action::Collect => self.collect(&prompt).await,
+                Action::Answer => self.answer(&prompt).await,
                 Action::Silent | Action::Hang => {}
                 Action::Block | Action::Dialog => {
                     // Waiting on the person, not working: the title's spinner stops (herdr's
@@ -428,6 +447,71 @@ impl Agent {
         }
     }
 
+    /// `delegate`: its own member (spawned unless `fleet_list` has it) gets the task, and the
+    /// turn ends unanswered: fleetd nudges this agent when the member replies.
+    async fn delegate(&mut self, prompt: &str) {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let profile = env("SIM_AGENT_DELEGATE_PROFILE").unwrap_or_else(|| "sim".to_owned());
+        let name = env("SIM_AGENT_DELEGATE_NAME").unwrap_or_else(|| "sub".to_owned());
+        let listed = self.tool("fleet_list", json!({})).await;
+        let exists = listed
+            .as_ref()
+            .and_then(|l| l["structuredContent"]["members"].as_array())
+            .is_some_and(|m| m.iter().any(|m| m["target"] == name.as_str()));
+        if !exists {
+            self.tool("fleet_spawn", json!({ "profile": profile, "name": name }))
+                .await;
+        }
+        self.tool(
+            "fleet_send",
+            json!({ "target": name, "task": prompt, "wait": false }),
+        )
+        .await;
+    }
+
+    /// `collect`: the replies of every member the nudge names, read, acknowledged and passed
+    /// on in one reply (to the task still open: the one it delegated).
+    async fn collect(&mut self, prompt: &str) {
+        let mut texts = Vec::new();
+        for target in prompt.split("fleet_poll(target=\"").skip(1) {
+            let Some((target, _)) = target.split_once('"') else {
+                continue;
+            };
+            let polled = self.tool("fleet_poll", json!({ "target": target })).await;
+            let replies = polled
+                .as_ref()
+                .and_then(|p| p["structuredContent"]["replies"].as_array().cloned())
+                .unwrap_or_default();
+            let ids: Vec<Value> = replies.iter().map(|r| r["msgId"].clone()).collect();
+            texts.extend(
+                replies
+                    .iter()
+                    .filter_map(|r| r["text"].as_str().map(str::to_owned)),
+            );
+            if !ids.is_empty() {
+                self.tool("fleet_ack", json!({ "target": target, "msgIds": ids }))
+                    .await;
+            }
+        }
+        let text = format!("collected: {}", texts.join(" | "));
+        self.tool("fleet_reply", json!({ "text": text })).await;
+    }
+
+    /// `answer`: every question the nudge names answered with `SIM_AGENT_ANSWER`; the turn
+    /// ends unanswered (its own task waits on its members).
+    async fn answer(&mut self, prompt: &str) {
+        let text = std::env::var("SIM_AGENT_ANSWER")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "yes".to_owned());
+        for id in prompt.split("fleet_answer(questionId=\"").skip(1) {
+            if let Some((id, _)) = id.split_once('"') {
+                let args = json!({ "questionId": id, "answer": text });
+                self.tool("fleet_answer", args).await;
+            }
+        }
+    }
+
     /// Calls a tool; logs and shows the outcome. `None` without fleetd or on failure.
     /// Initializes the MCP session unless that already succeeded.
     async fn ensure_mcp(&mut self) {
@@ -455,7 +539,26 @@ impl Agent {
             );
             return None;
         };
-        match client.call_tool(name, arguments.clone()).await {
+        // Working while the tool runs, as an agent's spinner keeps turning during a tool call
+        // (a long one, like a fleet_spawn, would otherwise read as the turn's end).
+        let outcome = {
+            let call = client.call_tool(name, arguments.clone());
+            tokio::pin!(call);
+            let mut spinner = tokio::io::stdout();
+            let mut frame = 0usize;
+            loop {
+                tokio::select! {
+                    outcome = &mut call => break outcome,
+                    () = tokio::time::sleep(FRAME) => {
+                        frame += 1;
+                        let title = format!("\x1b]0;{} sim-agent working\x07", SPINNER[frame % SPINNER.len()]);
+                        let _ = spinner.write_all(title.as_bytes()).await;
+                        let _ = spinner.flush().await;
+                    }
+                }
+            }
+        };
+        match outcome {
             Ok(result) => {
                 self.log(&json!({ "event": "tool", "name": name, "arguments": arguments, "result": result }));
                 self.say(&format!("sim-agent: {name} ok\r\n")).await;

@@ -557,7 +557,13 @@ fn e2e_a_delegating_member_polls_the_tickets_it_sent_and_no_others() {
         sim_profile("sim", &[("SIM_AGENT_WORK_MS", "200")])
     ));
     rig.spawn("delegator", "dee");
-    rig.spawn("sim", "lux");
+    // dee's own member (a delegating member sends only within its subtree).
+    structured_ok(&member_calls(
+        &rig,
+        "dee",
+        "fleet_spawn",
+        &json!({ "profile": "sim", "name": "lux" }),
+    ));
     let sent = member_calls(
         &rig,
         "dee",

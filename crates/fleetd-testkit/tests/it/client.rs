@@ -248,6 +248,127 @@ fn e2e_cli_sends_reads_and_acknowledges() {
     assert_eq!(ok(&run(&["inbox", "alice"])), "alice: no replies waiting\n");
 }
 
+/// The operator's commands the dashboard also offers: `answer`, `tickets`, `stop`, and the
+/// sign-in link of `dashboard`; each in human and `--json` form, with exit 1 and the daemon's
+/// reason for a bad id.
+#[test]
+fn e2e_cli_answers_lists_tickets_stops_and_signs_in_a_browser() {
+    let Some(rig) = rig(&sim_profile(
+        "curious",
+        &[("SIM_AGENT_SCRIPT", "ask"), ("SIM_AGENT_WORK_MS", "200")],
+    )) else {
+        return;
+    };
+    rig.spawn("curious", "eve");
+    let run = |args: &[&str]| fleetd(rig.dir(), args);
+    let sent = json(&run(&["send", "eve", "deploy", "--json"]));
+    let ticket = sent["ticket"].as_str().expect("ticket").to_owned();
+
+    // tickets: the one sent, in both forms.
+    let listed = json(&run(&["tickets", "eve", "--json"]));
+    assert_eq!(listed["tickets"][0]["ticket"], ticket.as_str(), "{listed}");
+    let table = ok(&run(&["tickets"]));
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .expect("header")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["TICKET", "TARGET", "STATE", "AGE", "FINISHED", "CAUSE"]
+    );
+    assert!(table.contains(&ticket), "{table}");
+    let out = run(&["tickets", "nobody-here"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("unknown_target"), "{}", stderr(&out));
+
+    // answer: the question eve asked, by its id; eve's reply carries the answer.
+    let mut question = Value::Null;
+    wait_until("eve's question", Duration::from_secs(90), || {
+        let inbox = json(&run(&["inbox", "eve", "--json"]));
+        question = inbox["questions"][0].clone();
+        !question.is_null()
+    });
+    let id = question["questionId"].as_str().expect("id").to_owned();
+    let out = run(&["answer", "not/an id", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("not a question id"),
+        "{}",
+        stderr(&out)
+    );
+    let text = ok(&run(&["answer", &id, "use", "staging"]));
+    assert!(
+        text.starts_with(&format!("answered question {id}")),
+        "{text}"
+    );
+    let out = run(&["answer", &id, "again"]);
+    assert_eq!(out.status.code(), Some(1), "a question is answered once");
+    assert!(
+        stderr(&out).contains("unknown_question"),
+        "{}",
+        stderr(&out)
+    );
+    wait_until(
+        "eve's reply with the answer",
+        Duration::from_secs(90),
+        || {
+            let inbox = json(&run(&["inbox", "eve", "--json"]));
+            inbox["replies"].as_array().into_iter().flatten().any(|r| {
+                r["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("use staging"))
+            })
+        },
+    );
+    let listed = json(&run(&["tickets", "--json"]));
+    assert_eq!(listed["tickets"][0]["state"], "replied", "{listed}");
+
+    // answer --json: eve's next question, answered in the JSON form (the daemon's answer as it
+    // came: where the answer went).
+    run(&["send", "eve", "deploy again", "--json"]);
+    let mut next = String::new();
+    wait_until("eve's second question", Duration::from_secs(90), || {
+        let inbox = json(&run(&["inbox", "eve", "--json"]));
+        next = inbox["questions"][0]["questionId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        !next.is_empty() && next != id
+    });
+    let answered = json(&run(&["answer", &next, "use prod", "--json"]));
+    assert_eq!(answered["deliveredTo"], "waiter", "{answered}");
+    let out = run(&["answer", &next, "again", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "refused in the JSON form too");
+    let refused: Value = serde_json::from_str(stdout(&out).trim()).expect("the error body");
+    assert_eq!(refused["error"], "unknown_question", "{refused}");
+
+    // dashboard: a one-time link to this daemon.
+    let link = json(&run(&["dashboard", "--json"]));
+    let url = link["url"].as_str().expect("url");
+    assert!(
+        url.starts_with(&format!("http://{}/#key=", rig.daemon.addr)),
+        "{link}"
+    );
+    let human = ok(&run(&["dashboard"]));
+    assert!(human.contains("/#key="), "{human}");
+
+    // stop: fay in the JSON form, then eve in the human one; a second stop says there is no
+    // such member.
+    rig.spawn("curious", "fay");
+    let stopped = json(&run(&["stop", "fay", "--cause", "not needed", "--json"]));
+    assert_eq!(stopped["cause"], "not needed", "{stopped}");
+    assert_eq!(stopped["paneClosed"], true, "{stopped}");
+    let text = ok(&run(&["stop", "eve", "--cause", "done for today"]));
+    assert!(text.starts_with("stopped eve (done for today)"), "{text}");
+    let status = json(&run(&["status", "--json"]));
+    assert_eq!(status["members"], serde_json::json!([]), "{status}");
+    let out = run(&["stop", "eve"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("unknown_target"), "{}", stderr(&out));
+}
+
 #[test]
 fn e2e_cli_send_from_a_member_pane_is_refused() {
     // The member runs the CLI the way an agent's shell tool would: a child in its pane's

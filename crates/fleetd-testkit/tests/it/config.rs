@@ -68,6 +68,11 @@ fn bad_files_exit_1_with_the_reason() {
         ),
         ("types.yaml", "configReload: 7\n", "configReload"),
         ("syntax.yaml", "listen: [\n", "line"),
+        (
+            "user.yaml",
+            "gateway:\n  name: laptop\n  broker:\n    urls: [amqp://rmq:5672/fleet]\n    user: fleet-laptop\n",
+            "`gateway.broker.user`: the broker user \"fleet-laptop\" is not gateway.name \"laptop\"",
+        ),
     ];
     for (name, text, fragment) in cases {
         let file = write(home.path(), name, text);

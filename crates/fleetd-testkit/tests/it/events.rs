@@ -67,6 +67,28 @@ fn e2e_events_follow_the_fleet_and_resume_after_the_last_event_id() {
         "{seen:#?}"
     );
     assert!(states.contains(&"delivered".to_owned()), "{states:?}");
+    // The delivery says how long the task waited, and the latency record (the dashboard's
+    // last hour) has it.
+    let delivered = seen
+        .iter()
+        .find(|e| {
+            e.event == "ticket.state"
+                && e.data["ticket"] == ticket.as_str()
+                && e.data["state"] == "delivered"
+        })
+        .expect("delivered");
+    let waited = delivered.data["waited_ms"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("waited_ms: {:?}", delivered.data));
+    let record = fleetd_testkit::http::get(rig.daemon.operator(), "/events/latency")
+        .expect("/events/latency")
+        .json();
+    assert!(
+        record["delivery"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|s| s[1] == waited)),
+        "{record}"
+    );
     assert!(
         seen.iter()
             .any(|e| target_is(e, "member.status", "nia") && e.data["status"] == "working"),

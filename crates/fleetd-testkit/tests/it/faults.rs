@@ -1,8 +1,9 @@
-//! Fault tests with the built binary (issue 15): the state directory's disk fills up under a
+//! Fault tests with the built binary: the state directory's disk fills up under a
 //! running fleet. `/healthz` must say so (503, the store's error), nothing may be acknowledged
 //! that was not written, no task whose ticket could not be kept may be typed, and everything
 //! must come back when space returns. The state directory sits on a small tmpfs mounted for the
-//! test (root, or CAP_SYS_ADMIN, is needed to mount it).
+//! test (root, or CAP_SYS_ADMIN, is needed to mount it). And the tmux server dying under the
+//! daemon (killed, or crashed) and coming back on the same socket.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -203,4 +204,97 @@ fn e2e_a_full_state_disk_is_reported_keeps_nothing_unwritten_and_recovers() {
             },
         );
     }
+}
+
+/// How a test takes the tmux server away.
+#[derive(Debug, Clone, Copy)]
+enum TmuxDeath {
+    /// `tmux kill-server`, as a user would.
+    KillServer,
+    /// SIGKILL of the server process (a crash): its socket file stays behind.
+    Sigkill,
+}
+
+/// The tmux server dies under the running daemon (issue 17): fleetd lets the old server go (its
+/// control clients must not keep a dying server alive), says so on /healthz, and once a server
+/// is back on the same socket it serves the fleet again: a member spawned there works and
+/// replies, over a new control client.
+#[test]
+fn e2e_tmux_dying_under_fleetd_is_let_go_and_a_new_server_is_used() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    for death in [TmuxDeath::KillServer, TmuxDeath::Sigkill] {
+        tmux_dies_under_fleetd(death);
+    }
+}
+
+fn tmux_dies_under_fleetd(death: TmuxDeath) {
+    let mut rig = Rig::start(&format!("profiles:\n{}", sim_profile("sim", &[])));
+    let operator = rig.daemon.operator();
+    let ask = |tool: &str, args: &Value| structured_ok(&operator_call(&operator, tool, args));
+    // A member at work, so the daemon holds an event client on each session, and a reply.
+    ask("fleet_spawn", &json!({ "profile": "sim", "name": "ann" }));
+    let sent = ask("fleet_send", &json!({ "target": "ann", "task": "before" }));
+    assert_eq!(sent["status"], "replied", "{death:?}: {sent}");
+    let pid_of_server = || {
+        let out = rig
+            .tmux
+            .run(&["display-message", "-p", "#{pid}"])
+            .expect("tmux runs");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let old = pid_of_server();
+    assert!(!old.is_empty(), "{death:?}: the server's pid");
+    match death {
+        TmuxDeath::KillServer => {
+            let out = rig.tmux.run(&["kill-server"]).expect("kill-server");
+            assert!(out.status.success(), "{out:?}");
+        }
+        TmuxDeath::Sigkill => {
+            let status = Command::new("kill")
+                .args(["-KILL", &old])
+                .status()
+                .expect("kill runs");
+            assert!(status.success());
+        }
+    }
+    // Gone for good: not held up by the daemon reconnecting to it while it exits.
+    wait_until(
+        &format!("the old tmux server ({death:?}) to exit"),
+        Duration::from_secs(15),
+        || !Path::new(&format!("/proc/{old}")).exists(),
+    );
+    wait_until(
+        &format!("/healthz to say the multiplexer is down ({death:?})"),
+        Duration::from_secs(30),
+        || healthz(&rig).0 == 503,
+    );
+    // tmux is back on the same socket.
+    let out = rig
+        .tmux
+        .run(&["new-session", "-d", "-s", "base", "-x", "200", "-y", "50"])
+        .expect("tmux runs");
+    assert!(out.status.success(), "restart tmux: {out:?}");
+    assert_ne!(pid_of_server(), old);
+    // ann's pane went with the old server: the new one's listing lacks it, and she is released.
+    wait_until("ann released", Duration::from_secs(30), || {
+        ask("fleet_list", &json!({}))["members"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+    });
+    wait_until(
+        &format!("/healthz healthy again ({death:?})"),
+        Duration::from_secs(30),
+        || healthz(&rig).0 == 200,
+    );
+    ask("fleet_spawn", &json!({ "profile": "sim", "name": "bob" }));
+    let sent = ask("fleet_send", &json!({ "target": "bob", "task": "after" }));
+    assert_eq!(sent["status"], "replied", "{death:?}: {sent}");
+    assert_eq!(sent["reply"], "sim-agent did: after", "{death:?}: {sent}");
+    rig.daemon.wait_for_log(
+        "a control client on the new server",
+        Duration::from_secs(30),
+        |l| l.contains("tmux control client attached") && !l.contains("\"generation\":1"),
+    );
 }

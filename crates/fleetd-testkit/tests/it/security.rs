@@ -137,10 +137,11 @@ fn e2e_security_rest_and_mcp_follow_one_policy_for_anonymous_callers_and_web_pag
     assert_eq!(http::get(addr, "/metrics").expect("metrics").status, 200);
     let task = r#"{"task":"forged","wait":false}"#;
     let ack = format!("/sessions/alice/replies/{id}/ack");
-    let attempts: [(&str, &str, Option<&str>); 7] = [
+    let attempts: [(&str, &str, Option<&str>); 8] = [
         ("GET", "/sessions/alice", None),
         // The event stream shows the whole fleet: leads and the operator only.
         ("GET", "/events", None),
+        ("GET", "/events/latency", None),
         ("GET", "/sessions/alice/replies", None),
         ("POST", "/sessions/alice/replies/drain", None),
         ("POST", &ack, None),
@@ -256,13 +257,15 @@ fn e2e_security_rest_and_mcp_follow_one_policy_for_anonymous_callers_and_web_pag
         (403, "foreign_origin")
     );
     // Another site's `EventSource`: refused before any event, even with the token.
-    let answer = http::request_with(addr, "GET", "/events", &origin, None).expect("answers");
-    assert_eq!(
-        (answer.status, answer.error_code().as_str()),
-        (403, "foreign_origin"),
-        "cross-site GET /events: {}",
-        answer.body
-    );
+    for path in ["/events", "/events/latency"] {
+        let answer = http::request_with(addr, "GET", path, &origin, None).expect("answers");
+        assert_eq!(
+            (answer.status, answer.error_code().as_str()),
+            (403, "foreign_origin"),
+            "cross-site GET {path}: {}",
+            answer.body
+        );
+    }
     assert_eq!(fleet_state(&rig), before, "nothing changed in any inbox");
 }
 
@@ -295,15 +298,16 @@ fn e2e_security_a_member_can_use_no_lead_door() {
         format!("{m} --http POST /sessions/alice/replies/{id}/ack"),
         format!("{m} --http POST /sessions/alice/tasks '{{\"task\":\"forged\"}}'"),
         format!("{m} --http GET /events"),
+        format!("{m} --http GET /events/latency"),
         format!("{} inbox alice", bin_path("fleetd").display()),
     ]
     .join(" ; ");
     let answers = run_in(&rig, "mallory", &line);
-    let codes: Vec<String> = answers.iter().take(9).map(code).collect();
-    assert_eq!(codes, vec!["not_a_lead"; 9], "{answers:#?}");
+    let codes: Vec<String> = answers.iter().take(10).map(code).collect();
+    assert_eq!(codes, vec!["not_a_lead"; 10], "{answers:#?}");
     let cli = answers
         .iter()
-        .skip(9)
+        .skip(10)
         .map(|v| v.as_str().unwrap_or_default().to_owned())
         .collect::<Vec<_>>()
         .join("\n");
@@ -544,6 +548,7 @@ fn e2e_security_another_uid_is_anonymous_unless_it_has_the_token() {
     assert_eq!(listed["status"], 200, "{listed}");
     for args in [
         vec!["--http", "GET", "/events"],
+        vec!["--http", "GET", "/events/latency"],
         vec!["--http", "GET", "/sessions/alice/replies"],
         vec!["--http", "POST", "/sessions/alice/replies/drain"],
         vec!["--http", "POST", ack.as_str()],
@@ -820,4 +825,236 @@ fn e2e_security_state_is_owner_only_and_a_loose_one_is_tightened() {
         let out = as_nobody("ls", &[&state.display().to_string()], &[]).expect("root");
         assert!(!out.status.success(), "nobody listed the state directory");
     }
+}
+
+/// The dashboard's doors and the operator routes it uses (`/dashboard/keys`, the sign-in, the
+/// session cookie, `/questions`, an answer, a stop, `/tickets`), tried by an anonymous process,
+/// a member's agent, another uid and a web page: each refused, nothing changed. The operator's
+/// key works once; the cookie it buys is `HttpOnly` and `SameSite=Strict`, counts only from
+/// fleetd's own page, and stops counting at sign-out; a forged one is nothing.
+#[test]
+fn e2e_security_dashboard_sign_in_and_operator_routes_are_the_operators_alone() {
+    let Some((rig, id)) = rig_with_mail("") else {
+        return;
+    };
+    let before = fleet_state(&rig);
+    let addr = rig.daemon.addr;
+    let operator = rig.daemon.operator();
+    let ack = format!("/sessions/alice/replies/{id}/ack");
+    let doors: [(&str, &str, Option<&str>); 6] = [
+        ("POST", "/dashboard/keys", None),
+        ("GET", "/questions", None),
+        (
+            "POST",
+            "/questions/q-1/answer",
+            Some(r#"{"answer":"forged"}"#),
+        ),
+        ("POST", "/sessions/alice/stop", None),
+        ("GET", "/tickets", None),
+        ("POST", ack.as_str(), None),
+    ];
+
+    // An anonymous process (this test, in no pane, no token).
+    for (method, path, body) in doors {
+        let answer = http::request(addr, method, path, body).expect("answers");
+        let expected = if path == "/dashboard/keys" {
+            "not_the_operator"
+        } else {
+            "anonymous_caller"
+        };
+        assert_eq!(
+            (answer.status, answer.error_code().as_str()),
+            (403, expected),
+            "anonymous {method} {path}: {}",
+            answer.body
+        );
+    }
+    // A web page: refused for its origin before anything else, even holding the token.
+    let bearer = format!("Bearer {TOKEN}");
+    for (method, path, body) in doors.iter().filter(|(m, ..)| *m == "POST") {
+        let answer = http::request_with(
+            addr,
+            method,
+            path,
+            &[
+                ("Origin", "http://evil.example"),
+                ("Authorization", &bearer),
+            ],
+            *body,
+        )
+        .expect("answers");
+        assert_eq!(
+            (answer.status, answer.error_code().as_str()),
+            (403, "foreign_origin"),
+            "cross-site {method} {path}: {}",
+            answer.body
+        );
+    }
+    // A member's agent, with its shell tool.
+    let m = mcp_call();
+    let line = doors
+        .iter()
+        .map(|(method, path, body)| format!("{m} --http {method} {path} '{}'", body.unwrap_or("")))
+        .collect::<Vec<_>>()
+        .join(" ; ");
+    let answers = run_in(&rig, "mallory", &line);
+    let codes: Vec<String> = answers.iter().map(code).collect();
+    assert_eq!(
+        codes,
+        [
+            "not_the_operator",
+            "not_a_lead",
+            "not_a_lead",
+            "not_a_lead",
+            "not_a_lead",
+            "not_a_lead"
+        ],
+        "{answers:#?}"
+    );
+    // Another uid.
+    let reachable = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(reachable.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let copy = reachable.path().join("mcp-call");
+    std::fs::copy(bin_path("mcp-call"), &copy).expect("copy");
+    let url = format!("http://{addr}");
+    for (method, path, body) in doors {
+        let Some(out) = as_nobody(
+            &copy.display().to_string(),
+            &["--http", method, path, body.unwrap_or("")],
+            &[("FLEETD_URL", &url)],
+        ) else {
+            return;
+        };
+        let answer: Value =
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+        let expected = if path == "/dashboard/keys" {
+            "not_the_operator"
+        } else {
+            "anonymous_caller"
+        };
+        assert_eq!(
+            code(&answer),
+            expected,
+            "another uid {method} {path}: {answer}"
+        );
+    }
+
+    // The operator's key, traded once for a session.
+    let key = http::request(&operator, "POST", "/dashboard/keys", None)
+        .expect("a key")
+        .json()["key"]
+        .as_str()
+        .expect("key")
+        .to_owned();
+    let login = format!(r#"{{"key":"{key}"}}"#);
+    let signed = http::request(addr, "POST", "/dashboard/login", Some(&login)).expect("login");
+    assert_eq!(signed.status, 200, "{}", signed.body);
+    let set = signed.headers("set-cookie").join("\n");
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(set.contains(attribute), "{attribute} in {set}");
+    }
+    let session = set
+        .split(';')
+        .next()
+        .and_then(|pair| pair.strip_prefix("fleetd_session="))
+        .expect("the session cookie")
+        .to_owned();
+    let again = http::request(addr, "POST", "/dashboard/login", Some(&login)).expect("login");
+    assert_eq!(
+        (again.status, again.error_code().as_str()),
+        (401, "bad_credential"),
+        "a key works once"
+    );
+    let wrong_token = http::request(
+        addr,
+        "POST",
+        "/dashboard/login",
+        Some(r#"{"token":"guess"}"#),
+    )
+    .expect("login");
+    assert_eq!(wrong_token.error_code(), "bad_credential");
+    // The API token itself signs a browser in (how one on another host does).
+    let by_token = http::request(
+        addr,
+        "POST",
+        "/dashboard/login",
+        Some(&format!(r#"{{"token":"{TOKEN}"}}"#)),
+    )
+    .expect("login");
+    assert_eq!(by_token.status, 200, "{}", by_token.body);
+    assert!(
+        by_token
+            .headers("set-cookie")
+            .iter()
+            .any(|c| c.starts_with("fleetd_session=") && c.contains("HttpOnly")),
+        "{}",
+        by_token.head
+    );
+
+    let cookie = format!("fleetd_session={session}");
+    let with = |extra: &[(&str, &str)]| {
+        let mut headers = vec![("Cookie", cookie.as_str())];
+        headers.extend_from_slice(extra);
+        http::request_with(addr, "GET", "/sessions/alice/replies", &headers, None).expect("answers")
+    };
+    assert_eq!(with(&[]).status, 200, "the session is the operator's");
+    assert_eq!(
+        with(&[("Sec-Fetch-Site", "same-origin")]).status,
+        200,
+        "from fleetd's own page"
+    );
+    for site in ["same-site", "cross-site"] {
+        let answer = with(&[("Sec-Fetch-Site", site)]);
+        assert_eq!(
+            (answer.status, answer.error_code().as_str()),
+            (403, "anonymous_caller"),
+            "a {site} request gets nothing from the cookie"
+        );
+    }
+    let forged = http::request_with(
+        addr,
+        "GET",
+        "/sessions/alice/replies",
+        &[("Cookie", "fleetd_session=00ff")],
+        None,
+    )
+    .expect("answers");
+    assert_eq!(forged.error_code(), "anonymous_caller", "a forged cookie");
+    let cross = http::request_with(
+        addr,
+        "POST",
+        &ack,
+        &[("Cookie", &cookie), ("Origin", "http://127.0.0.1:1")],
+        None,
+    )
+    .expect("answers");
+    assert_eq!(
+        (cross.status, cross.error_code().as_str()),
+        (403, "foreign_origin"),
+        "another port is another site"
+    );
+    // A member holding a session is still the member.
+    let answers = run_in(
+        &rig,
+        "mallory",
+        &format!("{m} --http --header 'Cookie:{cookie}' GET /sessions/alice/replies"),
+    );
+    assert_eq!(code(&answers[0]), "not_a_lead", "{answers:#?}");
+
+    let out = http::request_with(
+        addr,
+        "POST",
+        "/dashboard/logout",
+        &[("Cookie", &cookie)],
+        None,
+    )
+    .expect("logout");
+    assert_eq!(out.status, 200);
+    assert_eq!(
+        with(&[]).error_code(),
+        "anonymous_caller",
+        "signed out, the cookie is nothing"
+    );
+    assert_eq!(fleet_state(&rig), before, "nothing changed in any inbox");
 }

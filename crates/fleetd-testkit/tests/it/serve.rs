@@ -172,6 +172,52 @@ fn non_loopback_listen_without_token_is_refused() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("apiToken"));
 }
 
+/// Listening on one outside address, members (whose `FLEETD_URL` is that address) could never
+/// be identified: fleetd says so at start and names the fix.
+#[test]
+fn one_outside_listen_address_is_warned_about_for_members() {
+    let Some(ip) = std::process::Command::new("hostname")
+        .arg("-I")
+        .output()
+        .ok()
+        .and_then(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .filter_map(|a| a.parse::<std::net::IpAddr>().ok())
+                .find(|a| a.is_ipv4() && !a.is_loopback())
+        })
+    else {
+        assert!(
+            fleetd_testkit::require(
+                "a non-loopback address",
+                false,
+                "give the machine a network interface with an IPv4 address (hostname -I lists none)",
+            ) == fleetd_testkit::Service::Skip
+        );
+        return;
+    };
+    let home = tempfile::tempdir().expect("tempdir");
+    let token = home.path().join("token");
+    std::fs::write(&token, "outside-token").expect("token");
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("owner-only");
+    fleetd_testkit::daemon::write_config(
+        home.path(),
+        &format!(
+            "{}apiToken: api\nsecrets:\n  api:\n    file: {}\n",
+            fleetd_testkit::daemon::isolated_config(home.path()),
+            token.display()
+        ),
+    );
+    let mut daemon = Daemon::start_on(home.path(), &format!("{ip}:0"), &[]);
+    fleetd_testkit::wait_until("the warning", Duration::from_secs(20), || {
+        daemon
+            .logs_so_far()
+            .iter()
+            .any(|l| l.contains("listening on one outside address only") && l.contains("0.0.0.0"))
+    });
+}
+
 #[tokio::test]
 async fn run_serves_in_process_until_shutdown() {
     let home = tempfile::tempdir().expect("tempdir");

@@ -36,15 +36,16 @@ fn e2e_herdr_spawn_starts_a_known_agent_kind_with_agent_start() {
         argv0, "claude",
         "herdr typed the canonical executable: {info}"
     );
-    let agents = rig.call("agent.list", &json!({}));
-    assert!(
+    // herdr detects the agent by its process on a poll of its own, which may come after
+    // fleetd found the member ready (its own reading of the pane, and its MCP session).
+    wait_until("herdr lists ann's claude", Duration::from_secs(30), || {
+        let agents = rig.call("agent.list", &json!({}));
         agents["agents"]
             .as_array()
             .into_iter()
             .flatten()
-            .any(|a| a["pane_id"] == pane.as_str() && a["agent"] == "claude"),
-        "{agents}"
-    );
+            .any(|a| a["pane_id"] == pane.as_str() && a["agent"] == "claude")
+    });
     rig.call_from(
         &lead,
         r#"fleet_send {"target":"ann","task":"hello","wait":false}"#,

@@ -54,6 +54,27 @@ pub enum Request {
         /// The reply.
         msg_id: String,
     },
+    /// Answer an open question.
+    Answer {
+        /// The question.
+        question_id: String,
+        /// The answer.
+        text: String,
+    },
+    /// Stop a member.
+    Stop {
+        /// The member.
+        target: String,
+        /// Why.
+        cause: Option<String>,
+    },
+    /// The recent tickets, of one member or all.
+    Tickets {
+        /// Only this member's.
+        target: Option<String>,
+    },
+    /// A one-time dashboard sign-in link.
+    Dashboard,
     /// Hand a task to a member.
     Send {
         /// The member.
@@ -171,6 +192,12 @@ pub async fn run(
         Request::Inbox { target, .. } => render_inbox(target, &answer.body, out)?,
         Request::Ack { target, .. } => render_ack(target, &answer.body, out)?,
         Request::Send { target, .. } => render_send(target, &answer.body, out)?,
+        Request::Answer { question_id, .. } => render_answer(question_id, &answer.body, out)?,
+        Request::Stop { target, .. } => render_stop(target, &answer.body, out)?,
+        Request::Tickets { target } => {
+            render_tickets(target.as_deref(), &answer.body, now(), out)?;
+        }
+        Request::Dashboard => render_dashboard(&answer.body, out)?,
     }
     Ok(settled_ok(request, &answer.body))
 }
@@ -213,6 +240,49 @@ fn route(
             let path = format!("/sessions/{t}/replies/{id}/ack");
             (http::Method::POST, path, None, QUICK_TIMEOUT)
         }
+        Request::Answer { question_id, text } => {
+            if question_id.is_empty()
+                || !question_id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(ClientError::Argument(format!(
+                    "{question_id:?} is not a question id: `fleetd watch` or the dashboard shows them (letters, digits and dashes)"
+                )));
+            }
+            (
+                http::Method::POST,
+                format!("/questions/{question_id}/answer"),
+                Some(json!({ "answer": text })),
+                QUICK_TIMEOUT,
+            )
+        }
+        Request::Stop {
+            target: name,
+            cause,
+        } => {
+            let t = target(name)?;
+            let body = cause.as_ref().map(|c| json!({ "cause": c }));
+            (
+                http::Method::POST,
+                format!("/sessions/{t}/stop"),
+                body,
+                QUICK_TIMEOUT,
+            )
+        }
+        Request::Tickets { target: name } => {
+            let path = match name {
+                Some(name) => format!("/tickets?target={}", target(name)?),
+                None => "/tickets".to_owned(),
+            };
+            (http::Method::GET, path, None, QUICK_TIMEOUT)
+        }
+        Request::Dashboard => (
+            http::Method::POST,
+            "/dashboard/keys".to_owned(),
+            None,
+            QUICK_TIMEOUT,
+        ),
         Request::Send {
             target: name,
             task,
@@ -259,11 +329,22 @@ fn render_status(body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
     let header = [
         "TARGET", "PROFILE", "PANE", "STATUS", "INBOX", "OPEN", "LEAD",
     ];
-    let rows: Vec<[String; 7]> = members
-        .iter()
+    let rows: Vec<[String; 7]> = tree_order(members)
+        .into_iter()
         .map(|m| {
+            // A member a member delegated to sits under it, one step in per level.
+            let depth = m["depth"].as_u64().unwrap_or(1).max(1);
+            let indent = usize::try_from(depth - 1).unwrap_or(0);
+            let name = if indent == 0 {
+                text(m, "target").to_owned()
+            } else {
+                format!("{}└─{}", "  ".repeat(indent - 1), text(m, "target"))
+            };
+            let lead = m["delegator"]
+                .as_str()
+                .map_or_else(|| text(m, "lead").to_owned(), |d| format!("member {d}"));
             [
-                text(m, "target").to_owned(),
+                name,
                 text(m, "profile").to_owned(),
                 text(m, "paneId").to_owned(),
                 text(m, "status").to_owned(),
@@ -271,29 +352,33 @@ fn render_status(body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
                     .as_u64()
                     .map_or_else(|| "?".to_owned(), |d| d.to_string()),
                 m["openTickets"].as_array().map_or(0, Vec::len).to_string(),
-                text(m, "lead").to_owned(),
+                lead,
             ]
         })
         .collect();
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+    table(&header, &rows, out)
+}
+
+/// Members in tree order: each one a lead delegated to, then the members under it, depth
+/// first.
+fn tree_order(members: &[Value]) -> Vec<&Value> {
+    fn under<'a>(up: Option<&str>, members: &'a [Value], out: &mut Vec<&'a Value>, walked: usize) {
+        for m in members.iter().filter(|m| m["delegator"].as_str() == up) {
+            out.push(m);
+            if walked < 16 {
+                under(m["target"].as_str(), members, out, walked + 1);
+            }
         }
     }
-    let line = |cells: &[&str]| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        padded.join("  ").trim_end().to_owned()
-    };
-    writeln!(out, "{}", line(&header))?;
-    for row in &rows {
-        writeln!(out, "{}", line(&row.each_ref().map(String::as_str)))?;
+    let mut out = Vec::with_capacity(members.len());
+    under(None, members, &mut out, 0);
+    // One whose delegator is not listed (it was released a moment ago) still shows.
+    for m in members {
+        if !out.iter().any(|o| std::ptr::eq(*o, m)) {
+            out.push(m);
+        }
     }
-    Ok(())
+    out
 }
 
 fn render_inbox(target: &str, body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
@@ -362,6 +447,127 @@ fn render_send(target: &str, body: &Value, out: &mut dyn Write) -> std::io::Resu
             "ticket {ticket} {status}: {target} did not take the task; `fleetd status` shows the member"
         ),
     }
+}
+
+fn render_answer(question_id: &str, body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
+    match body["deliveredTo"].as_str() {
+        Some("waiter") => writeln!(
+            out,
+            "answered question {question_id}: the member was waiting and has it now"
+        ),
+        Some("gateway") => writeln!(
+            out,
+            "answered question {question_id}: the answer is on its way to the member's gateway"
+        ),
+        Some(_) => writeln!(
+            out,
+            "answered question {question_id}: the member had stopped waiting, so the answer goes to it as a task"
+        ),
+        None => writeln!(out, "answered question {question_id}"),
+    }
+}
+
+fn render_stop(target: &str, body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "stopped {target} ({}); its open tickets are cancelled, the replies it sent stay in its inbox (`fleetd inbox {target}`)",
+        text(body, "cause")
+    )?;
+    if body["paneClosed"] == false {
+        writeln!(
+            out,
+            "its pane {} did not close: close it by hand",
+            text(body, "paneId")
+        )?;
+    }
+    Ok(())
+}
+
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a display: ticket ages are read against this machine's clock"
+)]
+fn now() -> jiff::Timestamp {
+    jiff::Timestamp::now()
+}
+
+fn render_tickets(
+    target: Option<&str>,
+    body: &Value,
+    now: jiff::Timestamp,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let tickets = body["tickets"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    if tickets.is_empty() {
+        return match target {
+            Some(t) => writeln!(out, "{t}: no tickets yet (`fleetd send {t} ...` opens one)"),
+            None => writeln!(out, "no tickets yet"),
+        };
+    }
+    let age = |key: &str, t: &Value| {
+        t[key]
+            .as_str()
+            .and_then(|at| at.parse::<jiff::Timestamp>().ok())
+            .and_then(|at| u64::try_from(now.as_millisecond() - at.as_millisecond()).ok())
+            .map_or_else(
+                || "-".to_owned(),
+                |ms| watch::human(Duration::from_millis(ms)),
+            )
+    };
+    let header = ["TICKET", "TARGET", "STATE", "AGE", "FINISHED", "CAUSE"];
+    let rows: Vec<[String; 6]> = tickets
+        .iter()
+        .map(|t| {
+            [
+                text(t, "ticket").to_owned(),
+                text(t, "target").to_owned(),
+                text(t, "state").to_owned(),
+                age("createdAt", t),
+                t["finishedAt"].as_str().map_or_else(
+                    || "-".to_owned(),
+                    |_| format!("{} ago", age("finishedAt", t)),
+                ),
+                text(t, "cause").to_owned(),
+            ]
+        })
+        .collect();
+    table(&header, &rows, out)
+}
+
+fn render_dashboard(body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "open this link in a browser on this machine within {} s (it works once):\n{}",
+        body["expiresInSeconds"].as_u64().unwrap_or(120),
+        text(body, "url")
+    )
+}
+
+/// Writes `rows` under `header` as aligned columns.
+fn table<const N: usize>(
+    header: &[&str; N],
+    rows: &[[String; N]],
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[&str]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        padded.join("  ").trim_end().to_owned()
+    };
+    writeln!(out, "{}", line(header))?;
+    for row in rows {
+        writeln!(out, "{}", line(&row.each_ref().map(String::as_str)))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -232,6 +232,11 @@ fn summary(event: &SseEvent) -> String {
                 .map(|t| format!(", ticket {}", short(t)))
                 .unwrap_or_default()
         ),
+        "inbox.depth" => format!(
+            "{} has {} replies waiting",
+            s("target"),
+            d["depth"].as_u64().unwrap_or(0)
+        ),
         "question.opened" => format!("{} asks (question {})", s("target"), s("question_id")),
         "question.closed" => format!(
             "{}'s question {} {}",
@@ -265,7 +270,7 @@ fn ticket_age(ticket: &str, now_ms: i64) -> Option<Duration> {
         .map(Duration::from_millis)
 }
 
-fn human(d: Duration) -> String {
+pub(super) fn human(d: Duration) -> String {
     let s = d.as_secs();
     match s {
         0..60 => format!("{s}s"),

@@ -46,6 +46,9 @@ const KEYS: &[(&str, KeyClass)] = &[
     ("delivery", KeyClass::Live),
     // Read by the engine on each submit and question; a reload applies to what comes next.
     ("limits", KeyClass::Live),
+    // Read by the engine on each spawn and send.
+    ("maxDelegationDepth", KeyClass::Live),
+    ("maxMembersPerLead", KeyClass::Live),
     // Read by every door as a connection arrives; open connections keep their timeouts.
     ("connections", KeyClass::Live),
     ("profiles", KeyClass::Live),
@@ -53,6 +56,8 @@ const KEYS: &[(&str, KeyClass)] = &[
     ("secrets", KeyClass::Live),
     ("configReload", KeyClass::Live),
     ("log.format", KeyClass::BootOnly),
+    // The broker link and its consumer are set up once, at start.
+    ("gateway", KeyClass::BootOnly),
     ("log.level", KeyClass::Live),
 ];
 
@@ -121,7 +126,16 @@ impl ConfigDiff {
             ("tickets", old.tickets != new.tickets),
             ("delivery", old.delivery != new.delivery),
             ("limits", old.limits != new.limits),
+            (
+                "maxDelegationDepth",
+                old.max_delegation_depth != new.max_delegation_depth,
+            ),
+            (
+                "maxMembersPerLead",
+                old.max_members_per_lead != new.max_members_per_lead,
+            ),
             ("connections", old.connections != new.connections),
+            ("gateway", old.gateway != new.gateway),
         ];
         let mut changes: Vec<Change> = flat
             .into_iter()

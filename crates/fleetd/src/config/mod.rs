@@ -3,7 +3,9 @@
 //! must not open sockets or stores, and never reads a secret's value.
 
 mod connections;
+mod delegation;
 mod diff;
+mod gateway;
 mod live;
 mod raw;
 mod validate;
@@ -85,6 +87,8 @@ pub struct Environment {
     pub herdr_socket_path: Option<PathBuf>,
     /// `$HERDR_SESSION`.
     pub herdr_session: Option<String>,
+    /// The machine's host name, up to its first dot (`uname`): a gateway's default name.
+    pub hostname: Option<String>,
 }
 
 impl Environment {
@@ -103,6 +107,13 @@ impl Environment {
             herdr_session: std::env::var("HERDR_SESSION")
                 .ok()
                 .filter(|v| !v.is_empty()),
+            hostname: rustix::system::uname()
+                .nodename()
+                .to_str()
+                .ok()
+                .and_then(|n| n.split('.').next())
+                .filter(|n| !n.is_empty())
+                .map(str::to_lowercase),
         }
     }
 
@@ -207,6 +218,12 @@ pub struct Config {
     pub delivery: Delivery,
     /// Per-member caps.
     pub limits: Limits,
+    /// How deep a delegation tree may grow: a lead is depth 0, its members 1, theirs 2; a
+    /// member at this depth may not spawn or send (SPEC §7).
+    pub max_delegation_depth: u64,
+    /// Most members bound to one lead (or delegating member) at once; a spawn beyond it is
+    /// refused.
+    pub max_members_per_lead: u64,
     /// Connection limits of every door.
     pub connections: Connections,
     /// Member profiles by name.
@@ -219,6 +236,67 @@ pub struct Config {
     pub config_reload: bool,
     /// Logging.
     pub log: Log,
+    /// This fleetd as one gateway of a multi-host fleet; `None`: a fleet on this host alone.
+    /// Boot-only.
+    pub gateway: Option<Gateway>,
+}
+
+/// `gateway:` (SPEC §12).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Gateway {
+    /// This gateway's name (also its broker user unless `broker.user` says otherwise).
+    pub name: fleetd_core::gateway::GatewayName,
+    /// The shared broker.
+    pub broker: GatewayBroker,
+    /// What each other gateway may ask of this one (default: nothing).
+    pub peers: BTreeMap<String, Vec<PeerRight>>,
+    /// How often this gateway broadcasts its members and profiles to the others, in seconds; a
+    /// peer silent for three of its intervals is shown unreachable.
+    pub presence_interval_secs: u64,
+    /// Messages waiting in the outbox for the broker beyond which `/healthz` is degraded and
+    /// the log warns (a link down too long, or a peer's queue full).
+    pub outbox_alarm: u64,
+}
+
+/// `gateway.broker:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayBroker {
+    /// Broker URLs (`amqp://host:5672/vhost`), tried in turn; no credentials in them.
+    pub urls: Vec<String>,
+    /// The broker user: always the gateway's name (a `user:` that differs is refused).
+    pub user: String,
+    /// The secret holding its password.
+    pub password_secret: Option<String>,
+    /// AMQP heartbeat: a link that carries nothing this long is found dead.
+    pub heartbeat_secs: u64,
+    /// TLS settings for `amqps://` URLs (`None`: not written; an `amqps://` URL then trusts the
+    /// system's roots).
+    pub tls: Option<GatewayTls>,
+}
+
+/// `gateway.broker.tls:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayTls {
+    /// The PEM bundle of the CAs the broker's certificate must chain to, and the only ones
+    /// trusted; `None`: the system's roots. Read once, at start.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// What another gateway may ask of this one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PeerRight {
+    /// Hand its tasks to this gateway's members.
+    Send,
+    /// Spawn members here.
+    Spawn,
+    /// Stop members here.
+    Stop,
+    /// Answer this gateway's members' questions.
+    Answer,
 }
 
 /// `primary:`.
@@ -370,6 +448,21 @@ pub struct Profile {
     pub allow_delegation: bool,
     /// Extra environment for the member's process.
     pub env: BTreeMap<String, String>,
+    /// A git worktree per member, when set.
+    pub worktree: Option<Worktree>,
+}
+
+/// A profile's `worktree:` (SPEC §7): at spawn, `git worktree add` on a new branch for the
+/// member; it starts there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Worktree {
+    /// The repository to branch from; `None`: the lead pane's directory.
+    pub repo: Option<PathBuf>,
+    /// The branch is this followed by the member's name (default `fleet/`).
+    pub branch_prefix: String,
+    /// What the branch starts from; `None`: the repository's `HEAD`.
+    pub base: Option<String>,
 }
 
 /// A model backend.

@@ -30,12 +30,51 @@ pub(crate) struct RawConfig {
     pub(crate) tickets: Option<RawTickets>,
     pub(crate) delivery: Option<RawDelivery>,
     pub(crate) limits: Option<RawLimits>,
+    pub(crate) max_delegation_depth: Option<At<u64>>,
+    pub(crate) max_members_per_lead: Option<At<u64>>,
     pub(crate) connections: Option<RawConnections>,
     pub(crate) profiles: Option<BTreeMap<String, At<RawProfile>>>,
     pub(crate) backends: Option<BTreeMap<String, At<RawBackend>>>,
     pub(crate) secrets: Option<BTreeMap<String, At<RawSecret>>>,
     pub(crate) config_reload: Option<bool>,
     pub(crate) log: Option<RawLog>,
+    pub(crate) gateway: Option<At<RawGateway>>,
+}
+
+/// `gateway:` — this fleetd as one host of a multi-host fleet (SPEC §12).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawGateway {
+    pub(crate) name: Option<At<String>>,
+    pub(crate) broker: Option<At<RawBroker>>,
+    pub(crate) peers: Option<BTreeMap<String, At<RawPeer>>>,
+    pub(crate) presence_interval_secs: Option<At<u64>>,
+    pub(crate) outbox_alarm: Option<At<u64>>,
+}
+
+/// `gateway.broker:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawBroker {
+    pub(crate) urls: Option<Vec<At<String>>>,
+    pub(crate) user: Option<At<String>>,
+    pub(crate) password_secret: Option<At<String>>,
+    pub(crate) heartbeat_secs: Option<At<u64>>,
+    pub(crate) tls: Option<At<RawBrokerTls>>,
+}
+
+/// `gateway.broker.tls:` — how an `amqps://` broker proves itself.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawBrokerTls {
+    pub(crate) ca_file: Option<At<PathBuf>>,
+}
+
+/// One entry of `gateway.peers:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawPeer {
+    pub(crate) allow: Option<Vec<At<String>>>,
 }
 
 /// Which multiplexer drives the panes.
@@ -145,6 +184,16 @@ pub(crate) struct RawProfile {
     pub(crate) idle_timeout_secs: Option<u64>,
     pub(crate) allow_delegation: Option<bool>,
     pub(crate) env: Option<BTreeMap<String, String>>,
+    pub(crate) worktree: Option<At<RawWorktree>>,
+}
+
+/// A profile's `worktree:` — each member gets a git worktree on a branch of its own.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawWorktree {
+    pub(crate) repo: Option<PathBuf>,
+    pub(crate) branch_prefix: Option<At<String>>,
+    pub(crate) base: Option<At<String>>,
 }
 
 /// One entry of `backends:`.

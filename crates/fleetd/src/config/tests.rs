@@ -74,6 +74,7 @@ fn xdg_and_herdr_discovery_follow_the_environment() {
         xdg_state_home: Some(PathBuf::from("/state")),
         herdr_socket_path: None,
         herdr_session: Some("work".to_owned()),
+        hostname: None,
     };
     let config = Config::parse("", "x", &e).expect("valid");
     assert_eq!(config.state_dir, PathBuf::from("/state/fleetd"));
@@ -332,4 +333,76 @@ fn a_small_connection_cap_scales_its_defaults_down() {
         parse("connections:\n  max: 40\n  ownerReserve: 40\n  perUid: 3\n").expect("valid");
     assert_eq!(config.connections.owner_reserve, 40);
     assert_eq!(config.connections.per_uid, 3);
+}
+
+fn gateway_with(urls: &str, tls: &str) -> String {
+    format!(
+        "gateway:\n  name: a\n  broker:\n    urls: [{urls}]\n    passwordSecret: gw\n{tls}secrets:\n  gw:\n    file: /run/gw\n"
+    )
+}
+
+#[test]
+fn gateway_tls_trusts_its_ca_file_and_is_only_for_amqps() {
+    let tls = "    tls:\n      caFile: /etc/fleetd/ca.pem\n";
+    let config = parse(&gateway_with("amqps://rmq:5671/fleet", tls)).expect("valid");
+    let broker = config.gateway.expect("gateway").broker;
+    assert_eq!(
+        broker.tls,
+        Some(GatewayTls {
+            ca_file: Some(PathBuf::from("/etc/fleetd/ca.pem"))
+        })
+    );
+    // amqps:// without `tls:`: the system's CAs.
+    let config = parse(&gateway_with("amqps://rmq:5671/fleet", "")).expect("valid");
+    assert_eq!(config.gateway.expect("gateway").broker.tls, None);
+    let config = parse(&gateway_with("amqps://rmq:5671/fleet", "    tls: {}\n")).expect("valid");
+    assert_eq!(
+        config.gateway.expect("gateway").broker.tls,
+        Some(GatewayTls { ca_file: None })
+    );
+    check_refused(
+        &gateway_with("amqp://rmq:5672/fleet", tls),
+        &["gateway.broker.tls", "is plain AMQP", "write amqps://"],
+    );
+    check_refused(
+        &gateway_with("amqps://rmq1:5671/fleet, amqp://rmq2:5672/fleet", ""),
+        &["gateway.broker.urls", "amqp://rmq2", "in clear"],
+    );
+    check_refused(
+        &gateway_with("amqps://rmq:5671/fleet", "    tls:\n      caFile: ca.pem\n"),
+        &["gateway.broker.tls.caFile", "absolute path", "PEM"],
+    );
+    check_refused(
+        &gateway_with(
+            "amqps://rmq:5671/fleet",
+            "    tls:\n      certFile: /c.pem\n",
+        ),
+        &["unknown field `certFile`"],
+    );
+}
+
+#[test]
+fn gateway_broker_user_must_be_the_gateway_name() {
+    let with_user = |user: &str| {
+        format!(
+            "gateway:\n  name: a\n  broker:\n    urls: [amqp://rmq:5672/fleet]\n    user: {user}\n    passwordSecret: gw\nsecrets:\n  gw:\n    file: /run/gw\n"
+        )
+    };
+    // The same name, said twice, or left out: the user is the gateway's name.
+    let config = parse(&with_user("a")).expect("valid");
+    assert_eq!(config.gateway.expect("gateway").broker.user, "a");
+    let config = parse(&gateway_with("amqp://rmq:5672/fleet", "")).expect("valid");
+    assert_eq!(config.gateway.expect("gateway").broker.user, "a");
+    // Another user would be stamped as every message's user_id: refused, naming both keys.
+    check_refused(
+        &with_user("fleet-a"),
+        &[
+            "gateway.broker.user",
+            "gateway.name",
+            "\"fleet-a\"",
+            "\"a\"",
+            "impersonation",
+            "remove `user:`",
+        ],
+    );
 }

@@ -110,6 +110,7 @@ pub(super) fn validate(
     let state_dir = env.default_state_dir();
     let backends = backends(&judge, raw.backends.unwrap_or_default(), &secrets)?;
     let profiles = profiles(&judge, raw.profiles.unwrap_or_default(), &backends)?;
+    let gateway = super::gateway::gateway(&judge, raw.gateway, env, &secrets)?;
     Ok(Config {
         listen,
         api_token,
@@ -160,12 +161,15 @@ pub(super) fn validate(
             )?,
         },
         limits: limits(&judge, raw.limits)?,
+        max_delegation_depth: super::delegation::max_depth(&judge, raw.max_delegation_depth)?,
+        max_members_per_lead: super::delegation::max_members(&judge, raw.max_members_per_lead)?,
         connections: super::connections::connections(&judge, raw.connections)?,
         profiles,
         backends,
         secrets,
         config_reload: raw.config_reload.unwrap_or(false),
         log: log(&judge, raw.log)?,
+        gateway,
     })
 }
 
@@ -434,7 +438,7 @@ fn secrets(
         .collect()
 }
 
-fn require_secret<T>(
+pub(super) fn require_secret<T>(
     judge: &Judge<'_>,
     key: &str,
     at: &Spanned<T>,
@@ -575,6 +579,7 @@ fn profiles(
                     idle_timeout_secs: raw.idle_timeout_secs,
                     allow_delegation: raw.allow_delegation.unwrap_or(false),
                     env: raw.env.unwrap_or_default(),
+                    worktree: super::delegation::worktree(judge, &key, raw.worktree)?,
                 },
             ))
         })

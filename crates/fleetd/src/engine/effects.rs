@@ -58,6 +58,8 @@ pub(super) struct Effects {
     pub(super) redactor: Redactor,
     pub(super) tx: mpsc::WeakSender<Msg>,
     pub(super) events: Arc<crate::events::EventHub>,
+    /// The gateway forwarder's queue (a multi-host fleet): outbox records, in order.
+    pub(super) forward: Option<mpsc::UnboundedSender<(u64, Box<fleetd_core::gateway::Envelope>)>>,
 }
 
 impl Effects {
@@ -109,6 +111,13 @@ impl Effects {
         if let Io::Event(event) = &request {
             // In order, at once: a task per event could reorder them.
             self.events.publish(event, self.clock.now());
+            return;
+        }
+        if let Io::Forward { seq, envelope } = request {
+            // In order too: the forwarder sends them as they come.
+            if let Some(forward) = &self.forward {
+                let _ = forward.send((seq, envelope));
+            }
             return;
         }
         let this = self.clone();
@@ -208,6 +217,42 @@ impl Effects {
                     tracing::warn!(%target, error = %e, "cannot read an inbox to settle its tickets")
                 }
             },
+            Io::Forward { .. } => {}
+            Io::AckLocal { target, msg_id } => {
+                if let Err(e) = self.store.ack(&target, msg_id).await {
+                    tracing::warn!(%target, error = %e, "cannot remove a forwarded reply from this host's inbox");
+                }
+                if let Ok(pending) = self.store.depth(&target).await {
+                    self.report(Event::Depth { target, pending }).await;
+                }
+            }
+            Io::InspectWorktree { target, info } => {
+                let state = match crate::worktree::inspect(&info).await {
+                    Ok(state) => Some(state),
+                    Err(e) => {
+                        tracing::debug!(%target, error = %e, "cannot read a member's worktree");
+                        None
+                    }
+                };
+                self.report(Event::WorktreeRead { target, state }).await;
+            }
+            Io::SettleWorktree {
+                target,
+                info,
+                orphan,
+            } => {
+                let outcome = if orphan {
+                    crate::worktree::reclaim(&info).await
+                } else {
+                    crate::worktree::settle(&info).await
+                };
+                self.report(Event::WorktreeSettled {
+                    target,
+                    info,
+                    outcome,
+                })
+                .await;
+            }
             Io::Adopt(member) => {
                 // Only an affirmative answer drops it: gone, or another incarnation there.
                 let alive = match self.mux.pane(&member.pane).await {

@@ -8,12 +8,15 @@
 mod effects;
 mod leads;
 mod registry;
+mod remote;
 mod run;
 mod state;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_durable;
+#[cfg(test)]
+mod tests_gateway;
 
 use std::sync::Arc;
 
@@ -27,7 +30,9 @@ use crate::clock::SharedClock;
 use crate::mux::MuxRouter;
 use crate::store::InboxStore;
 
+pub use remote::{PeerSpawn, RemoteSpawned, SpawnAnswer, SpawnRemote};
 pub use run::spawn;
+pub use state::{Delegator, GatewayOutcome, PeerRefusal};
 
 /// Capacity of the engine's inbox. Commands are small and handled in microseconds; 1024 absorbs
 /// a burst from every member of a large fleet replying at once without making callers wait.
@@ -41,6 +46,8 @@ pub struct MemberView {
     pub target: Target,
     /// The profile it was spawned from.
     pub profile: String,
+    /// Its profile's model backend, when it names one.
+    pub backend: Option<String>,
     /// Its pane, daemon-qualified.
     pub pane_id: QualifiedPaneId,
     /// Its pane's incarnation.
@@ -55,8 +62,32 @@ pub struct MemberView {
     pub open_tickets: Vec<Ticket>,
     /// The lead that delegated to it, if any.
     pub lead: Option<String>,
+    /// The delegating member it reports to, when its lead is a member.
+    pub delegator: Option<Target>,
+    /// Its depth in its delegation tree: 1 under a lead, one more per delegating member above.
+    pub depth: u64,
+    /// Its worktree's branch, when it has one.
+    pub branch: Option<String>,
+    /// Its worktree and what it holds (read at each turn's end), when it has one.
+    pub worktree: Option<WorktreeView>,
     /// When it joined.
     pub joined_at: Timestamp,
+}
+
+/// A member's worktree as tools show it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorktreeView {
+    /// Where it is.
+    pub path: std::path::PathBuf,
+    /// Its branch.
+    pub branch: String,
+    /// What the branch started from.
+    pub base: String,
+    /// Paths with uncommitted changes (`None` until first read).
+    pub uncommitted: Option<u64>,
+    /// Commits on the branch that its base lacks (`None` until first read).
+    pub ahead: Option<u64>,
 }
 
 /// One ticket as tools show it.
@@ -122,6 +153,9 @@ pub enum AnswerRoute {
     Waiter,
     /// The member had stopped waiting: the answer goes to it as a task.
     Task,
+    /// The member is on another host: the answer goes to its gateway, which hands it to the
+    /// waiting member (or as a task).
+    Gateway,
 }
 
 /// A ticket lookup.
@@ -169,6 +203,9 @@ pub struct NewMember {
     pub backend: Option<String>,
     /// The lead that spawned it.
     pub lead: Option<LeadRef>,
+    /// Its git worktree, when its profile gives it one (removed or kept at release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worktree: Option<crate::worktree::WorktreeInfo>,
 }
 
 /// A lead, by its pane and incarnation.
@@ -242,9 +279,17 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Result<(String, oneshot::Receiver<String>), Refusal>>,
     },
     Answer {
+        /// The delegating member answering, when a member is: only within its subtree.
+        by: Option<Target>,
         question_id: String,
         answer: String,
         reply: oneshot::Sender<Result<AnswerRoute, Refusal>>,
+    },
+    Reach {
+        by: Target,
+        target: Target,
+        tool: &'static str,
+        reply: oneshot::Sender<Result<(), Refusal>>,
     },
     Questions {
         target: Option<Target>,
@@ -259,10 +304,17 @@ pub(crate) enum Command {
     },
     Reserve {
         name: Option<String>,
-        reply: oneshot::Sender<Result<Target, Refusal>>,
+        delegator: Delegator,
+        reply: oneshot::Sender<Result<(Target, Option<LeadRef>), Refusal>>,
     },
     Unreserve {
         target: Target,
+    },
+    WorktreeMaking {
+        target: Target,
+        info: Box<crate::worktree::WorktreeInfo>,
+        lead: Option<LeadRef>,
+        reply: oneshot::Sender<Result<(), Refusal>>,
     },
     AddMember {
         member: Box<NewMember>,
@@ -297,6 +349,30 @@ pub(crate) enum Command {
         target: Target,
         ids: Vec<fleetd_core::MsgId>,
     },
+    GatewayIn {
+        envelope: Box<fleetd_core::gateway::Envelope>,
+        reply: oneshot::Sender<Result<GatewayOutcome, String>>,
+    },
+    Forwarded {
+        seq: u64,
+        unroutable: bool,
+    },
+    StopRemote {
+        target: Target,
+        cause: String,
+        reply: oneshot::Sender<bool>,
+    },
+    SpawnRemote {
+        request: Box<SpawnRemote>,
+        reply: oneshot::Sender<Result<(String, SpawnAnswer), Refusal>>,
+    },
+    PeerSpawned {
+        req: String,
+        outcome: Result<(Target, String, String), Refusal>,
+    },
+    GatewayRefused {
+        refused: PeerRefusal,
+    },
 }
 
 /// The handle every handler holds: cheap to clone, sends commands to the engine task.
@@ -328,6 +404,17 @@ impl EngineHandle {
     /// The fleet's event stream (`GET /events`).
     pub fn events(&self) -> &Arc<crate::events::EventHub> {
         &self.life.events
+    }
+
+    /// Publishes `event` to the fleet's event stream now: for what is decided outside the
+    /// engine (presence: other gateways' members as they are heard of).
+    pub fn publish_event(&self, event: &crate::events::FleetEvent) {
+        self.life.events.publish(event, self.life.clock.now());
+    }
+
+    /// The last hour's delivery and nudge latencies (`GET /events/latency`).
+    pub fn latency(&self) -> crate::events::LatencyRecord {
+        self.life.events.latency(self.life.clock.now())
     }
 
     /// A handle that does not keep the engine running.
@@ -513,15 +600,35 @@ impl EngineHandle {
         .await
     }
 
-    /// Answers a question.
+    /// Answers a question; for delegating member `by`, only one a member of its subtree asked
+    /// (`not_your_member` otherwise).
     pub async fn answer(
         &self,
+        by: Option<Target>,
         question_id: String,
         answer: String,
     ) -> Result<Result<AnswerRoute, Refusal>, EngineGone> {
         self.ask(|reply| Command::Answer {
+            by,
             question_id,
             answer,
+            reply,
+        })
+        .await
+    }
+
+    /// Whether delegating member `by` may act on `target` with `tool`: `not_your_member` unless
+    /// `target` is in its subtree (its chain of delegating leads includes `by`).
+    pub async fn reach(
+        &self,
+        by: Target,
+        target: Target,
+        tool: &'static str,
+    ) -> Result<Result<(), Refusal>, EngineGone> {
+        self.ask(|reply| Command::Reach {
+            by,
+            target,
+            tool,
             reply,
         })
         .await
@@ -542,17 +649,44 @@ impl EngineHandle {
         self.ask(|reply| Command::Recent { target, reply }).await
     }
 
-    /// Reserves a member name (`name`, or a free readable one).
+    /// Reserves a member name (`name`, or a free readable one) for a spawn `delegator` asks
+    /// for, within the delegation limits; with the lead the member will report to.
     pub async fn reserve(
         &self,
         name: Option<String>,
-    ) -> Result<Result<Target, Refusal>, EngineGone> {
-        self.ask(|reply| Command::Reserve { name, reply }).await
+        delegator: Delegator,
+    ) -> Result<Result<(Target, Option<LeadRef>), Refusal>, EngineGone> {
+        self.ask(|reply| Command::Reserve {
+            name,
+            delegator,
+            reply,
+        })
+        .await
     }
 
-    /// Gives a reserved name back (its spawn failed).
+    /// Gives a reserved name back (its spawn failed), and forgets the worktree it was making
+    /// (taken back first).
     pub async fn unreserve(&self, target: Target) -> Result<(), EngineGone> {
         self.send(Command::Unreserve { target }).await
+    }
+
+    /// A spawn is about to make `target`'s worktree `info` (for a member of `lead`): answered
+    /// once that is durable, so a kill -9 before the member is registered leaves a record the
+    /// next start settles (the worktree removed when it holds nothing new, else kept and `lead`
+    /// told). `add_member` or `unreserve` drops the record.
+    pub async fn worktree_making(
+        &self,
+        target: Target,
+        info: crate::worktree::WorktreeInfo,
+        lead: Option<LeadRef>,
+    ) -> Result<Result<(), Refusal>, EngineGone> {
+        self.ask(|reply| Command::WorktreeMaking {
+            target,
+            info: Box::new(info),
+            lead,
+            reply,
+        })
+        .await
     }
 
     /// Registers a spawned member.
@@ -660,4 +794,17 @@ pub struct EngineParts {
     /// Takes secret values out of the texts the engine stores for leads (fallback tails,
     /// incidents).
     pub redactor: crate::secrets::Redactor,
+    /// This engine as one gateway of a multi-host fleet; `None`: one host.
+    pub gateway: Option<GatewayParts>,
+}
+
+/// What the engine needs to be a gateway.
+#[derive(Debug, Clone)]
+pub struct GatewayParts {
+    /// Its name.
+    pub me: fleetd_core::gateway::GatewayName,
+    /// What each other gateway may ask of it.
+    pub peers: std::collections::BTreeMap<String, Vec<crate::config::PeerRight>>,
+    /// Where outbox records go, in order, once committed: the forwarder.
+    pub forward: tokio::sync::mpsc::UnboundedSender<(u64, Box<fleetd_core::gateway::Envelope>)>,
 }

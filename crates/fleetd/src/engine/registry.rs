@@ -37,6 +37,7 @@ mod tests {
             idle_timeout_secs: Some(60),
             backend: Some("lab".to_owned()),
             lead: None,
+            worktree: None,
         }
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use fleetd_core::injector::TypeOutcome;
 use fleetd_core::push::{InjectOutcome, LeadId, PushLoop};
 use fleetd_core::{Message, QualifiedPaneId, Target, Ticket};
-use jiff::{SignedDuration, Timestamp};
+use jiff::SignedDuration;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -19,9 +19,10 @@ use super::effects::Effects;
 use super::leads::{LeadTabs, ScanPane};
 use super::state::{Io, Restored, State, push_config};
 use super::{Command, ENGINE_QUEUE, EngineHandle, EngineParts};
+
+mod dispatch;
 use crate::mux::{PaneEvent, RoutedEvent};
 use crate::store::{StateOp, StateStore, StoreError};
-use fleetd_core::access::Refusal;
 
 /// The longest sleep between ticks when nothing is due: a safety net, not a schedule.
 const IDLE_TICK: Duration = Duration::from_secs(5);
@@ -82,6 +83,17 @@ pub(super) enum Event {
     Reconciled {
         replies: Vec<Message>,
     },
+    /// What a member's worktree holds (`None`: git could not read it).
+    WorktreeRead {
+        target: Target,
+        state: Option<crate::worktree::WorktreeState>,
+    },
+    /// A released member's worktree was settled (or git failed at it).
+    WorktreeSettled {
+        target: Target,
+        info: crate::worktree::WorktreeInfo,
+        outcome: Result<crate::worktree::Settled, String>,
+    },
 }
 
 /// Whether the engine task still runs, and a token cancelled the moment it stops.
@@ -92,6 +104,8 @@ pub(crate) struct Life {
     /// The fleet's event stream: outlives the engine task, so subscribers of a daemon whose
     /// engine stopped see the stream end quietly rather than error.
     pub(crate) events: Arc<crate::events::EventHub>,
+    /// The engine's clock, for readers of the hub that need "now" (the latency record).
+    pub(crate) clock: crate::clock::SharedClock,
 }
 
 impl Life {
@@ -118,6 +132,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
         alive: AtomicBool::new(true),
         stopped: CancellationToken::new(),
         events: Arc::clone(&hub),
+        clock: Arc::clone(&parts.clock),
     });
     let handle = EngineHandle {
         tx: tx.clone(),
@@ -135,7 +150,11 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
         usize::try_from(config.delivery.max_inject_bytes).unwrap_or(4096),
         Arc::clone(&parts.clock),
     );
-    state.set_limits(config.limits);
+    state.set_limits(config.limits, super::state::TreeLimits::from_config(config));
+    state.set_gateway(parts.gateway.as_ref().map(|g| super::state::GatewayState {
+        me: g.me.clone(),
+        peers: g.peers.clone(),
+    }));
     let events = parts.mux.events();
     let lagged = parts.mux.lagged();
     let reloads = parts.config.subscribe();
@@ -147,6 +166,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
         redactor: parts.redactor.clone(),
         tx: tx.downgrade(),
         events: hub,
+        forward: parts.gateway.as_ref().map(|g| g.forward.clone()),
     };
     drop(tx);
     // Durable state goes through one persister task, in order: each batch of changes is
@@ -421,6 +441,9 @@ impl Engine {
     /// Sends what one input changed on its way: with a durable store, through the persister
     /// (commit first, then the replies and the I/O); without one, at once.
     fn flush(&mut self, mut io: Vec<Io>, replies: Vec<Deferred>) {
+        let now = self.parts.clock.now();
+        self.state.settle_delegation(now, &mut io);
+        io.extend(self.state.take_forwards());
         io.extend(self.state.take_events().into_iter().map(Io::Event));
         match &self.jobs {
             Some(jobs) => {
@@ -454,181 +477,6 @@ impl Engine {
                     .min(IDLE_TICK)
             }
             None => IDLE_TICK,
-        }
-    }
-
-    fn command(
-        &mut self,
-        command: Command,
-        now: Timestamp,
-        io: &mut Vec<Io>,
-        replies: &mut Vec<Deferred>,
-    ) {
-        let s = &mut self.state;
-        match command {
-            Command::MemberAt {
-                pane,
-                terminal,
-                reply,
-            } => {
-                let _ = reply.send(s.member_at(&pane, &terminal));
-            }
-            Command::Presence { target } => s.presence(&target, now, io),
-            Command::PaneSeen { pane, terminal } => s.pane_seen(pane, terminal, now, io),
-            Command::LeadSeen { lead } => s.lead_seen(&lead, now, io),
-            Command::BackendHealth { name, down } => s.backend_health(&name, down, io),
-            Command::Shutdown { reply } => {
-                // Handled in `run` (it awaits the store); reaching here means it was not.
-                let _ = reply.send(());
-            }
-            Command::Submit {
-                lead,
-                by,
-                target,
-                task,
-                reply,
-            } => {
-                let submitted = s.submit(lead.as_ref(), by, target, task, now, io);
-                // The ticket is answered once it is durable; if it could not be kept, the
-                // sender hears so rather than holding a ticket a restart would forget.
-                replies.push(Box::new(move |stored| {
-                    let answer = match stored {
-                        Ok(()) => submitted,
-                        Err(e) => Err(Refusal::new(
-                            "store_unavailable",
-                            match &submitted {
-                                Ok(ticket) => format!(
-                                    "fleetd failed to {e}. Ticket {ticket} is held and its task is typed once the state is written (retried every second; a restart before then forgets it): do not send it again, poll the ticket"
-                                ),
-                                Err(_) => format!("fleetd failed to {e}: retry shortly"),
-                            },
-                        )),
-                    };
-                    let _ = reply.send(answer);
-                }));
-            }
-            Command::Wait { ticket, reply } => s.wait(ticket, reply, now),
-            Command::Ticket { ticket, reply } => {
-                let _ = reply.send(s.ticket(ticket, now));
-            }
-            Command::TaskText { ticket, reply } => {
-                let _ = reply.send(s.task_text(ticket, now));
-            }
-            Command::CurrentTicket { target, reply } => {
-                let _ = reply.send(s.current_ticket(&target));
-            }
-            Command::ReplyStored { message, reply } => {
-                let _ = reply.send(s.reply_stored(message, now, io));
-            }
-            Command::InboxChanged { target } => io.push(Io::Depth { target }),
-            Command::Ask {
-                target,
-                question,
-                reply,
-            } => {
-                let asked = s.ask(target, question, now, io);
-                replies.push(Box::new(move |_| {
-                    let _ = reply.send(asked);
-                }));
-            }
-            Command::Answer {
-                question_id,
-                answer,
-                reply,
-            } => {
-                let answered = s.answer(&question_id, answer, now, io);
-                replies.push(Box::new(move |_| {
-                    let _ = reply.send(answered);
-                }));
-            }
-            Command::Questions { target, reply } => {
-                let _ = reply.send(s.questions(target.as_ref()));
-            }
-            Command::List { reply } => {
-                let _ = reply.send(s.list());
-            }
-            Command::Recent { target, reply } => {
-                let _ = reply.send(s.recent(&target));
-            }
-            Command::Reserve { name, reply } => {
-                let _ = reply.send(s.reserve(name, now));
-            }
-            Command::Unreserve { target } => s.unreserve(&target),
-            Command::AddMember { member } => s.add_member(*member, now, io),
-            Command::WhenReady { target, reply } => s.when_ready(target, reply),
-            Command::Release {
-                target,
-                cause,
-                reply,
-            } => {
-                let released = s.release(&target, &cause, now, io);
-                replies.push(Box::new(move |_| {
-                    let _ = reply.send(released);
-                }));
-            }
-            Command::SetStatus { target, status } => s.set_status(&target, None, status, now, io),
-            Command::Panic => panic!("test fault: the engine was asked to panic"),
-            Command::HandedTo { ticket, holder } => s.handed_to(ticket, holder),
-            Command::Unhand { ticket } => s.unhand(ticket, now, io),
-            Command::TakeHanded { holder, reply } => {
-                let _ = reply.send(s.take_handed(&holder));
-            }
-            Command::Acked { target, ids } => {
-                s.acked(&target, &ids);
-                io.push(Io::Depth { target });
-            }
-        }
-    }
-
-    fn event(&mut self, event: Event, now: Timestamp, io: &mut Vec<Io>) {
-        match event {
-            Event::Typed {
-                target,
-                ticket,
-                outcome,
-                gone,
-            } => {
-                if gone {
-                    self.state.release(&target, "exited", now, io);
-                } else {
-                    self.state.typed(&target, ticket, outcome, now, io);
-                }
-            }
-            Event::TypedFound {
-                target,
-                ticket,
-                arrived,
-            } => self.state.typed_found(&target, ticket, arrived, now, io),
-            Event::FallbackStored {
-                target,
-                ticket,
-                message,
-            } => {
-                match message {
-                    Some(message) => {
-                        self.state.reply_stored(message, now, io);
-                    }
-                    // The tail could not be stored: the ticket still ends (review M7).
-                    None => self.state.turn_ended_unrecorded(ticket, now),
-                }
-                self.state.fallback_recorded(target, now, io);
-            }
-            Event::Injected { lead, outcome } => self.state.injected(lead, outcome, now, io),
-            Event::Depth { target, pending } => self.state.inbox_depth(target, pending, now, io),
-            Event::Adopted { member, alive } => self.state.adopted(&member, alive, now, io),
-            Event::Reconciled { replies } => {
-                for message in replies {
-                    self.state.reply_stored(message, now, io);
-                }
-            }
-            Event::WatchFailed { pane, gone } => {
-                if gone {
-                    self.state.pane_gone(&pane, None, now, io);
-                } else {
-                    self.state.watch_failed(pane, now);
-                }
-            }
-            Event::LeadsScanned(panes) => self.state.leads_scanned(panes, now, io),
         }
     }
 

@@ -43,6 +43,7 @@ fn rig(fake: &FakeMux) -> Rig {
         store: Arc::clone(&store) as Arc<dyn InboxStore>,
         mux: router.clone(),
         redactor: crate::secrets::Redactor::empty(),
+        gateway: None,
     });
     Rig {
         engine,
@@ -137,6 +138,7 @@ async fn a_working_lead_is_nudged_the_moment_it_goes_idle_and_reading_stops_it()
     fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Working);
     let rig = rig(&fake);
     sleep(Duration::from_millis(100)).await;
+    let mut events = rig.engine.events().subscribe(None).live;
     let id = rig.mail("alice").await;
     sleep(Duration::from_secs(600)).await;
     assert!(rig.nudges_into("w1:p1").is_empty(), "never while working");
@@ -150,6 +152,20 @@ async fn a_working_lead_is_nudged_the_moment_it_goes_idle_and_reading_stops_it()
         "event-driven, not the next tick: {:?}",
         nudges[0].at - idle_at
     );
+    // The nudge's event says how long after the mail landed it went: the ten busy minutes.
+    let mut after_ms = None;
+    while let Ok(published) = events.try_recv() {
+        let event: serde_json::Value = serde_json::from_str(&published.json).expect("json");
+        if event["type"] == "nudge" && event["outcome"] == "nudged" {
+            after_ms = event["after_ms"].as_u64();
+        }
+    }
+    let after_ms = after_ms.expect("a nudged event with after_ms");
+    assert!(
+        (599_000..=601_000).contains(&after_ms),
+        "mail → nudge: {after_ms} ms"
+    );
+    assert_eq!(rig.engine.latency().nudge.len(), 1);
     // Busy again, then the mail is read: nothing more, even when idle later.
     fake.set_status("w1:p1", AgentStatus::Working);
     rig.ack("alice", id).await;
@@ -261,6 +277,7 @@ async fn mail_from_before_a_restart_is_nudged_once_the_lead_is_known() {
         store: Arc::clone(&store) as Arc<dyn InboxStore>,
         mux: MuxRouter::new(Arc::new(fake.clone()), None),
         redactor: crate::secrets::Redactor::empty(),
+        gateway: None,
     });
     sleep(Duration::from_millis(100)).await;
     let nudges: Vec<Typed> = fake.typed();
@@ -286,6 +303,7 @@ fn member(name: &str, pane: &str, terminal: &str, idle_secs: Option<u64>) -> New
         idle_timeout_secs: idle_secs,
         backend: None,
         lead: None,
+        worktree: None,
     }
 }
 
@@ -490,6 +508,7 @@ async fn a_reload_that_removes_a_members_backend_raises_one_unmapped_incident() 
         store: Arc::clone(&store) as Arc<dyn InboxStore>,
         mux: MuxRouter::new(Arc::new(fake.clone()), None),
         redactor: crate::secrets::Redactor::empty(),
+        gateway: None,
     });
     engine
         .add_member(NewMember {
@@ -521,6 +540,7 @@ async fn a_panicking_engine_is_seen_dead_and_healthz_says_degraded() {
         mux: rig.router.clone(),
         endpoints: Vec::new(),
         engine: rig.engine.clone(),
+        gateway: None,
     };
     assert!(rig.engine.is_alive());
     assert!(probe.report().await.engine.alive);
@@ -689,6 +709,7 @@ async fn a_reload_moves_the_primary_tab_and_the_push_budget_at_once() {
         store: Arc::clone(&store) as Arc<dyn InboxStore>,
         mux: MuxRouter::new(Arc::new(fake.clone()), None),
         redactor: crate::secrets::Redactor::empty(),
+        gateway: None,
     });
     sleep(Duration::from_millis(100)).await; // w1:t1's lead is the primary
     let moved = "primary:\n  tab: w3:t1\n  pushReminders: 1\n  pushBackoffMs: 1000\n";
@@ -727,7 +748,10 @@ async fn a_reload_moves_the_primary_tab_and_the_push_budget_at_once() {
 async fn a_name_reservation_that_outlives_its_spawn_expires() {
     let fake = FakeMux::new();
     let rig = rig(&fake);
-    let reserve = || rig.engine.reserve(Some("ann".to_owned()));
+    let reserve = || {
+        rig.engine
+            .reserve(Some("ann".to_owned()), crate::engine::Delegator::Operator)
+    };
     reserve().await.expect("engine").expect("free");
     sleep(Duration::from_secs(119)).await;
     let taken = reserve()

@@ -48,6 +48,7 @@ impl Disk {
             store: Arc::clone(&self.store) as Arc<dyn InboxStore>,
             mux: MuxRouter::new(Arc::new(fake.clone()), None),
             redactor: crate::secrets::Redactor::empty(),
+            gateway: None,
         })
     }
 }
@@ -70,6 +71,7 @@ fn member(name: &str, pane: &str, terminal: &str, lead: Option<LeadRef>) -> NewM
         idle_timeout_secs: None,
         backend: None,
         lead,
+        worktree: None,
     }
 }
 
@@ -442,7 +444,7 @@ async fn questions_and_bindings_survive_and_the_answer_reaches_the_member() {
     assert!(nudges[0].text.contains("question"), "{nudges:?}");
     // Answered after the restart: the member (no longer waiting) gets it as a task.
     let route = second
-        .answer(id, "main".to_owned())
+        .answer(None, id, "main".to_owned())
         .await
         .expect("engine")
         .expect("answered");
@@ -522,4 +524,122 @@ async fn a_task_whose_ticket_cannot_be_written_is_not_typed_until_it_is() {
     let typed = fake.typed();
     assert_eq!(typed.len(), 1, "typed once the state is written: {typed:?}");
     assert_eq!(typed[0].text, "wait for the disk");
+}
+
+/// Waits (in real time: git runs as a process) until `done` holds, for at most 20 s.
+async fn real_wait(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    for _ in 0..400 {
+        if done().await {
+            return;
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+// Real time, not paused: `git` runs as a process, and paused time would fire its timeout at
+// once. An e2e kill -9 at exactly the moment between `git worktree add` and the member's
+// registration is not practical, so the engine is dropped there instead (as in every test here).
+#[tokio::test]
+async fn a_worktree_a_spawn_was_making_when_fleetd_died_is_settled_at_the_next_start() {
+    let repo = crate::worktree::test_repo();
+    let root = tempfile::tempdir().expect("tmp");
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Working);
+    fake.add_pane("w2:p3", "t-c", "w2:t3", AgentStatus::Idle);
+    let disk = Disk::new();
+    let first = disk.start(&fake);
+    let lead = LeadRef {
+        pane: qualified("w1:p1"),
+        terminal: fleetd_core::TerminalId::new("t-lead").expect("terminal"),
+    };
+    first.lead_seen(lead.clone()).await.expect("engine");
+    let mut made = Vec::new();
+    for name in ["ann", "bo", "cy"] {
+        let (target, for_lead) = first
+            .reserve(Some(name.to_owned()), super::Delegator::Lead(lead.clone()))
+            .await
+            .expect("engine")
+            .expect("reserved");
+        let info = crate::worktree::plan(&crate::worktree::WorktreeRequest {
+            from: repo.path(),
+            branch_prefix: "fleet/",
+            name,
+            base: None,
+            root: root.path(),
+        })
+        .await
+        .expect("plan");
+        first
+            .worktree_making(target, info.clone(), for_lead)
+            .await
+            .expect("engine")
+            .expect("recorded");
+        crate::worktree::make(&info).await.expect("worktree");
+        made.push(info);
+    }
+    let [ann, bo, cy] = <[_; 3]>::try_from(made).expect("three");
+    // bo's spawn was cut short after its agent had written something there (a hook, say).
+    std::fs::write(bo.path.join("notes.txt"), "draft\n").expect("write");
+    // cy's got as far as its member.
+    let mut member_cy = member("cy", "w2:p3", "t-c", Some(lead.clone()));
+    member_cy.worktree = Some(cy.clone());
+    first.add_member(member_cy).await.expect("engine");
+    first.list().await.expect("engine"); // (handled, so committed, before the kill)
+    drop(first); // as after a kill -9, between `git worktree add` and registering ann and bo
+    sleep(Duration::from_millis(50)).await;
+
+    let second = disk.start(&fake);
+    let branch = |name: &str| {
+        let (branches, _) = crate::worktree::test_branches(repo.path());
+        branches.lines().any(|b| b == name)
+    };
+    real_wait("ann's clean worktree removed with its branch", async || {
+        !ann.path.exists() && !branch("fleet/ann")
+    })
+    .await;
+    let mut notice = String::new();
+    real_wait("the notice that bo's worktree is kept", async || {
+        notice = disk
+            .store
+            .peek(&t("bo"), 10)
+            .await
+            .expect("peek")
+            .into_iter()
+            .map(|m| m.text)
+            .find(|t| t.contains("worktree is kept"))
+            .unwrap_or_default();
+        !notice.is_empty()
+    })
+    .await;
+    assert!(
+        notice.contains("the spawn of bo was cut short by a restart"),
+        "{notice}"
+    );
+    assert!(notice.contains("1 uncommitted change"), "{notice}");
+    assert!(bo.path.join("notes.txt").exists(), "bo's work is kept");
+    assert!(branch("fleet/bo"));
+    // cy is a member: its worktree is its own, untouched.
+    assert!(cy.path.join("README").exists());
+    let members = second.list().await.expect("engine");
+    assert_eq!(members.len(), 1, "{members:?}");
+    assert_eq!(members[0].target, t("cy"));
+    // Nothing is left to settle on disk.
+    real_wait("the spawn records gone", async || {
+        disk.store
+            .load_state()
+            .await
+            .expect("load")
+            .iter()
+            .all(|r| !r.kind.starts_with("worktree"))
+    })
+    .await;
+    // The lead that asked for bo is nudged about the notice once it is idle.
+    fake.set_status("w1:p1", AgentStatus::Idle);
+    real_wait("the lead nudged about bo", async || {
+        fake.typed()
+            .iter()
+            .any(|t| t.pane.as_str() == "w1:p1" && t.text.contains("from bo"))
+    })
+    .await;
 }

@@ -6,13 +6,18 @@
 //! `stream.lagged` and the stream ends: it reconnects and resumes from the ring. A comment every
 //! [`KEEP_ALIVE`] keeps proxies and the connection's idle timer from closing a quiet stream;
 //! the stream ends when the daemon stops serving.
+//!
+//! `?replay=ring` (the dashboard) asks, when there is no `Last-Event-ID`, for every event the
+//! ring still holds instead of only what comes next; with it, once the backlog is sent, a
+//! `stream.replayed` event (no id) marks where the live stream begins, so a client knows when
+//! to read the fleet's state and apply events on top of it.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, State};
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -47,23 +52,71 @@ fn notice(kind: &str, message: &str) -> Event {
         .data(serde_json::json!({ "type": kind, "message": message }).to_string())
 }
 
-/// `GET /events`.
-pub(super) async fn stream(
+/// `GET /events/latency`: the last hour's latencies the events carried (a task's wait until it
+/// was typed, mail → its lead's first nudge), for a dashboard that opens now; the same readers
+/// as the stream.
+pub(super) async fn latency(
     State(app): State<App>,
     ConnectInfo(conn): ConnectInfo<ConnInfo>,
     headers: HeaderMap,
 ) -> Response {
     let caller = caller(&app, &conn, &headers).await;
+    if let Err(e) = authorize(&caller.role, ToolClass::Observe, "GET /events/latency") {
+        return ApiError::tool(e).into_response();
+    }
+    axum::Json(app.fleet.engine.latency()).into_response()
+}
+
+/// The query of `GET /events`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EventsQuery {
+    replay: Option<String>,
+}
+
+/// `GET /events[?replay=ring]`.
+pub(super) async fn stream(
+    State(app): State<App>,
+    ConnectInfo(conn): ConnectInfo<ConnInfo>,
+    headers: HeaderMap,
+    query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let replay = match query {
+        Ok(Query(EventsQuery { replay: None })) => false,
+        Ok(Query(EventsQuery { replay: Some(r) })) if r == "ring" => true,
+        _ => {
+            return ApiError::new(
+                axum::http::StatusCode::BAD_REQUEST,
+                "invalid_query",
+                "GET /events takes only `replay=ring` (every event the ring holds, then `stream.replayed`)",
+            )
+            .into_response();
+        }
+    };
+    let caller = caller(&app, &conn, &headers).await;
     if let Err(e) = authorize(&caller.role, ToolClass::Observe, "GET /events") {
         return ApiError::tool(e).into_response();
     }
-    let last = headers.get("last-event-id").and_then(|v| v.to_str().ok());
-    let sub = app.fleet.engine.events().subscribe(last);
-    let mut prelude = VecDeque::with_capacity(sub.missed.len() + 1);
+    let last = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.trim().is_empty());
+    let hub = app.fleet.engine.events();
+    let sub = match last {
+        None if replay => hub.subscribe_all(),
+        last => hub.subscribe(last),
+    };
+    let mut prelude = VecDeque::with_capacity(sub.missed.len() + 2);
     if let Some(gap) = &sub.gap {
         prelude.push_back(notice("stream.gap", gap));
     }
     prelude.extend(sub.missed.iter().map(|p| event(p)));
+    if replay {
+        prelude.push_back(notice(
+            "stream.replayed",
+            &format!("{} earlier events sent; live from here", sub.missed.len()),
+        ));
+    }
     let cursor = Cursor {
         prelude,
         live: sub.live,

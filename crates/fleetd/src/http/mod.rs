@@ -13,23 +13,25 @@
 //!   (`/events`), whose `Origin` is not this very `Host` is refused: a cross-site form, `fetch`
 //!   or `EventSource` from any web page.
 //! - A presented bearer token that is wrong is refused from anywhere; a peer that is not on
-//!   this machine must present the right one (everything but `/healthz`).
+//!   this machine must present the right one, or the session cookie of a signed-in dashboard
+//!   (everything but `/healthz` and the dashboard's page and sign-in, see `dashboard`).
 
+mod dashboard;
 mod events;
+mod rest;
 pub mod serve;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, Path, Query, Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use fleetd_core::access::{ToolClass, authorize};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::health::{HealthStatus, Probe};
 use crate::identity::{Caller, ConnInfo, Endpoint};
@@ -43,31 +45,48 @@ struct App {
     /// Cancelled when the daemon stops serving: ends the streams that would otherwise hold
     /// the shutdown (`/events`).
     stopping: tokio_util::sync::CancellationToken,
+    /// Signed-in dashboard browsers.
+    sessions: Arc<dashboard::Sessions>,
 }
 
 /// The router for every endpoint; `mcp` is the MCP service mounted at `/mcp`, `health` what
-/// `/healthz` asks, `stopping` cancelled when the daemon stops serving.
+/// `/healthz` asks, `stopping` cancelled when the daemon stops serving, `local` the TCP
+/// listener's address (for the dashboard links `fleetd dashboard` prints).
 pub fn router(
     health: Probe,
     fleet: Arc<Fleet>,
     mcp: crate::mcp::HttpService,
     stopping: tokio_util::sync::CancellationToken,
+    local: SocketAddr,
 ) -> Router {
     let app = App {
         health,
         fleet,
         stopping,
+        sessions: Arc::new(dashboard::Sessions::new(local)),
     };
     Router::new()
+        .route("/", get(dashboard::index))
+        .route("/dashboard/app.js", get(dashboard::script))
+        .route("/dashboard/app.css", get(dashboard::style))
+        .route("/dashboard/keys", post(dashboard::keys))
+        .route("/dashboard/login", post(dashboard::login))
+        .route("/dashboard/session", get(dashboard::session))
+        .route("/dashboard/logout", post(dashboard::logout))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/events", get(events::stream))
-        .route("/sessions", get(sessions))
-        .route("/sessions/{target}", get(session))
-        .route("/sessions/{target}/replies", get(replies))
-        .route("/sessions/{target}/replies/drain", post(drain))
-        .route("/sessions/{target}/replies/{msg_id}/ack", post(ack))
-        .route("/sessions/{target}/tasks", post(task))
+        .route("/events/latency", get(events::latency))
+        .route("/sessions", get(rest::sessions))
+        .route("/sessions/{target}", get(rest::session))
+        .route("/sessions/{target}/replies", get(rest::replies))
+        .route("/sessions/{target}/replies/drain", post(rest::drain))
+        .route("/sessions/{target}/replies/{msg_id}/ack", post(rest::ack))
+        .route("/sessions/{target}/tasks", post(rest::task))
+        .route("/sessions/{target}/stop", post(rest::stop))
+        .route("/questions", get(rest::questions))
+        .route("/questions/{question_id}/answer", post(rest::answer))
+        .route("/tickets", get(rest::tickets))
         .nest_service("/mcp", mcp)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(app.clone(), guard))
@@ -104,9 +123,18 @@ async fn guard(
             request.headers(),
             host,
         ) {
+            tracing::info!(
+                method = %request.method(),
+                path = request.uri().path(),
+                origin = ?request.headers().get(axum::http::header::ORIGIN),
+                "a request from another site was refused"
+            );
             return e.into_response();
         }
-        let exempt = request.uri().path() == "/healthz";
+        let path = request.uri().path();
+        let exempt = path == "/healthz"
+            || dashboard::open_to_remote(path)
+            || app.sessions.signed_in(request.headers());
         match bearer(request.headers()) {
             Some(given) if !app.fleet.token_matches(given) => {
                 return ApiError::new(
@@ -186,9 +214,10 @@ fn check_origin(
     headers: &HeaderMap,
     host: Option<&str>,
 ) -> Result<(), ApiError> {
-    // The event stream is read by fleetd's own page only: another site's `EventSource` is
-    // refused before the stream opens, not merely hidden from it by the browser's CORS rules.
-    let reads_the_fleet = path == "/events";
+    // The event stream (and its latency record) is read by fleetd's own page only: another
+    // site's `EventSource` is refused before the stream opens, not merely hidden from it by the
+    // browser's CORS rules.
+    let reads_the_fleet = path == "/events" || path.starts_with("/events/");
     if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) && !reads_the_fleet {
         return Ok(());
     }
@@ -224,12 +253,15 @@ async fn healthz(State(app): State<App>) -> impl IntoResponse {
     (code, Json(report))
 }
 
-/// The caller of a REST request, resolved exactly as for an MCP call on the same connection.
+/// The caller of a REST request, resolved exactly as for an MCP call on the same connection; a
+/// signed-in dashboard's session counts as presenting the token.
 async fn caller(app: &App, conn: &ConnInfo, headers: &HeaderMap) -> Caller {
-    crate::identity::resolve(
+    let token = bearer(headers).is_some_and(|given| app.fleet.token_matches(given))
+        || app.sessions.signed_in(headers);
+    crate::identity::resolve_with(
         &app.fleet,
         Some(conn),
-        bearer(headers),
+        token,
         tokio_util::sync::CancellationToken::new(),
     )
     .await
@@ -277,10 +309,12 @@ impl ApiError {
     /// codes to HTTP statuses.
     fn tool(e: crate::mcp::ToolError) -> Self {
         let status = match e.code {
-            "unknown_target" | "unknown_ticket" => StatusCode::NOT_FOUND,
+            "unknown_target" | "unknown_ticket" | "unknown_question" | "unknown_pane" => {
+                StatusCode::NOT_FOUND
+            }
             "invalid_target" | "empty_task" | "invalid_arguments" | "invalid_msg_id"
-            | "invalid_ticket" => StatusCode::BAD_REQUEST,
-            "task_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
+            | "invalid_ticket" | "invalid_pane" => StatusCode::BAD_REQUEST,
+            "task_too_large" | "answer_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
             // A per-member cap (`limits:`): the same request succeeds once the member catches up.
             "queue_full" | "too_many_questions" => StatusCode::TOO_MANY_REQUESTS,
             "not_a_lead" | "not_a_member" | "anonymous_caller" | "unregistered_pane"
@@ -301,241 +335,11 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult = Result<Json<Value>, ApiError>;
-
-/// Runs MCP tool `tool` with `args` for the connection's caller: the REST route's whole work.
-async fn tool(
-    app: &App,
-    conn: &ConnInfo,
-    headers: &HeaderMap,
-    tool: &str,
-    args: Value,
-) -> Result<Value, ApiError> {
-    let caller = caller(app, conn, headers).await;
-    crate::mcp::tools::call(&app.fleet, &caller, tool, args)
-        .await
-        .map(|out| out.value)
-        .map_err(ApiError::tool)
-}
-
-/// `GET /sessions` = `fleet_list`.
-async fn sessions(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-) -> ApiResult {
-    tool(&app, &conn, &headers, "fleet_list", json!({}))
-        .await
-        .map(Json)
-}
-
-/// `GET /sessions/{target}` = `fleet_status`.
-async fn session(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-) -> ApiResult {
-    tool(
-        &app,
-        &conn,
-        &headers,
-        "fleet_status",
-        json!({ "target": name }),
-    )
-    .await
-    .map(Json)
-}
-
-/// The query of `GET /sessions/{target}/replies`: `fleet_poll`'s paging arguments. `drain` is
-/// only here to say where it went.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RepliesQuery {
-    limit: Option<String>,
-    after: Option<String>,
-    drain: Option<String>,
-}
-
-/// `fleet_poll{target}`'s arguments from a query: `limit` goes as a number when it is one (else
-/// as given, for the tool to refuse naming it).
-fn poll_args(name: &str, limit: Option<String>, after: Option<String>) -> Value {
-    let mut args = json!({ "target": name });
-    if let Some(limit) = limit {
-        args["limit"] = limit
-            .parse::<u64>()
-            .map_or(Value::String(limit), Value::from);
-    }
-    if let Some(after) = after {
-        args["after"] = Value::String(after);
-    }
-    args
-}
-
-fn bad_query(e: &axum::extract::rejection::QueryRejection, route: &str, takes: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::BAD_REQUEST,
-        "invalid_query",
-        format!("{e}: {route} takes {takes}"),
-    )
-}
-
-/// `GET /sessions/{target}/replies?limit=&after=` = `fleet_poll{target}`: a page of pending
-/// replies and the open questions, non-destructive.
-async fn replies(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    query: Result<Query<RepliesQuery>, axum::extract::rejection::QueryRejection>,
-) -> ApiResult {
-    let Query(query) = query.map_err(|e| {
-        bad_query(
-            &e,
-            "GET /sessions/{target}/replies",
-            "only `limit` and `after`",
-        )
-    })?;
-    if query.drain.is_some() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "drain_is_post",
-            "a GET never removes anything: drain with POST /sessions/{target}/replies/drain",
-        ));
-    }
-    tool(
-        &app,
-        &conn,
-        &headers,
-        "fleet_poll",
-        poll_args(&name, query.limit, query.after),
-    )
-    .await
-    .map(Json)
-}
-
-/// The query of `POST /sessions/{target}/replies/drain`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DrainQuery {
-    limit: Option<String>,
-}
-
-/// `POST /sessions/{target}/replies/drain?limit=` = `fleet_poll{target}` then `fleet_ack` of
-/// every reply it returned: the destructive read, one page (the first: at most `limit` replies
-/// and ~1 MiB of text). Repeat while `more` is true; memory stays one page whatever the depth.
-async fn drain(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    query: Result<Query<DrainQuery>, axum::extract::rejection::QueryRejection>,
-) -> ApiResult {
-    // The ack's class first, so a caller who may read but not remove learns nothing.
-    let caller = caller(&app, &conn, &headers).await;
-    authorize(&caller.role, ToolClass::Orchestration, "drain").map_err(ApiError::tool)?;
-    let Query(query) = query
-        .map_err(|e| bad_query(&e, "POST /sessions/{target}/replies/drain", "only `limit`"))?;
-    let mut polled = crate::mcp::tools::call(
-        &app.fleet,
-        &caller,
-        "fleet_poll",
-        poll_args(&name, query.limit, None),
-    )
-    .await
-    .map_err(ApiError::tool)?
-    .value;
-    let ids: Vec<Value> = polled["replies"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|r| r["msgId"].clone())
-        .collect();
-    if !ids.is_empty() {
-        crate::mcp::tools::call(
-            &app.fleet,
-            &caller,
-            "fleet_ack",
-            json!({ "target": name, "msgIds": ids }),
-        )
-        .await
-        .map_err(ApiError::tool)?;
-    }
-    polled["drained"] = json!(true);
-    Ok(Json(polled))
-}
-
-/// `POST /sessions/{target}/replies/{msgId}/ack` = `fleet_ack`.
-async fn ack(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-    Path((name, id)): Path<(String, String)>,
-) -> ApiResult {
-    let out = tool(
-        &app,
-        &conn,
-        &headers,
-        "fleet_ack",
-        json!({ "target": name, "msgId": id }),
-    )
-    .await?;
-    let acked = out["acked"]
-        .as_array()
-        .and_then(|a| a.first())
-        .cloned()
-        .unwrap_or_default();
-    Ok(Json(json!({
-        "target": out["target"],
-        "msgId": acked["msgId"],
-        "acked": acked["acked"],
-    })))
-}
-
-/// The body of `POST /sessions/{target}/tasks`: `fleet_send`'s arguments without the target.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct TaskBody {
-    task: String,
-    /// Wait for the reply (default true, as `fleet_send`).
-    wait: Option<bool>,
-    /// How long to wait, in seconds (default 120).
-    timeout_secs: Option<u64>,
-}
-
-/// `POST /sessions/{target}/tasks` = `fleet_send`. A lead calling from its pane is bound as the
-/// member's delegating lead, as over MCP; the operator has no pane, so nudges for the reply go
-/// to the primary lead.
-async fn task(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    body: Result<Json<TaskBody>, axum::extract::rejection::JsonRejection>,
-) -> ApiResult {
-    let Json(body) = body.map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_body",
-            format!("{e}: send JSON {{\"task\": \"...\", \"wait\": bool, \"timeoutSecs\": n}}"),
-        )
-    })?;
-    let args = json!({
-        "target": name,
-        "task": body.task,
-        "wait": body.wait,
-        "timeoutSecs": body.timeout_secs,
-    });
-    tool(&app, &conn, &headers, "fleet_send", args)
-        .await
-        .map(Json)
-}
-
 async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "not_found",
-        "no such endpoint: fleetd serves /healthz, /metrics, /mcp and /sessions",
+        "no such endpoint: fleetd serves / (the dashboard), /healthz, /metrics, /events, /mcp, /sessions, /questions and /tickets",
     )
 }
 
@@ -549,20 +353,8 @@ mod tests {
         assert_eq!(status("queue_full"), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(status("too_many_questions"), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(status("invalid_arguments"), StatusCode::BAD_REQUEST);
-    }
-
-    #[test]
-    fn a_query_limit_goes_to_the_tool_as_a_number_when_it_is_one() {
-        assert_eq!(
-            poll_args("ann", Some("7".into()), Some("m".into())),
-            json!({ "target": "ann", "limit": 7, "after": "m" })
-        );
-        assert_eq!(
-            poll_args("ann", Some("-1".into()), None),
-            json!({ "target": "ann", "limit": "-1" }),
-            "left for the tool to refuse, naming `limit`"
-        );
-        assert_eq!(poll_args("ann", None, None), json!({ "target": "ann" }));
+        assert_eq!(status("unknown_question"), StatusCode::NOT_FOUND);
+        assert_eq!(status("answer_too_large"), StatusCode::PAYLOAD_TOO_LARGE);
     }
 
     fn host(value: Option<&str>, local: &str, allowed: &[&str]) -> Result<(), &'static str> {
@@ -667,5 +459,14 @@ mod tests {
             Ok(())
         );
         assert_eq!(origin_at(&Method::GET, "/events", None, h), Ok(()));
+        assert_eq!(
+            origin_at(
+                &Method::GET,
+                "/events/latency",
+                Some("http://evil.example"),
+                h
+            ),
+            Err("foreign_origin")
+        );
     }
 }

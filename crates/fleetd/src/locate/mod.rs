@@ -262,6 +262,14 @@ impl Locator {
         self.panes.mark_grown();
     }
 
+    /// The working directory of process `pid` (a caller's pane process), when it can be read.
+    pub async fn cwd_of(&self, pid: u32) -> Option<std::path::PathBuf> {
+        tokio::task::spawn_blocking(move || platform::read_cwd(pid).ok())
+            .await
+            .ok()
+            .flatten()
+    }
+
     /// How the socket holders of new TCP callers were found so far.
     pub fn search_counts(&self) -> SearchCounts {
         self.counters.read()
@@ -301,15 +309,50 @@ impl Locator {
         if !is_loopback(&peer) {
             return Err(LocateError::NotLoopback(peer));
         }
-        let owner = tokio::task::spawn_blocking(move || platform::client_socket(peer, local))
-            .await
-            .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??
-            .ok_or(LocateError::NoOwner { peer })?;
-        if owner.uid != own_uid() {
-            return Ok(Located::untraced(owner.uid, None));
+        let looked_at = tokio::time::Instant::now();
+        // The snapshot as it is: a refresh in flight is not waited for (a pane it would add is
+        // still found, by the full scan). Only a map never read yet is waited for.
+        let map = self.panes.current().await;
+        let roots = match &map {
+            Ok(map) => map.shells(),
+            Err(e) => {
+                tracing::debug!(error = %e, "no pane list to order the socket search by");
+                Vec::new()
+            }
+        };
+        let recent = lock(&self.recent).clone();
+        let sockets = Arc::clone(&self.sockets);
+        // Every blocking step in one hand-off to the blocking pool: on a busy machine each
+        // hand-off is a wait for a thread, and there used to be three.
+        let search =
+            tokio::task::spawn_blocking(move || search_tcp(peer, local, &roots, recent, &sockets))
+                .await
+                .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
+        let (pid, uid, chain, hints) = match search {
+            TcpSearch::OtherUser(uid) => return Ok(Located::untraced(uid, None)),
+            TcpSearch::NotHeld => {
+                self.counters.count(None);
+                return Err(LocateError::NoOwner { peer });
+            }
+            TcpSearch::Found {
+                pid,
+                uid,
+                by,
+                chain,
+                hints,
+            } => {
+                self.counters.count(Some(by));
+                (pid, uid, chain, hints)
+            }
+        };
+        {
+            let mut recent = lock(&self.recent);
+            recent.retain(|p| *p != pid);
+            recent.insert(0, pid);
+            recent.truncate(RECENT_CALLERS);
         }
-        let pid = self.socket_pid(owner.inode, peer).await?;
-        self.locate_process(pid, owner.uid, miss).await
+        self.place(pid, uid, (chain, hints), map, miss, looked_at)
+            .await
     }
 
     /// Locates the process at the other end of a unix-socket connection from the credentials the
@@ -330,46 +373,6 @@ impl Locator {
         self.locate_process(pid, uid, Miss::Wait).await
     }
 
-    /// The pid holding the client socket `inode` (of a connection from `peer`).
-    async fn socket_pid(&self, inode: u64, peer: SocketAddr) -> Result<u32, LocateError> {
-        // The snapshot as it is: a refresh in flight is not waited for (a pane it would add is
-        // still found, by the full scan). Only a map never read yet is waited for.
-        let roots = match self.panes.current().await {
-            Ok(map) => map.shells(),
-            Err(e) => {
-                tracing::debug!(error = %e, "no pane list to order the socket search by");
-                Vec::new()
-            }
-        };
-        let mut first: Vec<u32> = lock(&self.sockets)
-            .get(&inode)
-            .copied()
-            .into_iter()
-            .collect();
-        first.extend(lock(&self.recent).iter().copied());
-        let sockets = Arc::clone(&self.sockets);
-        let found = tokio::task::spawn_blocking(move || {
-            let found = process::find_holder(inode, &first, &roots)?;
-            if let Some((pid, _)) = found {
-                let mut sockets = lock(&sockets);
-                if sockets.len() >= SOCKET_CACHE {
-                    sockets.clear();
-                }
-                sockets.insert(inode, pid);
-            }
-            Ok::<_, std::io::Error>(found)
-        })
-        .await
-        .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
-        self.counters.count(found.map(|(_, by)| by));
-        let (pid, _) = found.ok_or(LocateError::NoOwner { peer })?;
-        let mut recent = lock(&self.recent);
-        recent.retain(|p| *p != pid);
-        recent.insert(0, pid);
-        recent.truncate(RECENT_CALLERS);
-        Ok(pid)
-    }
-
     /// Locates a known process of this daemon's user (the benchmark's warm path).
     pub async fn locate_pid(&self, pid: u32) -> Result<Located, LocateError> {
         self.locate_process(pid, own_uid(), Miss::Wait).await
@@ -377,22 +380,39 @@ impl Locator {
 
     /// Locates process `pid`, which runs as `uid`: its nearest ancestor that is a pane's process.
     async fn locate_process(&self, pid: u32, uid: u32, miss: Miss) -> Result<Located, LocateError> {
-        let (chain, hints) = tokio::task::spawn_blocking(move || {
+        let looked_at = tokio::time::Instant::now();
+        let facts = tokio::task::spawn_blocking(move || {
             process::ancestry(pid).map(|chain| (chain, platform::read_env_hints(pid)))
         })
         .await
         .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
+        let map = self.panes.current().await;
+        self.place(pid, uid, facts, map, miss, looked_at).await
+    }
+
+    /// The pane of process `pid` (its ancestry `chain`, its environment `hints`) in `map`, read
+    /// again after a miss as `miss` says.
+    async fn place(
+        &self,
+        pid: u32,
+        uid: u32,
+        (chain, hints): (Vec<platform::ProcStat>, platform::EnvHints),
+        map: Result<Arc<PaneMap>, LocateError>,
+        miss: Miss,
+        looked_at: tokio::time::Instant,
+    ) -> Result<Located, LocateError> {
         let mut pane = None;
-        if let Some(map) = no_panes_is_none(self.panes.current().await)? {
+        if let Some(map) = no_panes_is_none(map)? {
             pane = map.find(&chain);
             if pane.is_none() && miss == Miss::Background {
                 self.panes.refresh_in_background(self.panes.miss_refresh());
             } else if pane.is_none() {
                 // A miss is often a pane opened a moment ago (a member connects at start-up), so
                 // the panes are read again — no more often than `miss_refresh`, so anonymous
-                // callers cannot turn every request into a multiplexer listing. Only this lookup
-                // waits for that reading.
-                pane = no_panes_is_none(self.panes.after_miss(&map).await)?
+                // callers cannot turn every request into a multiplexer listing — unless the
+                // miss is final (the map was listed after the caller and its ancestors started).
+                // Only this lookup waits for that reading.
+                pane = no_panes_is_none(self.panes.after_miss(&map, &chain, looked_at).await)?
                     .and_then(|map| map.find(&chain));
             }
         }
@@ -429,6 +449,62 @@ impl Locator {
             Err(_) => true,
         }
     }
+}
+
+/// What the blocking part of a TCP lookup found.
+enum TcpSearch {
+    /// The socket is another user's: never traced further.
+    OtherUser(u32),
+    /// Nobody holds it (the connection closed, or its holder's fds are unreadable).
+    NotHeld,
+    /// Its holder, how it was found, its ancestry and its environment.
+    Found {
+        pid: u32,
+        uid: u32,
+        by: FoundBy,
+        chain: Vec<platform::ProcStat>,
+        hints: platform::EnvHints,
+    },
+}
+
+/// The blocking steps of a TCP lookup, in one go: the socket and its owner, who holds it (its
+/// previous holder and `recent` callers first, then the trees of the panes whose processes are
+/// `roots`, then everyone), and that process's ancestry and environment.
+fn search_tcp(
+    peer: SocketAddr,
+    local: SocketAddr,
+    roots: &[u32],
+    recent: Vec<u32>,
+    sockets: &Mutex<HashMap<u64, u32>>,
+) -> Result<TcpSearch, LocateError> {
+    let owner = platform::client_socket(peer, local)?.ok_or(LocateError::NoOwner { peer })?;
+    if owner.uid != own_uid() {
+        return Ok(TcpSearch::OtherUser(owner.uid));
+    }
+    let mut first: Vec<u32> = lock(sockets)
+        .get(&owner.inode)
+        .copied()
+        .into_iter()
+        .collect();
+    first.extend(recent);
+    let Some((pid, by)) = process::find_holder(owner.inode, &first, roots)? else {
+        return Ok(TcpSearch::NotHeld);
+    };
+    {
+        let mut sockets = lock(sockets);
+        if sockets.len() >= SOCKET_CACHE {
+            sockets.clear();
+        }
+        sockets.insert(owner.inode, pid);
+    }
+    let chain = process::ancestry(pid)?;
+    Ok(TcpSearch::Found {
+        pid,
+        uid: owner.uid,
+        by,
+        chain,
+        hints: platform::read_env_hints(pid),
+    })
 }
 
 /// What a lookup whose caller is in no pane of the map does.

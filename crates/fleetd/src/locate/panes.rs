@@ -5,9 +5,14 @@
 //!
 //! - nobody, when the map is only older than `pane_ttl`: the lookup answers from the snapshot and
 //!   one refresh runs in the background (a failed one is tried again after `miss_refresh`);
-//! - a lookup whose caller is in no pane of the snapshot (a pane opened a moment ago): it waits for
-//!   a map newer than the one it missed in, at most one refresh per `miss_refresh`, shared by every
-//!   such lookup at the time — and only that lookup waits;
+//! - a lookup whose caller is in no pane of the snapshot (a pane opened a moment ago): unless the
+//!   miss is final — the reading was complete (every pane with its process and start time) and
+//!   its listing was asked for after the caller and all its ancestors had started, so any pane
+//!   one of them is the process of was in it (a pane exists before its process starts) — it waits for
+//!   a reading whose listing was asked for after the lookup began (one already listing may have
+//!   listed before the pane opened), at most one refresh per `miss_refresh` unless fleetd opened
+//!   a pane since the map was read, shared by every such lookup at the time — and only that
+//!   lookup waits;
 //! - every lookup, when the map is stale (never read yet, or pane events were missed);
 //!
 //! and after a failed reading nobody, until `miss_refresh` has passed: the map as it is answers.
@@ -17,7 +22,7 @@
 //! process's start time, so a recycled pid is never mistaken for the old pane process.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use fleetd_core::{QualifiedPaneId, TerminalId};
@@ -37,8 +42,13 @@ struct ShellEntry {
 /// One reading of the panes: which process is which pane's.
 #[derive(Debug, Default, Clone)]
 pub(super) struct PaneMap {
-    /// When the listing it came from was read; `None` for the empty map before the first one.
+    /// When the listing it came from was asked for (before its I/O: every pane that existed
+    /// then is in it); `None` for the empty map before the first one.
     fetched: Option<Instant>,
+    /// The same moment on the clock process start times count on (`None`: not read).
+    fetched_ticks: Option<u64>,
+    /// Every pane the listing had is in `by_shell` (its process and start time were read).
+    complete: bool,
     by_shell: HashMap<u32, ShellEntry>,
     /// (pane, terminal) → shell pid, so a refresh only asks for new incarnations.
     known: HashMap<(QualifiedPaneId, TerminalId), u32>,
@@ -64,6 +74,20 @@ impl PaneMap {
                     workspace_label: entry.workspace_label.clone(),
                 })
         })
+    }
+
+    /// Whether a miss of `chain` (the caller first, then its ancestors) in this reading is
+    /// final: the reading is complete and every process in the chain started at least one clock
+    /// tick before its listing was asked for, so a pane any of them is the process of existed
+    /// then and is in it. A later listing could only add panes whose processes started later.
+    pub(super) fn miss_is_final(&self, chain: &[platform::ProcStat]) -> bool {
+        self.complete
+            && !chain.is_empty()
+            && self.fetched_ticks.is_some_and(|listed| {
+                chain
+                    .iter()
+                    .all(|stat| stat.start_time.saturating_add(1) < listed)
+            })
     }
 
     /// Whether `pane` holds incarnation `terminal` in this reading.
@@ -96,11 +120,9 @@ pub(super) struct Panes {
     refreshing: tokio::sync::Mutex<()>,
     /// Set when pane events were missed: every lookup waits for the next reading.
     stale: AtomicBool,
-    /// Set when a pane was just opened by fleetd: the next miss refreshes without waiting for
-    /// `miss_refresh`.
-    grown: AtomicBool,
-    /// Counts refresh attempts, so lookups that queued behind one take its answer.
-    attempts: AtomicU64,
+    /// When fleetd last opened a pane: a miss in a map read before then refreshes without
+    /// waiting for `miss_refresh` (every such miss, not only the first: spawns run in parallel).
+    grown: Mutex<Option<Instant>>,
     /// A background refresh is running.
     background: AtomicBool,
     /// Not before this does a background refresh run again (after a failed one).
@@ -118,8 +140,7 @@ impl Panes {
             snapshot: RwLock::new(Arc::new(PaneMap::default())),
             refreshing: tokio::sync::Mutex::new(()),
             stale: AtomicBool::new(false),
-            grown: AtomicBool::new(false),
-            attempts: AtomicU64::new(0),
+            grown: Mutex::new(None),
             background: AtomicBool::new(false),
             retry_at: Mutex::new(None),
             gone_during: Mutex::new(Vec::new()),
@@ -142,7 +163,7 @@ impl Panes {
 
     /// fleetd opened a pane: the next miss reads the panes at once.
     pub(super) fn mark_grown(&self) {
-        self.grown.store(true, Ordering::Relaxed);
+        *lock(&self.grown) = Some(Instant::now());
     }
 
     /// An incarnation ended: it leaves the snapshot now, and the refresh running (if any) will
@@ -165,7 +186,7 @@ impl Panes {
     pub(super) async fn current(self: &Arc<Self>) -> Result<Arc<PaneMap>, LocateError> {
         let map = self.snapshot();
         if map.fetched.is_none() || self.stale.load(Ordering::Relaxed) {
-            return self.newer_than(&map).await;
+            return self.read_since(Instant::now()).await;
         }
         if map
             .fetched
@@ -184,35 +205,40 @@ impl Panes {
         self.config.miss_refresh
     }
 
+    ///
+    /// The caller's process existed when its lookup began, and so did its pane: only a listing
+    /// asked for after that can have it. A refresh that was already listing when the lookup
+    /// missed is not enough (it may have listed before the pane opened).
     pub(super) async fn after_miss(
         self: &Arc<Self>,
         missed: &Arc<PaneMap>,
+        chain: &[platform::ProcStat],
+        looked_at: Instant,
     ) -> Result<Arc<PaneMap>, LocateError> {
-        if !self.grown.swap(false, Ordering::Relaxed)
-            && let Some(at) = missed.fetched
-        {
+        if missed.miss_is_final(chain) && !self.stale.load(Ordering::Relaxed) {
+            return Ok(Arc::clone(missed));
+        }
+        let grown_since =
+            lock(&self.grown).is_some_and(|grown| missed.fetched.is_none_or(|read| read <= grown));
+        if !grown_since && let Some(at) = missed.fetched {
             tokio::time::sleep_until(at + self.config.miss_refresh).await;
         }
-        self.newer_than(missed).await
+        self.read_since(looked_at).await
     }
 
-    /// Waits for a reading newer than `seen`: the one a refresh running now produces, or one
-    /// this call makes. Only one refresh runs at a time; callers queued behind it take its answer.
-    async fn newer_than(&self, seen: &Arc<PaneMap>) -> Result<Arc<PaneMap>, LocateError> {
-        let attempts = self.attempts.load(Ordering::Acquire);
+    /// Waits for a reading whose listing was asked for at `since` or later: the one a refresh
+    /// running now produces if it started in time, or one this call makes. Only one refresh
+    /// runs at a time; callers queued behind it take its answer when it is recent enough.
+    async fn read_since(&self, since: Instant) -> Result<Arc<PaneMap>, LocateError> {
         let _turn = self.refreshing.lock().await;
         let map = self.snapshot();
-        let someone_read = self.attempts.load(Ordering::Acquire) != attempts;
-        // A newer reading, not merely the same one with a gone pane taken out.
-        if (someone_read || map.fetched != seen.fetched)
-            && map.fetched.is_some()
-            && !self.stale.load(Ordering::Relaxed)
-        {
+        if map.fetched.is_some_and(|read| read >= since) && !self.stale.load(Ordering::Relaxed) {
             return Ok(map);
         }
-        // A reading failed a moment ago: the multiplexer is not asked again before `retry_at`
-        // (the map as it is answers; with none read yet that is no pane at all), so callers a
-        // down multiplexer cannot place do not each spawn a listing of their own.
+        // A reading failed a moment ago (perhaps the one this call queued behind): the
+        // multiplexer is not asked again before `retry_at` (the map as it is answers; with none
+        // read yet that is no pane at all), so callers a down multiplexer cannot place do not
+        // each spawn a listing of their own.
         if lock(&self.retry_at).is_some_and(|at| Instant::now() < at) {
             return Ok(map);
         }
@@ -225,7 +251,6 @@ impl Panes {
         self.stale.store(false, Ordering::Relaxed);
         lock(&self.gone_during).clear();
         let outcome = self.read(&previous).await;
-        self.attempts.fetch_add(1, Ordering::Release);
         match outcome {
             Ok(mut map) => {
                 let mut snapshot = self
@@ -275,7 +300,10 @@ impl Panes {
     /// One reading of the panes, reusing the shell pids `previous` knows: the listing, a
     /// `process_info` per new incarnation whose listing has no pid, and each shell's start time.
     async fn read(&self, previous: &PaneMap) -> Result<PaneMap, LocateError> {
+        let asked = Instant::now();
+        let asked_ticks = platform::start_clock_now().ok();
         let panes = self.router.list_panes().await?;
+        let listed = panes.len();
         let mut known = HashMap::new();
         let mut labels = HashMap::new();
         for routed in panes {
@@ -314,7 +342,7 @@ impl Panes {
         .await
         .map_err(|e| LocateError::Proc(std::io::Error::other(e)))?;
         starts.extend(read);
-        let by_shell = known
+        let by_shell: HashMap<u32, ShellEntry> = known
             .iter()
             .filter_map(|(key, pid)| {
                 starts.get(pid).map(|start| {
@@ -330,10 +358,115 @@ impl Panes {
                 })
             })
             .collect();
+        let complete = known.len() == listed && by_shell.len() == known.len();
         Ok(PaneMap {
-            fetched: Some(Instant::now()),
+            fetched: Some(asked),
+            fetched_ticks: asked_ticks,
+            complete,
             by_shell,
             known,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use fleetd_core::AgentStatus;
+
+    use super::*;
+    use crate::mux::fake::FakeMux;
+
+    /// A pane opens while a refresh is listing (the listing missed it); its process calls at
+    /// once. The lookup must not take that refresh's answer, which cannot hold the pane: it
+    /// waits for a listing asked for after it began (the `fleet_spawn`s of 200 members, 8 at a
+    /// time, left some agents anonymous for good this way: they call once).
+    #[tokio::test]
+    async fn a_miss_takes_only_a_listing_asked_for_after_it_began() {
+        let fake = FakeMux::new();
+        let router = MuxRouter::new(Arc::new(fake.clone()), None);
+        let config = LocatorConfig {
+            pane_ttl: Duration::from_secs(60),
+            miss_refresh: Duration::from_millis(50),
+        };
+        let panes = Arc::new(Panes::new(router, config));
+        let empty = panes.current().await.expect("first reading");
+        assert!(empty.shells().is_empty());
+
+        fake.hold_listings(true);
+        panes.refresh_in_background(Duration::ZERO);
+        while fake.listings() < 2 {
+            tokio::task::yield_now().await;
+        }
+        // The pane opens behind that listing, and its process's lookup misses.
+        fake.add_pane("w1:p1", "t1", "w1:t1", AgentStatus::Idle);
+        fake.set_shell_pid("w1:p1", std::process::id());
+        panes.mark_grown();
+        let looked_at = Instant::now();
+        let lookup = tokio::spawn({
+            let panes = Arc::clone(&panes);
+            async move { panes.after_miss(&empty, &[], looked_at).await }
+        });
+        tokio::task::yield_now().await;
+        fake.hold_listings(false);
+
+        let map = lookup.await.expect("lookup").expect("a reading");
+        let me = platform::read_stat(std::process::id()).expect("own stat");
+        let found = map.find(&[me]).expect("the new pane is found");
+        assert_eq!(found.pane.pane.as_str(), "w1:p1");
+        assert_eq!(fake.listings(), 3, "one listing after the miss, no more");
+    }
+
+    /// A caller in no pane whose every ancestor started before a complete listing is in no pane
+    /// for good: its lookup answers at once, without waiting `miss_refresh` or listing again.
+    /// A caller with a process younger than the listing still gets a new one.
+    #[tokio::test]
+    async fn a_final_miss_neither_waits_nor_lists() {
+        let fake = FakeMux::new();
+        fake.add_pane("w1:p1", "t1", "w1:t1", AgentStatus::Idle);
+        fake.set_shell_pid("w1:p1", std::process::id());
+        let router = MuxRouter::new(Arc::new(fake.clone()), None);
+        let config = LocatorConfig {
+            pane_ttl: Duration::from_secs(60),
+            miss_refresh: Duration::from_secs(3600),
+        };
+        let panes = Arc::new(Panes::new(router, config));
+        let map = panes.current().await.expect("a reading");
+        assert_eq!(fake.listings(), 1);
+        let old = platform::ProcStat {
+            pid: 4_000_001,
+            ppid: 1,
+            session: 1,
+            start_time: 0,
+        };
+        assert!(map.miss_is_final(&[old]));
+        let again = tokio::time::timeout(
+            Duration::from_secs(5),
+            panes.after_miss(&map, &[old], Instant::now()),
+        )
+        .await
+        .expect("answered without waiting an hour")
+        .expect("the map");
+        assert!(again.find(&[old]).is_none());
+        assert_eq!(fake.listings(), 1, "no listing for a final miss");
+
+        let young = platform::ProcStat {
+            start_time: u64::MAX - 1,
+            ..old
+        };
+        assert!(
+            !map.miss_is_final(&[old, young]),
+            "an ancestor younger than the listing"
+        );
+        assert!(!map.miss_is_final(&[]), "no chain read: nothing is final");
+        let incomplete = PaneMap {
+            complete: false,
+            ..PaneMap::clone(&map)
+        };
+        assert!(
+            !incomplete.miss_is_final(&[old]),
+            "a pane without its process"
+        );
     }
 }

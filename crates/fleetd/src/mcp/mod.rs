@@ -81,6 +81,8 @@ pub struct Fleet {
     pub inbox: crate::inbox::Inbox,
     /// Spawns members (`fleet_spawn`), each on a task of its own.
     pub spawner: crate::members::Spawner,
+    /// Other gateways' members and profiles as their presence said (empty on one host).
+    pub peers: crate::gateway::presence::Peers,
 }
 
 impl Fleet {

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use super::env::MemberEnv;
 use crate::config::{Config, Live, Profile};
-use crate::engine::{EngineGone, EngineHandle, LeadRef, NewMember, Readiness};
+use crate::engine::{Delegator, EngineGone, EngineHandle, LeadRef, NewMember, Readiness};
 use crate::locate::Locator;
 use crate::mux::{Launch, MuxRouter, OpenPane, Placement};
 use crate::secrets::Redactor;
@@ -34,6 +34,12 @@ pub struct SpawnRequest {
     pub task: Option<String>,
     /// The lead that asked (its delegation binding), when the caller is one in a pane.
     pub lead: Option<LeadRef>,
+    /// The delegating member that asked, when the caller is one: it becomes the new member's
+    /// lead (within `maxDelegationDepth` and `maxMembersPerLead`).
+    pub by: Option<Target>,
+    /// The caller's pane directory (its pane process's working directory): where a worktree
+    /// profile branches from when neither its `repo` nor `cwd` says.
+    pub origin: Option<std::path::PathBuf>,
 }
 
 /// A member that was spawned and is ready.
@@ -103,13 +109,25 @@ impl Spawner {
         if let Some(lead) = &request.lead {
             self.engine.lead_seen(lead.clone()).await?;
         }
-        let target = self.engine.reserve(request.name.take()).await??;
+        let delegator = match (&request.by, &request.lead) {
+            (Some(member), _) => Delegator::Member(member.clone()),
+            (None, Some(lead)) => Delegator::Lead(lead.clone()),
+            (None, None) => Delegator::Operator,
+        };
+        let (target, lead) = self
+            .engine
+            .reserve(request.name.take(), delegator)
+            .await??;
+        request.lead = lead;
         let mut undo = Undo {
             engine: self.engine.clone(),
             mux: self.mux.clone(),
-            target: target.clone(),
-            pane: None,
-            registered: false,
+            held: Held {
+                target: target.clone(),
+                pane: None,
+                registered: false,
+                worktree: None,
+            },
             armed: true,
         };
         let saga = Saga {
@@ -125,7 +143,7 @@ impl Spawner {
                 Ok(spawned)
             }
             Err(e) => {
-                tracing::info!(target = %undo.target, code = e.code, "spawn failed; undoing it");
+                tracing::info!(target = %undo.held.target, code = e.code, "spawn failed; undoing it");
                 // Undone before the answer, so a retry under the same name finds it free.
                 undo.run().await;
                 Err(e)
@@ -161,12 +179,33 @@ impl Saga<'_> {
             url: &spawner.url,
         }
         .build()?;
+        let worktree = match plan_worktree(config, profile, &request, &target).await? {
+            Some(info) => {
+                // Durable before git makes anything: a kill -9 from here until the member is
+                // registered leaves a record the next start settles.
+                spawner
+                    .engine
+                    .worktree_making(target.clone(), info.clone(), request.lead.clone())
+                    .await??;
+                // (A failed `make` takes back what git left itself.)
+                undo.held.worktree = Some(HeldWorktree::Making(info.clone()));
+                let made = crate::worktree::make(&info).await;
+                undo.held.worktree = made.is_ok().then(|| HeldWorktree::Made(info.clone()));
+                made.map_err(|e| worktree_refusal(&target, &e))?;
+                Some(info)
+            }
+            None => None,
+        };
+        let cwd = match &worktree {
+            Some(w) => Some(w.path.clone()),
+            None => request.cwd.map(Into::into).or_else(|| profile.cwd.clone()),
+        };
         let open = OpenPane {
             placement: Placement::NewTab {
                 workspace: config.members_workspace.clone(),
             },
             label: Some(target.to_string()),
-            cwd: request.cwd.map(Into::into).or_else(|| profile.cwd.clone()),
+            cwd,
             env,
             launch: launch(profile, &target),
         };
@@ -177,7 +216,7 @@ impl Saga<'_> {
                 format!("the multiplexer could not open a pane for {target}: {e}"),
             )
         })?;
-        undo.pane = Some(pane.id.clone());
+        undo.held.pane = Some(pane.id.clone());
         spawner
             .engine
             .add_member(NewMember {
@@ -190,18 +229,28 @@ impl Saga<'_> {
                 idle_timeout_secs: profile.idle_timeout_secs,
                 backend: profile.backend.clone(),
                 lead: request.lead.clone(),
+                worktree: worktree.clone(),
             })
             .await?;
-        undo.registered = true;
+        undo.held.registered = true;
         spawner.locator.invalidate();
         spawner.wait_ready(&target).await?;
         let ticket = match request.task {
-            Some(task) => Some(
-                spawner
-                    .engine
-                    .submit(request.lead, target.clone(), task)
-                    .await??,
-            ),
+            Some(task) => Some(match request.by {
+                // Sent by the member, so it may poll the ticket (its lead is bound already).
+                Some(by) => {
+                    spawner
+                        .engine
+                        .submit_for_member(by, target.clone(), task)
+                        .await??
+                }
+                None => {
+                    spawner
+                        .engine
+                        .submit(request.lead, target.clone(), task)
+                        .await??
+                }
+            }),
             None => None,
         };
         Ok(Spawned {
@@ -212,6 +261,51 @@ impl Saga<'_> {
             ticket,
         })
     }
+}
+
+/// The member's own git worktree as planned (nothing made yet), when its profile gives it one:
+/// branched from the profile's `repo`, else the spawn's `cwd`, else the caller's pane directory
+/// (then the profile's `cwd`).
+async fn plan_worktree(
+    config: &Config,
+    profile: &Profile,
+    request: &SpawnRequest,
+    target: &Target,
+) -> Result<Option<crate::worktree::WorktreeInfo>, Refusal> {
+    let Some(w) = &profile.worktree else {
+        return Ok(None);
+    };
+    let from = w
+        .repo
+        .clone()
+        .or_else(|| request.cwd.clone().map(Into::into))
+        .or_else(|| request.origin.clone())
+        .or_else(|| profile.cwd.clone())
+        .ok_or_else(|| {
+            Refusal::new(
+                "worktree_failed",
+                format!(
+                    "profile {} gives each member a git worktree, but there is no repository to branch from (the caller is in no pane): set profiles.{}.worktree.repo, or pass `cwd`",
+                    request.profile, request.profile
+                ),
+            )
+        })?;
+    let root = config.state_dir.join("worktrees");
+    crate::worktree::plan(&crate::worktree::WorktreeRequest {
+        from: &from,
+        branch_prefix: &w.branch_prefix,
+        name: target.as_str(),
+        base: w.base.as_deref(),
+        root: &root,
+    })
+    .await
+    .map(Some)
+    .map_err(|e| worktree_refusal(target, &e))
+}
+
+/// A worktree that could not be planned or made.
+fn worktree_refusal(target: &Target, e: &str) -> Refusal {
+    Refusal::new("worktree_failed", format!("{target}'s worktree: {e}"))
 }
 
 /// What the pane runs: the profile's own command, or its agent kind started the multiplexer's
@@ -265,31 +359,42 @@ impl Spawner {
     }
 }
 
-/// What a saga holds and must give back unless it succeeds: its reserved name, then its pane,
-/// then its registered member. A failed saga runs it before answering; dropped while armed (the
-/// saga's task was cancelled or panicked), it does the same on a task of its own.
+/// What a saga holds and must give back unless it succeeds: its reserved name, then its
+/// worktree, its pane, then its registered member. A failed saga runs it before answering;
+/// dropped while armed (the saga's task was cancelled or panicked), it does the same on a task
+/// of its own.
 #[derive(Debug)]
 struct Undo {
     engine: EngineHandle,
     mux: MuxRouter,
+    held: Held,
+    armed: bool,
+}
+
+/// What a saga has taken so far.
+#[derive(Debug, Clone)]
+struct Held {
     target: Target,
     pane: Option<QualifiedPaneId>,
     registered: bool,
-    armed: bool,
+    /// Its worktree (a registered member's is settled by its release instead).
+    worktree: Option<HeldWorktree>,
+}
+
+/// A spawn's worktree, as far as it got.
+#[derive(Debug, Clone)]
+enum HeldWorktree {
+    /// `git worktree add` is running: what it leaves is taken back (`worktree::abandon`).
+    Making(crate::worktree::WorktreeInfo),
+    /// Made: taken back whole (`worktree::discard`).
+    Made(crate::worktree::WorktreeInfo),
 }
 
 impl Undo {
     /// Gives everything back now.
     async fn run(&mut self) {
         self.armed = false;
-        undo(
-            self.engine.clone(),
-            self.mux.clone(),
-            self.target.clone(),
-            self.pane.clone(),
-            self.registered,
-        )
-        .await;
+        undo(self.engine.clone(), self.mux.clone(), self.held.clone()).await;
     }
 }
 
@@ -298,40 +403,35 @@ impl Drop for Undo {
         if !self.armed {
             return;
         }
-        tracing::warn!(target = %self.target, "a spawn was cancelled midway; undoing it");
-        let work = undo(
-            self.engine.clone(),
-            self.mux.clone(),
-            self.target.clone(),
-            self.pane.take(),
-            self.registered,
-        );
+        tracing::warn!(target = %self.held.target, "a spawn was cancelled midway; undoing it");
+        let work = undo(self.engine.clone(), self.mux.clone(), self.held.clone());
         // Without a runtime the daemon is stopping, and its engine with it: nothing is left to
-        // give anything back to.
+        // give anything back to (a worktree's record stays, and the next start settles it).
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(work);
         }
     }
 }
 
-/// Gives back a spawn's member (through the one release path, which fails its tickets and
-/// forgets its bindings), or else its reserved name, and closes its pane.
-async fn undo(
-    engine: EngineHandle,
-    mux: MuxRouter,
-    target: Target,
-    pane: Option<QualifiedPaneId>,
-    registered: bool,
-) {
+/// Gives back a spawn's member (through the one release path, which fails its tickets, forgets
+/// its bindings and settles its worktree), or else closes its pane, takes back the worktree
+/// made for it and then gives back its reserved name (which drops the worktree's record: only
+/// once the worktree is gone, so a kill -9 meanwhile leaves the record for the next start).
+async fn undo(engine: EngineHandle, mux: MuxRouter, held: Held) {
+    let Held {
+        target,
+        pane,
+        registered,
+        worktree,
+    } = held;
     let pane = if registered {
         // `None`: released already (its pane closed, or it was stopped): nothing left to close.
         engine
-            .release(target, "spawn_failed".to_owned())
+            .release(target.clone(), "spawn_failed".to_owned())
             .await
             .ok()
             .flatten()
     } else {
-        let _ = engine.unreserve(target).await;
         pane
     };
     if let Some(pane) = pane {
@@ -340,5 +440,13 @@ async fn undo(
             Err(e) if e.is_not_found() => {}
             Err(e) => tracing::warn!(%pane, error = %e, "cannot close a failed spawn's pane"),
         }
+    }
+    if !registered {
+        match worktree {
+            Some(HeldWorktree::Making(info)) => crate::worktree::abandon(&info).await,
+            Some(HeldWorktree::Made(info)) => crate::worktree::discard(&info).await,
+            None => {}
+        }
+        let _ = engine.unreserve(target).await;
     }
 }

@@ -47,6 +47,7 @@ fn setup() -> Setup {
         store: Arc::clone(&store),
         mux: router.clone(),
         redactor: crate::secrets::Redactor::empty(),
+        gateway: None,
     });
     let locator = crate::locate::Locator::new(router.clone(), Default::default());
     let redactor = crate::secrets::Redactor::empty();
@@ -70,6 +71,7 @@ fn setup() -> Setup {
         redactor,
         inbox,
         spawner,
+        peers: crate::gateway::presence::Peers::default(),
     };
     Setup { fleet, fake }
 }
@@ -118,8 +120,12 @@ async fn listed(engine: &EngineHandle, name: &str) -> bool {
 
 /// Whether `name` can be reserved now (then it is given back at once).
 async fn name_free(engine: &EngineHandle, name: &str) -> bool {
-    match engine.reserve(Some(name.to_owned())).await.expect("engine") {
-        Ok(target) => {
+    match engine
+        .reserve(Some(name.to_owned()), crate::engine::Delegator::Operator)
+        .await
+        .expect("engine")
+    {
+        Ok((target, _)) => {
             engine.unreserve(target).await.expect("engine");
             true
         }
@@ -273,6 +279,8 @@ async fn a_saga_cancelled_midway_is_undone_by_its_guard() {
         cwd: None,
         task: None,
         lead: None,
+        by: None,
+        origin: None,
     };
     // Cancelled with its member registered, waiting for the agent: released, pane closed.
     let saga = fleet.spawner.start(request("ann"));

@@ -54,6 +54,8 @@ struct Inner {
     /// Panes whose submits report that the turn started (as herdr's `agent.prompt` does).
     starts: std::collections::BTreeSet<PaneId>,
     list_fails: bool,
+    /// `list_panes` calls so far.
+    listings: usize,
     typed: Vec<Typed>,
     enters: Vec<(Instant, PaneId)>,
     /// Every open request received, in order (counted before any hold).
@@ -71,6 +73,8 @@ pub(crate) struct FakeMux {
     events: broadcast::Sender<PaneEvent>,
     /// While true, `open_pane` waits before it opens anything.
     hold_opens: Arc<tokio::sync::watch::Sender<bool>>,
+    /// While true, `list_panes` lists at once and waits before it answers.
+    hold_listings: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl FakeMux {
@@ -79,6 +83,26 @@ impl FakeMux {
             inner: Arc::default(),
             events: broadcast::channel(super::PANE_EVENT_CAPACITY).0,
             hold_opens: Arc::new(tokio::sync::watch::Sender::new(false)),
+            hold_listings: Arc::new(tokio::sync::watch::Sender::new(false)),
+        }
+    }
+
+    /// Holds every `list_panes` answer (true) until released (false): the panes are listed when
+    /// the call is made, and answered late — a slow listing a pane can open behind.
+    pub(crate) fn hold_listings(&self, hold: bool) {
+        self.hold_listings.send_replace(hold);
+    }
+
+    /// How many `list_panes` calls were made.
+    pub(crate) fn listings(&self) -> usize {
+        self.lock().listings
+    }
+
+    /// Gives pane `id` a shell process, as a listing reports it.
+    pub(crate) fn set_shell_pid(&self, id: &str, pid: u32) {
+        let pane = PaneId::new(id).expect("pane id");
+        if let Some(info) = self.lock().panes.get_mut(&pane) {
+            info.shell_pid = Some(pid);
         }
     }
 
@@ -280,13 +304,19 @@ impl Multiplexer for FakeMux {
     }
 
     fn list_panes(&self) -> MuxFuture<'_, Vec<PaneInfo>> {
-        let inner = self.lock();
+        let mut inner = self.lock();
+        inner.listings += 1;
         let out = if inner.list_fails {
             Err(MuxError::transient("pane.list", "scripted socket blip"))
         } else {
             Ok(inner.panes.values().cloned().collect())
         };
-        ready(out)
+        drop(inner);
+        let mut held = self.hold_listings.subscribe();
+        Box::pin(async move {
+            let _ = held.wait_for(|hold| !hold).await;
+            out
+        })
     }
 
     fn list_tabs(&self) -> MuxFuture<'_, Vec<TabInfo>> {

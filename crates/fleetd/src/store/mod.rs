@@ -23,6 +23,7 @@ use std::sync::Arc;
 use fleetd_core::{Message, MessageError, MessageLimits, MsgId, Target};
 
 pub use amqp::AmqpStore;
+pub use amqp::link as gateway_link;
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
 

@@ -37,6 +37,9 @@ impl State {
         now: Timestamp,
         io: &mut Vec<Io>,
     ) -> Result<Ticket, Refusal> {
+        if target.gateway().is_some() {
+            return self.submit_remote(lead, by, &target, task, now, io);
+        }
         let queued = self.injector.queued(&target);
         let max = self.limits.max_queued_tasks;
         if self.members.contains_key(&target) && u64::try_from(queued).unwrap_or(u64::MAX) >= max {
@@ -47,7 +50,15 @@ impl State {
                 ),
             ));
         }
-        self.enqueue(lead, by, target, task, now, io)
+        // A delegating member becomes the lead of the member it hands work to.
+        let adopted = match &by {
+            Some(by) if self.members.contains_key(&target) => Some(self.send_lead(by, &target)?),
+            _ => None,
+        };
+        if let Some(lead) = &adopted {
+            self.adopt_as_lead(lead, now, io);
+        }
+        self.enqueue(adopted.as_ref().or(lead), by, target, task, now, io)
     }
 
     /// Queues `task` for `target` whatever its queue holds: `submit` past the cap check, and
@@ -151,6 +162,9 @@ impl State {
         io: &mut Vec<Io>,
     ) -> Delivered {
         let target = message.target.clone();
+        // For a ticket another gateway owns, the reply goes there (and not to this host's
+        // inbox, where its local copy is removed once it is on its way).
+        let forwarded = self.reply_to_owner(&message, io);
         if matches!(message.kind, MessageKind::Reply | MessageKind::Fallback) {
             self.emit(FleetEvent::ReplyStored {
                 target: target.to_string(),
@@ -183,7 +197,10 @@ impl State {
                 self.hand(ticket, target.clone(), msg_id);
             }
         }
-        io.push(Io::Depth { target });
+        if !forwarded {
+            self.depth_pending.insert(target.clone());
+            io.push(Io::Depth { target });
+        }
         delivered
     }
 
@@ -208,22 +225,26 @@ impl State {
             let waited = now.duration_since(r.created_at).as_secs_f64();
             metrics::histogram!("fleetd_delivery_seconds").record(waited.max(0.0));
         }
+        let report = event.clone();
         let changed = self.apply_event(ticket, event, now);
         if changed {
             self.dirty.tickets.insert(ticket);
             self.emit_ticket(ticket, now);
+            self.report_to_owner(ticket, &report);
         }
         self.ticket_gauges();
         changed
     }
 
     /// Emits `ticket`'s current state.
-    fn emit_ticket(&mut self, ticket: Ticket, now: Timestamp) {
+    pub(super) fn emit_ticket(&mut self, ticket: Ticket, now: Timestamp) {
         if let TicketLookup::Live(r) = self.tickets.get_at(ticket, now) {
             let event = FleetEvent::TicketState {
                 ticket: ticket.to_string(),
                 target: r.target.to_string(),
                 state: r.state.as_str().to_owned(),
+                waited_ms: (r.state == fleetd_core::TicketState::Delivered)
+                    .then(|| super::push::millis(now.duration_since(r.created_at))),
             };
             self.emit(event);
         }

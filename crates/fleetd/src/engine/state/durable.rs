@@ -1,6 +1,7 @@
 //! The engine's durable state (SPEC §15): which parts of [`State`] a restart must not forget —
 //! members (with their delegating lead), tickets (state, retention clock, task text, who sent
-//! them, whether their task was ever typed), open questions, leads and the primary — as keyed
+//! them, whether their task was ever typed), open questions (and which of other gateways' were
+//! answered here, so a copy delivered again is not a new one), leads and the primary — as keyed
 //! records for the `StateStore`. Mutations mark keys dirty; after each input the engine takes
 //! the changed records as one batch ([`State::take_ops`]) and commits it before the tool that
 //! caused it answers. At start [`State::restore`] rebuilds the state from the records.
@@ -23,9 +24,14 @@ const MEMBER: &str = "member";
 const TICKET: &str = "ticket";
 const PRUNED: &str = "pruned";
 const QUESTION: &str = "question";
+const ANSWERED: &str = "answered";
 const LEAD: &str = "lead";
 const META: &str = "meta";
 const PRIMARY: &str = "primary";
+const WORKTREE: &str = "worktree";
+const SPAWN_WORKTREE: &str = "worktree.spawn";
+const OUTBOX: &str = "outbox";
+const SPAWN: &str = "spawn";
 
 /// Keys changed since the last batch.
 #[derive(Debug, Default)]
@@ -33,8 +39,16 @@ pub(super) struct Dirty {
     pub(super) members: BTreeSet<Target>,
     pub(super) tickets: BTreeSet<Ticket>,
     pub(super) questions: BTreeSet<String>,
+    /// Other gateways' questions answered here (`State::answered`).
+    pub(super) answered: BTreeSet<String>,
     pub(super) leads: BTreeSet<LeadId>,
     pub(super) primary: bool,
+    pub(super) worktrees: BTreeSet<Target>,
+    /// Worktrees spawns are making.
+    pub(super) spawn_worktrees: BTreeSet<Target>,
+    pub(super) outbox: BTreeSet<u64>,
+    /// Spawns across gateways (`remote::spawn_key`).
+    pub(super) spawns: BTreeSet<String>,
 }
 
 /// A ticket as kept on disk.
@@ -52,6 +66,9 @@ pub(super) struct TicketRow {
     /// again (it may have arrived).
     #[serde(default)]
     typed: bool,
+    /// The gateway whose lead sent it, for a ticket of a member here that another gateway owns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<fleetd_core::gateway::GatewayName>,
 }
 
 /// An open question as kept on disk.
@@ -59,6 +76,9 @@ pub(super) struct TicketRow {
 struct QuestionRow {
     target: Target,
     question: String,
+    /// The gateway it travels with (`Question::peer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    peer: Option<fleetd_core::gateway::GatewayName>,
 }
 
 /// A lead as kept on disk.
@@ -77,8 +97,17 @@ pub(in crate::engine) struct Restored {
     tickets: Vec<TicketRow>,
     pruned: Vec<(Ticket, Timestamp)>,
     questions: Vec<(String, QuestionRow)>,
+    answered: Vec<(String, Timestamp)>,
     leads: Vec<(LeadId, LeadRow)>,
     primary: Option<LeadId>,
+    /// Released members' worktrees that were not settled yet.
+    worktrees: Vec<(Target, crate::worktree::WorktreeInfo)>,
+    /// Worktrees spawns were making, their members not registered then.
+    spawn_worktrees: Vec<(Target, super::worktrees::SpawnWorktree)>,
+    /// Messages for other gateways the broker had not confirmed.
+    outbox: Vec<(u64, fleetd_core::gateway::Envelope)>,
+    /// Spawns across gateways (key, JSON value).
+    spawns: Vec<(String, String)>,
 }
 
 impl Restored {
@@ -98,8 +127,30 @@ impl Restored {
                 },
                 QUESTION => serde_json::from_str(&record.value)
                     .map(|q| out.questions.push((record.key.clone(), q))),
+                ANSWERED => serde_json::from_str(&record.value)
+                    .map(|at| out.answered.push((record.key.clone(), at))),
                 LEAD => serde_json::from_str(&record.value)
                     .map(|l| out.leads.push((LeadId(record.key.clone()), l))),
+                OUTBOX => match record.key.parse::<u64>() {
+                    Ok(seq) => {
+                        serde_json::from_str(&record.value).map(|e| out.outbox.push((seq, e)))
+                    }
+                    Err(_) => Ok(()),
+                },
+                WORKTREE => match Target::new(record.key.as_str()) {
+                    Ok(target) => serde_json::from_str(&record.value)
+                        .map(|info| out.worktrees.push((target, info))),
+                    Err(_) => Ok(()),
+                },
+                SPAWN_WORKTREE => match Target::new(record.key.as_str()) {
+                    Ok(target) => serde_json::from_str(&record.value)
+                        .map(|spawn| out.spawn_worktrees.push((target, spawn))),
+                    Err(_) => Ok(()),
+                },
+                SPAWN => {
+                    out.spawns.push((record.key.clone(), record.value.clone()));
+                    Ok(())
+                }
                 META if record.key == PRIMARY => {
                     serde_json::from_str::<Option<String>>(&record.value)
                         .map(|p| out.primary = p.map(LeadId))
@@ -127,7 +178,12 @@ impl Restored {
         self.members.is_empty()
             && self.tickets.is_empty()
             && self.questions.is_empty()
+            && self.answered.is_empty()
             && self.leads.is_empty()
+            && self.worktrees.is_empty()
+            && self.spawn_worktrees.is_empty()
+            && self.outbox.is_empty()
+            && self.spawns.is_empty()
     }
 }
 
@@ -186,6 +242,7 @@ impl State {
                         task: self.tasks.get(&ticket).cloned(),
                         by: self.sent_by.get(&ticket).cloned(),
                         typed: self.typed.contains(&ticket),
+                        owner: self.remote_owner.get(&ticket).cloned(),
                     };
                     ops.extend(put(TICKET, ticket.to_string(), &row));
                 }
@@ -203,10 +260,17 @@ impl State {
                     let row = QuestionRow {
                         target: q.target.clone(),
                         question: q.text.clone(),
+                        peer: q.peer.clone(),
                     };
                     ops.extend(put(QUESTION, id, &row));
                 }
                 None => ops.push(delete(QUESTION, id)),
+            }
+        }
+        for id in dirty.answered {
+            match self.answered.get(&id) {
+                Some(at) => ops.extend(put(ANSWERED, id, at)),
+                None => ops.push(delete(ANSWERED, id)),
             }
         }
         for id in dirty.leads {
@@ -225,6 +289,38 @@ impl State {
         if dirty.primary {
             let primary = self.push.primary().map(|l| l.0.clone());
             ops.extend(put(META, PRIMARY.to_owned(), &primary));
+        }
+        for seq in dirty.outbox {
+            let key = super::gateway::outbox_key(seq);
+            match self.outbox.get(&seq) {
+                Some(envelope) => ops.extend(put(OUTBOX, key, envelope)),
+                None => ops.push(delete(OUTBOX, key)),
+            }
+        }
+        for target in dirty.worktrees {
+            match self.pending_worktrees.get(&target) {
+                Some(info) => ops.extend(put(WORKTREE, target.to_string(), info)),
+                None => ops.push(delete(WORKTREE, target.to_string())),
+            }
+        }
+        for target in dirty.spawn_worktrees {
+            match self.spawn_worktrees.get(&target) {
+                Some(spawn) => ops.extend(put(SPAWN_WORKTREE, target.to_string(), spawn)),
+                None => ops.push(delete(SPAWN_WORKTREE, target.to_string())),
+            }
+        }
+        for key in dirty.spawns {
+            match self.spawn_record(&key) {
+                Some(Ok(value)) => ops.push(StateOp::Put(StateRecord {
+                    kind: SPAWN.to_owned(),
+                    key,
+                    value,
+                })),
+                Some(Err(e)) => {
+                    tracing::error!(%key, error = %e, "cannot encode a spawn record");
+                }
+                None => ops.push(delete(SPAWN, key)),
+            }
         }
         ops
     }
@@ -245,6 +341,21 @@ impl State {
             leads = kept.leads.len(),
             "restoring the fleet state kept before the restart"
         );
+        for (target, info) in kept.worktrees {
+            // Released before the restart, its worktree not yet settled: settle it now.
+            self.settle_worktree(&target, info, io);
+        }
+        let mut outbox = kept.outbox;
+        outbox.sort_by_key(|(seq, _)| *seq);
+        for (seq, envelope) in outbox {
+            // Not confirmed before the restart: sent again (the receiver takes each once).
+            self.outbox_seq = self.outbox_seq.max(seq);
+            self.outbox.insert(seq, envelope);
+            self.to_forward.push(seq);
+        }
+        for (key, value) in kept.spawns {
+            self.restore_spawn(&key, &value, now);
+        }
         for (id, row) in kept.leads {
             io.push(Io::Watch {
                 pane: row.pane.clone(),
@@ -264,6 +375,8 @@ impl State {
         for member in kept.members {
             self.restore_member(member, now, io);
         }
+        // After the members and leads: whether a member claims each, and whom to tell.
+        self.restore_spawn_worktrees(kept.spawn_worktrees, now, io);
         let mut tickets = kept.tickets;
         tickets.sort_by_key(|row| row.record.ticket);
         for row in tickets {
@@ -272,25 +385,33 @@ impl State {
         for (ticket, at) in kept.pruned {
             self.tickets.restore_pruned(ticket, at);
         }
+        self.answered.extend(kept.answered);
         for (id, row) in kept.questions {
-            if !self.members.contains_key(&row.target) {
+            // A question of a member on another host has no member here: it stays open until
+            // its lead answers it (the answer goes to that host).
+            let remote = row.target.gateway().is_some() && row.peer.is_some();
+            if !remote && !self.members.contains_key(&row.target) {
                 self.dirty.questions.insert(id);
                 continue;
             }
-            let effects = self.push.handle_at(
-                PushInput::QuestionOpened {
-                    target: row.target.clone(),
-                    question_id: id.clone(),
-                },
-                now,
-            );
-            self.push_effects(effects, now, io);
+            // A member's question that went to another gateway is that gateway's to nudge about.
+            if remote || row.peer.is_none() {
+                let effects = self.push.handle_at(
+                    PushInput::QuestionOpened {
+                        target: row.target.clone(),
+                        question_id: id.clone(),
+                    },
+                    now,
+                );
+                self.push_effects(effects, now, io);
+            }
             self.questions.insert(
                 id,
                 Question {
                     target: row.target,
                     text: row.question,
                     waiter: None,
+                    peer: row.peer,
                 },
             );
         }
@@ -340,8 +461,10 @@ impl State {
                     .idle_timeout_secs
                     .and_then(|s| i64::try_from(s).ok())
                     .map(jiff::SignedDuration::from_secs),
+                worktree_state: None,
             },
         );
+        self.inspect_worktree(&target, io);
         // Written again: a member imported from an older fleetd's file reaches the store.
         self.dirty.members.insert(target.clone());
         for input in [
@@ -377,7 +500,11 @@ impl State {
         if row.typed {
             self.typed.insert(ticket);
         }
-        if state.is_terminal() {
+        if let Some(owner) = row.owner {
+            self.remote_owner.insert(ticket, owner);
+        }
+        if state.is_terminal() || target.gateway().is_some() {
+            // (A ticket for a member on another host moves as that host reports.)
             return;
         }
         if !self.members.contains_key(&target) {

@@ -210,6 +210,7 @@ impl State {
         MemberView {
             target: target.clone(),
             profile: m.profile.clone(),
+            backend: m.backend.clone(),
             pane_id: m.pane.clone(),
             terminal_id: m.terminal.clone(),
             status: m.status.as_str().to_owned(),
@@ -222,20 +223,28 @@ impl State {
                 .map(|r| r.ticket)
                 .collect(),
             lead: m.lead.as_ref().map(|l| l.0.clone()),
+            delegator: self.delegator_of(target),
+            depth: self.depth_of(target),
+            branch: self.worktree_view(target, m).map(|w| w.branch),
+            worktree: self.worktree_view(target, m),
             joined_at: m.joined_at,
         }
     }
 
+    /// Reserves a name for a spawn `delegator` asks for, once the tree's limits allow it; the
+    /// lead the member will report to.
     pub(in crate::engine) fn reserve(
         &mut self,
         name: Option<String>,
+        delegator: &super::Delegator,
         now: Timestamp,
-    ) -> Result<Target, Refusal> {
+    ) -> Result<(Target, Option<super::super::LeadRef>), Refusal> {
+        let lead = self.spawn_lead(delegator)?;
         let taken = |t: &Target, s: &Self| s.members.contains_key(t) || s.reserved.contains_key(t);
         let target = match name {
             Some(name) => {
                 let target =
-                    Target::new(name).map_err(|e| Refusal::new("invalid_name", e.to_string()))?;
+                    Target::local(name).map_err(|e| Refusal::new("invalid_name", e.to_string()))?;
                 if taken(&target, self) {
                     return Err(Refusal::new(
                         "name_taken",
@@ -261,11 +270,18 @@ impl State {
                 .ok_or_else(|| Refusal::new("no_name", "no free member name"))?,
         };
         self.reserved.insert(target.clone(), now);
-        Ok(target)
+        if let Some(lead) = &lead {
+            self.reserved_for
+                .insert(target.clone(), Self::lead_id(lead));
+        }
+        Ok((target, lead))
     }
 
+    /// A spawn gave its name back, after taking back the worktree it made (if any).
     pub(in crate::engine) fn unreserve(&mut self, target: &Target) {
         self.reserved.remove(target);
+        self.reserved_for.remove(target);
+        self.spawn_worktree_done(target);
     }
 
     /// When the oldest name reservation expires.
@@ -283,6 +299,9 @@ impl State {
             }
             live
         });
+        let reserved = &self.reserved;
+        self.reserved_for
+            .retain(|target, _| reserved.contains_key(target));
     }
 
     pub(in crate::engine) fn add_member(
@@ -292,12 +311,20 @@ impl State {
         io: &mut Vec<Io>,
     ) {
         self.reserved.remove(&new.target);
+        self.reserved_for.remove(&new.target);
+        // In the batch that writes the member (with its worktree): never a moment on disk with
+        // neither record.
+        self.spawn_worktree_done(&new.target);
+        if let Some(lead) = &new.lead {
+            self.adopt_as_lead(lead, now, io);
+        }
         self.emit(FleetEvent::MemberSpawned {
             target: new.target.to_string(),
             profile: new.profile.clone(),
             backend: new.backend.clone(),
             pane: new.pane.to_string(),
             lead: new.lead.as_ref().map(|l| Self::lead_id(l).0),
+            branch: new.worktree.as_ref().map(|w| w.branch.clone()),
         });
         self.registry.insert(new.target.clone(), new.clone());
         self.dirty.members.insert(new.target.clone());
@@ -320,8 +347,10 @@ impl State {
                     .idle_timeout_secs
                     .and_then(|s| i64::try_from(s).ok())
                     .map(SignedDuration::from_secs),
+                worktree_state: None,
             },
         );
+        self.inspect_worktree(&new.target, io);
         let effects = self.injector.handle_at(
             InjectorInput::MemberAdded {
                 target: new.target.clone(),
@@ -391,6 +420,8 @@ impl State {
         io: &mut Vec<Io>,
     ) -> Option<QualifiedPaneId> {
         let member = self.members.remove(target)?;
+        let heir = member.lead.clone();
+        let worktree = self.registry.get(target).and_then(|m| m.worktree.clone());
         self.emit(FleetEvent::MemberReleased {
             target: target.to_string(),
             cause: cause.to_owned(),
@@ -440,13 +471,24 @@ impl State {
             now,
         );
         self.injector_effects(effects, now, io);
-        let effects = self.push.handle_at(
-            PushInput::Unbound {
-                target: target.clone(),
-            },
-            now,
-        );
-        self.push_effects(effects, now, io);
+        let notified = self.reparent(target, &member.pane.to_string(), heir.as_ref(), now, io);
+        // Its binding stays while its inbox holds mail (its last replies, the notices about it),
+        // so its lead is nudged about them; `inbox_depth` drops it once the inbox is empty.
+        // (A worktree's notice may come too: it settles first.)
+        if let Some(info) = worktree {
+            self.settle_worktree(target, info, io);
+        } else if open.is_empty()
+            && !notified
+            && self.raw_depth.get(target).copied().unwrap_or(0) == 0
+        {
+            let effects = self.push.handle_at(
+                PushInput::Unbound {
+                    target: target.clone(),
+                },
+                now,
+            );
+            self.push_effects(effects, now, io);
+        }
         // Questions of a released member can never be answered in its pane.
         let asked: Vec<String> = self
             .questions
@@ -500,6 +542,10 @@ impl State {
         );
         self.injector_effects(effects, now, io);
         self.ready_check(target);
+        if changed && status.is_at_rest() {
+            // Its turn ended: what its worktree holds now.
+            self.inspect_worktree(target, io);
+        }
         if changed {
             self.emit(FleetEvent::MemberStatus {
                 target: target.to_string(),

@@ -12,15 +12,27 @@ use fleetd_core::{
 use jiff::{SignedDuration, Timestamp};
 use tokio::sync::oneshot;
 
+mod delegation;
 mod delivery;
 mod durable;
+mod gateway;
 mod handed;
 mod members;
 mod push;
 mod questions;
+mod refusals;
+mod remote;
+mod worktrees;
 
+pub use delegation::Delegator;
+pub(in crate::engine) use delegation::TreeLimits;
 pub(in crate::engine) use durable::Restored;
+pub use gateway::GatewayOutcome;
+pub(in crate::engine) use gateway::GatewayState;
 pub(in crate::engine) use push::push_config;
+pub use refusals::PeerRefusal;
+#[cfg(test)]
+pub(in crate::engine) use refusals::REFUSAL_WINDOW;
 
 use super::leads::LeadTabs;
 use super::{NewMember, Readiness, Settled, TicketView};
@@ -98,6 +110,31 @@ pub(super) enum Io {
     /// Publish a fleet event (`/events`). Published in order, after the change it reports is
     /// committed, never in a task of its own.
     Event(crate::events::FleetEvent),
+    /// Read what a member's worktree holds (uncommitted paths, commits ahead of its base).
+    InspectWorktree {
+        target: Target,
+        info: crate::worktree::WorktreeInfo,
+    },
+    /// A released member's worktree: removed with its branch when it holds nothing new, else
+    /// kept (and its lead told). `orphan`: one a spawn cut short by a restart left, which no
+    /// member claims (`worktree::reclaim`: a branch made for a directory that never came to be
+    /// goes too).
+    SettleWorktree {
+        target: Target,
+        info: crate::worktree::WorktreeInfo,
+        orphan: bool,
+    },
+    /// Hand outbox record `seq` to the gateway forwarder (in order, never in a task of its own).
+    Forward {
+        seq: u64,
+        envelope: Box<fleetd_core::gateway::Envelope>,
+    },
+    /// Remove a reply from this host's inbox once it is on its way to the gateway that owns its
+    /// ticket, then read the inbox's depth.
+    AckLocal {
+        target: Target,
+        msg_id: fleetd_core::MsgId,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -116,6 +153,8 @@ struct Member {
     /// Since when the member has been at rest (for the idle reaper).
     idle_since: Option<Timestamp>,
     idle_timeout: Option<SignedDuration>,
+    /// What its worktree held when last read (it has one when its registry record says so).
+    worktree_state: Option<crate::worktree::WorktreeState>,
 }
 
 #[derive(Debug)]
@@ -123,6 +162,10 @@ struct Question {
     target: Target,
     text: String,
     waiter: Option<oneshot::Sender<String>>,
+    /// The other gateway the question travels with: for a member on another host
+    /// (`target` is `name@gateway`), the gateway it came from and its answer goes to; for a
+    /// member here, the gateway whose task it asked about, which answers it.
+    peer: Option<fleetd_core::gateway::GatewayName>,
 }
 
 #[derive(Debug, Clone)]
@@ -183,6 +226,44 @@ pub(super) struct State {
     max_inject: usize,
     /// The per-member caps (`limits:`), as last configured.
     limits: crate::config::Limits,
+    /// How deep and wide delegation trees may grow, as last configured.
+    tree: TreeLimits,
+    /// The lead each name reserved for a spawn will report to (counted against its width).
+    reserved_for: BTreeMap<Target, LeadId>,
+    /// Delegating members with delegated work outstanding, as last told to the injector.
+    delegating: std::collections::BTreeSet<Target>,
+    /// Members a message was stored for since their inbox depth was last read (the read is
+    /// on its way): their mail is unread for delegation's sake meanwhile.
+    depth_pending: std::collections::HashSet<Target>,
+    /// When each lead's unnudged mail first landed: its first nudge tells how long after.
+    mail_since: HashMap<LeadId, Timestamp>,
+    /// Released members' worktrees not settled yet (durable: a restart settles them).
+    pending_worktrees: BTreeMap<Target, crate::worktree::WorktreeInfo>,
+    /// Worktrees spawns are making, until their member is registered (durable: a restart
+    /// settles one no member claims).
+    spawn_worktrees: BTreeMap<Target, worktrees::SpawnWorktree>,
+    /// This engine as one gateway of a multi-host fleet.
+    gateway: Option<GatewayState>,
+    /// Messages for other gateways not yet confirmed by the broker, by sequence (durable).
+    outbox: BTreeMap<u64, fleetd_core::gateway::Envelope>,
+    /// The last outbox sequence number handed out.
+    outbox_seq: u64,
+    /// Outbox records to hand the forwarder after this input's commit.
+    to_forward: Vec<u64>,
+    /// Tickets of members here that another gateway owns (its lead sent the task).
+    remote_owner: HashMap<Ticket, fleetd_core::gateway::GatewayName>,
+    /// Spawns this gateway asked other gateways for, until answered (durable).
+    asked_spawns: BTreeMap<String, remote::Asked>,
+    /// Spawns other gateways asked of this one (durable, kept a while after they finish).
+    served_spawns: BTreeMap<String, remote::Served>,
+    /// Other gateways' refused messages, folded per sender and reason into bounded incidents.
+    refusals: refusals::Refusals,
+    /// What other gateways sent that is done with here, with when (durable, kept for
+    /// [`ANSWERED_TTL`], keyed by [`gateway::done_key`]): their members' questions answered
+    /// here, and their answers to this gateway's spawn requests. The broker may deliver one
+    /// again after it was taken (its ack lost with the link): a copy must neither open a
+    /// question again nor be refused as something never asked.
+    answered: BTreeMap<String, Timestamp>,
 }
 
 /// How many not-yet-member pane incarnations are remembered as having spoken MCP. Only the
@@ -195,6 +276,11 @@ const SEEN_PANES: usize = 256;
 /// after the reservation has already become a member); one still holding a bare reservation
 /// after that plus a margin is a spawn that died without cleaning up (a lost message, a bug).
 pub(super) const RESERVATION_TTL: SignedDuration = SignedDuration::from_secs(120);
+
+/// How long what another gateway sent is remembered once done with (`State::answered`): a copy comes
+/// again once the link that lost its ack is back, which is seconds or, for a host that was
+/// away, days.
+pub(super) const ANSWERED_TTL: SignedDuration = SignedDuration::from_hours(7 * 24);
 
 /// How long after a failed status watch it is tried again. Without a watch a lead is never seen
 /// idle (so never nudged) and a member never at rest, so this retries until the pane is gone.
@@ -239,12 +325,33 @@ impl State {
                 max_queued_tasks: u64::MAX,
                 max_open_questions: u64::MAX,
             },
+            tree: TreeLimits {
+                max_depth: u64::MAX,
+                max_members_per_lead: u64::MAX,
+            },
+            reserved_for: BTreeMap::new(),
+            delegating: std::collections::BTreeSet::new(),
+            depth_pending: std::collections::HashSet::new(),
+            mail_since: HashMap::new(),
+            pending_worktrees: BTreeMap::new(),
+            spawn_worktrees: BTreeMap::new(),
+            gateway: None,
+            outbox: BTreeMap::new(),
+            outbox_seq: 0,
+            to_forward: Vec::new(),
+            remote_owner: HashMap::new(),
+            asked_spawns: BTreeMap::new(),
+            served_spawns: BTreeMap::new(),
+            refusals: refusals::Refusals::default(),
+            answered: BTreeMap::new(),
         }
     }
 
-    /// Applies the per-member caps (at start, and on each reload: to what is asked next).
-    pub(super) fn set_limits(&mut self, limits: crate::config::Limits) {
+    /// Applies the per-member caps and the delegation limits (at start, and on each reload: to
+    /// what is asked next).
+    pub(super) fn set_limits(&mut self, limits: crate::config::Limits, tree: TreeLimits) {
         self.limits = limits;
+        self.tree = tree;
     }
 
     /// Records a fleet event for `/events` (published after the change is committed).
@@ -275,6 +382,7 @@ impl State {
             self.lead_tabs.next_scan(!self.leads.is_empty()),
             self.rewatch.values().min().copied(),
             self.reservations_expire(),
+            self.refusals_wake(),
         ]
         .into_iter()
         .flatten()
@@ -353,6 +461,8 @@ impl State {
         self.scan_if_due(now, io);
         self.rewatch_due(now, io);
         self.expire_reservations(now);
+        self.refusals_due(now, io);
+        self.forget_answered(now);
         let pruned = self.tickets.prune_at(now);
         if !pruned.is_empty() {
             self.ticket_gauges();

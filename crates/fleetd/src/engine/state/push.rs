@@ -103,9 +103,11 @@ impl State {
             if self.lead_tabs.primary_pinned() {
                 self.lead_tabs.expire();
             } else {
+                // A delegating member's pane is a lead only to its own members.
                 let next = self
                     .leads
                     .iter()
+                    .filter(|(id, _)| !self.is_member_lead(id))
                     .max_by_key(|(_, l)| l.seen_at)
                     .map(|(id, _)| id.clone());
                 self.set_primary(next, now, io);
@@ -157,6 +159,7 @@ impl State {
             )));
         self.max_inject = usize::try_from(config.delivery.max_inject_bytes).unwrap_or(usize::MAX);
         self.limits = config.limits;
+        self.tree = super::TreeLimits::from_config(config);
         self.push.set_config(push_config(config));
         let tabs = LeadTabs::from_config(config);
         if !tabs.same_tabs(&self.lead_tabs) {
@@ -204,9 +207,12 @@ impl State {
             self.lead_tabs.failed(now);
             return;
         };
+        // Delegating members' panes are no lead tab's business (they may be on the members'
+        // daemon, which the scanner does not list).
         let callers = self
             .leads
             .iter()
+            .filter(|(id, _)| !self.is_member_lead(id))
             .map(|(id, l)| (id.clone(), l.terminal.clone()))
             .collect();
         for change in self.lead_tabs.scanned(&panes, &callers, now) {
@@ -242,8 +248,48 @@ impl State {
         } else {
             crate::telemetry::set_inbox_depth(target.as_str(), pending);
         }
-        self.raw_depth.insert(target.clone(), pending);
+        self.depth_pending.remove(&target);
+        if pending == 0 && !self.members.contains_key(&target) {
+            // A released member's binding outlived it only for its mail (`release`).
+            let effects = self.push.handle_at(
+                PushInput::Unbound {
+                    target: target.clone(),
+                },
+                now,
+            );
+            self.push_effects(effects, now, io);
+        }
+        self.note_mail(&target, pending, now);
+        if self.raw_depth.insert(target.clone(), pending) != Some(pending) {
+            self.emit(FleetEvent::InboxDepth {
+                target: target.to_string(),
+                depth: pending,
+            });
+        }
         self.push_depth(target, now, io);
+    }
+
+    /// Keeps when `target`'s lead got mail it was not nudged about yet (`pending` replies now,
+    /// against the depth known before), for the nudge's latency.
+    fn note_mail(&mut self, target: &Target, pending: u64, now: Timestamp) {
+        let Some(lead) = self.push.lead_for(target).cloned() else {
+            return;
+        };
+        let grew = self
+            .raw_depth
+            .get(target)
+            .is_none_or(|known| pending > *known);
+        if pending > 0 && grew {
+            self.mail_since.entry(lead).or_insert(now);
+        } else if pending == 0 {
+            // Read before any nudge: unless another of its members' mail still waits.
+            let other_mail = self.raw_depth.iter().any(|(t, depth)| {
+                t != target && *depth > 0 && self.push.lead_for(t) == Some(&lead)
+            });
+            if !other_mail {
+                self.mail_since.remove(&lead);
+            }
+        }
     }
 
     pub(in crate::engine) fn injected(
@@ -256,6 +302,9 @@ impl State {
         if outcome == InjectOutcome::NotFound {
             self.lead_gone(&lead, now, io);
             return;
+        }
+        if matches!(outcome, InjectOutcome::Transient | InjectOutcome::Busy) {
+            self.release_hold(&lead, now, io);
         }
         let effects = self
             .push
@@ -270,18 +319,27 @@ impl State {
         io: &mut Vec<Io>,
     ) {
         let mut pending_gone = Vec::new();
+        let mut pane_busy = Vec::new();
         for effect in effects {
             match effect {
-                PushEffect::Inject { lead, text } => match self.leads.get(&lead) {
+                PushEffect::Inject { lead, text } => match self.leads.get(&lead).cloned() {
+                    // A delegating member's pane also takes its own tasks: a nudge waits while
+                    // one is being typed (or would be now), and holds the next one back.
+                    Some(_) if !self.member_pane_free(&lead, now, io) => pane_busy.push(lead),
                     Some(l) => {
+                        let after_ms = self
+                            .mail_since
+                            .remove(&lead)
+                            .map(|since| millis(now.duration_since(since)));
                         let event = FleetEvent::Nudge {
                             lead: Some(lead.0.clone()),
                             outcome: "nudged".to_owned(),
+                            after_ms,
                         };
                         io.push(Io::Nudge {
                             lead,
-                            pane: l.pane.clone(),
-                            terminal: l.terminal.clone(),
+                            pane: l.pane,
+                            terminal: l.terminal,
                             text,
                         });
                         self.emit(event);
@@ -305,6 +363,7 @@ impl State {
                         self.emit(FleetEvent::Nudge {
                             lead: None,
                             outcome: metric.as_str().to_owned(),
+                            after_ms: None,
                         });
                     }
                 }
@@ -313,6 +372,7 @@ impl State {
                     self.emit(FleetEvent::Nudge {
                         lead: Some(lead.0.clone()),
                         outcome: PushMetric::Exhausted.as_str().to_owned(),
+                        after_ms: None,
                     });
                 }
             }
@@ -320,7 +380,15 @@ impl State {
         for lead in pending_gone {
             self.lead_gone(&lead, now, io);
         }
+        for lead in pane_busy {
+            self.injected(lead, InjectOutcome::Busy, now, io);
+        }
     }
+}
+
+/// Whole milliseconds of a non-negative span (0 for a negative one).
+pub(super) fn millis(span: jiff::SignedDuration) -> u64 {
+    u64::try_from(span.as_millis()).unwrap_or(0)
 }
 
 fn saturating_i64(n: u64) -> i64 {

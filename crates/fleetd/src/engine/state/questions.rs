@@ -41,14 +41,20 @@ impl State {
         });
         let (tx, rx) = oneshot::channel();
         self.dirty.questions.insert(id.clone());
+        // A member working on another gateway's task asks that gateway's lead.
+        let peer = self.ask_remote(&target, &id, &text);
         self.questions.insert(
             id.clone(),
             Question {
                 target: target.clone(),
                 text,
                 waiter: Some(tx),
+                peer: peer.clone(),
             },
         );
+        if peer.is_some() {
+            return Ok((id, rx));
+        }
         let effects = self.push.handle_at(
             PushInput::QuestionOpened {
                 target,
@@ -91,6 +97,13 @@ impl State {
             now,
         );
         self.push_effects(effects, now, io);
+        if question.target.gateway().is_some()
+            && let Some(peer) = &question.peer
+        {
+            self.done_with(super::gateway::done_key("question", id, peer), now);
+            self.answer_remote(peer, id, answer);
+            return Ok(AnswerRoute::Gateway);
+        }
         let answer = match question.waiter.take() {
             Some(waiter) => match waiter.send(answer) {
                 Ok(()) => return Ok(AnswerRoute::Waiter),

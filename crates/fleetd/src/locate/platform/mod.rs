@@ -1,6 +1,6 @@
 //! The caller locator's one platform seam: what the kernel says about a connection and a process.
 //! The rest of `locate` (the pane map, the ancestry walk, the caches, the order of an fd scan) is
-//! portable and reaches the operating system only through these six functions:
+//! portable and reaches the operating system only through these eight functions:
 //!
 //! - [`client_socket`]: the client side of an accepted loopback TCP connection — its socket's
 //!   inode and the uid that owns it;
@@ -8,7 +8,10 @@
 //! - [`pids`]: every live pid;
 //! - [`children`]: a process's children (how the pane trees are walked before any full scan);
 //! - [`read_stat`]: a process's parent, session and start time;
-//! - [`read_env_hints`]: the identity variables in a process's environment.
+//! - [`read_env_hints`]: the identity variables in a process's environment;
+//! - [`read_cwd`]: a process's working directory (where a lead's worktree members branch from);
+//! - [`start_clock_now`]: the clock start times count on, now (so a pane listing can be dated
+//!   against a caller's ancestors).
 //!
 //! Unix-socket peers need nothing here: tokio's `UnixStream::peer_cred` already asks the kernel
 //! (`SO_PEERCRED` on Linux, `getpeereid` and `LOCAL_PEEREPID` on macOS).
@@ -20,12 +23,15 @@
 #[cfg(target_os = "linux")]
 mod linux;
 #[cfg(target_os = "linux")]
-pub use linux::{children, client_socket, find_socket_owner, pids, read_env_hints, read_stat};
+pub use linux::{
+    children, client_socket, find_socket_owner, pids, read_cwd, read_env_hints, read_stat,
+    start_clock_now,
+};
 
 #[cfg(not(target_os = "linux"))]
 compile_error!(
     "fleetd: caller location (locate::platform) is implemented for Linux only. \
-     A macOS port must supply these six (Linux's source; the likely macOS one): \
+     A macOS port must supply these eight (Linux's source; the likely macOS one): \
      client_socket, the uid and socket id of a loopback TCP connection (netlink sock_diag \
      or /proc/net/tcp; sysctl net.inet.tcp.pcblist_n); find_socket_owner, the process \
      holding that socket (/proc/<pid>/fd; proc_pidinfo PROC_PIDLISTFDS + proc_pidfdinfo \
@@ -33,7 +39,9 @@ compile_error!(
      process's children (/proc/<pid>/task/*/children; proc_listchildpids); read_stat, a \
      process's parent, session and start time (/proc/<pid>/stat; proc_pidinfo \
      PROC_PIDTBSDINFO + getsid); read_env_hints, its environment (/proc/<pid>/environ; \
-     sysctl KERN_PROCARGS2)."
+     sysctl KERN_PROCARGS2); read_cwd, its working directory (/proc/<pid>/cwd; proc_pidinfo \
+     PROC_PIDVNODEPATHINFO); start_clock_now, the clock start times are counted on, now \
+     (/proc/uptime in clock ticks; mach_absolute_time or the boot time from sysctl kern.boottime)."
 );
 
 /// What the kernel says about a process's identity and place in the process tree.

@@ -6,7 +6,7 @@ use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{FleetTool, output, store_error, target};
+use super::{FleetTool, output, store_error, target, within_reach};
 use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
 
 /// Arguments of `fleet_ack`.
@@ -26,12 +26,13 @@ pub(crate) struct Ack;
 
 impl FleetTool for Ack {
     const NAME: &'static str = "fleet_ack";
-    const DESCRIPTION: &'static str = "Acknowledge messages you have read (msgId, or msgIds for several) so they leave the member's inbox and stop the reminders. An unknown or already acknowledged id is not an error: it reports acked=false.";
+    const DESCRIPTION: &'static str = "Acknowledge messages you have read (msgId, or msgIds for several) so they leave the member's inbox and stop the reminders. An unknown or already acknowledged id is not an error: it reports acked=false. A delegating member may acknowledge only its own subtree's messages (not_your_member).";
     const CLASS: ToolClass = ToolClass::Orchestration;
     type Args = Args;
 
-    async fn call(fleet: &Fleet, _caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
+    async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
         let target = target(&args.target)?;
+        within_reach(fleet, caller, &target, Self::NAME).await?;
         let ids: Vec<String> = args
             .msg_id
             .into_iter()

@@ -5,7 +5,7 @@ use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{FleetTool, gone, output};
+use super::{FleetTool, gone, member_of, output};
 use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
 
 /// Arguments of `fleet_answer`.
@@ -23,11 +23,11 @@ pub(crate) struct Answer;
 
 impl FleetTool for Answer {
     const NAME: &'static str = "fleet_answer";
-    const DESCRIPTION: &'static str = "Answer a member's question (from fleet_ask). If the member is still waiting it gets the answer at once (deliveredTo: waiter); otherwise the answer is delivered to it as a task (deliveredTo: task).";
+    const DESCRIPTION: &'static str = "Answer a member's question (from fleet_ask). If the member is still waiting it gets the answer at once (deliveredTo: waiter); otherwise the answer is delivered to it as a task (deliveredTo: task); a member on another host (name@gateway) gets it through its gateway (deliveredTo: gateway). A delegating member may answer only questions of its own subtree (not_your_member).";
     const CLASS: ToolClass = ToolClass::Orchestration;
     type Args = Args;
 
-    async fn call(fleet: &Fleet, _caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
+    async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
         let max =
             usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
         if args.answer.len() > max {
@@ -38,7 +38,7 @@ impl FleetTool for Answer {
         }
         let route = fleet
             .engine
-            .answer(args.question_id.clone(), args.answer)
+            .answer(member_of(caller), args.question_id.clone(), args.answer)
             .await
             .map_err(gone)??;
         output(

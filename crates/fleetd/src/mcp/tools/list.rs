@@ -16,7 +16,9 @@ pub(crate) struct Args {}
 
 pub(crate) struct List;
 
-/// Members with their inbox depth, as JSON.
+/// Members with their inbox depth, as JSON: this host's, then other gateways' as their
+/// presence said (`name@gateway`, with this host's inbox for them and the tickets sent from
+/// here still open).
 pub(crate) async fn members_json(fleet: &Fleet) -> Result<Vec<serde_json::Value>, ToolError> {
     let members = fleet.engine.list().await.map_err(gone)?;
     let mut out = Vec::with_capacity(members.len());
@@ -26,12 +28,32 @@ pub(crate) async fn members_json(fleet: &Fleet) -> Result<Vec<serde_json::Value>
         value["inboxDepth"] = json!(depth);
         out.push(value);
     }
+    for mut value in fleet.peers.members() {
+        let Some(target) = value["target"]
+            .as_str()
+            .and_then(|t| fleetd_core::Target::new(t).ok())
+        else {
+            continue;
+        };
+        let open: Vec<_> = fleet
+            .engine
+            .recent(target.clone())
+            .await
+            .map_err(gone)?
+            .into_iter()
+            .filter(|t| !t.state.is_terminal())
+            .map(|t| t.ticket)
+            .collect();
+        value["openTickets"] = json!(open);
+        value["inboxDepth"] = json!(fleet.store.depth(&target).await.ok());
+        out.push(value);
+    }
     Ok(out)
 }
 
 impl FleetTool for List {
     const NAME: &'static str = "fleet_list";
-    const DESCRIPTION: &'static str = "List every member: target name, profile, pane id, status (idle/working/blocked/done/unknown), whether its agent is connected, inbox depth (replies waiting for fleet_poll), open tickets and its delegating lead.";
+    const DESCRIPTION: &'static str = "List every member: target name, profile, pane id, status (idle/working/blocked/done/unknown), whether its agent is connected, inbox depth (replies waiting for fleet_poll), open tickets, its delegating lead, and its place in the delegation tree: `delegator` (the member it reports to, when a member delegated to it) and `depth` (1 under a lead); with a worktree profile, `branch` and `worktree` {path, branch, base, uncommitted, ahead}. In a fleet across hosts, other gateways' members follow as `name@gateway` (send to them by that name) with `gateway`, `stale` and `seenSecsAgo`; a gateway not heard from for three of its presence intervals shows its members `unreachable`.";
     const CLASS: ToolClass = ToolClass::Public;
     type Args = Args;
 
@@ -43,11 +65,18 @@ impl FleetTool for List {
                 "{n} members: {}",
                 members
                     .iter()
-                    .map(|m| format!(
-                        "{} ({})",
-                        m["target"].as_str().unwrap_or("?"),
-                        m["status"].as_str().unwrap_or("?")
-                    ))
+                    .map(|m| match m["delegator"].as_str() {
+                        Some(up) => format!(
+                            "{} ({}, under {up})",
+                            m["target"].as_str().unwrap_or("?"),
+                            m["status"].as_str().unwrap_or("?")
+                        ),
+                        None => format!(
+                            "{} ({})",
+                            m["target"].as_str().unwrap_or("?"),
+                            m["status"].as_str().unwrap_or("?")
+                        ),
+                    })
                     .collect::<Vec<_>>()
                     .join(", ")
             ),

@@ -157,6 +157,33 @@ pub(crate) fn target(name: &str) -> Result<Target, ToolError> {
     Target::new(name).map_err(|e| ToolError::new("invalid_target", e.to_string()))
 }
 
+/// A delegating member may act on `target` with `tool` only within its subtree (the members
+/// whose chain of delegating leads includes it: `not_your_member` otherwise); a lead and the
+/// operator on any member.
+pub(crate) async fn within_reach(
+    fleet: &Fleet,
+    caller: &Caller,
+    target: &Target,
+    tool: &'static str,
+) -> Result<(), ToolError> {
+    match &caller.role {
+        fleetd_core::access::Role::Member { target: by, .. } => fleet
+            .engine
+            .reach(by.clone(), target.clone(), tool)
+            .await
+            .map_err(gone)?,
+        _ => Ok(()),
+    }
+}
+
+/// The member the caller is, when it is one.
+pub(crate) fn member_of(caller: &Caller) -> Option<Target> {
+    match &caller.role {
+        fleetd_core::access::Role::Member { target, .. } => Some(target.clone()),
+        _ => None,
+    }
+}
+
 /// The engine stopped under a call: the daemon is shutting down.
 pub(crate) fn gone(e: EngineGone) -> ToolError {
     e.into()
@@ -172,3 +199,5 @@ pub(crate) fn store_error(e: &crate::store::StoreError) -> ToolError {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_reach;

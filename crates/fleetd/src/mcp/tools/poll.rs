@@ -8,7 +8,7 @@ use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{FleetTool, gone, output, store_error, target};
+use super::{FleetTool, gone, output, store_error, target, within_reach};
 use crate::engine::TicketAnswer;
 use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
 use crate::store::{InboxStore, PageRequest, StoreError};
@@ -47,7 +47,7 @@ pub(crate) struct Poll;
 
 impl FleetTool for Poll {
     const NAME: &'static str = "fleet_poll";
-    const DESCRIPTION: &'static str = "Read without removing. ticket=T → {ticket, state, reply?}. target=NAME → {target, replies:[{msgId, kind, ticket?, text, createdAt}], questions:[{questionId, question}], more}: one page of the member's pending replies, oldest first — at most `limit` (default 20, max 100) and about 1 MiB of text. When more=true, call again with after=<the last msgId you got> for the next page, or fleet_ack what you have read and poll again. Acknowledge what you have read with fleet_ack so it is not shown (or nudged about) again. A member may call it with its own ticket to read a long task.";
+    const DESCRIPTION: &'static str = "Read without removing. ticket=T → {ticket, state, reply?}. target=NAME → {target, replies:[{msgId, kind, ticket?, text, createdAt}], questions:[{questionId, question}], more}: one page of the member's pending replies, oldest first — at most `limit` (default 20, max 100) and about 1 MiB of text. When more=true, call again with after=<the last msgId you got> for the next page, or fleet_ack what you have read and poll again. Acknowledge what you have read with fleet_ack so it is not shown (or nudged about) again. A member may call it with its own ticket to read a long task; a delegating member may read the tickets it sent and the inboxes of its own subtree (not_your_member).";
     const CLASS: ToolClass = ToolClass::ReadOnly;
     type Args = Args;
 
@@ -74,7 +74,7 @@ impl FleetTool for Poll {
             }
             (None, Some(name)) => {
                 let request = page_request(args.limit.as_ref(), args.after.as_deref())?;
-                by_target(fleet, &name, request).await
+                by_target(fleet, caller, &name, request).await
             }
             _ => Err(ToolError::new(
                 "invalid_arguments",
@@ -208,10 +208,12 @@ async fn find_reply(
 
 async fn by_target(
     fleet: &Fleet,
+    caller: &Caller,
     name: &str,
     request: PageRequest,
 ) -> Result<ToolOutput, ToolError> {
     let target = target(name)?;
+    within_reach(fleet, caller, &target, Poll::NAME).await?;
     let page = fleet
         .store
         .page(&target, request)

@@ -18,7 +18,7 @@ pub(crate) struct Profiles;
 
 impl FleetTool for Profiles {
     const NAME: &'static str = "fleet_profiles";
-    const DESCRIPTION: &'static str = "List the member profiles fleetd can spawn (fleet_spawn profile=...): name, agent kind, backend, model, and ready=false with the reason when a secret it needs does not resolve.";
+    const DESCRIPTION: &'static str = "List the member profiles fleetd can spawn (fleet_spawn profile=...): name, agent kind, backend, model, and ready=false with the reason when a secret it needs does not resolve. In a fleet across hosts, other gateways' profiles follow as `profile@gateway` (spawn one with fleet_spawn profile=PROFILE gateway=GATEWAY), not ready while that gateway is not heard from.";
     const CLASS: ToolClass = ToolClass::Public;
     type Args = Args;
 
@@ -38,6 +38,7 @@ impl FleetTool for Profiles {
                     "notReadyBecause": missing,
                 })
             })
+            .chain(fleet.peers.profiles())
             .collect();
         let ready = profiles.iter().filter(|p| p["ready"] == true).count();
         let summary = format!("{} profiles, {ready} ready", profiles.len());

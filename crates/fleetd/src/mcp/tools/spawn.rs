@@ -24,17 +24,39 @@ pub(crate) struct Args {
     cwd: Option<String>,
     /// A first task to send once it is ready (returns its ticket).
     task: Option<String>,
+    /// The gateway (host) to spawn it on, for a fleet across hosts; default: this one. Its
+    /// profiles are that gateway's (fleet_profiles shows them as `profile@gateway`).
+    gateway: Option<String>,
 }
+
+/// How long `fleet_spawn` on another gateway waits for its answer: that gateway's own wait for
+/// the agent, plus the broker's round trips.
+const REMOTE_WAIT: std::time::Duration =
+    crate::members::READY_TIMEOUT.saturating_add(std::time::Duration::from_secs(30));
 
 pub(crate) struct Spawn;
 
 impl FleetTool for Spawn {
     const NAME: &'static str = "fleet_spawn";
-    const DESCRIPTION: &'static str = "Start a member from a profile (see fleet_profiles) in a new pane and wait until its agent is ready. Returns {target, paneId, terminalId, profile} and, with `task`, the first task's ticket. Fails clearly (profile not ready, pane closed, agent not ready in time) without leaving a half-registered member.";
+    const DESCRIPTION: &'static str = "Start a member from a profile (see fleet_profiles) in a new pane and wait until its agent is ready. Returns {target, paneId, terminalId, profile} and, with `task`, the first task's ticket. A profile with `worktree` starts the member in a git worktree of its own on a new branch. Fails clearly without leaving a half-registered member, pane, worktree or branch: profile not ready, pane closed, agent not ready in time; worktree_failed when the worktree cannot be made (not a git repository, an unknown base, git or a hook refusing; git's own words follow); too_many_members when the lead (you, or the member you are) has maxMembersPerLead members already; delegation_too_deep when you are a member at maxDelegationDepth of its delegation tree.";
     const CLASS: ToolClass = ToolClass::Orchestration;
     type Args = Args;
 
     async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
+        let me = fleet
+            .config
+            .current()
+            .gateway
+            .as_ref()
+            .map(|g| g.name.to_string());
+        if let Some(gateway) = args.gateway.clone().filter(|g| Some(g) != me.as_ref()) {
+            return remote(fleet, caller, args, gateway).await;
+        }
+        // Where a worktree profile branches from by default: the caller's pane directory.
+        let origin = match &caller.pane {
+            Some(p) => fleet.locator.cwd_of(p.shell_pid).await,
+            None => None,
+        };
         let spawned = fleet
             .spawner
             .spawn(SpawnRequest {
@@ -43,6 +65,11 @@ impl FleetTool for Spawn {
                 cwd: args.cwd,
                 task: args.task,
                 lead: caller.lead(),
+                by: match &caller.role {
+                    fleetd_core::access::Role::Member { target, .. } => Some(target.clone()),
+                    _ => None,
+                },
+                origin,
             })
             .await?;
         let mut value = json!({
@@ -62,4 +89,68 @@ impl FleetTool for Spawn {
             ),
         )
     }
+}
+
+/// `fleet_spawn` on another gateway: asked there through the broker, answered with the member
+/// as `name@gateway`.
+async fn remote(
+    fleet: &Fleet,
+    caller: &Caller,
+    args: Args,
+    gateway: String,
+) -> Result<ToolOutput, ToolError> {
+    if args.cwd.is_some() {
+        return Err(ToolError::new(
+            "invalid_arguments",
+            "`cwd` is a directory on this host: a member on another gateway starts in its profile's directory there",
+        ));
+    }
+    let (req, answer) = fleet
+        .engine
+        .spawn_remote(crate::engine::SpawnRemote {
+            gateway: gateway.clone(),
+            profile: args.profile,
+            name: args.name,
+            task: args.task,
+            lead: caller.lead(),
+            by: match &caller.role {
+                fleetd_core::access::Role::Member { target, .. } => Some(target.clone()),
+                _ => None,
+            },
+        })
+        .await
+        .map_err(super::gone)??;
+    let spawned = tokio::select! {
+        answer = tokio::time::timeout(REMOTE_WAIT, answer) => answer,
+        () = caller.cancel.cancelled() => {
+            return Err(ToolError::new("cancelled", format!("the request was abandoned; spawn request {req} on gateway {gateway} goes on, and its member's readiness will be a notice in its inbox")));
+        }
+    };
+    let spawned = match spawned {
+        Ok(Ok(outcome)) => outcome?,
+        _ => {
+            return output(
+                json!({ "spawn": "requested", "gateway": gateway, "request": req }),
+                format!(
+                    "gateway {gateway} has not answered spawn request {req} yet; the member's readiness will arrive as a notice in its inbox"
+                ),
+            );
+        }
+    };
+    let mut value = json!({
+        "target": spawned.target,
+        "paneId": spawned.pane,
+        "profile": spawned.profile,
+        "gateway": gateway,
+    });
+    if let Some(ticket) = spawned.ticket {
+        value["ticket"] = json!(ticket);
+    }
+    output(
+        value,
+        format!(
+            "spawned {} ({}) in {}",
+            spawned.target, spawned.profile, spawned.pane
+        ),
+    )
 }

@@ -6,7 +6,7 @@ use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{FleetTool, gone, output, target};
+use super::{FleetTool, gone, output, target, within_reach};
 use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
 
 /// Arguments of `fleet_status`.
@@ -22,12 +22,14 @@ pub(crate) struct Status;
 
 impl FleetTool for Status {
     const NAME: &'static str = "fleet_status";
-    const DESCRIPTION: &'static str = "Show one member in detail: its state, pane, inbox depth, its recent tickets with their states, and its open questions (answer them with fleet_answer).";
+    const DESCRIPTION: &'static str = "Show one member in detail: its state, pane, inbox depth, its place in the delegation tree, its worktree (branch, uncommitted changes, commits ahead of its base) when it has one, its recent tickets with their states, and its open questions (answer them with fleet_answer).";
     const CLASS: ToolClass = ToolClass::ReadOnly;
     type Args = Args;
 
-    async fn call(fleet: &Fleet, _caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
+    async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
         let target = target(&args.target)?;
+        // Its tickets and question texts are its delegating lead's business.
+        within_reach(fleet, caller, &target, Self::NAME).await?;
         let member = detail(fleet, &target).await?;
         let summary = format!(
             "{target}: {}, {} recent tickets, {} open questions",

@@ -5,7 +5,7 @@ use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{FleetTool, gone, output, target};
+use super::{FleetTool, gone, output, target, within_reach};
 use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
 
 /// Arguments of `fleet_stop`: `target` or `paneId`.
@@ -25,11 +25,11 @@ pub(crate) struct Stop;
 
 impl FleetTool for Stop {
     const NAME: &'static str = "fleet_stop";
-    const DESCRIPTION: &'static str = "Stop a member: close its pane and release it. Its open tickets fail with the cause (default \"stopped\"); replies it already sent stay in its inbox. Name it by target, or by paneId (daemon-qualified like member:w1:p2; an ambiguous bare id is refused).";
+    const DESCRIPTION: &'static str = "Stop a member: close its pane and release it. Its open tickets fail with the cause (default \"stopped\"); replies it already sent stay in its inbox. Name it by target, or by paneId (daemon-qualified like member:w1:p2; an ambiguous bare id is refused). A delegating member may stop only members of its own subtree (not_your_member).";
     const CLASS: ToolClass = ToolClass::Orchestration;
     type Args = Args;
 
-    async fn call(fleet: &Fleet, _caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
+    async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
         let target = match (args.target, args.pane_id) {
             (Some(name), None) => target(&name)?,
             (None, Some(pane)) => {
@@ -57,7 +57,31 @@ impl FleetTool for Stop {
                 ));
             }
         };
+        within_reach(fleet, caller, &target, Self::NAME).await?;
         let cause = args.cause.unwrap_or_else(|| "stopped".to_owned());
+        if target.gateway().is_some() {
+            // A member on another host: its gateway stops it; its tickets here end as that
+            // gateway reports.
+            if !fleet
+                .engine
+                .stop_remote(target.clone(), cause.clone())
+                .await
+                .map_err(gone)?
+            {
+                return Err(ToolError::new(
+                    "no_gateway",
+                    format!(
+                        "{target} is a member on another host, and this fleetd is no gateway (configure `gateway:`)"
+                    ),
+                ));
+            }
+            return output(
+                json!({ "target": target, "cause": cause, "stop": "sent" }),
+                format!(
+                    "asked {target}'s gateway to stop it ({cause}); its open tickets end when that gateway reports"
+                ),
+            );
+        }
         let Some(pane) = fleet
             .engine
             .release(target.clone(), cause.clone())

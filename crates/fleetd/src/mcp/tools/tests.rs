@@ -23,13 +23,15 @@ use crate::store::{InboxStore, MemoryStore};
 /// Messages up to 2 MiB, so a reply larger than a page's budget can be stored.
 const MAX_MESSAGE: usize = 2 << 20;
 
-struct Setup {
-    fleet: Fleet,
-    store: Arc<MemoryStore>,
+pub(super) struct Setup {
+    pub(super) fleet: Fleet,
+    pub(super) store: Arc<MemoryStore>,
     config: Publisher,
+    /// The multiplexer, to add panes to.
+    pub(super) fake: FakeMux,
 }
 
-fn setup(yaml: &str) -> Setup {
+pub(super) fn setup(yaml: &str) -> Setup {
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-ann", "w2:t1", AgentStatus::Idle);
     let (config, live) = crate::config::channel(
@@ -39,7 +41,7 @@ fn setup(yaml: &str) -> Setup {
         max_message_bytes: MAX_MESSAGE,
     }));
     let dyn_store: Arc<dyn InboxStore> = Arc::clone(&store) as Arc<dyn InboxStore>;
-    let router = MuxRouter::new(Arc::new(fake), None);
+    let router = MuxRouter::new(Arc::new(fake.clone()), None);
     let clock: SharedClock = Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH));
     let engine = crate::engine::spawn(EngineParts {
         durable: None,
@@ -48,6 +50,7 @@ fn setup(yaml: &str) -> Setup {
         store: Arc::clone(&dyn_store),
         mux: router.clone(),
         redactor: crate::secrets::Redactor::empty(),
+        gateway: None,
     });
     let locator = crate::locate::Locator::new(router.clone(), Default::default());
     let redactor = crate::secrets::Redactor::empty();
@@ -71,15 +74,17 @@ fn setup(yaml: &str) -> Setup {
         redactor,
         inbox,
         spawner,
+        peers: crate::gateway::presence::Peers::default(),
     };
     Setup {
         fleet,
         store,
         config,
+        fake,
     }
 }
 
-fn caller(role: Role) -> Caller {
+pub(super) fn caller(role: Role) -> Caller {
     Caller {
         role,
         pane: None,
@@ -100,7 +105,7 @@ fn as_ann() -> Caller {
 }
 
 /// Runs tool `name` as the operator (or `as`); the answer's value, or (code, message).
-async fn call_as(
+pub(super) async fn call_as(
     fleet: &Fleet,
     who: &Caller,
     name: &str,
@@ -134,6 +139,7 @@ async fn add_ann(fleet: &Fleet) {
             idle_timeout_secs: None,
             backend: None,
             lead: None,
+            worktree: None,
         })
         .await
         .expect("engine");

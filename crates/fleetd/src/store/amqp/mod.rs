@@ -28,7 +28,9 @@
 //! by an older fleetd (no such arguments) are migrated on first use: see `ingest`.
 
 mod ingest;
+pub mod link;
 mod session;
+mod tls;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;

@@ -91,7 +91,10 @@ impl SqliteStore {
         }
         let mut conn = schema::open_writer(&path)?;
         let reader = schema::open_reader(&path)?;
-        let stats = Arc::new(writer::Stats::default());
+        let stats = Arc::new(writer::Stats {
+            depths: Mutex::new(writer::count_pending(&conn)?),
+            ..writer::Stats::default()
+        });
         // Checkpoints run beside the writer, not inside a commit: the hook replaces SQLite's
         // automatic checkpoint (itself a WAL hook).
         let (checkpointer, signal) =
@@ -235,6 +238,14 @@ impl SqliteStore {
         .map_err(|err| StoreError::backend("read the embedded inbox", err))?
     }
 
+    /// [`StoreError::Closed`] once the store was closed, as every read answers then.
+    fn open_or_closed(&self) -> Result<(), StoreError> {
+        match guard(&self.writer).as_ref() {
+            Some(_) => Ok(()),
+            None => Err(StoreError::Closed),
+        }
+    }
+
     /// Stops the writer after it finished every queued write, then closes the reader and releases
     /// the lock, in that order, so the next owner never sees a half-closed file.
     fn shut_down(&self) {
@@ -312,22 +323,23 @@ impl InboxStore for SqliteStore {
     }
 
     fn depth<'a>(&'a self, target: &'a Target) -> StoreFuture<'a, u64> {
-        let target = target.clone();
-        Box::pin(self.read(move |conn| {
-            conn.prepare_cached("SELECT count(*) FROM messages WHERE target = ?1")
-                .and_then(|mut stmt| stmt.query_row([target.as_str()], |row| row.get::<_, i64>(0)))
-                .map(|count| u64::try_from(count).unwrap_or(0))
-                .map_err(|err| StoreError::backend("count the embedded inbox", err))
-        }))
+        // The writer's count, as of its last commit (no query, no blocking-pool hop).
+        Box::pin(async move {
+            self.open_or_closed()?;
+            Ok(self
+                .stats
+                .depths()
+                .get(target.as_str())
+                .copied()
+                .unwrap_or(0))
+        })
     }
 
     fn targets(&self) -> StoreFuture<'_, Vec<Target>> {
-        Box::pin(self.read(|conn| {
-            let fail = |err| StoreError::backend("list the embedded inbox targets", err);
-            let names: Vec<String> = conn
-                .prepare_cached("SELECT DISTINCT target FROM messages ORDER BY target")
-                .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
-                .map_err(fail)?;
+        Box::pin(async move {
+            self.open_or_closed()?;
+            let mut names: Vec<String> = self.stats.depths().keys().cloned().collect();
+            names.sort_unstable();
             names
                 .into_iter()
                 .map(|name| {
@@ -337,7 +349,7 @@ impl InboxStore for SqliteStore {
                     })
                 })
                 .collect()
-        }))
+        })
     }
 
     fn health(&self) -> StoreFuture<'_, ()> {
@@ -811,11 +823,12 @@ mod tests {
             .expect("insert");
         }
         let store = open(&path).await.expect("migrates");
-        let pending = store
-            .peek(&Target::new("alice").expect("target"), 10)
-            .await
-            .expect("peek");
+        let alice = Target::new("alice").expect("target");
+        let pending = store.peek(&alice, 10).await.expect("peek");
         assert_eq!(pending.len(), 1);
+        // Counted at open: the depth is the writer's count, not a query.
+        assert_eq!(store.depth(&alice).await.expect("depth"), 1);
+        assert_eq!(store.targets().await.expect("targets"), vec![alice.clone()]);
         assert_eq!(pending[0].text, "kept");
         assert!(store.load_state().await.expect("load").is_empty());
         store

@@ -78,6 +78,21 @@ pub(crate) struct Stats {
     pub(crate) ops: AtomicU64,
     /// Frames in the WAL after the last commit (set by the writer connection's WAL hook).
     pub(crate) wal_frames: AtomicI64,
+    /// Pending messages per target as committed: counted once at open, then moved by the
+    /// writer after each commit and before it answers, so `depth` needs no query (a reader
+    /// hop on the path from a reply to its nudge) and never shows a write before its commit.
+    pub(crate) depths: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+}
+
+impl Stats {
+    /// The committed depth of every target with pending messages.
+    pub(crate) fn depths(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u64>> {
+        self.depths
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The writer thread's body: runs until every sender is dropped, then closes the connection.
@@ -150,6 +165,7 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, stats: &Stats) {
         Ok(outcomes) => {
             stats.commits.fetch_add(1, Ordering::Relaxed);
             stats.ops.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            count_depths(stats, batch, &outcomes);
             for (op, outcome) in batch.drain(..).zip(outcomes) {
                 reply(op, Ok(outcome));
             }
@@ -161,6 +177,48 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, stats: &Stats) {
             }
         }
     }
+}
+
+/// Moves the committed depths by what a committed batch stored and removed.
+fn count_depths(stats: &Stats, batch: &[Op], outcomes: &[Outcome]) {
+    let mut depths = stats.depths();
+    for (op, outcome) in batch.iter().zip(outcomes) {
+        let (target, added, removed) = match (op, outcome) {
+            (Op::Publish { message, .. }, Outcome::Published(PublishOutcome::Stored)) => {
+                (&message.target, 1, 0)
+            }
+            (Op::Ack { target, .. }, Outcome::Acked(true)) => (target, 0, 1),
+            (Op::Drain { target, .. }, Outcome::Drained(messages)) if !messages.is_empty() => {
+                (target, 0, messages.len() as u64)
+            }
+            _ => continue,
+        };
+        let depth = depths.entry(target.as_str().to_owned()).or_insert(0);
+        *depth = (*depth + added).saturating_sub(removed);
+        if *depth == 0 {
+            depths.remove(target.as_str());
+        }
+    }
+}
+
+/// Counts every target's pending messages (once, at open, before the writer starts).
+pub(crate) fn count_pending(
+    conn: &Connection,
+) -> Result<std::collections::HashMap<String, u64>, StoreError> {
+    let fail = |err| StoreError::backend("count the embedded inbox", err);
+    let mut stmt = conn
+        .prepare("SELECT target, count(*) FROM messages GROUP BY target")
+        .map_err(fail)?;
+    let rows = stmt
+        .query_map([], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+        })
+        .map_err(fail)?;
+    rows.map(|row| {
+        row.map(|(target, n)| (target, u64::try_from(n).unwrap_or(0)))
+            .map_err(fail)
+    })
+    .collect()
 }
 
 /// Runs the whole batch in one IMMEDIATE transaction and commits it (one fsync in WAL mode).

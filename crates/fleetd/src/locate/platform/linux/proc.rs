@@ -31,6 +31,31 @@ fn parse_stat(pid: u32, text: &str) -> Option<ProcStat> {
     })
 }
 
+/// Now, in the unit of [`ProcStat::start_time`]: clock ticks since boot, from `/proc/uptime`
+/// (the boot clock that start times count on), rounded down.
+pub fn start_clock_now() -> io::Result<u64> {
+    let text = std::fs::read_to_string("/proc/uptime")?;
+    parse_uptime(&text, procfs::ticks_per_second())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad /proc/uptime"))
+}
+
+/// `secs.hundredths ...` in clock ticks of `hz` per second.
+fn parse_uptime(text: &str, hz: u64) -> Option<u64> {
+    let first = text.split_whitespace().next()?;
+    let (secs, frac) = first.split_once('.').unwrap_or((first, "0"));
+    let secs: u64 = secs.parse().ok()?;
+    let digits = frac.len().min(9);
+    let frac: u64 = frac.get(..digits)?.parse().ok()?;
+    let scale = 10u64.checked_pow(u32::try_from(digits).ok()?)?;
+    secs.checked_mul(hz)?
+        .checked_add(frac.checked_mul(hz)? / scale)
+}
+
+/// A process's working directory (`/proc/<pid>/cwd`).
+pub fn read_cwd(pid: u32) -> io::Result<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/cwd"))
+}
+
 /// Reads the identity hints from `/proc/<pid>/environ` (empty when unreadable).
 pub fn read_env_hints(pid: u32) -> EnvHints {
     std::fs::read(format!("/proc/{pid}/environ"))
@@ -177,31 +202,46 @@ pub fn find_socket_owner(inode: u64, candidates: &[u32]) -> Option<u32> {
             .find(|pid| holds_link(*pid, target));
     }
     let done = std::sync::atomic::AtomicBool::new(false);
+    let lane = |lane: usize| {
+        let found = candidates
+            .iter()
+            .skip(lane)
+            .step_by(SCAN_THREADS)
+            .take_while(|_| !done.load(std::sync::atomic::Ordering::Relaxed))
+            .copied()
+            .find(|pid| holds_link(*pid, target));
+        if found.is_some() {
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        found
+    };
     std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..SCAN_THREADS)
-            .map(|lane| {
-                let done = &done;
-                scope.spawn(move || {
-                    let found = candidates
-                        .iter()
-                        .skip(lane)
-                        .step_by(SCAN_THREADS)
-                        .take_while(|_| !done.load(std::sync::atomic::Ordering::Relaxed))
-                        .copied()
-                        .find(|pid| holds_link(*pid, target));
-                    if found.is_some() {
-                        done.store(true, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    found
-                })
-            })
+        // The calling thread takes the first lane: one thread started per scan, not one a lane.
+        let others: Vec<_> = (1..SCAN_THREADS)
+            .map(|n| scope.spawn(move || lane(n)))
             .collect();
-        workers.into_iter().find_map(|w| w.join().ok().flatten())
+        let mine = lane(0);
+        let theirs = others.into_iter().find_map(|w| w.join().ok().flatten());
+        mine.or(theirs)
     })
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn uptime_is_read_in_clock_ticks() {
+        assert_eq!(parse_uptime("3600.42 7000.12\n", 100), Some(360_042));
+        assert_eq!(parse_uptime("12.5 1.0", 100), Some(1250));
+        assert_eq!(parse_uptime("7 1", 250), Some(1750));
+        assert_eq!(parse_uptime("", 100), None);
+        assert_eq!(parse_uptime("x.1", 100), None);
+        // The live clock agrees with a process started just now (this one ran for less than
+        // the whole uptime, and not in the future).
+        let now = start_clock_now().expect("uptime");
+        let me = read_stat(std::process::id()).expect("stat");
+        assert!(me.start_time <= now, "{} <= {now}", me.start_time);
+    }
+
     use super::*;
 
     #[test]

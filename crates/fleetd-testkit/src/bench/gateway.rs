@@ -1,0 +1,205 @@
+//! Across hosts (issue 20): two fleetd gateways on this machine (each its own HOME, port and tmux
+//! server) in a vhost of their own on the local RabbitMQ. Two rows:
+//!
+//! - **reply on B → nudge visible on A**: a lead on gateway a sends `wait:false` to `nia@b`; the
+//!   member's `fleet_reply` on b (its sim-agent logs the call's start) is forwarded through b's
+//!   outbox and the broker into a's inbox, and a's push loop nudges a's idle lead; measured until
+//!   the nudge text is in a's lead pane, as `fleetd-bench nudge` does on one host;
+//! - **messages/s between two gateways**: the operator on a sends tasks to a member on b that is
+//!   busy for the whole run (so nothing is typed and every task waits in b's queue); from the
+//!   first send until b holds every ticket. Each message is durable at every hop: a's ticket and
+//!   outbox record are committed before `fleet_send` answers, the broker confirms the publish
+//!   (quorum queue), and b commits the ticket before it acks the broker.
+//!
+//! `fleetd-bench gateway [--rounds N] [--messages N]`. Prints; never asserts.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use super::nudge::{Sight, guarded, measure};
+use super::{Met, Row, Summary};
+use crate::broker::{FleetVhost, require_rabbitmqctl};
+use crate::http;
+
+const DEFAULT_ROUNDS: usize = 30;
+const DEFAULT_MESSAGES: usize = 1000;
+/// Senders on a at once for the throughput row.
+const SENDERS: usize = 8;
+/// Issue 20's target for the cross-host nudge.
+const TARGET: (Duration, &str) = (Duration::from_millis(50), "p99 ≤ 50 ms (#20)");
+
+/// Runs the benchmark, prints its table and returns its rows.
+pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
+    let rounds = super::arg_number(args, "--rounds", DEFAULT_ROUNDS)?;
+    let messages = super::arg_number(args, "--messages", DEFAULT_MESSAGES)?;
+    anyhow::ensure!(
+        crate::require_tmux() == crate::Service::Present,
+        "not measured: tmux not found"
+    );
+    anyhow::ensure!(
+        crate::require_rabbitmq() == crate::Service::Present
+            && require_rabbitmqctl() == crate::Service::Present,
+        "not measured: no RabbitMQ (and rabbitmqctl) on 127.0.0.1:5672"
+    );
+    let nudge = guarded(|| nudge_across(rounds));
+    let rate = guarded(|| throughput(messages));
+    println!("\nAcross two gateways on the local RabbitMQ\n");
+    println!("| measurement | fleetd | target | met |");
+    println!("|---|---|---|---|");
+    let mut rows = Vec::new();
+    let what = "reply on gateway b → nudge visible in an idle lead on gateway a";
+    match nudge {
+        Ok(visible) => {
+            let (target, text) = TARGET;
+            let met = visible.p99 <= target;
+            println!(
+                "| {what} | {} / max {} | {text} | {} |",
+                visible.cell(),
+                super::ms(visible.max),
+                if met { "yes" } else { "no" }
+            );
+            rows.push(Row::new("gateway", what, visible.cell()).target(text, Met::from_bool(met)));
+        }
+        Err(why) => {
+            println!("| {what} | {why} | | |");
+            rows.push(Row::new("gateway", what, why));
+        }
+    }
+    let what = "messages/s from gateway a to gateway b, each durable at every hop";
+    let cell = match rate {
+        Ok((n, took)) => format!(
+            "{:.0} msg/s ({n} tasks in {:.2} s, {SENDERS} senders)",
+            n as f64 / took.as_secs_f64(),
+            took.as_secs_f64()
+        ),
+        Err(why) => why,
+    };
+    println!("| {what} | {cell} | — | — |");
+    rows.push(Row::new("gateway", what, cell));
+    Ok(rows)
+}
+
+/// Gateways a (lead) and b (the member `nia` of a sim profile with `member_env`, and `b_extra`
+/// in b's config), linked.
+fn two_gateways(
+    member_env: &[(&str, &str)],
+    b_extra: &str,
+) -> anyhow::Result<(FleetVhost, crate::rig::Rig, crate::rig::Rig)> {
+    let fleet = FleetVhost::provision(&["a", "b"])?;
+    let broker = [crate::RABBITMQ_ADDR.to_owned()];
+    let a = crate::rig::Rig::start(&format!(
+        "primary:\n  tab: base:boss\n  pushReminders: 1\n  pushBackoffMs: 60000\n{}",
+        fleet.gateway_block(0, "", &broker)
+    ));
+    let b = crate::rig::Rig::start(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\n{b_extra}{}profiles:\n{}",
+        fleet.gateway_block(1, "send, stop", &broker),
+        crate::rig::sim_profile("bench", member_env),
+    ));
+    for rig in [&a, &b] {
+        crate::wait_until("the gateway's broker link", Duration::from_secs(30), || {
+            http::get(rig.daemon.addr, "/healthz")
+                .is_ok_and(|r| r.json()["gateway"]["linked"] == true)
+        });
+    }
+    b.spawn("bench", "nia");
+    Ok((fleet, a, b))
+}
+
+/// Reply on b → nudge visible in a's idle lead, `rounds` times.
+fn nudge_across(rounds: usize) -> anyhow::Result<Summary> {
+    let dir = tempfile::tempdir()?;
+    let (member_log, lead_log) = (dir.path().join("member.log"), dir.path().join("lead.log"));
+    let log = member_log.display().to_string();
+    let (fleet, a, b) = two_gateways(&[("SIM_AGENT_WORK_MS", "900"), ("SIM_AGENT_LOG", &log)], "")?;
+    let nia = format!("nia@{}", fleet.gateways[1]);
+    let lead = a.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", lead_log.display())]);
+    let measured = measure(
+        rounds,
+        &a.daemon.operator(),
+        &nia,
+        (&member_log, &lead_log),
+        |line| a.type_line(&lead, line),
+        &Sight::tmux(&a, &lead)?,
+    )?;
+    drop((a, b));
+    drop(fleet);
+    Ok(measured.visible)
+}
+
+/// `n` tasks from a's operator to a member on b that is busy all along: how long until b holds
+/// every one.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a benchmark times a run on the wall clock"
+)]
+fn throughput(n: usize) -> anyhow::Result<(usize, Duration)> {
+    let (fleet, a, b) = two_gateways(
+        &[("SIM_AGENT_WORK_MS", "3600000")],
+        &format!("limits:\n  maxQueuedTasks: {}\n", n + 10),
+    )?;
+    let nia = format!("nia@{}", fleet.gateways[1]);
+    // The first task makes nia busy for the rest of the run.
+    send(&a.daemon.operator(), &nia, "warm up")?;
+    let held = |rig: &crate::rig::Rig| -> usize {
+        http::get(rig.daemon.operator(), "/sessions")
+            .ok()
+            .and_then(|r| {
+                r.json()["members"]
+                    .as_array()?
+                    .iter()
+                    .find(|m| m["target"] == "nia")
+                    .and_then(|m| m["openTickets"].as_array().map(Vec::len))
+            })
+            .unwrap_or(0)
+    };
+    crate::wait_until(
+        "nia busy with the first task",
+        Duration::from_secs(60),
+        || held(&b) == 1,
+    );
+    let started = Instant::now();
+    let operator = a.daemon.operator();
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let workers: Vec<_> = (0..SENDERS)
+            .map(|w| {
+                let (operator, nia) = (&operator, &nia);
+                scope.spawn(move || -> anyhow::Result<()> {
+                    for i in (w..n).step_by(SENDERS) {
+                        send(operator, nia, &format!("task {i}"))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| anyhow::anyhow!("a sender panicked"))??;
+        }
+        Ok(())
+    })?;
+    crate::wait_until("b holds every task", Duration::from_secs(600), || {
+        held(&b) > n
+    });
+    let took = started.elapsed();
+    drop((a, b));
+    drop(fleet);
+    Ok((n, took))
+}
+
+/// `fleet_send` with `wait: false` from the operator.
+fn send(operator: &http::Endpoint, target: &str, task: &str) -> anyhow::Result<()> {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": { "name": "fleet_send", "arguments": { "target": target, "task": task, "wait": false } },
+    });
+    let answer =
+        http::request(operator, "POST", "/mcp", Some(&body.to_string())).context("fleet_send")?;
+    anyhow::ensure!(
+        answer.body.contains("\"ticket\""),
+        "fleet_send failed: {}",
+        answer.body
+    );
+    Ok(())
+}

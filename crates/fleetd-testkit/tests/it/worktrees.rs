@@ -1,0 +1,289 @@
+//! A git worktree per member (issue 19, SPEC §7), end to end with the built daemon on real tmux
+//! and the real git: two members edit the same file at once, each on its own branch, and the
+//! lead's checkout is untouched; `fleet_list` shows what each worktree holds; release removes a
+//! clean worktree with its branch and keeps one with work in it, telling the lead where it is
+//! and what it holds; a spawn whose worktree cannot be made fails clearly and leaves nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use fleetd_testkit::daemon::state_dir;
+use fleetd_testkit::http::{self, Endpoint};
+use fleetd_testkit::rig::{LEAD, Rig, error_code, sim_profile, structured_ok};
+use fleetd_testkit::{Service, require_tmux, wait_until};
+use serde_json::{Value, json};
+
+const PATIENCE: Duration = Duration::from_secs(90);
+const GIT_ID: &str = "-c user.name=fleet-test -c user.email=fleet-test@example.com";
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A repository on `main` with one commit (README "hello").
+fn repository() -> PathBuf {
+    let dir = tempfile::tempdir().expect("tempdir").keep();
+    git(&dir, &["init", "--quiet", "-b", "main"]);
+    std::fs::write(dir.join("README"), "hello\n").expect("write");
+    git(&dir, &["add", "README"]);
+    git(&dir, &["commit", "--quiet", "-m", "first"]);
+    dir
+}
+
+/// A rig whose profile `wt` gives each member a worktree (its agent runs its task as a shell
+/// command and replies with the output); `extra` is more of that profile's keys.
+fn rig(worktree: &str) -> Option<Rig> {
+    if require_tmux() == Service::Skip {
+        return None;
+    }
+    Some(Rig::start(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{}    worktree: {worktree}\n",
+        sim_profile(
+            "wt",
+            &[("SIM_AGENT_SCRIPT", "shell"), ("SIM_AGENT_WORK_MS", "100")]
+        ),
+    )))
+}
+
+fn member(rig: &Rig, name: &str) -> Value {
+    structured_ok(&rig.lead("fleet_list", &json!({})))["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["target"] == name).cloned())
+        .unwrap_or(Value::Null)
+}
+
+fn send(rig: &Rig, target: &str, task: &str) -> String {
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": target, "task": task, "wait": false }),
+    ));
+    sent["ticket"].as_str().expect("ticket").to_owned()
+}
+
+fn reply_of(rig: &Rig, ticket: &str) -> String {
+    let mut last = Value::Null;
+    wait_until("the member's reply", PATIENCE, || {
+        last = structured_ok(&rig.lead("fleet_poll", &json!({ "ticket": ticket })));
+        last["state"] == "replied"
+    });
+    last["reply"]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn e2e_worktrees_parallel_members_work_on_their_own_branches_and_release_keeps_only_work() {
+    let repo = repository();
+    let Some(rig) = rig("{}") else {
+        return;
+    };
+    // The lead works in the repository: members branch from there.
+    rig.type_line(LEAD, &format!("cd {}", repo.display()));
+    let mut events =
+        fleetd_testkit::sse::SseReader::unix(&state_dir(rig.dir()).join("api.sock"), None)
+            .expect("the event stream");
+    for name in ["ann", "bob", "cy"] {
+        rig.spawn("wt", name);
+    }
+    let ann = member(&rig, "ann");
+    assert_eq!(ann["branch"], "fleet/ann", "{ann}");
+    // The dashboard learns the branch from the spawn's event, not only from a first listing.
+    let joined = events.until("ann's member.spawned", |e| {
+        e.event == "member.spawned" && e.data["target"] == "ann"
+    });
+    let joined = &joined.last().expect("until returns the match").data;
+    assert_eq!(joined["branch"], "fleet/ann", "{joined}");
+    let ann_dir = PathBuf::from(ann["worktree"]["path"].as_str().expect("path"));
+    let bob_dir = PathBuf::from(
+        member(&rig, "bob")["worktree"]["path"]
+            .as_str()
+            .expect("path"),
+    );
+    let cy_dir = PathBuf::from(
+        member(&rig, "cy")["worktree"]["path"]
+            .as_str()
+            .expect("path"),
+    );
+    assert!(
+        ann_dir.starts_with(state_dir(rig.dir()).join("worktrees")),
+        "{ann_dir:?}"
+    );
+    assert_eq!(ann["worktree"]["base"], "main");
+
+    // Both edit README at once: ann commits, bob leaves it uncommitted.
+    let a = send(
+        &rig,
+        "ann",
+        &format!(
+            "pwd && echo ann > README && git {GIT_ID} commit -qam 'ann edits' && git rev-parse --abbrev-ref HEAD"
+        ),
+    );
+    let b = send(
+        &rig,
+        "bob",
+        "pwd && echo bob > README && git status --porcelain",
+    );
+    let a = reply_of(&rig, &a);
+    let b = reply_of(&rig, &b);
+    assert!(a.starts_with("exit 0"), "{a}");
+    assert!(
+        a.contains(&ann_dir.display().to_string()),
+        "ann worked in her worktree: {a}"
+    );
+    assert!(a.trim_end().ends_with("fleet/ann"), "{a}");
+    assert!(b.starts_with("exit 0") && b.contains(" M README"), "{b}");
+    assert_eq!(
+        std::fs::read_to_string(ann_dir.join("README")).expect("read"),
+        "ann\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(bob_dir.join("README")).expect("read"),
+        "bob\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(repo.join("README")).expect("read"),
+        "hello\n",
+        "the lead's checkout is untouched"
+    );
+    assert_eq!(git(&repo, &["rev-list", "--count", "main..fleet/ann"]), "1");
+
+    // fleet_list shows what each holds (read at the turn's end).
+    wait_until("the worktrees read after the turns", PATIENCE, || {
+        let (ann, bob) = (member(&rig, "ann"), member(&rig, "bob"));
+        ann["worktree"]["ahead"] == 1
+            && ann["worktree"]["uncommitted"] == 0
+            && bob["worktree"]["uncommitted"] == 1
+            && bob["worktree"]["ahead"] == 0
+    });
+    assert_eq!(member(&rig, "cy")["worktree"]["uncommitted"], 0);
+    // fleet_status shows the same for one member.
+    let status = structured_ok(&rig.lead("fleet_status", &json!({ "target": "ann" })));
+    assert_eq!(status["worktree"]["branch"], "fleet/ann", "{status}");
+    assert_eq!(status["worktree"]["ahead"], 1, "{status}");
+    assert_eq!(status["worktree"]["uncommitted"], 0, "{status}");
+
+    // Release: the clean one goes with its branch; the others stay, and the lead is told.
+    let operator = Endpoint::Unix(state_dir(rig.dir()).join("api.sock"));
+    for name in ["cy", "bob", "ann"] {
+        structured_ok(&rig.lead("fleet_stop", &json!({ "target": name })));
+    }
+    wait_until("cy's worktree and branch removed", PATIENCE, || {
+        !cy_dir.exists() && git(&repo, &["branch", "--list", "fleet/cy"]).is_empty()
+    });
+    let notice = |name: &str| {
+        let mut found = String::new();
+        wait_until(&format!("{name}'s worktree notice"), PATIENCE, || {
+            found = http::reply_texts(&operator, name)
+                .into_iter()
+                .find(|t| t.contains("worktree is kept"))
+                .unwrap_or_default();
+            !found.is_empty()
+        });
+        found
+    };
+    let bob_notice = notice("bob");
+    assert!(
+        bob_notice.contains(&bob_dir.display().to_string()),
+        "{bob_notice}"
+    );
+    assert!(
+        bob_notice.contains("branch fleet/bob holds 1 uncommitted change"),
+        "{bob_notice}"
+    );
+    let ann_notice = notice("ann");
+    assert!(
+        ann_notice.contains("branch fleet/ann holds 1 commit ahead of main"),
+        "{ann_notice}"
+    );
+    assert!(bob_dir.join("README").exists() && ann_dir.join("README").exists());
+    assert!(
+        http::reply_texts(&operator, "cy")
+            .iter()
+            .all(|t| !t.contains("worktree"))
+    );
+    // (`+`: checked out in another worktree.)
+    assert_eq!(
+        git(&repo, &["branch", "--list", "fleet/ann"]),
+        "+ fleet/ann"
+    );
+}
+
+#[test]
+fn e2e_worktrees_a_spawn_whose_worktree_cannot_be_made_fails_clearly_and_leaves_nothing() {
+    let plain = tempfile::tempdir().expect("tempdir").keep();
+    let Some(rig) = rig(&format!("{{repo: {}}}", plain.display())) else {
+        return;
+    };
+    let windows = |rig: &Rig| {
+        let out = rig.tmux.run(&["list-windows", "-a"]).expect("tmux");
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    let before = windows(&rig);
+    let refused = rig.lead("fleet_spawn", &json!({ "profile": "wt", "name": "dee" }));
+    assert_eq!(error_code(&refused), "worktree_failed", "{refused}");
+    let message = refused["structuredContent"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("is not in a git repository"), "{message}");
+    assert!(member(&rig, "dee").is_null(), "no member");
+    assert_eq!(windows(&rig), before, "no pane left");
+    // The name is free again, and nothing was written under the worktrees directory.
+    let worktrees = state_dir(rig.dir()).join("worktrees");
+    assert!(
+        !worktrees.exists() || std::fs::read_dir(&worktrees).expect("dir").next().is_none(),
+        "nothing under {worktrees:?}"
+    );
+}
+
+#[test]
+fn e2e_worktrees_a_failing_post_checkout_hook_fails_the_spawn_and_leaves_no_branch_or_directory() {
+    // git makes the branch and the worktree before its hook runs, and keeps both when the hook
+    // fails: fleetd takes them back.
+    let repo = repository();
+    let hook = repo.join(".git/hooks/post-checkout");
+    std::fs::write(&hook, "#!/bin/sh\necho no checkouts today >&2\nexit 1\n").expect("hook");
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let Some(rig) = rig(&format!("{{repo: {}}}", repo.display())) else {
+        return;
+    };
+    let refused = rig.lead("fleet_spawn", &json!({ "profile": "wt", "name": "eli" }));
+    assert_eq!(error_code(&refused), "worktree_failed", "{refused}");
+    let message = refused["structuredContent"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("no checkouts today"), "{message}");
+    assert!(member(&rig, "eli").is_null(), "no member");
+    assert_eq!(
+        git(&repo, &["branch", "--format=%(refname:short)"]),
+        "main",
+        "no branch left"
+    );
+    assert_eq!(
+        git(&repo, &["worktree", "list", "--porcelain"])
+            .lines()
+            .filter(|l| l.starts_with("worktree "))
+            .count(),
+        1,
+        "no worktree registered"
+    );
+    let worktrees = state_dir(rig.dir()).join("worktrees");
+    assert!(
+        !worktrees.exists() || std::fs::read_dir(&worktrees).expect("dir").next().is_none(),
+        "nothing under {worktrees:?}"
+    );
+}

@@ -1,0 +1,265 @@
+//! The engine's dispatch: each command and each event, handed to [`State`] with the time it is
+//! handled, the replies that must wait for the durable commit deferred until it.
+
+use jiff::Timestamp;
+
+use super::super::Command;
+use super::super::state::Io;
+use super::{Deferred, Engine, Event};
+use fleetd_core::access::Refusal;
+
+impl Engine {
+    pub(super) fn command(
+        &mut self,
+        command: Command,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+        replies: &mut Vec<Deferred>,
+    ) {
+        let s = &mut self.state;
+        match command {
+            Command::MemberAt {
+                pane,
+                terminal,
+                reply,
+            } => {
+                let _ = reply.send(s.member_at(&pane, &terminal));
+            }
+            Command::Presence { target } => s.presence(&target, now, io),
+            Command::PaneSeen { pane, terminal } => s.pane_seen(pane, terminal, now, io),
+            Command::LeadSeen { lead } => s.lead_seen(&lead, now, io),
+            Command::BackendHealth { name, down } => s.backend_health(&name, down, io),
+            Command::Shutdown { reply } => {
+                // Handled in `run` (it awaits the store); reaching here means it was not.
+                let _ = reply.send(());
+            }
+            Command::Submit {
+                lead,
+                by,
+                target,
+                task,
+                reply,
+            } => {
+                let submitted = s.submit(lead.as_ref(), by, target, task, now, io);
+                // The ticket is answered once it is durable; if it could not be kept, the
+                // sender hears so rather than holding a ticket a restart would forget.
+                replies.push(Box::new(move |stored| {
+                    let answer = match stored {
+                        Ok(()) => submitted,
+                        Err(e) => Err(Refusal::new(
+                            "store_unavailable",
+                            match &submitted {
+                                Ok(ticket) => format!(
+                                    "fleetd failed to {e}. Ticket {ticket} is held and its task is typed once the state is written (retried every second; a restart before then forgets it): do not send it again, poll the ticket"
+                                ),
+                                Err(_) => format!("fleetd failed to {e}: retry shortly"),
+                            },
+                        )),
+                    };
+                    let _ = reply.send(answer);
+                }));
+            }
+            Command::Wait { ticket, reply } => s.wait(ticket, reply, now),
+            Command::Ticket { ticket, reply } => {
+                let _ = reply.send(s.ticket(ticket, now));
+            }
+            Command::TaskText { ticket, reply } => {
+                let _ = reply.send(s.task_text(ticket, now));
+            }
+            Command::CurrentTicket { target, reply } => {
+                let _ = reply.send(s.current_ticket(&target));
+            }
+            Command::ReplyStored { message, reply } => {
+                let _ = reply.send(s.reply_stored(message, now, io));
+            }
+            Command::InboxChanged { target } => io.push(Io::Depth { target }),
+            Command::Ask {
+                target,
+                question,
+                reply,
+            } => {
+                let asked = s.ask(target, question, now, io);
+                replies.push(Box::new(move |_| {
+                    let _ = reply.send(asked);
+                }));
+            }
+            Command::Answer {
+                by,
+                question_id,
+                answer,
+                reply,
+            } => {
+                let reach = match &by {
+                    Some(by) => s.reach_question(by, &question_id, "fleet_answer"),
+                    None => Ok(()),
+                };
+                let answered = reach.and_then(|()| s.answer(&question_id, answer, now, io));
+                replies.push(Box::new(move |_| {
+                    let _ = reply.send(answered);
+                }));
+            }
+            Command::Reach {
+                by,
+                target,
+                tool,
+                reply,
+            } => {
+                let _ = reply.send(s.reach(&by, &target, tool));
+            }
+            Command::Questions { target, reply } => {
+                let _ = reply.send(s.questions(target.as_ref()));
+            }
+            Command::List { reply } => {
+                let _ = reply.send(s.list());
+            }
+            Command::Recent { target, reply } => {
+                let _ = reply.send(s.recent(&target));
+            }
+            Command::Reserve {
+                name,
+                delegator,
+                reply,
+            } => {
+                let _ = reply.send(s.reserve(name, &delegator, now));
+            }
+            Command::Unreserve { target } => s.unreserve(&target),
+            Command::WorktreeMaking {
+                target,
+                info,
+                lead,
+                reply,
+            } => {
+                s.worktree_making(&target, *info, lead);
+                // Answered once durable: the spawn runs `git worktree add` only then.
+                replies.push(Box::new(move |stored| {
+                    let _ = reply.send(stored.map_err(|e| {
+                        Refusal::new(
+                            "store_unavailable",
+                            format!(
+                                "fleetd failed to {e}, so it cannot record the worktree it is about to make: retry shortly"
+                            ),
+                        )
+                    }));
+                }));
+            }
+            Command::AddMember { member } => s.add_member(*member, now, io),
+            Command::WhenReady { target, reply } => s.when_ready(target, reply),
+            Command::Release {
+                target,
+                cause,
+                reply,
+            } => {
+                let released = s.release(&target, &cause, now, io);
+                replies.push(Box::new(move |_| {
+                    let _ = reply.send(released);
+                }));
+            }
+            Command::SetStatus { target, status } => s.set_status(&target, None, status, now, io),
+            Command::Panic => panic!("test fault: the engine was asked to panic"),
+            Command::HandedTo { ticket, holder } => s.handed_to(ticket, holder),
+            Command::Unhand { ticket } => s.unhand(ticket, now, io),
+            Command::TakeHanded { holder, reply } => {
+                let _ = reply.send(s.take_handed(&holder));
+            }
+            Command::Acked { target, ids } => {
+                s.acked(&target, &ids);
+                io.push(Io::Depth { target });
+            }
+            Command::GatewayIn { envelope, reply } => {
+                let outcome = s.gateway_in(*envelope, now, io);
+                replies.push(Box::new(move |stored| {
+                    let _ = reply.send(stored.map(|()| outcome).map_err(|e| e.to_string()));
+                }));
+            }
+            Command::Forwarded { seq, unroutable } => {
+                if unroutable {
+                    s.unroutable(seq, now, io);
+                } else {
+                    s.forwarded(seq);
+                }
+            }
+            Command::StopRemote {
+                target,
+                cause,
+                reply,
+            } => {
+                let sent = s.stop_remote(&target, &cause);
+                replies.push(Box::new(move |stored| {
+                    let _ = reply.send(sent && stored.is_ok());
+                }));
+            }
+            Command::SpawnRemote { request, reply } => {
+                let asked = s.spawn_remote(*request, now);
+                replies.push(Box::new(move |stored| {
+                    let _ = reply.send(match stored {
+                        Ok(()) => asked,
+                        Err(e) => Err(fleetd_core::access::Refusal::new(
+                            "store_failed",
+                            format!("the spawn request could not be written: {e}"),
+                        )),
+                    });
+                }));
+            }
+            Command::PeerSpawned { req, outcome } => s.peer_spawned(&req, outcome),
+            Command::GatewayRefused { refused } => s.gateway_refused(refused, now, io),
+        }
+    }
+
+    pub(super) fn event(&mut self, event: Event, now: Timestamp, io: &mut Vec<Io>) {
+        match event {
+            Event::Typed {
+                target,
+                ticket,
+                outcome,
+                gone,
+            } => {
+                if gone {
+                    self.state.release(&target, "exited", now, io);
+                } else {
+                    self.state.typed(&target, ticket, outcome, now, io);
+                }
+            }
+            Event::TypedFound {
+                target,
+                ticket,
+                arrived,
+            } => self.state.typed_found(&target, ticket, arrived, now, io),
+            Event::FallbackStored {
+                target,
+                ticket,
+                message,
+            } => {
+                match message {
+                    Some(message) => {
+                        self.state.reply_stored(message, now, io);
+                    }
+                    // The tail could not be stored: the ticket still ends (review M7).
+                    None => self.state.turn_ended_unrecorded(ticket, now),
+                }
+                self.state.fallback_recorded(target, now, io);
+            }
+            Event::Injected { lead, outcome } => self.state.injected(lead, outcome, now, io),
+            Event::Depth { target, pending } => self.state.inbox_depth(target, pending, now, io),
+            Event::WorktreeRead { target, state } => self.state.worktree_read(&target, state),
+            Event::WorktreeSettled {
+                target,
+                info,
+                outcome,
+            } => self.state.worktree_settled(&target, &info, outcome, io),
+            Event::Adopted { member, alive } => self.state.adopted(&member, alive, now, io),
+            Event::Reconciled { replies } => {
+                for message in replies {
+                    self.state.reply_stored(message, now, io);
+                }
+            }
+            Event::WatchFailed { pane, gone } => {
+                if gone {
+                    self.state.pane_gone(&pane, None, now, io);
+                } else {
+                    self.state.watch_failed(pane, now);
+                }
+            }
+            Event::LeadsScanned(panes) => self.state.leads_scanned(panes, now, io),
+        }
+    }
+}

@@ -1,0 +1,655 @@
+//! Several hosts, one fleet (SPEC §12), as the engine keeps it. A member on another host is the
+//! target `name@gateway`; a lead's ticket for it lives here, on the lead's gateway, and moves as
+//! the member's gateway reports; its replies come back into this host's inbox under that name
+//! and are nudged by this host's own push loop. A task from another gateway for a member here
+//! gets a ticket with the same id, remembered as owned by that gateway: its events and its
+//! replies go back there, never to this host's leads.
+//!
+//! Every message to another gateway is an outbox record committed in the same batch as the
+//! state change that caused it, handed to the forwarder after the commit, and deleted once the
+//! broker confirmed it (re-sent after a restart until then: receivers take each once — a ticket
+//! by its id, a reply by its msgId, an event only forward). What another gateway sends is
+//! checked against what this one sent there and what `gateway.peers` allows.
+
+use fleetd_core::gateway::{Envelope, GatewayName, Kind, PROTOCOL};
+use fleetd_core::injector::InjectorInput;
+use fleetd_core::push::PushInput;
+use fleetd_core::{Message, Target, Ticket, TicketEvent};
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::super::LeadRef;
+use super::refusals::{PeerRefusal, reason};
+use super::{Io, State};
+use crate::config::PeerRight;
+use crate::events::FleetEvent;
+
+/// This gateway, as the engine needs it.
+#[derive(Debug, Clone)]
+pub(in crate::engine) struct GatewayState {
+    /// This gateway's name.
+    pub(in crate::engine) me: GatewayName,
+    /// What each other gateway may ask of this one.
+    pub(in crate::engine) peers: std::collections::BTreeMap<String, Vec<PeerRight>>,
+}
+
+/// What became of a delivery from another gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayOutcome {
+    /// Done (durable once the batch commits), or a duplicate: ack it.
+    Taken,
+    /// Never to be taken: dead-letter it. Counted under `reason` and raised as an incident
+    /// already (`refusals`).
+    Refused {
+        /// The reason label (`never_sent`, `not_allowed`, `malformed`, ...).
+        reason: &'static str,
+        /// Why, in words: never the body.
+        why: String,
+    },
+    /// A reply for one of this gateway's tickets: publish it into the inbox, then hand it to
+    /// the engine as a stored reply, then ack.
+    PublishReply(Box<Message>),
+    /// A spawn request, recorded (durable once the batch commits): ack it and run it with the
+    /// spawn service, then tell the engine what it came to ([`EngineHandle::peer_spawned`]).
+    ///
+    /// [`EngineHandle::peer_spawned`]: crate::engine::EngineHandle::peer_spawned
+    Spawn(Box<crate::engine::PeerSpawn>),
+}
+
+/// A task's body.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TaskBody {
+    ticket: Ticket,
+    member: String,
+    task: String,
+    /// Who sent it, as the sending gateway names it (`L@a`): for `fleet_status` only.
+    by: String,
+}
+
+/// A ticket event's body.
+#[derive(Debug, Serialize, Deserialize)]
+struct TicketBody {
+    ticket: Ticket,
+    event: TicketEvent,
+}
+
+/// A reply's body.
+#[derive(Debug, Serialize, Deserialize)]
+struct ReplyBody {
+    message: Message,
+}
+
+/// A question's body: a member's question about a task the receiver's lead sent.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct QuestionBody {
+    question_id: String,
+    member: String,
+    ticket: Ticket,
+    question: String,
+}
+
+/// An answer's body.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AnswerBody {
+    question_id: String,
+    answer: String,
+}
+
+/// A stop's body.
+#[derive(Debug, Serialize, Deserialize)]
+struct StopBody {
+    member: String,
+    cause: String,
+}
+
+impl State {
+    /// Makes this engine one gateway (`None`: a fleet on one host).
+    pub(in crate::engine) fn set_gateway(&mut self, gateway: Option<GatewayState>) {
+        self.gateway = gateway;
+    }
+
+    /// Queues `body` for gateway `dst`: an outbox record in this input's batch, forwarded after
+    /// the commit.
+    pub(super) fn send_out(&mut self, dst: &GatewayName, kind: Kind, body: serde_json::Value) {
+        let Some(gw) = &self.gateway else {
+            return;
+        };
+        let envelope = Envelope {
+            v: PROTOCOL,
+            kind,
+            src: gw.me.clone(),
+            dst: dst.clone(),
+            msg_id: self.ids.new_id().to_string(),
+            body,
+        };
+        self.outbox_seq += 1;
+        let seq = self.outbox_seq;
+        self.outbox.insert(seq, envelope);
+        self.dirty.outbox.insert(seq);
+        self.to_forward.push(seq);
+    }
+
+    /// The outbox records to hand the forwarder now (after this input's commit).
+    pub(in crate::engine) fn take_forwards(&mut self) -> Vec<Io> {
+        std::mem::take(&mut self.to_forward)
+            .into_iter()
+            .filter_map(|seq| {
+                self.outbox.get(&seq).map(|envelope| Io::Forward {
+                    seq,
+                    envelope: Box::new(envelope.clone()),
+                })
+            })
+            .collect()
+    }
+
+    /// The broker has outbox record `seq`: it goes.
+    pub(in crate::engine) fn forwarded(&mut self, seq: u64) {
+        if self.outbox.remove(&seq).is_some() {
+            self.dirty.outbox.insert(seq);
+        }
+    }
+
+    /// The broker has no such gateway for outbox record `seq`: what it carried fails here.
+    pub(in crate::engine) fn unroutable(&mut self, seq: u64, now: Timestamp, io: &mut Vec<Io>) {
+        let Some(envelope) = self.outbox.remove(&seq) else {
+            return;
+        };
+        self.dirty.outbox.insert(seq);
+        tracing::warn!(dst = %envelope.dst, kind = envelope.kind.as_str(), "the broker has no such gateway; the message is dropped");
+        match envelope.kind {
+            Kind::Task => {
+                if let Ok(body) = serde_json::from_value::<TaskBody>(envelope.body) {
+                    let cause = format!("no gateway {} on the broker", envelope.dst);
+                    self.apply(body.ticket, TicketEvent::Cancelled(cause), now);
+                    self.settle(body.ticket, now);
+                }
+            }
+            Kind::Spawn => self.spawn_unroutable(envelope.body, io),
+            _ => {}
+        }
+    }
+
+    /// A task for `target` on another host (`alice@b`): a ticket here, the task to `b`.
+    pub(super) fn submit_remote(
+        &mut self,
+        lead: Option<&LeadRef>,
+        by: Option<Target>,
+        target: &Target,
+        task: String,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> Result<Ticket, fleetd_core::access::Refusal> {
+        let Some(gw) = &self.gateway else {
+            return Err(fleetd_core::access::Refusal::new(
+                "no_gateway",
+                format!(
+                    "{target} is a member on another host, and this fleetd is no gateway: configure `gateway:` (docs/MULTIHOST.md)"
+                ),
+            ));
+        };
+        let me = gw.me.clone();
+        let Some(dst) = target.gateway().and_then(|g| GatewayName::new(g).ok()) else {
+            return Err(fleetd_core::access::Refusal::new(
+                "invalid_target",
+                format!("{target} names no gateway"),
+            ));
+        };
+        let ticket = Ticket::from_uuid(self.ids.new_id());
+        self.tickets.open_at(ticket, target.clone(), now);
+        self.emit_ticket(ticket, now);
+        self.ticket_gauges();
+        self.tasks.insert(ticket, task.clone());
+        let sender = by
+            .map(|m| m.to_string())
+            .or_else(|| lead.map(|l| Self::lead_id(l).0))
+            .unwrap_or_else(|| "operator".to_owned());
+        self.sent_by.insert(ticket, sender.clone());
+        self.dirty.tickets.insert(ticket);
+        if let Some(lead) = lead {
+            let effects = self.push.handle_at(
+                PushInput::Bound {
+                    target: target.clone(),
+                    lead: Self::lead_id(lead),
+                },
+                now,
+            );
+            self.push_effects(effects, now, io);
+        }
+        let body = TaskBody {
+            ticket,
+            member: target.member_name().to_owned(),
+            task,
+            by: format!("{sender}@{me}"),
+        };
+        self.send_out(
+            &dst,
+            Kind::Task,
+            serde_json::to_value(body).unwrap_or_default(),
+        );
+        Ok(ticket)
+    }
+
+    /// A stop of a member on another host: sent there; its tickets end as it reports.
+    pub(in crate::engine) fn stop_remote(&mut self, target: &Target, cause: &str) -> bool {
+        let Some(dst) = target.gateway().and_then(|g| GatewayName::new(g).ok()) else {
+            return false;
+        };
+        if self.gateway.is_none() {
+            return false;
+        }
+        let body = json!({ "member": target.member_name(), "cause": cause });
+        self.send_out(&dst, Kind::Stop, body);
+        true
+    }
+
+    /// A member here asks a question while its current task is another gateway's: the question
+    /// goes there (its lead answers it) and that gateway is returned; `None` for a local one.
+    pub(super) fn ask_remote(
+        &mut self,
+        target: &Target,
+        id: &str,
+        text: &str,
+    ) -> Option<GatewayName> {
+        let ticket = self.injector.current(target)?;
+        let owner = self.remote_owner.get(&ticket).cloned()?;
+        let body = QuestionBody {
+            question_id: id.to_owned(),
+            member: target.member_name().to_owned(),
+            ticket,
+            question: text.to_owned(),
+        };
+        self.send_out(
+            &owner,
+            Kind::Question,
+            serde_json::to_value(body).unwrap_or_default(),
+        );
+        Some(owner)
+    }
+
+    /// A lead here answered the question of a member on gateway `peer`: the answer goes there.
+    pub(super) fn answer_remote(&mut self, peer: &GatewayName, id: &str, answer: String) {
+        let body = AnswerBody {
+            question_id: id.to_owned(),
+            answer,
+        };
+        self.send_out(
+            peer,
+            Kind::Answer,
+            serde_json::to_value(body).unwrap_or_default(),
+        );
+    }
+
+    /// A ticket here owned by another gateway changed: tell it (replies travel as replies).
+    pub(super) fn report_to_owner(&mut self, ticket: Ticket, event: &TicketEvent) {
+        if matches!(
+            event,
+            TicketEvent::Replied | TicketEvent::TurnEndedWithoutReply
+        ) {
+            return;
+        }
+        if let Some(owner) = self.remote_owner.get(&ticket).cloned() {
+            let body = TicketBody {
+                ticket,
+                event: event.clone(),
+            };
+            self.send_out(
+                &owner,
+                Kind::Ticket,
+                serde_json::to_value(body).unwrap_or_default(),
+            );
+        }
+    }
+
+    /// A reply (or fallback) of a member here for a ticket another gateway owns: sent there;
+    /// the local copy goes once that is committed. `true` when it was one.
+    pub(super) fn reply_to_owner(&mut self, message: &Message, io: &mut Vec<Io>) -> bool {
+        let Some(ticket) = message.ticket else {
+            return false;
+        };
+        let (Some(owner), Some(gw)) = (self.remote_owner.get(&ticket).cloned(), &self.gateway)
+        else {
+            return false;
+        };
+        let mut forwarded = message.clone();
+        forwarded.target = message.target.at(gw.me.as_str());
+        let body = ReplyBody { message: forwarded };
+        self.send_out(
+            &owner,
+            Kind::Reply,
+            serde_json::to_value(body).unwrap_or_default(),
+        );
+        io.push(Io::AckLocal {
+            target: message.target.clone(),
+            msg_id: message.msg_id,
+        });
+        true
+    }
+
+    /// A delivery from gateway `envelope.src`, checked against what this gateway sent there and
+    /// what `gateway.peers` lets that gateway ask. A refusal is counted and raised as an
+    /// incident to this gateway's lead here, where it is decided.
+    pub(in crate::engine) fn gateway_in(
+        &mut self,
+        envelope: Envelope,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> GatewayOutcome {
+        let src = envelope.src.to_string();
+        let outcome = self.take_in(envelope, now, io);
+        if let GatewayOutcome::Refused { reason, why } = &outcome {
+            let refused = PeerRefusal {
+                from: Some(src),
+                reason,
+                why: why.clone(),
+                parked: true,
+            };
+            self.gateway_refused(refused, now, io);
+        }
+        outcome
+    }
+
+    fn take_in(&mut self, envelope: Envelope, now: Timestamp, io: &mut Vec<Io>) -> GatewayOutcome {
+        let src = envelope.src.clone();
+        let allowed = |right: PeerRight, s: &Self| {
+            s.gateway
+                .as_ref()
+                .and_then(|g| g.peers.get(src.as_str()))
+                .is_some_and(|rights| rights.contains(&right))
+        };
+        let refuse = |reason: &'static str, why: &str| GatewayOutcome::Refused {
+            reason,
+            why: why.to_owned(),
+        };
+        match envelope.kind {
+            Kind::Task => {
+                if !allowed(PeerRight::Send, self) {
+                    return refuse(
+                        reason::NOT_ALLOWED,
+                        &format!(
+                            "gateway {src} may not send tasks here (gateway.peers.{src}.allow has no `send`)"
+                        ),
+                    );
+                }
+                let Ok(body) = serde_json::from_value::<TaskBody>(envelope.body) else {
+                    return refuse(
+                        reason::MALFORMED,
+                        "a task without its ticket, member or text",
+                    );
+                };
+                if self.tickets.record(body.ticket).is_some()
+                    || self.tickets.pruned_at(body.ticket).is_some()
+                {
+                    return GatewayOutcome::Taken; // a copy of one already taken
+                }
+                let member = Target::local(body.member.as_str())
+                    .ok()
+                    .filter(|t| self.members.contains_key(t));
+                let Some(member) = member else {
+                    let event = TicketEvent::Cancelled(format!(
+                        "no member {} on gateway {}",
+                        body.member,
+                        self.me_name()
+                    ));
+                    let reply = TicketBody {
+                        ticket: body.ticket,
+                        event,
+                    };
+                    self.send_out(
+                        &src,
+                        Kind::Ticket,
+                        serde_json::to_value(reply).unwrap_or_default(),
+                    );
+                    return GatewayOutcome::Taken;
+                };
+                self.tickets.open_at(body.ticket, member.clone(), now);
+                self.remote_owner.insert(body.ticket, src);
+                self.emit_ticket(body.ticket, now);
+                self.ticket_gauges();
+                self.tasks.insert(body.ticket, body.task);
+                self.sent_by.insert(body.ticket, body.by);
+                self.dirty.tickets.insert(body.ticket);
+                let effects = self.injector.handle_at(
+                    InjectorInput::Enqueue {
+                        target: member,
+                        ticket: body.ticket,
+                    },
+                    now,
+                );
+                self.injector_effects(effects, now, io);
+                GatewayOutcome::Taken
+            }
+            Kind::Ticket => {
+                let Ok(body) = serde_json::from_value::<TicketBody>(envelope.body) else {
+                    return refuse(
+                        reason::MALFORMED,
+                        "a ticket event without its ticket or event",
+                    );
+                };
+                if !self.sent_there(body.ticket, &src) {
+                    return refuse(
+                        reason::NEVER_SENT,
+                        &format!("ticket {} was never sent to gateway {src}", body.ticket),
+                    );
+                }
+                self.apply(body.ticket, body.event, now);
+                self.settle(body.ticket, now);
+                GatewayOutcome::Taken
+            }
+            Kind::Reply => {
+                let Ok(body) = serde_json::from_value::<ReplyBody>(envelope.body) else {
+                    return refuse(reason::MALFORMED, "a reply without its message");
+                };
+                let Some(ticket) = body.message.ticket else {
+                    return refuse(reason::MALFORMED, "a reply for no ticket");
+                };
+                if !self.sent_there(ticket, &src)
+                    || body.message.target.gateway() != Some(src.as_str())
+                {
+                    return refuse(
+                        reason::NEVER_SENT,
+                        &format!(
+                            "a reply for ticket {ticket}, which was never sent to gateway {src}"
+                        ),
+                    );
+                }
+                GatewayOutcome::PublishReply(Box::new(body.message))
+            }
+            Kind::Stop => {
+                if !allowed(PeerRight::Stop, self) {
+                    return refuse(
+                        reason::NOT_ALLOWED,
+                        &format!(
+                            "gateway {src} may not stop members here (gateway.peers.{src}.allow has no `stop`)"
+                        ),
+                    );
+                }
+                let Ok(body) = serde_json::from_value::<StopBody>(envelope.body) else {
+                    return refuse(reason::MALFORMED, "a stop without its member");
+                };
+                if let Ok(member) = Target::local(body.member.as_str()) {
+                    let cause = format!("{} (by gateway {src})", body.cause);
+                    if let Some(pane) = self.release(&member, &cause, now, io) {
+                        io.push(Io::Close { pane });
+                    }
+                }
+                GatewayOutcome::Taken
+            }
+            Kind::Question => self.question_in(&src, envelope.body, now, io),
+            Kind::Answer => {
+                let Ok(body) = serde_json::from_value::<AnswerBody>(envelope.body) else {
+                    return refuse(
+                        reason::MALFORMED,
+                        "an answer without its question id or text",
+                    );
+                };
+                let asked_there = self
+                    .questions
+                    .get(&body.question_id)
+                    .is_some_and(|q| q.target.gateway().is_none() && q.peer.as_ref() == Some(&src));
+                if !asked_there && !allowed(PeerRight::Answer, self) {
+                    // Answered already (a copy), or never asked there: either way nothing to do
+                    // unless it is one this gateway knows, which it would have found.
+                    if self.questions.contains_key(&body.question_id) {
+                        return refuse(
+                            reason::NOT_ALLOWED,
+                            &format!(
+                                "question {} was not asked of gateway {src} (gateway.peers.{src}.allow has no `answer`)",
+                                body.question_id
+                            ),
+                        );
+                    }
+                    return GatewayOutcome::Taken;
+                }
+                if !self.questions.contains_key(&body.question_id) {
+                    return GatewayOutcome::Taken; // answered already: a copy
+                }
+                match self.answer(&body.question_id, body.answer, now, io) {
+                    Ok(_) => GatewayOutcome::Taken,
+                    Err(refusal) => refuse(reason::UNDELIVERABLE, &refusal.message),
+                }
+            }
+            Kind::Spawn => {
+                if !allowed(PeerRight::Spawn, self) {
+                    // Answered with the reason, so the asking call does not wait in vain; a
+                    // refusal all the same, so counted and an incident here too.
+                    let why = format!(
+                        "gateway {src} may not spawn members on gateway {} (gateway.peers.{src}.allow has no `spawn` there)",
+                        self.me_name()
+                    );
+                    let outcome = self.spawn_refused(&src, envelope.body, &why);
+                    if outcome == GatewayOutcome::Taken {
+                        let refused = PeerRefusal {
+                            from: Some(src.to_string()),
+                            reason: reason::NOT_ALLOWED,
+                            why,
+                            parked: false,
+                        };
+                        self.gateway_refused(refused, now, io);
+                    }
+                    return outcome;
+                }
+                self.spawn_in(&src, envelope.body, now)
+            }
+            Kind::Spawned => self.spawned_in(&src, envelope.body, now, io),
+        }
+    }
+
+    /// A question of a member on gateway `src` about a task this gateway's lead sent it: kept
+    /// here under the member's `name@src` until a lead answers it, and nudged about like a
+    /// local member's.
+    fn question_in(
+        &mut self,
+        src: &GatewayName,
+        body: serde_json::Value,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) -> GatewayOutcome {
+        let Ok(body) = serde_json::from_value::<QuestionBody>(body) else {
+            return GatewayOutcome::Refused {
+                reason: reason::MALFORMED,
+                why: "a question without its id, member, ticket or text".to_owned(),
+            };
+        };
+        let Ok(target) = Target::local(body.member.as_str()).map(|t| t.at(src.as_str())) else {
+            // Not quoted: the name is whatever the body held.
+            return GatewayOutcome::Refused {
+                reason: reason::MALFORMED,
+                why: "a question whose member is not a member name".to_owned(),
+            };
+        };
+        if !self.sent_there(body.ticket, src)
+            || self.tickets.record(body.ticket).map(|r| &r.target) != Some(&target)
+        {
+            return GatewayOutcome::Refused {
+                reason: reason::NEVER_SENT,
+                why: format!(
+                    "a question about ticket {}, which was never sent to {target}",
+                    body.ticket
+                ),
+            };
+        }
+        if self.questions.contains_key(&body.question_id)
+            || self
+                .answered
+                .contains_key(&done_key("question", &body.question_id, src))
+        {
+            return GatewayOutcome::Taken; // a copy of one already taken (or answered)
+        }
+        self.emit(FleetEvent::QuestionOpened {
+            question_id: body.question_id.clone(),
+            target: target.to_string(),
+        });
+        self.dirty.questions.insert(body.question_id.clone());
+        self.questions.insert(
+            body.question_id.clone(),
+            super::Question {
+                target: target.clone(),
+                text: body.question,
+                waiter: None,
+                peer: Some(src.clone()),
+            },
+        );
+        let effects = self.push.handle_at(
+            PushInput::QuestionOpened {
+                target,
+                question_id: body.question_id,
+            },
+            now,
+        );
+        self.push_effects(effects, now, io);
+        GatewayOutcome::Taken
+    }
+
+    /// Remembers (durably) that what `key` names is done with here.
+    pub(super) fn done_with(&mut self, key: String, now: Timestamp) {
+        self.dirty.answered.insert(key.clone());
+        self.answered.insert(key, now);
+    }
+
+    /// Forgets what was done with longer than [`super::ANSWERED_TTL`] ago.
+    pub(super) fn forget_answered(&mut self, now: Timestamp) {
+        let dirty = &mut self.dirty.answered;
+        self.answered.retain(|id, at| {
+            let keep = at
+                .checked_add(super::ANSWERED_TTL)
+                .is_ok_and(|until| until > now);
+            if !keep {
+                dirty.insert(id.clone());
+            }
+            keep
+        });
+    }
+
+    /// Whether `ticket` is this gateway's, for a member on gateway `gw`.
+    fn sent_there(&self, ticket: Ticket, gw: &GatewayName) -> bool {
+        match self.tickets.record(ticket) {
+            Some(r) => {
+                r.target.gateway() == Some(gw.as_str()) && !self.remote_owner.contains_key(&ticket)
+            }
+            None => false,
+        }
+    }
+
+    pub(super) fn me_name(&self) -> String {
+        self.gateway
+            .as_ref()
+            .map(|g| g.me.to_string())
+            .unwrap_or_default()
+    }
+}
+
+/// The key of something gateway `peer` sent that is done with here (`State::answered`): its
+/// kind (`question`, `spawned`), its id and the peer, so one peer's ids never stand for
+/// another's.
+pub(super) fn done_key(kind: &str, id: &str, peer: &GatewayName) -> String {
+    format!("{kind} {id} from {peer}")
+}
+
+/// The outbox record's key: its sequence number, zero-padded so keys sort in order.
+pub(super) fn outbox_key(seq: u64) -> String {
+    format!("{seq:020}")
+}

@@ -1,0 +1,363 @@
+//! Driver tests of the engine as one gateway, on paused tokio time against the fake multiplexer
+//! and the memory store (the inbox and the fleet state): another gateway's refused messages are
+//! incidents to this gateway's primary lead, in its own inbox (`gateway@<me>`), bounded per
+//! sender and reason, and never with a body; a question delivered again after its answer is
+//! not asked again, and a spawn's answer delivered again is a copy, across a restart too.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetd_core::gateway::{Envelope, GatewayName, Kind, PROTOCOL};
+use fleetd_core::{AgentStatus, MessageKind, MessageLimits, Target};
+use jiff::Timestamp;
+use tokio::time::sleep;
+
+use super::state::REFUSAL_WINDOW;
+use super::{Durable, EngineHandle, EngineParts, GatewayOutcome, GatewayParts, PeerRefusal, spawn};
+use crate::clock::TokioClock;
+use crate::config::{Config, Environment};
+use crate::mux::MuxRouter;
+use crate::mux::fake::FakeMux;
+use crate::store::{InboxStore, MemoryStore, StateStore};
+
+/// The primary lead's tab is `w1:t1`; one nudge a batch, so the test counts notices, not
+/// reminders.
+const CONFIG: &str = "primary:\n  tab: w1:t1\n  pushReminders: 1\n  pushBackoffMs: 1000\n";
+
+struct Rig {
+    engine: EngineHandle,
+    store: Arc<MemoryStore>,
+    fake: FakeMux,
+    /// The forwarder's end of the outbox, kept open.
+    _outbox: tokio::sync::mpsc::UnboundedReceiver<(u64, Box<Envelope>)>,
+}
+
+fn gateway_rig(fake: &FakeMux) -> Rig {
+    let store = Arc::new(MemoryStore::new(MessageLimits {
+        max_message_bytes: 1 << 20,
+    }));
+    gateway_rig_on(fake, &store)
+}
+
+/// Gateway `a` on `store` (its inbox and its fleet state: a second rig on the same store is the
+/// same gateway after a restart).
+fn gateway_rig_on(fake: &FakeMux, store: &Arc<MemoryStore>) -> Rig {
+    let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
+    let store = Arc::clone(store);
+    let (forward, outbox) = tokio::sync::mpsc::unbounded_channel();
+    let engine = spawn(EngineParts {
+        durable: Some(Durable {
+            store: Arc::clone(&store) as Arc<dyn StateStore>,
+            legacy_members_file: None,
+        }),
+        config: crate::config::Live::fixed(config),
+        clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
+        store: Arc::clone(&store) as Arc<dyn InboxStore>,
+        mux: MuxRouter::new(Arc::new(fake.clone()), None),
+        redactor: crate::secrets::Redactor::empty(),
+        gateway: Some(GatewayParts {
+            me: GatewayName::new("a").expect("name"),
+            peers: std::collections::BTreeMap::new(),
+            forward,
+        }),
+    });
+    Rig {
+        engine,
+        store,
+        fake: fake.clone(),
+        _outbox: outbox,
+    }
+}
+
+impl Rig {
+    /// The incidents in gateway a's own inbox, oldest first.
+    async fn incidents(&self) -> Vec<String> {
+        let inbox = Target::new("gateway@a").expect("target");
+        let messages = self.store.peek(&inbox, 100).await.expect("peek");
+        assert!(messages.iter().all(|m| m.kind == MessageKind::Incident));
+        messages.into_iter().map(|m| m.text).collect()
+    }
+
+    async fn refused(&self, from: &str, reason: &'static str, why: &str) {
+        self.engine
+            .gateway_refused(PeerRefusal {
+                from: Some(from.to_owned()),
+                reason,
+                why: why.to_owned(),
+                parked: true,
+            })
+            .await
+            .expect("engine");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_is_an_incident_to_the_primary_and_repeats_are_folded_into_one_count() {
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    let rig = gateway_rig(&fake);
+    sleep(Duration::from_millis(100)).await; // the first scan resolves the pinned primary
+
+    // Five forged messages from b within a moment: one notice now, naming b, why and where.
+    for n in 0..5 {
+        let why = format!("sender mismatch: user b, key from b, envelope from c (copy {n})");
+        rig.refused("b", "impersonation", &why).await;
+    }
+    sleep(Duration::from_millis(50)).await;
+    let incidents = rig.incidents().await;
+    assert_eq!(incidents.len(), 1, "{incidents:#?}");
+    for words in [
+        "gateway a refused a message from gateway b",
+        "impersonation",
+        "envelope from c (copy 0)",
+        "fleet.gw.a.dead",
+    ] {
+        assert!(incidents[0].contains(words), "{words:?}: {}", incidents[0]);
+    }
+    // The primary lead is nudged about gateway a's inbox, with no text of the notice.
+    let nudges: Vec<String> = rig.fake.typed().into_iter().map(|t| t.text).collect();
+    assert!(
+        nudges.iter().any(|n| n.contains("from gateway@a")),
+        "{nudges:?}"
+    );
+    assert!(nudges.iter().all(|n| !n.contains("mismatch")), "{nudges:?}");
+
+    // Another reason, or another sender, is a notice of its own at once.
+    rig.refused(
+        "b",
+        "never_sent",
+        "a reply for ticket T, which was never sent to gateway b",
+    )
+    .await;
+    rig.refused("c", "impersonation", "sender mismatch: user c")
+        .await;
+    sleep(Duration::from_millis(50)).await;
+    assert_eq!(rig.incidents().await.len(), 3);
+
+    // The window closes: the four folded impersonations are counted in one notice, the last's
+    // reason with it; the windows with nothing folded say nothing more.
+    sleep(Duration::try_from(REFUSAL_WINDOW).expect("window") + Duration::from_secs(1)).await;
+    let incidents = rig.incidents().await;
+    assert_eq!(incidents.len(), 4, "{incidents:#?}");
+    for words in [
+        "refused 4 more messages from gateway b (impersonation) in the last 60s",
+        "(copy 4)",
+    ] {
+        assert!(incidents[3].contains(words), "{words:?}: {}", incidents[3]);
+    }
+
+    // b keeps on: a notice a window, never one a message.
+    for _ in 0..3 {
+        for _ in 0..20 {
+            rig.refused("b", "impersonation", "sender mismatch").await;
+        }
+        sleep(Duration::try_from(REFUSAL_WINDOW).expect("window")).await;
+    }
+    sleep(Duration::from_secs(1)).await;
+    let incidents = rig.incidents().await;
+    assert_eq!(incidents.len(), 7, "{incidents:#?}");
+    assert!(
+        incidents[4..]
+            .iter()
+            .all(|i| i.contains("refused 20 more messages from gateway b")),
+        "{incidents:#?}"
+    );
+    // A quiet window is forgotten: the next refusal is news again, said at once.
+    sleep(Duration::try_from(REFUSAL_WINDOW * 2).expect("window")).await;
+    rig.refused("b", "impersonation", "sender mismatch: again")
+        .await;
+    sleep(Duration::from_millis(50)).await;
+    let incidents = rig.incidents().await;
+    assert_eq!(incidents.len(), 8, "{incidents:#?}");
+    assert!(incidents[7].contains("refused a message from gateway b"));
+}
+
+/// An envelope from gateway b to gateway a.
+fn envelope(kind: Kind, body: serde_json::Value) -> Envelope {
+    Envelope {
+        v: PROTOCOL,
+        kind,
+        src: GatewayName::new("b").expect("b"),
+        dst: GatewayName::new("a").expect("a"),
+        msg_id: "01a23300-0000-7000-8000-000000000001".to_owned(),
+        body,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_question_delivered_again_after_its_answer_is_not_asked_again_even_after_a_restart() {
+    let fake = FakeMux::new();
+    let store = Arc::new(MemoryStore::new(MessageLimits {
+        max_message_bytes: 1 << 20,
+    }));
+    let rig = gateway_rig_on(&fake, &store);
+    let alice = Target::new("alice@b").expect("target");
+    let ticket = rig
+        .engine
+        .submit(None, alice.clone(), "ship it".to_owned())
+        .await
+        .expect("engine")
+        .expect("a ticket for alice@b");
+    let question = envelope(
+        Kind::Question,
+        serde_json::json!({
+            "questionId": "01a23300-0000-7000-8000-0000000000a1",
+            "member": "alice", "ticket": ticket, "question": "which environment?",
+        }),
+    );
+    let open = |engine: &EngineHandle| {
+        let engine = engine.clone();
+        let alice = alice.clone();
+        async move { engine.questions(Some(alice)).await.expect("engine").len() }
+    };
+    let taken = rig
+        .engine
+        .gateway_in(question.clone())
+        .await
+        .expect("engine");
+    assert_eq!(taken, Ok(GatewayOutcome::Taken));
+    assert_eq!(open(&rig.engine).await, 1);
+    let id = rig.engine.questions(None).await.expect("engine")[0]
+        .question_id
+        .clone();
+    rig.engine
+        .answer(None, id, "staging".to_owned())
+        .await
+        .expect("engine")
+        .expect("answered");
+    assert_eq!(open(&rig.engine).await, 0);
+    // The broker delivers it again (its ack was lost with the link): a copy, not a question.
+    let again = rig
+        .engine
+        .gateway_in(question.clone())
+        .await
+        .expect("engine");
+    assert_eq!(again, Ok(GatewayOutcome::Taken));
+    assert_eq!(open(&rig.engine).await, 0, "asked again");
+    // And after a restart on the same state.
+    drop(rig);
+    sleep(Duration::from_millis(100)).await;
+    let rig = gateway_rig_on(&fake, &store);
+    let again = rig.engine.gateway_in(question).await.expect("engine");
+    assert_eq!(again, Ok(GatewayOutcome::Taken));
+    assert_eq!(open(&rig.engine).await, 0, "asked again after a restart");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_spawn_answer_delivered_again_is_a_copy_not_a_refusal() {
+    let fake = FakeMux::new();
+    let store = Arc::new(MemoryStore::new(MessageLimits {
+        max_message_bytes: 1 << 20,
+    }));
+    let rig = gateway_rig_on(&fake, &store);
+    let (req, answer) = rig
+        .engine
+        .spawn_remote(super::SpawnRemote {
+            gateway: "b".to_owned(),
+            profile: "sim".to_owned(),
+            name: Some("rem".to_owned()),
+            task: None,
+            lead: None,
+            by: None,
+        })
+        .await
+        .expect("engine")
+        .expect("asked");
+    let spawned = envelope(
+        Kind::Spawned,
+        serde_json::json!({ "req": req, "target": "rem", "pane": "member:w1:p2", "profile": "sim" }),
+    );
+    let taken = rig
+        .engine
+        .gateway_in(spawned.clone())
+        .await
+        .expect("engine");
+    assert_eq!(taken, Ok(GatewayOutcome::Taken));
+    let done = answer.await.expect("answered").expect("spawned");
+    assert_eq!(done.target.to_string(), "rem@b");
+    // The broker delivers the answer again (its ack was lost), before and after a restart.
+    let again = rig
+        .engine
+        .gateway_in(spawned.clone())
+        .await
+        .expect("engine");
+    assert_eq!(again, Ok(GatewayOutcome::Taken));
+    drop(rig);
+    sleep(Duration::from_millis(100)).await;
+    let rig = gateway_rig_on(&fake, &store);
+    let again = rig.engine.gateway_in(spawned).await.expect("engine");
+    assert_eq!(again, Ok(GatewayOutcome::Taken));
+    sleep(Duration::from_millis(50)).await;
+    assert!(
+        rig.incidents().await.is_empty(),
+        "a copy raised an incident"
+    );
+    // One for a request never sent to b is still refused.
+    let forged = envelope(
+        Kind::Spawned,
+        serde_json::json!({ "req": "01a23300-0000-7000-8000-0000000000f1", "target": "x" }),
+    );
+    let refused = rig.engine.gateway_in(forged).await.expect("engine");
+    assert!(
+        matches!(
+            refused,
+            Ok(GatewayOutcome::Refused {
+                reason: "never_sent",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_the_engine_refuses_is_labelled_and_raised_without_its_body() {
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    let rig = gateway_rig(&fake);
+    sleep(Duration::from_millis(100)).await;
+    // A reply for a ticket a never sent to b: its own reason, not "not allowed".
+    let reply = envelope(
+        Kind::Reply,
+        serde_json::json!({ "message": {
+            "msgId": "01a23300-0000-7000-8000-000000000002", "target": "alice@b",
+            "ticket": "01a23300-0000-7000-8000-00000000beef", "kind": "reply",
+            "text": "the forged body", "from": "alice", "createdAt": "2026-12-01T00:00:00Z",
+        }}),
+    );
+    let outcome = rig.engine.gateway_in(reply).await.expect("engine");
+    assert!(
+        matches!(&outcome, Ok(GatewayOutcome::Refused { reason: "never_sent", why }) if why.contains("never sent to gateway b")),
+        "{outcome:?}"
+    );
+    // A task b may not send (a's peers give it nothing).
+    let task = envelope(
+        Kind::Task,
+        serde_json::json!({
+            "ticket": "01a23300-0000-7000-8000-00000000cafe", "member": "x",
+            "task": "rm -rf /", "by": "x",
+        }),
+    );
+    let outcome = rig.engine.gateway_in(task).await.expect("engine");
+    assert!(
+        matches!(
+            &outcome,
+            Ok(GatewayOutcome::Refused {
+                reason: "not_allowed",
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+    sleep(Duration::from_millis(50)).await;
+    let incidents = rig.incidents().await;
+    assert_eq!(incidents.len(), 2, "{incidents:#?}");
+    assert!(incidents[0].contains("(never_sent: "), "{}", incidents[0]);
+    assert!(incidents[1].contains("(not_allowed: "), "{}", incidents[1]);
+    assert!(
+        incidents
+            .iter()
+            .all(|i| !i.contains("forged body") && !i.contains("rm -rf")),
+        "{incidents:#?}"
+    );
+}

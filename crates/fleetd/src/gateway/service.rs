@@ -1,0 +1,220 @@
+//! The running gateway: the broker link (`store::gateway_link`), the forwarder that publishes the
+//! engine's outbox records in order and tells the engine each one the broker confirmed, and the
+//! consumer's side — each delivery from another gateway checked (`fleetd_core::gateway::accept`:
+//! an envelope, from whom the broker vouched for; one that is not is refused to the dead-letter
+//! queue and reported to the engine, which counts it and tells the lead) and handed to the
+//! engine, a reply for one of this gateway's tickets published into this host's inbox first
+//! (the engine hears of a reply only once it is durable), and the broker acked only once the
+//! engine says the effect is committed. A spawn another gateway asks for is acked once the engine has recorded it, then
+//! run by the spawn service on a task of its own; the engine sends back what it came to.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetd_core::gateway::{Envelope, GatewayName, Kind, accept};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{EngineHandle, GatewayOutcome, PeerRefusal, PeerSpawn};
+use crate::members::{SpawnRequest, Spawner};
+use crate::store::InboxStore;
+use crate::store::gateway_link::{
+    Deliver, Disposition, Inbound, Link, LinkConfig, LinkError, Published,
+};
+
+/// How long a nacked publish waits before it is tried again.
+const NACK_RETRY: Duration = Duration::from_secs(1);
+/// How often the outbox is counted again while the forwarder waits for the link: the gauge and
+/// the alarm follow what piles up behind the record it holds.
+const RECOUNT: Duration = Duration::from_millis(250);
+
+/// Starts the link and the forwarder; they run until `stop`.
+pub fn start(
+    config: LinkConfig,
+    engine: EngineHandle,
+    store: Arc<dyn InboxStore>,
+    spawner: Spawner,
+    peers: &super::presence::Peers,
+    outbox: mpsc::UnboundedReceiver<(u64, Box<Envelope>)>,
+    stop: CancellationToken,
+) -> Link {
+    let me = config.me.clone();
+    let link = Link::new(config);
+    tokio::spawn(forward(link.clone(), engine.clone(), outbox, stop.clone()));
+    super::presence::broadcast(
+        link.clone(),
+        engine.clone(),
+        spawner.config.clone(),
+        stop.clone(),
+    );
+    super::presence::tell_events(peers.clone(), engine.clone(), stop.clone());
+    link.run(deliver(me, engine, store, spawner), peers.sink(), stop);
+    link
+}
+
+/// Runs a spawn another gateway asked for (recorded by the engine, whose answer goes back).
+fn spawn_for_peer(engine: EngineHandle, spawner: &Spawner, request: PeerSpawn) {
+    let saga = spawner.start(SpawnRequest {
+        profile: request.profile,
+        name: request.name,
+        cwd: None,
+        task: None,
+        lead: None,
+        by: None,
+        origin: None,
+    });
+    tokio::spawn(async move {
+        let outcome = match saga.await {
+            Ok(Ok(spawned)) => Ok((spawned.target, spawned.pane.to_string(), spawned.profile)),
+            Ok(Err(refusal)) => Err(refusal),
+            Err(e) => Err(fleetd_core::access::Refusal::new(
+                "spawn_failed",
+                format!("the spawn stopped before it finished ({e})"),
+            )),
+        };
+        let _ = engine.peer_spawned(request.req, outcome).await;
+    });
+}
+
+/// How long an answer the broker could not route (its gateway's queue is missing) is parked
+/// before it is tried again.
+const PARKED_RETRY: Duration = Duration::from_secs(5);
+
+/// Whether a message the broker cannot route fails where it was sent (a request the caller is
+/// told about: no such gateway), rather than waiting for the destination's queue to be back (an
+/// answer about something that gateway asked for, which must not be lost).
+fn fails_when_unroutable(kind: Kind) -> bool {
+    matches!(kind, Kind::Task | Kind::Spawn | Kind::Stop)
+}
+
+/// Publishes each outbox record as it comes, retrying it (never skipping it) until the broker
+/// confirms it. A request the broker cannot route (no such gateway) fails; an answer it cannot
+/// route is parked (it stays in the outbox) and tried again every few seconds, after the
+/// records behind it, until that gateway's queue is back.
+async fn forward(
+    link: Link,
+    engine: EngineHandle,
+    mut outbox: mpsc::UnboundedReceiver<(u64, Box<Envelope>)>,
+    stop: CancellationToken,
+) {
+    let mut parked: std::collections::VecDeque<(tokio::time::Instant, u64, Box<Envelope>)> =
+        std::collections::VecDeque::new();
+    loop {
+        let due = parked.front().map(|(at, _, _)| *at);
+        let next = tokio::select! {
+            next = outbox.recv() => next,
+            () = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => parked.pop_front().map(|(_, seq, envelope)| (seq, envelope)),
+            () = stop.cancelled() => return,
+        };
+        let Some((seq, envelope)) = next else {
+            return;
+        };
+        loop {
+            // This record, those queued behind it, and the parked ones: counted again while it
+            // waits, since what the engine sends meanwhile queues up behind it (the alarm).
+            link.set_outbox(1 + (outbox.len() + parked.len()) as u64);
+            tokio::select! {
+                () = link.until_up() => {}
+                () = tokio::time::sleep(RECOUNT) => continue,
+                () = stop.cancelled() => return,
+            }
+            match link.publish(&envelope).await {
+                Ok(Published::Unroutable) if !fails_when_unroutable(envelope.kind) => {
+                    metrics::counter!("fleetd_gateway_forwarded_total", "outcome" => "parked")
+                        .increment(1);
+                    tracing::warn!(seq, dst = %envelope.dst, kind = envelope.kind.as_str(), "the broker has no queue for that gateway now; the message is kept and tried again");
+                    parked.push_back((tokio::time::Instant::now() + PARKED_RETRY, seq, envelope));
+                    break;
+                }
+                Ok(published) => {
+                    metrics::counter!(
+                        "fleetd_gateway_forwarded_total",
+                        "kind" => envelope.kind.as_str(),
+                        "outcome" => match published {
+                            Published::Confirmed => "confirmed",
+                            Published::Unroutable => "unroutable",
+                        }
+                    )
+                    .increment(1);
+                    let _ = engine
+                        .forwarded(seq, published == Published::Unroutable)
+                        .await;
+                    link.set_outbox((outbox.len() + parked.len()) as u64);
+                    break;
+                }
+                Err(LinkError::Down(why)) => {
+                    tracing::debug!(seq, reason = %why, "gateway forward waits for the link");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(LinkError::Nacked(why)) => {
+                    tracing::warn!(seq, reason = %why, "the broker nacked a gateway message; trying again");
+                    tokio::time::sleep(NACK_RETRY).await;
+                }
+            }
+        }
+    }
+}
+
+/// The consumer's side: whether each delivery is an envelope from whom it claims (else it is
+/// refused, and the engine told), then what the engine makes of it.
+fn deliver(
+    me: GatewayName,
+    engine: EngineHandle,
+    store: Arc<dyn InboxStore>,
+    spawner: Spawner,
+) -> Deliver {
+    Arc::new(move |inbound: Inbound| {
+        let me = me.clone();
+        let engine = engine.clone();
+        let store = Arc::clone(&store);
+        let spawner = spawner.clone();
+        Box::pin(async move {
+            let checked = accept(
+                &me,
+                inbound.user_id.as_deref(),
+                &inbound.routing_key,
+                &inbound.body,
+            );
+            let envelope = match checked {
+                Ok(envelope) => envelope,
+                Err(refused) => {
+                    let why = refused.to_string();
+                    let refusal = PeerRefusal {
+                        from: inbound.user_id,
+                        reason: refused.reason(),
+                        why: why.clone(),
+                        parked: true,
+                    };
+                    // Refused whether or not the engine still hears of it.
+                    let _ = engine.gateway_refused(refusal).await;
+                    return Disposition::Refused(why);
+                }
+            };
+            match engine.gateway_in(envelope).await {
+                Err(_) => Disposition::Later("the engine has stopped".to_owned()),
+                Ok(Err(why)) => Disposition::Later(why),
+                Ok(Ok(GatewayOutcome::Taken)) => Disposition::Taken,
+                // Counted and raised as an incident by the engine, where it was decided.
+                Ok(Ok(GatewayOutcome::Refused { why, .. })) => Disposition::Refused(why),
+                Ok(Ok(GatewayOutcome::Spawn(request))) => {
+                    spawn_for_peer(engine, &spawner, *request);
+                    Disposition::Taken
+                }
+                Ok(Ok(GatewayOutcome::PublishReply(message))) => {
+                    match store.publish((*message).clone()).await {
+                        Ok(_) => match engine.reply_stored(*message).await {
+                            Ok(_) => Disposition::Taken,
+                            Err(_) => Disposition::Later("the engine has stopped".to_owned()),
+                        },
+                        Err(e) => Disposition::Later(format!("cannot store a reply: {e}")),
+                    }
+                }
+            }
+        })
+    })
+}

@@ -1,0 +1,663 @@
+//! Git worktrees for members (SPEC §7): a member whose profile has `worktree:` starts in a
+//! worktree of its own, on a new branch, so parallel members never edit one checkout. This is
+//! the one module that runs `git`, and it runs the user's own `git` as a process (their hooks,
+//! config and credentials), never a reimplementation. Every call is bounded in time; a failure
+//! comes back as a sentence saying what git refused and what to do.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Longest a git command may take (a `post-checkout` hook on a large tree included).
+const GIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many `-2`, `-3`, ... suffixes are tried for a branch or path that is taken.
+const MAX_SUFFIX: u32 = 100;
+
+/// A member's worktree, as it was made (kept with the member, so a restart still knows it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorktreeInfo {
+    /// The repository's top-level directory (the main checkout the worktree belongs to).
+    pub repo: PathBuf,
+    /// The worktree's directory: where the member works.
+    pub path: PathBuf,
+    /// The member's branch.
+    pub branch: String,
+    /// The commit the branch started from.
+    pub base: String,
+    /// What that commit was named when the branch was made (`main`, a tag, or the commit).
+    pub base_name: String,
+}
+
+/// What a worktree holds compared with where it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorktreeState {
+    /// Paths with uncommitted changes, untracked files included (`git status --porcelain`).
+    pub uncommitted: u64,
+    /// Commits on the branch that are not on its base.
+    pub ahead: u64,
+}
+
+impl WorktreeState {
+    /// Nothing uncommitted and nothing new: removing it loses nothing.
+    pub fn is_clean(&self) -> bool {
+        self.uncommitted == 0 && self.ahead == 0
+    }
+
+    /// "2 uncommitted changes and 3 commits ahead of main", for notices.
+    pub fn describe(&self, base_name: &str) -> String {
+        let plural =
+            |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        match (self.uncommitted, self.ahead) {
+            (0, 0) => format!("nothing new since {base_name}"),
+            (u, 0) => plural(u, "uncommitted change", "uncommitted changes"),
+            (0, a) => format!("{} ahead of {base_name}", plural(a, "commit", "commits")),
+            (u, a) => format!(
+                "{} and {} ahead of {base_name}",
+                plural(u, "uncommitted change", "uncommitted changes"),
+                plural(a, "commit", "commits")
+            ),
+        }
+    }
+}
+
+/// What a spawn asks for.
+#[derive(Debug, Clone)]
+pub struct WorktreeRequest<'a> {
+    /// A directory inside the repository to branch from.
+    pub from: &'a Path,
+    /// The branch name is this followed by the member's name.
+    pub branch_prefix: &'a str,
+    /// The member's name.
+    pub name: &'a str,
+    /// What to start from (`None`: the repository's `HEAD`).
+    pub base: Option<&'a str>,
+    /// Where worktrees go: `<root>/<repository>-<hash>/<name>`.
+    pub root: &'a Path,
+}
+
+/// Makes the member's worktree: [`plan`], then [`make`]. On failure nothing is left behind.
+pub async fn create(request: &WorktreeRequest<'_>) -> Result<WorktreeInfo, String> {
+    let info = plan(request).await?;
+    make(&info).await?;
+    Ok(info)
+}
+
+/// Decides the member's worktree without making anything: the repository, the commit to start
+/// from, a free branch `<branchPrefix><name>` and a free directory (a name already taken gets a
+/// `-2`, `-3`, ... suffix). The spawn records the plan durably before [`make`] runs it, so a
+/// kill in between leaves a record the next start settles.
+pub async fn plan(request: &WorktreeRequest<'_>) -> Result<WorktreeInfo, String> {
+    let from = request.from;
+    let repo = main_checkout(from).await.map_err(|e| {
+        format!(
+            "{} is not in a git repository ({e}): give the profile's worktree.repo, or spawn from a lead whose pane is in one",
+            from.display()
+        )
+    })?;
+    let wanted = request.base.unwrap_or("HEAD");
+    // `HEAD` is `from`'s: in a delegating member's worktree, where that member has got to.
+    let base = git(
+        from,
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("{wanted}^{{commit}}"),
+        ],
+    )
+    .await
+    .map_err(|_| match request.base {
+        Some(b) => format!(
+            "the worktree base {b:?} is no branch, tag or commit of {} (profiles.*.worktree.base)",
+            repo.display()
+        ),
+        None => format!(
+            "{} has no commit yet to branch from: commit something first",
+            repo.display()
+        ),
+    })?;
+    let base_name = match request.base {
+        Some(b) => b.to_owned(),
+        None => match git(from, &["symbolic-ref", "--quiet", "--short", "HEAD"]).await {
+            Ok(branch) => branch,
+            Err(_) => base.chars().take(12).collect(),
+        },
+    };
+    let branch = free_branch(&repo, &format!("{}{}", request.branch_prefix, request.name)).await?;
+    let path = free_dir(&request.root.join(repo_dir_name(&repo)), request.name)?;
+    Ok(WorktreeInfo {
+        repo,
+        path,
+        branch,
+        base,
+        base_name,
+    })
+}
+
+/// Runs a [`plan`]: `git worktree add` of a new branch at the planned directory. When git fails
+/// it can leave part of its work behind — the `-b` branch is made before the checkout and not
+/// deleted when the checkout fails, and a failing `post-checkout` hook leaves worktree and
+/// branch both — so a failure takes back the worktree git registered at that directory on that
+/// branch and the branch (both free just before), and nothing that was there already.
+pub async fn make(info: &WorktreeInfo) -> Result<(), String> {
+    let (repo, branch) = (&info.repo, info.branch.as_str());
+    // Taken since the plan (by a concurrent spawn, or by hand): refused before git makes
+    // anything, so whatever holds the name is never taken back as ours below.
+    if info.path.exists() {
+        return Err(format!(
+            "{} appeared since the spawn chose it: retry the spawn",
+            info.path.display()
+        ));
+    }
+    if branch_exists(repo, branch).await {
+        return Err(format!(
+            "branch {branch} appeared since the spawn chose it: retry the spawn"
+        ));
+    }
+    if let Some(parent) = info.path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    let path_arg = info.path.to_string_lossy().into_owned();
+    let Err(e) = git(
+        repo,
+        &[
+            "worktree", "add", "--quiet", "-b", branch, &path_arg, &info.base,
+        ],
+    )
+    .await
+    else {
+        return Ok(());
+    };
+    abandon(info).await;
+    Err(format!("git worktree add failed: {e}"))
+}
+
+/// What a failed (or abandoned: its spawn cancelled while it ran) `git worktree add` of `info`
+/// left: its worktree (only one git registered at that directory on that branch), then its
+/// branch, then an empty parent directory of ours.
+pub async fn abandon(info: &WorktreeInfo) {
+    let (repo, branch) = (&info.repo, info.branch.as_str());
+    let path_arg = info.path.to_string_lossy().into_owned();
+    if info.path.exists()
+        && registered_on(repo, &info.path, branch).await
+        && let Err(e) = git(repo, &["worktree", "remove", "--force", &path_arg]).await
+    {
+        tracing::warn!(path = %info.path.display(), error = %e, "cannot remove what a failed git worktree add left");
+    }
+    let _ = git(repo, &["worktree", "prune"]).await;
+    if branch_exists(repo, branch).await
+        && let Err(e) = git(repo, &["branch", "-D", branch]).await
+    {
+        tracing::warn!(%branch, error = %e, "cannot delete the branch a failed git worktree add left");
+    }
+    // Only an empty directory of ours goes (`remove_dir` leaves anything else).
+    if let Some(parent) = info.path.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+/// The repository `dir` is in, as its main checkout: the directory holding the common git
+/// directory (`git rev-parse --git-common-dir`), or that directory itself for a bare
+/// repository. Not `--show-toplevel`: inside a linked worktree (a delegating member's) that
+/// names the linked worktree, which may be removed long before the worktrees made from it.
+async fn main_checkout(dir: &Path) -> Result<PathBuf, String> {
+    let common = PathBuf::from(
+        git(
+            dir,
+            &["rev-parse", "--path-format=absolute", "--git-common-dir"],
+        )
+        .await?,
+    );
+    Ok(match common.parent() {
+        Some(parent) if common.file_name().is_some_and(|n| n == ".git") => parent.to_path_buf(),
+        _ => common,
+    })
+}
+
+/// Where to run git for `info`'s repository: its `repo`, or — when that is gone (a record made
+/// before the main checkout was resolved, which named a delegating member's removed worktree)
+/// — the main checkout its own directory belongs to.
+async fn admin_dir(info: &WorktreeInfo) -> PathBuf {
+    if info.repo.exists() {
+        return info.repo.clone();
+    }
+    match main_checkout(&info.path).await {
+        Ok(repo) => repo,
+        Err(_) => info.repo.clone(),
+    }
+}
+
+/// Whether `repo` has a worktree at `path` with `branch` checked out.
+async fn registered_on(repo: &Path, path: &Path, branch: &str) -> bool {
+    let Ok(list) = git(repo, &["worktree", "list", "--porcelain"]).await else {
+        return false;
+    };
+    // Compared as real paths: git may list the directory through another spelling of it.
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let want_path = real(path);
+    let want_branch = format!("branch refs/heads/{branch}");
+    list.split("\n\n").any(|entry| {
+        let mut lines = entry.lines();
+        lines
+            .next()
+            .and_then(|l| l.strip_prefix("worktree "))
+            .is_some_and(|p| real(Path::new(p)) == want_path)
+            && lines.any(|l| l == want_branch)
+    })
+}
+
+/// Whether `repo` has a branch `name`.
+async fn branch_exists(repo: &Path, name: &str) -> bool {
+    git(
+        repo,
+        &[
+            "show-ref",
+            "--verify",
+            "--quiet",
+            &format!("refs/heads/{name}"),
+        ],
+    )
+    .await
+    .is_ok()
+}
+
+/// Reads what the worktree holds: uncommitted paths and commits past its base.
+pub async fn inspect(info: &WorktreeInfo) -> Result<WorktreeState, String> {
+    let status = git(
+        &info.path,
+        &["status", "--porcelain=v1", "--untracked-files=normal"],
+    )
+    .await?;
+    let ahead = git(
+        &info.path,
+        &["rev-list", "--count", &format!("{}..HEAD", info.base)],
+    )
+    .await?;
+    Ok(WorktreeState {
+        uncommitted: u64::try_from(status.lines().filter(|l| !l.trim().is_empty()).count())
+            .unwrap_or(u64::MAX),
+        ahead: ahead.trim().parse().unwrap_or(0),
+    })
+}
+
+/// What became of a released member's worktree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// Clean with nothing new: removed with its branch.
+    Removed,
+    /// It holds work: kept, as it is.
+    Kept(WorktreeState),
+    /// Its directory is gone already (removed by hand): its branch is left as it is.
+    Missing,
+}
+
+/// A released member's worktree: removed with its branch when it holds nothing new, else kept.
+/// Never removes uncommitted work (`git worktree remove` without `--force` refuses it too).
+pub async fn settle(info: &WorktreeInfo) -> Result<Settled, String> {
+    let repo = admin_dir(info).await;
+    if !info.path.exists() {
+        let _ = git(&repo, &["worktree", "prune"]).await;
+        return Ok(Settled::Missing);
+    }
+    let state = inspect(info).await?;
+    if !state.is_clean() {
+        return Ok(Settled::Kept(state));
+    }
+    let path = info.path.to_string_lossy().into_owned();
+    git(&repo, &["worktree", "remove", &path])
+        .await
+        .map_err(|e| format!("git worktree remove failed: {e}"))?;
+    // Nothing on it that its base lacks (checked above): -D, since -d would also want it merged
+    // into whatever the main checkout has checked out now.
+    git(&repo, &["branch", "-D", &info.branch])
+        .await
+        .map_err(|e| format!("git branch -D failed: {e}"))?;
+    Ok(Settled::Removed)
+}
+
+/// A worktree a spawn cut short by a restart planned and no member claims: settled as a
+/// released member's, except that when its directory never came to be, a branch git made for
+/// it that holds nothing past its base goes too (git makes the `-b` branch first).
+pub async fn reclaim(info: &WorktreeInfo) -> Result<Settled, String> {
+    let settled = settle(info).await?;
+    if settled != Settled::Missing {
+        return Ok(settled);
+    }
+    let repo = admin_dir(info).await;
+    if !branch_exists(&repo, &info.branch).await {
+        return Ok(Settled::Removed);
+    }
+    let range = format!("{}..refs/heads/{}", info.base, info.branch);
+    let ahead = git(&repo, &["rev-list", "--count", &range]).await?;
+    if ahead.trim() != "0" {
+        return Ok(Settled::Missing);
+    }
+    git(&repo, &["branch", "-D", &info.branch])
+        .await
+        .map_err(|e| format!("git branch -D failed: {e}"))?;
+    Ok(Settled::Removed)
+}
+
+/// Takes back a worktree a failed spawn made: directory and branch, whatever they hold (nothing
+/// but the checkout: the member never ran in it).
+pub async fn discard(info: &WorktreeInfo) {
+    let repo = admin_dir(info).await;
+    let path = info.path.to_string_lossy().into_owned();
+    if let Err(e) = git(&repo, &["worktree", "remove", "--force", &path]).await {
+        tracing::warn!(path = %info.path.display(), error = %e, "cannot remove a failed spawn's worktree");
+    }
+    if let Err(e) = git(&repo, &["branch", "-D", &info.branch]).await {
+        tracing::warn!(branch = %info.branch, error = %e, "cannot delete a failed spawn's branch");
+    }
+}
+
+/// `base`, or `base-2`, `base-3`, ...: the first name no branch of `repo` has.
+async fn free_branch(repo: &Path, base: &str) -> Result<String, String> {
+    git(repo, &["check-ref-format", "--branch", base])
+        .await
+        .map_err(|_| {
+            format!(
+                "{base:?} is not a valid branch name: change the profile's worktree.branchPrefix"
+            )
+        })?;
+    for n in 1..=MAX_SUFFIX {
+        let name = if n == 1 {
+            base.to_owned()
+        } else {
+            format!("{base}-{n}")
+        };
+        if !branch_exists(repo, &name).await {
+            return Ok(name);
+        }
+    }
+    Err(format!(
+        "branches {base} to {base}-{MAX_SUFFIX} all exist: delete the old ones (git branch -D)"
+    ))
+}
+
+/// `dir/name`, or `dir/name-2`, ...: the first that does not exist.
+fn free_dir(dir: &Path, name: &str) -> Result<PathBuf, String> {
+    (1..=MAX_SUFFIX)
+        .map(|n| {
+            if n == 1 {
+                dir.join(name)
+            } else {
+                dir.join(format!("{name}-{n}"))
+            }
+        })
+        .find(|p| !p.exists())
+        .ok_or_else(|| {
+            format!(
+                "{} holds {name} to {name}-{MAX_SUFFIX} already",
+                dir.display()
+            )
+        })
+}
+
+/// `<repository's directory name>-<8 hex digits of its path>`: two repositories with one name
+/// keep their worktrees apart.
+fn repo_dir_name(repo: &Path) -> String {
+    let name = repo
+        .file_name()
+        .map_or_else(|| "repo".to_owned(), |n| n.to_string_lossy().into_owned());
+    // FNV-1a: stable across runs and builds (std's hasher is not).
+    let hash = repo
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("{name}-{:08x}", hash & 0xffff_ffff)
+}
+
+/// Runs `git -C dir args...`; its trimmed stdout, or what it said on stderr.
+async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let mut command = tokio::process::Command::new("git");
+    command
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(GIT_TIMEOUT, command.output())
+        .await
+        .map_err(|_| {
+            format!(
+                "git {} took longer than {}s",
+                args.join(" "),
+                GIT_TIMEOUT.as_secs()
+            )
+        })?
+        .map_err(|e| format!("cannot run git: {e} (is git installed and on PATH?)"))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    } else {
+        let said = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+        Err(if said.is_empty() {
+            format!(
+                "git {} exited with {}",
+                args.first().unwrap_or(&""),
+                output.status
+            )
+        } else {
+            said
+        })
+    }
+}
+
+/// Test repositories for other modules' tests (this module is the one that runs git).
+#[cfg(test)]
+pub(crate) use tests::{branches_and_worktrees as test_branches, repo as test_repo};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(dir: &Path, args: &[&str]) {
+        let status = std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+            .args(args)
+            .output()
+            .expect("git");
+        assert!(
+            status.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+    }
+
+    /// A repository on `main` with one commit.
+    pub(crate) fn repo() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tmp");
+        run(dir.path(), &["init", "--quiet", "-b", "main"]);
+        std::fs::write(dir.path().join("README"), "hello\n").expect("write");
+        run(dir.path(), &["add", "README"]);
+        run(dir.path(), &["commit", "--quiet", "-m", "first"]);
+        dir
+    }
+
+    #[tokio::test]
+    async fn a_worktree_is_made_read_and_removed_only_when_it_holds_nothing() {
+        let repo = repo();
+        let root = tempfile::tempdir().expect("tmp");
+        let request = WorktreeRequest {
+            from: repo.path(),
+            branch_prefix: "fleet/",
+            name: "ann",
+            base: None,
+            root: root.path(),
+        };
+        let first = create(&request).await.expect("worktree");
+        assert_eq!(first.branch, "fleet/ann");
+        assert_eq!(first.base_name, "main");
+        assert!(first.path.join("README").exists());
+        // The same name again: a free branch and directory.
+        let second = create(&request).await.expect("second worktree");
+        assert_eq!(second.branch, "fleet/ann-2");
+        assert_ne!(first.path, second.path);
+
+        // One commit on the first: kept; the second untouched: removed with its branch.
+        std::fs::write(first.path.join("README"), "changed\n").expect("write");
+        run(&first.path, &["commit", "--quiet", "-am", "work"]);
+        std::fs::write(first.path.join("new.txt"), "x").expect("write");
+        let state = inspect(&first).await.expect("inspect");
+        assert_eq!(
+            state,
+            WorktreeState {
+                uncommitted: 1,
+                ahead: 1
+            }
+        );
+        assert_eq!(
+            state.describe("main"),
+            "1 uncommitted change and 1 commit ahead of main"
+        );
+        assert_eq!(settle(&first).await.expect("settle"), Settled::Kept(state));
+        assert!(first.path.exists());
+        assert_eq!(settle(&second).await.expect("settle"), Settled::Removed);
+        assert!(!second.path.exists());
+        assert!(
+            git(
+                repo.path(),
+                &["show-ref", "--verify", "--quiet", "refs/heads/fleet/ann-2"]
+            )
+            .await
+            .is_err()
+        );
+        assert!(
+            git(
+                repo.path(),
+                &["show-ref", "--verify", "--quiet", "refs/heads/fleet/ann"]
+            )
+            .await
+            .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn outside_a_repository_or_from_a_missing_base_it_says_so_and_leaves_nothing() {
+        let plain = tempfile::tempdir().expect("tmp");
+        let root = tempfile::tempdir().expect("tmp");
+        let mut request = WorktreeRequest {
+            from: plain.path(),
+            branch_prefix: "fleet/",
+            name: "bo",
+            base: None,
+            root: root.path(),
+        };
+        let e = create(&request).await.expect_err("no repository");
+        assert!(e.contains("is not in a git repository"), "{e}");
+        let repo = repo();
+        request.from = repo.path();
+        request.base = Some("no-such-branch");
+        let e = create(&request).await.expect_err("no base");
+        assert!(e.contains("\"no-such-branch\" is no branch"), "{e}");
+        assert_eq!(std::fs::read_dir(root.path()).expect("root").count(), 0);
+    }
+
+    /// The branches of `repo` (one a line), and how many worktrees it has.
+    pub(crate) fn branches_and_worktrees(repo: &Path) -> (String, usize) {
+        let out = |args: &[&str]| {
+            let o = std::process::Command::new("git")
+                .arg("-C")
+                .arg(repo)
+                .args(args)
+                .output()
+                .expect("git");
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        };
+        let worktrees = out(&["worktree", "list", "--porcelain"])
+            .lines()
+            .filter(|l| l.starts_with("worktree "))
+            .count();
+        (out(&["branch", "--format=%(refname:short)"]), worktrees)
+    }
+
+    #[tokio::test]
+    async fn a_checkout_that_fails_takes_back_the_worktree_and_the_branch_git_left() {
+        let repo = repo();
+        // git makes the branch and the worktree, then runs the hook, and keeps both when it
+        // fails.
+        let hook = repo.path().join(".git/hooks/post-checkout");
+        std::fs::write(&hook, "#!/bin/sh\necho refused by the hook >&2\nexit 1\n").expect("hook");
+        std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let root = tempfile::tempdir().expect("tmp");
+        let request = WorktreeRequest {
+            from: repo.path(),
+            branch_prefix: "fleet/",
+            name: "hook",
+            base: None,
+            root: root.path(),
+        };
+        let e = create(&request).await.expect_err("the hook fails");
+        assert!(e.contains("git worktree add failed"), "{e}");
+        assert!(e.contains("refused by the hook"), "git's own words: {e}");
+        assert_eq!(
+            branches_and_worktrees(repo.path()),
+            ("main\n".to_owned(), 1),
+            "no branch and no worktree left"
+        );
+        assert_eq!(std::fs::read_dir(root.path()).expect("root").count(), 0);
+
+        // A directory that appeared under the planned name is refused, and left alone.
+        std::fs::remove_file(&hook).expect("unhook");
+        let planned = plan(&request).await.expect("plan");
+        std::fs::create_dir_all(&planned.path).expect("mkdir");
+        std::fs::write(planned.path.join("theirs"), "x").expect("write");
+        let e = make(&planned).await.expect_err("taken");
+        assert!(e.contains("appeared since the spawn chose it"), "{e}");
+        assert!(planned.path.join("theirs").exists());
+        assert_eq!(branches_and_worktrees(repo.path()).0, "main\n");
+    }
+
+    #[tokio::test]
+    async fn a_worktree_made_from_inside_another_belongs_to_the_main_checkout() {
+        let repo = repo();
+        let root = tempfile::tempdir().expect("tmp");
+        let request = async |from: &Path, name: &str| {
+            let request = WorktreeRequest {
+                from,
+                branch_prefix: "fleet/",
+                name,
+                base: None,
+                root: root.path(),
+            };
+            create(&request).await
+        };
+        let mid = request(repo.path(), "mid").await.expect("mid's worktree");
+        // A delegating member working in its worktree spawns a worktree member of its own.
+        let in_mid = mid.path.join("src");
+        std::fs::create_dir_all(&in_mid).expect("mkdir");
+        let sub = request(&in_mid, "sub").await.expect("sub's worktree");
+        let real = |p: &Path| std::fs::canonicalize(p).expect("canonical");
+        assert_eq!(real(&sub.repo), real(repo.path()), "{sub:?}");
+        assert_eq!(
+            sub.base_name, "fleet/mid",
+            "branched from where mid had got to"
+        );
+
+        // mid's clean worktree goes first; sub's is still removed with its branch after it.
+        std::fs::remove_dir(&in_mid).expect("rmdir");
+        assert_eq!(settle(&mid).await.expect("settle mid"), Settled::Removed);
+        assert_eq!(settle(&sub).await.expect("settle sub"), Settled::Removed);
+        assert!(!sub.path.exists());
+        assert!(!branch_exists(repo.path(), "fleet/sub").await);
+
+        // A record from before this fix names mid's removed worktree as its repository: its
+        // own directory still leads to the main checkout.
+        let mut old = request(repo.path(), "old").await.expect("old's worktree");
+        old.repo.clone_from(&mid.path);
+        assert_eq!(settle(&old).await.expect("settle old"), Settled::Removed);
+        assert!(!old.path.exists());
+        assert!(!branch_exists(repo.path(), "fleet/old").await);
+    }
+}
