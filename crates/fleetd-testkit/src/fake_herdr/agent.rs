@@ -1,8 +1,10 @@
-//! fake-herdr's agent methods that wait or launch: `agent.prompt` (paste, Enter after 300 ms,
-//! then the optional wait with herdr's 5 s `agent_prompt_stalled` rule), `agent.wait`, and
+//! fake-herdr's agent methods that wait or launch: `agent.prompt` (paste, Enter scheduled 300 ms
+//! later, answered at once or after the optional wait with herdr's 5 s `agent_prompt_stalled`
+//! rule, which starts at the paste), `agent.wait`, and
 //! `agent.start` (the canonical executable typed into an idle shell pane, as herdr does: which
 //! program runs is whatever `kind` resolves to on that shell's PATH). No socket code.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -72,10 +74,14 @@ pub(super) async fn prompt(server: &Server, p: &Value, late_ms: Option<u64>) -> 
     pane.write(&paste_bytes(&pane, &text))
         .await
         .map_err(|e| ("agent_prompt_failed", e.to_string()))?;
-    tokio::time::sleep(PROMPT_ENTER_DELAY).await;
-    pane.write(b"\r")
-        .await
-        .map_err(|e| ("agent_prompt_failed", e.to_string()))?;
+    // herdr schedules the Enter and answers at once (v0.8.2 src/app/api/agents.rs:121-130,
+    // `send_bytes_after(enter, AGENT_PROMPT_SUBMIT_DELAY)`, src/terminal/runtime.rs:461): the
+    // answer does not wait for the Enter, and a failed Enter is nobody's answer.
+    let enter = Arc::clone(&pane);
+    tokio::spawn(async move {
+        tokio::time::sleep(PROMPT_ENTER_DELAY).await;
+        let _ = enter.write(b"\r").await;
+    });
     let wait = p.get("wait").filter(|w| w.is_object());
     if let Some(ms) = late_ms {
         tokio::time::sleep(Duration::from_millis(ms)).await;
