@@ -17,7 +17,8 @@
 //!   (the prompt is a nudge: answer every `fleet_answer(questionId="X", ...)` it names with
 //!   `SIM_AGENT_ANSWER`, default `yes`, and end the turn unanswered); the last one repeats
 //!   (default `reply`);
-//! - `--work-ms N` / `SIM_AGENT_WORK_MS`: how long a turn shows working (default 1500);
+//! - `--work-ms N` / `SIM_AGENT_WORK_MS`: how long a turn shows working (default 1500; 0 shows no
+//!   spinner at all, a turn too quick for a screen detection to see);
 //! - `--reply T` / `SIM_AGENT_REPLY`: reply text, `{prompt}` replaced (default `sim-agent did: {prompt}`);
 //! - `--question Q` / `SIM_AGENT_QUESTION`: the `fleet_ask` question (default `sim-agent asks about: {prompt}`);
 //! - `--swallow N` / `SIM_AGENT_SWALLOW`: the first N Enters do not submit: the text stays in the
@@ -433,8 +434,11 @@ impl Agent {
     /// Shows working for the configured time (forever when `hang`).
     async fn work(&mut self, hang: bool) {
         self.say("✻ Working… (esc to interrupt)\r\n").await;
+        // 0 ms is a turn too quick for any screen detection to see working (no spinner frame).
         let frames = if hang {
             u128::MAX
+        } else if self.config.work.is_zero() {
+            0
         } else {
             (self.config.work.as_millis() / FRAME.as_millis()).max(1)
         };

@@ -52,6 +52,11 @@ fn restart_herdr(rig: &HerdrRig) {
     rig.herdr
         .fault(&json!({ "fault": "restart", "down_ms": 800 }))
         .expect("restart");
+    // The fault only starts the restart: wait for herdr to go away before waiting for it back
+    // (a ping answered before it went was read as "back", and the next call hit the gap).
+    wait_until("herdr to go down", Duration::from_secs(30), || {
+        rig.herdr.call("ping", &json!({})).is_err()
+    });
     wait_until("herdr to answer again", Duration::from_secs(30), || {
         rig.herdr.call("ping", &json!({})).is_ok()
     });
@@ -367,5 +372,55 @@ fn e2e_herdr_a_nudge_the_lead_does_not_start_on_gets_no_bare_enter() {
         0,
         "no bare Enter submitted the nudge behind the lead's back: {}",
         std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+/// A lead whose turns end before herdr's screen detection looks again (it reads the screen
+/// every 120 ms, fake-herdr as herdr) never shows herdr `working`. A nudge typed with a status
+/// wait then holds fleetd's push loop until herdr's 5 s stall rule answers, and the next reply's
+/// nudge waited behind it (the ~3 s slow round of the nudge benchmark). A nudge is typed without
+/// a wait: the next one goes out as soon as its reply lands.
+#[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the test measures how long the second nudge took against herdr's 5 s stall rule"
+)]
+fn e2e_herdr_a_lead_too_quick_for_herdr_to_see_working_gets_the_next_nudge_at_once() {
+    let rig = HerdrRig::start(&format!(
+        "primary:\n  tab: w1:t1\nprofiles:\n{}",
+        sim_profile("quick", 300)
+    ));
+    let (_, lead) = rig.agent_lead_with("boss", &["SIM_AGENT_WORK_MS=0".to_owned()]);
+    spawn(&rig, &lead, "quick", "nia");
+    let nudges = || rig.history(&lead).matches(&nudge("nia")).count();
+    send(&rig, &lead, "nia", 0);
+    let turns = || rig.history(&lead).matches("turn done").count();
+    let before = turns();
+    wait_until("the first nudge", Duration::from_secs(60), || nudges() == 1);
+    // Wait for the nudge's own turn to end: a line typed inside herdr's 300 ms Enter window
+    // would join the nudge's line.
+    wait_until("the first nudge's turn", Duration::from_secs(60), || {
+        turns() > before
+    });
+    let operator = rig.daemon.operator();
+    let replies = http::get(&operator, "/sessions/nia/replies").expect("replies");
+    for reply in replies.json()["replies"].as_array().into_iter().flatten() {
+        let id = reply["msgId"].as_str().expect("msgId");
+        http::request(
+            &operator,
+            "POST",
+            &format!("/sessions/nia/replies/{id}/ack"),
+            None,
+        )
+        .expect("ack");
+    }
+    let sent = std::time::Instant::now();
+    send(&rig, &lead, "nia", 0);
+    wait_until("the second nudge", Duration::from_secs(60), || nudges() == 2);
+    let took = sent.elapsed();
+    assert!(
+        took < Duration::from_millis(3500),
+        "the second nudge took {took:?} after its task was sent: it waited behind the first \
+         nudge's prompt (herdr answers a wait its agent never shows `working` for after 5 s)"
     );
 }

@@ -465,7 +465,7 @@ async fn nudge(
             return InjectOutcome::Transient;
         }
     }
-    match mux.submit(pane, text).await {
+    match mux.nudge(pane, text).await {
         Ok(_) => InjectOutcome::Delivered,
         Err(e) if e.is_not_found() => InjectOutcome::NotFound,
         Err(e) if e.is_uncertain() => {

@@ -373,6 +373,13 @@ pub trait Multiplexer: Send + Sync + fmt::Debug {
     /// error means nothing was typed.
     fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted>;
 
+    /// Types a nudge into a lead's pane and submits it, as [`Multiplexer::submit`] does, but
+    /// returns once it is typed: nothing waits to see the lead's turn start (the push loop reads
+    /// the lead's status anyway, and a wait would hold the lead's next nudge behind it).
+    fn nudge<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted> {
+        self.submit(pane, text)
+    }
+
     /// Presses Enter once in the pane (the retry of a submit the agent did not pick up). A
     /// failure after the key may have been sent is [`MuxError::Uncertain`].
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()>;

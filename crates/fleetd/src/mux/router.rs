@@ -235,6 +235,11 @@ impl MuxRouter {
         self.daemon(id.daemon)?.submit(&id.pane, text).await
     }
 
+    /// Types a nudge into a lead's pane (see [`Multiplexer::nudge`]).
+    pub async fn nudge(&self, id: &QualifiedPaneId, text: &str) -> Result<Submitted, MuxError> {
+        self.daemon(id.daemon)?.nudge(&id.pane, text).await
+    }
+
     /// Presses Enter once in a pane.
     pub async fn press_enter(&self, id: &QualifiedPaneId) -> Result<(), MuxError> {
         self.daemon(id.daemon)?.press_enter(&id.pane).await

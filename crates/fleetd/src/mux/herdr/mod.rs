@@ -322,7 +322,18 @@ impl Herdr {
         })
     }
 
-    async fn submit_inner(&self, pane: &PaneId, text: &str) -> Result<Submitted, MuxError> {
+    /// Types `text` and submits it: `agent.prompt` to an agent herdr knows, else
+    /// `pane.send_input` with Enter. `wait` asks herdr to answer once it sees the agent
+    /// `working` (up to `prompt_wait`; its 5 s stall rule answers an agent never seen working,
+    /// a turn quicker than its screen detection). A nudge does not wait: herdr types the prompt
+    /// and schedules the Enter 300 ms later (v0.8.2 src/app/api/agents.rs:121-130), and the
+    /// lead's next nudge must not queue behind a stall (the ~3 s slow nudge round).
+    async fn submit_inner(
+        &self,
+        pane: &PaneId,
+        text: &str,
+        wait: bool,
+    ) -> Result<Submitted, MuxError> {
         let info = self.pane_inner(pane).await?;
         let what = format!("pane {pane}");
         let known = runs_known_agent(&info);
@@ -341,25 +352,25 @@ impl Herdr {
                 started: None,
             });
         }
-        let wait = self.inner.config.prompt_wait;
-        let params = json!({
-            "target": pane.as_str(),
-            "text": text,
-            "wait": { "until": ["working"], "timeout_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX) },
-        });
+        let wait = wait.then_some(self.inner.config.prompt_wait);
+        let mut params = json!({ "target": pane.as_str(), "text": text });
+        if let Some(wait) = wait {
+            params["wait"] = json!({ "until": ["working"],
+                "timeout_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX) });
+        }
         let outcome = self
             .input_request(
                 "agent.prompt",
                 params,
                 &["agent_prompted"],
                 &what,
-                wait + call_timeout,
+                wait.unwrap_or_default() + call_timeout,
             )
             .await;
         match outcome {
             Ok(_) => Ok(Submitted {
                 path: SubmitPath::AgentPrompt,
-                started: Some(true),
+                started: wait.map(|_| true),
             }),
             // Typed, and herdr saw no state change within its 5 s: the prompt may sit in the
             // composer (agent TUIs sometimes swallow the Enter after a paste). Whether and when
@@ -507,7 +518,11 @@ impl Multiplexer for Herdr {
     }
 
     fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted> {
-        Box::pin(self.submit_inner(pane, text))
+        Box::pin(self.submit_inner(pane, text, true))
+    }
+
+    fn nudge<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted> {
+        Box::pin(self.submit_inner(pane, text, false))
     }
 
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
