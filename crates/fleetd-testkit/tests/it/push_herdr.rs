@@ -416,7 +416,9 @@ fn e2e_herdr_a_lead_too_quick_for_herdr_to_see_working_gets_the_next_nudge_at_on
     }
     let sent = std::time::Instant::now();
     send(&rig, &lead, "nia", 0);
-    wait_until("the second nudge", Duration::from_secs(60), || nudges() == 2);
+    wait_until("the second nudge", Duration::from_secs(60), || {
+        nudges() == 2
+    });
     let took = sent.elapsed();
     assert!(
         took < Duration::from_millis(3500),
