@@ -16,7 +16,9 @@
 //! Finding which process holds a TCP connection's socket has no direct kernel answer: it is
 //! looked for in the processes most likely to hold it first — the pid that held it before, recent
 //! callers, then the known panes' process trees breadth first from each pane's own process — and
-//! the full scan of every process only after those (`process::find_holder`).
+//! the full scan of every process only after those (`process::find_holder`). Of the first two,
+//! only the fds that can hold a new connection are read at first (numbers not seen in that
+//! process before, or that were sockets when it was last looked at); the rest only if that misses.
 //!
 //! The pane map (pane process pid → pane incarnation) is a snapshot lookups read without waiting
 //! for a refresh in flight (`panes`): refreshed in the background when older than `pane_ttl`, on
@@ -36,6 +38,7 @@ use tokio::net::UnixStream;
 
 use crate::mux::{MuxError, MuxRouter, PaneEvent};
 
+mod lanes;
 mod panes;
 pub mod platform;
 pub mod process;
@@ -219,6 +222,9 @@ pub struct Locator {
     /// Socket inode → the pid found holding it. An inode names one live socket, so a hit only
     /// needs the pid re-checked (one fd listing), not a scan.
     sockets: Arc<Mutex<HashMap<u64, u32>>>,
+    /// What the socket searches saw of the candidates' fd tables, so the next reads first only
+    /// the fds that can hold a new connection (`process::FdMemory`).
+    fds: Arc<Mutex<process::FdMemory>>,
 }
 
 impl Locator {
@@ -253,6 +259,7 @@ impl Locator {
             counters: Arc::default(),
             recent: Arc::new(Mutex::new(Vec::new())),
             sockets: Arc::new(Mutex::new(HashMap::new())),
+            fds: Arc::default(),
         }
     }
 
@@ -321,13 +328,14 @@ impl Locator {
             }
         };
         let recent = lock(&self.recent).clone();
-        let sockets = Arc::clone(&self.sockets);
+        let (sockets, fds) = (Arc::clone(&self.sockets), Arc::clone(&self.fds));
         // Every blocking step in one hand-off to the blocking pool: on a busy machine each
         // hand-off is a wait for a thread, and there used to be three.
-        let search =
-            tokio::task::spawn_blocking(move || search_tcp(peer, local, &roots, recent, &sockets))
-                .await
-                .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
+        let search = tokio::task::spawn_blocking(move || {
+            search_tcp(peer, local, &roots, recent, (&sockets, &fds))
+        })
+        .await
+        .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
         let (pid, uid, chain, hints) = match search {
             TcpSearch::OtherUser(uid) => return Ok(Located::untraced(uid, None)),
             TcpSearch::NotHeld => {
@@ -475,7 +483,7 @@ fn search_tcp(
     local: SocketAddr,
     roots: &[u32],
     recent: Vec<u32>,
-    sockets: &Mutex<HashMap<u64, u32>>,
+    (sockets, fds): (&Mutex<HashMap<u64, u32>>, &Arc<Mutex<process::FdMemory>>),
 ) -> Result<TcpSearch, LocateError> {
     let owner = platform::client_socket(peer, local)?.ok_or(LocateError::NoOwner { peer })?;
     if owner.uid != own_uid() {
@@ -487,7 +495,7 @@ fn search_tcp(
         .into_iter()
         .collect();
     first.extend(recent);
-    let Some((pid, by)) = process::find_holder(owner.inode, &first, roots)? else {
+    let Some((pid, by)) = process::find_holder(owner.inode, &first, roots, fds)? else {
         return Ok(TcpSearch::NotHeld);
     };
     {

@@ -1,12 +1,16 @@
 //! The process tree as the locator walks it, built on the platform seam (`locate::platform`) and
 //! free of any platform call of its own: a process's ancestry, and the search for the process
-//! holding a socket (the known panes' process trees first, the full scan only after them).
+//! holding a socket (the known panes' process trees first, reading first only the fds that can
+//! hold a new connection, the full scan only after them).
 //! Blocking (each step reads the kernel): call from `spawn_blocking`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
+use std::ops::ControlFlow;
+use std::sync::{Arc, Mutex};
 
-use super::platform::{self, ProcStat};
+use super::lanes::{self, Step};
+use super::platform::{self, FdFile, ProcStat};
 
 /// How far up the parent chain [`ancestry`] goes. Real chains are a handful deep (agent →
 /// shell → pane); the bound only stops a pathological one.
@@ -47,19 +51,206 @@ pub enum FoundBy {
     FullScan,
 }
 
+/// What the search last saw of the fd tables of the processes it looked at (the pids tried first
+/// and the pane trees'): each fd number and whether it was a socket. A later search reads, on its
+/// first pass, only the fds of such a process that can hold a new connection — those that were
+/// sockets (a closed connection's number is the one the next gets) and the lowest numbers that
+/// were free (the kernel gives a new fd the lowest free number) — with no listing of the table;
+/// every fd is read only on a second pass, when no process held the socket on the first. It only ever orders the
+/// reading: a holder is always found by reading its link, so a stale table (a pid reused) costs
+/// time, never an identity. Bounded: cleared when it holds [`FdMemory::MAX_PROCESSES`].
+#[derive(Debug, Default)]
+pub struct FdMemory {
+    tables: HashMap<u32, Vec<(u32, bool)>>,
+}
+
+impl FdMemory {
+    /// Most processes remembered.
+    pub const MAX_PROCESSES: usize = 16_384;
+
+    /// How many processes' tables are remembered.
+    pub fn len(&self) -> usize {
+        self.tables.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.tables.is_empty()
+    }
+}
+
+/// How much of a process's fd table a check reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// Only fds that can hold a new connection, by the remembered table (all of an unknown one).
+    Likely,
+    /// Every fd.
+    All,
+}
+
+/// How one process's check went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checked {
+    /// It holds the socket.
+    Holds,
+    /// It does not, and every fd was read.
+    NotHeld,
+    /// It does not hold it in the fds read; some were left for a second pass.
+    Partly,
+}
+
+/// How many of the lowest fd numbers free in a remembered table a first pass tries: where the
+/// kernel puts the next fd a process opens (the lowest free number), allowing for one other
+/// file opened meanwhile.
+const FREE_PROBES: usize = 2;
+
+/// The numbers a first pass reads in a remembered `table` (sorted by number): every fd that was
+/// a socket, and the [`FREE_PROBES`] lowest numbers that were free.
+fn likely_fds(table: &[(u32, bool)]) -> Vec<u32> {
+    let mut probes: Vec<u32> = table.iter().filter(|(_, s)| *s).map(|(n, _)| *n).collect();
+    let (mut free, mut taken) = (0u32, table.iter().map(|(n, _)| *n).peekable());
+    let mut found = 0;
+    while found < FREE_PROBES {
+        if taken.peek() == Some(&free) {
+            taken.next();
+        } else {
+            probes.push(free);
+            found += 1;
+        }
+        free = free.saturating_add(1);
+    }
+    probes
+}
+
+/// Whether `pid` holds socket `inode`, reading its fds as `read` says and remembering its table
+/// in `memory` (when given). A remembered process is not even listed on a first pass: only its
+/// [`likely_fds`] are read. A process whose fds cannot be read is forgotten and not held.
+fn check(pid: u32, inode: u64, read: Read, memory: Option<&Mutex<FdMemory>>) -> Checked {
+    let forget = || {
+        if let Some(memory) = memory {
+            lock(memory).tables.remove(&pid);
+        }
+    };
+    let Ok(fds) = platform::Fds::open(pid) else {
+        forget();
+        return Checked::NotHeld;
+    };
+    let known = match (read, memory) {
+        (Read::Likely, Some(memory)) => lock(memory).tables.get(&pid).cloned(),
+        _ => None,
+    };
+    if let (Some(mut table), Some(memory)) = (known, memory) {
+        for fd in likely_fds(&table) {
+            let file = fds.file(fd);
+            if file == FdFile::Socket(inode) {
+                return Checked::Holds;
+            }
+            let at = table.binary_search_by_key(&fd, |(n, _)| *n);
+            match (file, at) {
+                (FdFile::Closed, Ok(i)) => {
+                    table.remove(i);
+                }
+                (FdFile::Closed, Err(_)) => {}
+                (_, Ok(i)) => table[i].1 = matches!(file, FdFile::Socket(_)),
+                (_, Err(i)) => table.insert(i, (fd, matches!(file, FdFile::Socket(_)))),
+            }
+        }
+        remember(memory, pid, table);
+        return Checked::Partly;
+    }
+    let mut table = Vec::with_capacity(8);
+    let mut holds = false;
+    let listed = fds.each(|fd| {
+        let socket = fds.socket(fd);
+        table.push((fd, socket.is_some()));
+        holds = socket == Some(inode);
+        if holds {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
+    if listed.is_err() {
+        forget();
+        return Checked::NotHeld;
+    }
+    if holds {
+        // A table cut short by the hit is not kept: the next search lists this process again.
+        forget();
+        return Checked::Holds;
+    }
+    if let Some(memory) = memory {
+        table.sort_unstable_by_key(|(n, _)| *n);
+        remember(memory, pid, table);
+    }
+    Checked::NotHeld
+}
+
+/// Keeps `pid`'s fd table, within [`FdMemory::MAX_PROCESSES`].
+fn remember(memory: &Mutex<FdMemory>, pid: u32, table: Vec<(u32, bool)>) {
+    let mut memory = lock(memory);
+    if memory.tables.len() >= FdMemory::MAX_PROCESSES && !memory.tables.contains_key(&pid) {
+        memory.tables.clear();
+    }
+    memory.tables.insert(pid, table);
+}
+
+/// The first of `candidates` found holding `inode` (earlier ones preferred), and those checked
+/// only partly, read on two lanes ([`lanes::first_hit`]) for a long list.
+fn scan(
+    inode: u64,
+    candidates: &[u32],
+    read: Read,
+    memory: Option<&Arc<Mutex<FdMemory>>>,
+) -> (Option<u32>, Vec<u32>) {
+    let pids: Arc<[u32]> = candidates.into();
+    let memory = memory.cloned();
+    let work_pids = Arc::clone(&pids);
+    let found = lanes::first_hit(
+        pids.len(),
+        Arc::new(
+            move |i| match check(work_pids[i], inode, read, memory.as_deref()) {
+                Checked::Holds => Step::Hit,
+                Checked::NotHeld => Step::Miss,
+                Checked::Partly => Step::Partly,
+            },
+        ),
+    );
+    (
+        found.hit.map(|i| pids[i]),
+        found.partly.into_iter().map(|i| pids[i]).collect(),
+    )
+}
+
+/// A process among `candidates` holding an fd on socket `inode`, preferring earlier ones, every
+/// fd of each read (nothing remembered). Processes whose fds cannot be read are skipped.
+pub fn find_socket_owner(inode: u64, candidates: &[u32]) -> Option<u32> {
+    scan(inode, candidates, Read::All, None).0
+}
+
 /// Which process holds the socket `inode`, looked for in the order it is most likely found:
 /// `first` (the pid that held this socket before, then recent callers), then the process trees
 /// of the known panes breadth first from `roots` (the panes' own processes: a caller is almost
 /// always an agent in a pane, or a tool it started), and only then every other process, newest
-/// pid first. Each step skips what an earlier one tried. The answer only says who holds the
-/// socket: the pane is decided afterwards from that process's own ancestry, so this order can
-/// cost time but never change an identity. Blocking.
-pub fn find_holder(inode: u64, first: &[u32], roots: &[u32]) -> io::Result<Option<(u32, FoundBy)>> {
+/// pid first. The first two steps read only the fds `memory` says can hold a new connection,
+/// and the rest of those processes' fds after both missed. Each step skips what an earlier one
+/// tried. The answer only says who holds the socket: the pane is decided afterwards from that
+/// process's own ancestry, so this order can cost time but never change an identity. Blocking.
+pub fn find_holder(
+    inode: u64,
+    first: &[u32],
+    roots: &[u32],
+    memory: &Arc<Mutex<FdMemory>>,
+) -> io::Result<Option<(u32, FoundBy)>> {
     let mut tried: HashSet<u32> = HashSet::with_capacity(first.len() + roots.len() * 4);
     let first: Vec<u32> = first.iter().copied().filter(|p| tried.insert(*p)).collect();
-    if let Some(pid) = platform::find_socket_owner(inode, &first) {
+    // The processes read only partly, with the step that would have found them.
+    let mut second: Vec<(Vec<u32>, FoundBy)> = Vec::new();
+    let (found, partly) = scan(inode, &first, Read::Likely, Some(memory));
+    if let Some(pid) = found {
         return Ok(Some((pid, FoundBy::First)));
     }
+    second.push((partly, FoundBy::First));
     let mut level: Vec<u32> = roots.iter().copied().filter(|p| *p > 1).collect();
     level.sort_unstable();
     level.dedup();
@@ -70,9 +261,12 @@ pub fn find_holder(inode: u64, first: &[u32], roots: &[u32]) -> io::Result<Optio
         }
         walked += level.len();
         let fresh: Vec<u32> = level.iter().copied().filter(|p| tried.insert(*p)).collect();
-        if let Some(pid) = platform::find_socket_owner(inode, &fresh) {
-            return Ok(Some((pid, FoundBy::PaneTree { depth })));
+        let by = FoundBy::PaneTree { depth };
+        let (found, partly) = scan(inode, &fresh, Read::Likely, Some(memory));
+        if let Some(pid) = found {
+            return Ok(Some((pid, by)));
         }
+        second.push((partly, by));
         let mut next = Vec::new();
         for pid in &level {
             match platform::children(*pid) {
@@ -86,12 +280,21 @@ pub fn find_holder(inode: u64, first: &[u32], roots: &[u32]) -> io::Result<Optio
         }
         level = next;
     }
+    for (partly, by) in second {
+        if let (Some(pid), _) = scan(inode, &partly, Read::All, Some(memory)) {
+            return Ok(Some((pid, by)));
+        }
+    }
     let mut rest: Vec<u32> = platform::pids()?
         .into_iter()
         .filter(|p| !tried.contains(p))
         .collect();
     rest.sort_unstable_by(|a, b| b.cmp(a));
-    Ok(platform::find_socket_owner(inode, &rest).map(|pid| (pid, FoundBy::FullScan)))
+    Ok(find_socket_owner(inode, &rest).map(|pid| (pid, FoundBy::FullScan)))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -116,20 +319,97 @@ mod tests {
         let (_client, inode) = listener_pair();
         let me = std::process::id();
         let parent = platform::read_stat(me).expect("own stat").ppid;
+        let memory = Arc::default();
         // This process as a pane's own process, and as its parent's child.
         assert_eq!(
-            find_holder(inode, &[], &[me]).expect("search"),
+            find_holder(inode, &[], &[me], &memory).expect("search"),
             Some((me, FoundBy::PaneTree { depth: 0 }))
         );
         assert_eq!(
-            find_holder(inode, &[], &[parent]).expect("search"),
+            find_holder(inode, &[], &[parent], &memory).expect("search"),
             Some((me, FoundBy::PaneTree { depth: 1 }))
         );
         // A pid tried first wins before any tree is walked.
         assert_eq!(
-            find_holder(inode, &[me], &[parent]).expect("search"),
+            find_holder(inode, &[me], &[parent], &memory).expect("search"),
             Some((me, FoundBy::First))
         );
+    }
+
+    /// This process's fd numbers that are sockets, and its others.
+    fn own_fds() -> (Vec<u32>, Vec<u32>) {
+        let fds = platform::Fds::open(std::process::id()).expect("own fds");
+        let (mut sockets, mut others) = (Vec::new(), Vec::new());
+        fds.each(|fd| {
+            if fds.socket(fd).is_some() {
+                sockets.push(fd);
+            } else {
+                others.push(fd);
+            }
+            ControlFlow::Continue(())
+        })
+        .expect("listed");
+        (sockets, others)
+    }
+
+    #[test]
+    fn a_first_pass_reads_the_sockets_and_lowest_free_numbers_of_a_remembered_table() {
+        assert_eq!(likely_fds(&[]), vec![0, 1]);
+        assert_eq!(
+            likely_fds(&[(0, false), (1, false), (2, false), (3, true), (5, false)]),
+            vec![3, 4, 6]
+        );
+        assert_eq!(likely_fds(&[(1, true), (2, true)]), vec![1, 2, 0, 3]);
+    }
+
+    #[test]
+    fn a_first_pass_finds_a_new_connection_where_the_kernel_puts_it_and_leaves_the_rest() {
+        let me = std::process::id();
+        let memory = Arc::<Mutex<FdMemory>>::default();
+        let (_client, inode) = listener_pair();
+        let fd = own_fds()
+            .0
+            .into_iter()
+            .find(|fd| platform::Fds::open(me).expect("own fds").socket(*fd) == Some(inode))
+            .expect("the client socket's fd");
+        let set = |table: Vec<(u32, bool)>| lock(&memory).tables.insert(me, table);
+        // Never seen: listed, every fd read.
+        assert_eq!(
+            check(me, inode, Read::Likely, Some(&*memory)),
+            Checked::Holds
+        );
+        // Its number was a socket: read again.
+        set(vec![(fd, true)]);
+        assert_eq!(
+            check(me, inode, Read::Likely, Some(&*memory)),
+            Checked::Holds
+        );
+        // Its number was the lowest free one: where the kernel puts a new fd.
+        set((0..fd).map(|n| (n, false)).collect());
+        assert_eq!(
+            check(me, inode, Read::Likely, Some(&*memory)),
+            Checked::Holds
+        );
+        // Its number was another kind of file (closed and reused since): the first pass does
+        // not read it and says so; the second reads every fd and finds the holder.
+        set((0..=fd).map(|n| (n, false)).collect());
+        assert_eq!(
+            check(me, inode, Read::Likely, Some(&*memory)),
+            Checked::Partly
+        );
+        assert_eq!(check(me, inode, Read::All, Some(&*memory)), Checked::Holds);
+        set((0..=fd).map(|n| (n, false)).collect());
+        assert_eq!(
+            find_holder(inode, &[], &[me], &memory).expect("search"),
+            Some((me, FoundBy::PaneTree { depth: 0 }))
+        );
+        // A process that is gone is forgotten.
+        lock(&memory).tables.insert(u32::MAX, Vec::new());
+        assert_eq!(
+            check(u32::MAX, inode, Read::Likely, Some(&*memory)),
+            Checked::NotHeld
+        );
+        assert!(!lock(&memory).tables.contains_key(&u32::MAX));
     }
 
     #[test]
@@ -140,7 +420,7 @@ mod tests {
             .spawn()
             .expect("sleep runs");
         // The only "pane" is a child of this process: its tree does not hold the socket.
-        let found = find_holder(inode, &[unrelated.id()], &[unrelated.id()]);
+        let found = find_holder(inode, &[unrelated.id()], &[unrelated.id()], &Arc::default());
         let _ = unrelated.kill();
         let _ = unrelated.wait();
         assert_eq!(
@@ -154,7 +434,7 @@ mod tests {
         let (client, inode) = listener_pair();
         drop(client);
         assert_eq!(
-            find_holder(inode, &[std::process::id()], &[1]).expect("search"),
+            find_holder(inode, &[std::process::id()], &[1], &Arc::default()).expect("search"),
             None
         );
     }

@@ -1,10 +1,11 @@
 //! The caller locator's one platform seam: what the kernel says about a connection and a process.
 //! The rest of `locate` (the pane map, the ancestry walk, the caches, the order of an fd scan) is
-//! portable and reaches the operating system only through these eight functions:
+//! portable and reaches the operating system only through these eight functions and one handle:
 //!
 //! - [`client_socket`]: the client side of an accepted loopback TCP connection — its socket's
 //!   inode and the uid that owns it;
-//! - [`find_socket_owner`]: which of some candidate pids holds that socket;
+//! - [`Fds`]: a process's open-file table — its fd numbers, and the socket an fd names (how
+//!   the process holding a connection's socket is found);
 //! - [`pids`]: every live pid;
 //! - [`children`]: a process's children (how the pane trees are walked before any full scan);
 //! - [`read_stat`]: a process's parent, session and start time;
@@ -24,17 +25,16 @@
 mod linux;
 #[cfg(target_os = "linux")]
 pub use linux::{
-    children, client_socket, find_socket_owner, pids, read_cwd, read_env_hints, read_stat,
-    start_clock_now,
+    Fds, children, client_socket, pids, read_cwd, read_env_hints, read_stat, start_clock_now,
 };
 
 #[cfg(not(target_os = "linux"))]
 compile_error!(
     "fleetd: caller location (locate::platform) is implemented for Linux only. \
-     A macOS port must supply these eight (Linux's source; the likely macOS one): \
+     A macOS port must supply these (Linux's source; the likely macOS one): \
      client_socket, the uid and socket id of a loopback TCP connection (netlink sock_diag \
-     or /proc/net/tcp; sysctl net.inet.tcp.pcblist_n); find_socket_owner, the process \
-     holding that socket (/proc/<pid>/fd; proc_pidinfo PROC_PIDLISTFDS + proc_pidfdinfo \
+     or /proc/net/tcp; sysctl net.inet.tcp.pcblist_n); Fds, a process's fd numbers and \
+     the socket each names (/proc/<pid>/fd; proc_pidinfo PROC_PIDLISTFDS + proc_pidfdinfo \
      PROC_PIDFDSOCKETINFO); pids, every live pid (/proc; proc_listallpids); children, a \
      process's children (/proc/<pid>/task/*/children; proc_listchildpids); read_stat, a \
      process's parent, session and start time (/proc/<pid>/stat; proc_pidinfo \
@@ -58,11 +58,22 @@ pub struct ProcStat {
     pub start_time: u64,
 }
 
+/// What a process's open fd is, as far as finding a socket's holder goes ([`Fds::file`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FdFile {
+    /// A socket, and its inode.
+    Socket(u64),
+    /// Another kind of file (or one whose link cannot be read).
+    Other,
+    /// No fd open under that number.
+    Closed,
+}
+
 /// The client side of a loopback connection: its socket's inode and the uid that owns it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SocketOwner {
     /// The socket's inode (what `/proc/<pid>/fd/*` links name on Linux): the id
-    /// [`find_socket_owner`] looks for.
+    /// [`Fds::socket`] answers with.
     pub inode: u64,
     /// The user that created the socket, as the kernel recorded it.
     pub uid: u32,

@@ -10,9 +10,7 @@ use super::SocketOwner;
 mod diag;
 mod proc;
 
-pub use proc::{
-    children, find_socket_owner, pids, read_cwd, read_env_hints, read_stat, start_clock_now,
-};
+pub use proc::{Fds, children, pids, read_cwd, read_env_hints, read_stat, start_clock_now};
 
 /// The client side of an accepted loopback connection, its inode and owner: an exact netlink
 /// `sock_diag` lookup, falling back to scanning `/proc/net/tcp{,6}` where netlink is unavailable.

@@ -1,13 +1,13 @@
 //! Linux's `/proc` readers for caller identity: a process's parent, session and start time, the
 //! identity variables in its environment, the pid list, the socket inode of a loopback TCP
 //! connection (`/proc/net/tcp` and `tcp6`), a process's children (`/proc/<pid>/task/*/children`),
-//! and the process holding a socket inode (an fd scan restricted to an ordered candidate list). Blocking: the locator calls them from
-//! `spawn_blocking`; they must not touch a multiplexer.
+//! and a process's fd table with the socket each fd names ([`Fds`]). Blocking: the locator
+//! calls them from `spawn_blocking`; they must not touch a multiplexer.
 
 use std::io;
 use std::net::SocketAddr;
 
-use crate::locate::platform::{EnvHints, ProcStat, SocketOwner};
+use crate::locate::platform::{EnvHints, FdFile, ProcStat, SocketOwner};
 
 /// Reads and parses `/proc/<pid>/stat`.
 pub fn read_stat(pid: u32) -> io::Result<ProcStat> {
@@ -154,76 +154,95 @@ pub fn children(pid: u32) -> io::Result<Vec<u32>> {
     Ok(out)
 }
 
-/// Whether process `pid` has an fd on `target` (a link text such as `socket:[123]`). Reads
-/// the links relative to the open `fd` directory, so each costs one `readlinkat` and no path walk.
-fn holds_link(pid: u32, target: &[u8]) -> bool {
-    use rustix::fs::{Dir, Mode, OFlags};
-    let Ok(fd) = rustix::fs::open(
-        format!("/proc/{pid}/fd"),
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) else {
-        return false;
-    };
-    let Ok(dir) = Dir::new(fd) else {
-        return false;
-    };
-    let Ok(dirfd) = dir.fd() else {
-        return false;
-    };
-    let mut buf = [0u8; 64];
-    let mut entries = Dir::read_from(dirfd).into_iter().flatten().flatten();
-    entries.any(|entry| {
-        let name = entry.file_name();
-        name.to_bytes().first() != Some(&b'.')
-            && match rustix::fs::readlinkat_raw(dirfd, name, &mut buf[..]) {
-                Ok(n) => buf.get(..n) == Some(target),
-                Err(_) => false,
-            }
+/// `/proc`, opened once: each process's fd directory is opened relative to it, so no lookup
+/// walks from the root again. `None` where `/proc` cannot be opened (every read then fails).
+fn proc_dir() -> Option<rustix::fd::BorrowedFd<'static>> {
+    use rustix::fd::AsFd as _;
+    use rustix::fs::{Mode, OFlags};
+    static PROC: std::sync::OnceLock<Option<rustix::fd::OwnedFd>> = std::sync::OnceLock::new();
+    PROC.get_or_init(|| {
+        rustix::fs::open(
+            "/proc",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()
     })
+    .as_ref()
+    .map(|fd| fd.as_fd())
 }
 
-/// Below this many candidates one thread scans; above it the scan is split across threads.
-const PARALLEL_SCAN_MIN: usize = 64;
-/// Threads for a large scan (the daemon's machines have two cores).
-const SCAN_THREADS: usize = 2;
+/// A process's open-file table, opened for reading: its `/proc/<pid>/fd` directory. Listing it
+/// costs one `getdents64` per ~170 fds; each [`Fds::socket`] one `readlinkat` relative to it.
+#[derive(Debug)]
+pub struct Fds {
+    dir: rustix::fd::OwnedFd,
+}
 
-/// A process holding an fd on `socket:[inode]`, preferring earlier `candidates`. Processes whose
-/// fds cannot be read (another user's, or gone) are skipped. A large list is scanned by
-/// [`SCAN_THREADS`] threads, each taking every n-th candidate, so the candidate order still
-/// decides what is looked at first.
-pub fn find_socket_owner(inode: u64, candidates: &[u32]) -> Option<u32> {
-    let target = format!("socket:[{inode}]");
-    let target = target.as_bytes();
-    if candidates.len() < PARALLEL_SCAN_MIN {
-        return candidates
-            .iter()
-            .copied()
-            .find(|pid| holds_link(*pid, target));
+impl Fds {
+    /// Opens `pid`'s fd table: fails when the process is gone or its fds are not readable
+    /// (another user's).
+    pub fn open(pid: u32) -> io::Result<Self> {
+        use rustix::fs::{Mode, OFlags};
+        let proc = proc_dir().ok_or_else(|| io::Error::other("/proc cannot be opened"))?;
+        let dir = rustix::fs::openat(
+            proc,
+            format!("{pid}/fd"),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Self { dir })
     }
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let lane = |lane: usize| {
-        let found = candidates
-            .iter()
-            .skip(lane)
-            .step_by(SCAN_THREADS)
-            .take_while(|_| !done.load(std::sync::atomic::Ordering::Relaxed))
-            .copied()
-            .find(|pid| holds_link(*pid, target));
-        if found.is_some() {
-            done.store(true, std::sync::atomic::Ordering::Relaxed);
+
+    /// Calls `each` with every open fd number, in the kernel's order, until it breaks.
+    pub fn each(&self, mut each: impl FnMut(u32) -> std::ops::ControlFlow<()>) -> io::Result<()> {
+        use rustix::fd::AsFd as _;
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut dir = rustix::fs::RawDir::new(self.dir.as_fd(), &mut buf);
+        while let Some(entry) = dir.next() {
+            let entry = entry?;
+            let Some(fd) = std::str::from_utf8(entry.file_name().to_bytes())
+                .ok()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue; // `.` and `..`
+            };
+            if each(fd).is_break() {
+                break;
+            }
         }
-        found
-    };
-    std::thread::scope(|scope| {
-        // The calling thread takes the first lane: one thread started per scan, not one a lane.
-        let others: Vec<_> = (1..SCAN_THREADS)
-            .map(|n| scope.spawn(move || lane(n)))
-            .collect();
-        let mine = lane(0);
-        let theirs = others.into_iter().find_map(|w| w.join().ok().flatten());
-        mine.or(theirs)
-    })
+        Ok(())
+    }
+
+    /// What `fd` is: a socket (its inode), another kind of file, or no open fd. A link that
+    /// cannot be read for any other reason is [`FdFile::Other`]: no socket found there.
+    pub fn file(&self, fd: u32) -> FdFile {
+        let mut buf = [0u8; 64];
+        match rustix::fs::readlinkat_raw(&self.dir, fd.to_string(), &mut buf[..]) {
+            Ok(n) => buf
+                .get(..n)
+                .and_then(socket_inode)
+                .map_or(FdFile::Other, FdFile::Socket),
+            Err(rustix::io::Errno::NOENT) => FdFile::Closed,
+            Err(_) => FdFile::Other,
+        }
+    }
+
+    /// The inode of the socket `fd` names: `None` for any other kind of file, or an fd closed.
+    pub fn socket(&self, fd: u32) -> Option<u64> {
+        match self.file(fd) {
+            FdFile::Socket(inode) => Some(inode),
+            FdFile::Other | FdFile::Closed => None,
+        }
+    }
+}
+
+/// The inode in a link text `socket:[123]`.
+fn socket_inode(link: &[u8]) -> Option<u64> {
+    std::str::from_utf8(link.strip_prefix(b"socket:[")?.strip_suffix(b"]")?)
+        .ok()?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -263,8 +282,35 @@ mod tests {
         assert_eq!(peer, client.local_addr().expect("client addr"));
         let socket = client_socket(peer, local).expect("tables").expect("found");
         let me = std::process::id();
-        assert_eq!(find_socket_owner(socket.inode, &[me]), Some(me));
+        let fds = Fds::open(me).expect("own fds");
+        let mut sockets = Vec::new();
+        fds.each(|fd| {
+            sockets.extend(fds.socket(fd));
+            std::ops::ControlFlow::Continue(())
+        })
+        .expect("listed");
+        assert!(sockets.contains(&socket.inode), "{sockets:?}");
         assert_eq!(socket.uid, rustix::process::geteuid().as_raw());
+    }
+
+    #[test]
+    fn only_socket_links_name_an_inode() {
+        assert_eq!(socket_inode(b"socket:[4242]"), Some(4242));
+        assert_eq!(socket_inode(b"pipe:[4242]"), None);
+        assert_eq!(socket_inode(b"/dev/pts/3"), None);
+        assert_eq!(socket_inode(b"socket:[42"), None);
+        // A stdio fd of this process is listed, and is no socket of the test's making.
+        let fds = Fds::open(std::process::id()).expect("own fds");
+        let mut listed = Vec::new();
+        fds.each(|fd| {
+            listed.push(fd);
+            std::ops::ControlFlow::Continue(())
+        })
+        .expect("listed");
+        assert!(listed.len() >= 3, "{listed:?}");
+        assert!(Fds::open(u32::MAX).is_err(), "a gone pid");
+        assert_eq!(fds.file(u32::MAX - 1), FdFile::Closed);
+        assert_ne!(fds.file(listed[0]), FdFile::Closed);
     }
 
     #[test]
