@@ -313,6 +313,26 @@ pub mod http {
         request(to, "GET", path, None)
     }
 
+    /// Acknowledges every reply pending in `target`'s inbox (REST peek, then an ack for each),
+    /// as the operator when `to` is the operator socket; returns how many.
+    pub fn ack_all(to: impl Into<Endpoint>, target: &str) -> std::io::Result<usize> {
+        let to = to.into();
+        let replies = get(&to, &format!("/sessions/{target}/replies"))?.json();
+        let mut acked = 0;
+        for reply in replies["replies"].as_array().into_iter().flatten() {
+            if let Some(id) = reply["msgId"].as_str() {
+                request(
+                    &to,
+                    "POST",
+                    &format!("/sessions/{target}/replies/{id}/ack"),
+                    None,
+                )?;
+                acked += 1;
+            }
+        }
+        Ok(acked)
+    }
+
     /// The texts of the replies pending in `target`'s inbox, oldest first (REST peek, as the
     /// operator when `to` is the operator socket); empty when the daemon does not answer.
     pub fn reply_texts(to: impl Into<Endpoint>, target: &str) -> Vec<String> {

@@ -124,13 +124,7 @@ async fn measure(herdr: &Herdr, panes: usize, under_shell: bool) -> anyhow::Resu
             })
             .await?;
     }
-    let mut held = Vec::with_capacity(panes);
-    while held.len() < panes {
-        let (stream, peer) = tokio::time::timeout(Duration::from_secs(60), listener.accept())
-            .await
-            .context("pane processes did not all connect")??;
-        held.push((stream, peer));
-    }
+    let held = accept_all(&listener, panes, "pane processes did not all connect").await?;
     println!(
         "locate benchmark: {panes} fake-herdr panes (real PTYs), {} connected callers{}, set up in {:.1} s",
         held.len(),
@@ -252,13 +246,8 @@ async fn measure(herdr: &Herdr, panes: usize, under_shell: bool) -> anyhow::Resu
     let before = locator.search_counts();
     let callers = held.len();
     drop(held);
-    let mut again = Vec::with_capacity(panes);
-    while again.len() < panes {
-        let (stream, peer) = tokio::time::timeout(Duration::from_secs(60), listener.accept())
-            .await
-            .context("pane processes did not all connect again")??;
-        again.push((stream, peer));
-    }
+    let mut again =
+        accept_all(&listener, panes, "pane processes did not all connect again").await?;
     fastrand::shuffle(&mut again);
     let mut later = Vec::with_capacity(panes);
     let mut found_again = 0;
@@ -332,4 +321,20 @@ async fn measure(herdr: &Herdr, panes: usize, under_shell: bool) -> anyhow::Resu
             cell(warm),
         ),
     ])
+}
+
+/// Accepts `n` connections on `listener`, each within a minute (`what` says which did not).
+async fn accept_all(
+    listener: &tokio::net::TcpListener,
+    n: usize,
+    what: &'static str,
+) -> anyhow::Result<Vec<(tokio::net::TcpStream, std::net::SocketAddr)>> {
+    let mut accepted = Vec::with_capacity(n);
+    while accepted.len() < n {
+        let connection = tokio::time::timeout(Duration::from_secs(60), listener.accept())
+            .await
+            .context(what)??;
+        accepted.push(connection);
+    }
+    Ok(accepted)
 }

@@ -402,18 +402,7 @@ fn e2e_herdr_a_lead_too_quick_for_herdr_to_see_working_gets_the_next_nudge_at_on
     wait_until("the first nudge's turn", Duration::from_secs(60), || {
         turns() > before
     });
-    let operator = rig.daemon.operator();
-    let replies = http::get(&operator, "/sessions/nia/replies").expect("replies");
-    for reply in replies.json()["replies"].as_array().into_iter().flatten() {
-        let id = reply["msgId"].as_str().expect("msgId");
-        http::request(
-            &operator,
-            "POST",
-            &format!("/sessions/nia/replies/{id}/ack"),
-            None,
-        )
-        .expect("ack");
-    }
+    http::ack_all(rig.daemon.operator(), "nia").expect("acknowledge the first reply");
     let sent = std::time::Instant::now();
     send(&rig, &lead, "nia", 0);
     wait_until("the second nudge", Duration::from_secs(60), || {

@@ -67,16 +67,6 @@ pub struct FdMemory {
 impl FdMemory {
     /// Most processes remembered.
     pub const MAX_PROCESSES: usize = 16_384;
-
-    /// How many processes' tables are remembered.
-    pub fn len(&self) -> usize {
-        self.tables.len()
-    }
-
-    /// Whether none is.
-    pub fn is_empty(&self) -> bool {
-        self.tables.is_empty()
-    }
 }
 
 /// How much of a process's fd table a check reads.
@@ -135,17 +125,24 @@ fn check(pid: u32, inode: u64, read: Read, memory: Option<&Mutex<FdMemory>>) -> 
         forget();
         return Checked::NotHeld;
     };
+    // Taken out while it is read and put back after (a concurrent search of the same pid in
+    // the meantime lists it: slower, never wrong).
     let known = match (read, memory) {
-        (Read::Likely, Some(memory)) => lock(memory).tables.get(&pid).cloned(),
+        (Read::Likely, Some(memory)) => lock(memory).tables.remove(&pid),
         _ => None,
     };
     if let (Some(mut table), Some(memory)) = (known, memory) {
         for fd in likely_fds(&table) {
             let file = fds.file(fd);
+            let at = table.binary_search_by_key(&fd, |(n, _)| *n);
             if file == FdFile::Socket(inode) {
+                match at {
+                    Ok(i) => table[i].1 = true,
+                    Err(i) => table.insert(i, (fd, true)),
+                }
+                remember(memory, pid, table);
                 return Checked::Holds;
             }
-            let at = table.binary_search_by_key(&fd, |(n, _)| *n);
             match (file, at) {
                 (FdFile::Closed, Ok(i)) => {
                     table.remove(i);
