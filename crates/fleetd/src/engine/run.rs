@@ -448,6 +448,13 @@ impl Engine {
         match &self.jobs {
             Some(jobs) => {
                 let ops = self.state.take_ops();
+                // What depends on no state change goes at once, not behind the commit: a
+                // reply's nudge would otherwise wait for its ticket's fsync after its own.
+                let (at_once, io): (Vec<Io>, Vec<Io>) =
+                    io.into_iter().partition(Io::needs_no_commit);
+                for request in at_once {
+                    self.effects.perform(request);
+                }
                 let _ = jobs.send(Job {
                     ops,
                     replies,

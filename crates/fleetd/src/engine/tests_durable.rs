@@ -526,6 +526,71 @@ async fn a_task_whose_ticket_cannot_be_written_is_not_typed_until_it_is() {
     assert_eq!(typed[0].text, "wait for the disk");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_reply_nudges_its_idle_lead_before_its_tickets_commit_lands() {
+    // Issue 17: the nudge waited behind its ticket's state commit — a second fsync after the
+    // reply's own, the slow rounds of reply → nudge under a parallel build's disk writes.
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let disk = Disk::new();
+    let engine = disk.start(&fake);
+    let lead = LeadRef {
+        pane: qualified("w1:p1"),
+        terminal: fleetd_core::TerminalId::new("t-lead").expect("terminal"),
+    };
+    engine.lead_seen(lead.clone()).await.expect("engine");
+    engine
+        .add_member(member("ann", "w2:p1", "t-a", Some(lead)))
+        .await
+        .expect("engine");
+    engine.presence(t("ann")).await.expect("engine");
+    let ticket = engine
+        .submit(None, t("ann"), "job".to_owned())
+        .await
+        .expect("engine")
+        .expect("queued");
+    settle().await;
+    fake.set_status("w2:p1", AgentStatus::Working);
+    settle().await;
+    let nudges = || {
+        fake.typed()
+            .into_iter()
+            .filter(|t| t.pane.as_str() == "w1:p1")
+            .count()
+    };
+    assert_eq!(nudges(), 0, "no mail yet");
+    disk.store.set_state_commit_delay(Duration::from_secs(5));
+    let reply = fleetd_core::Message {
+        msg_id: fleetd_core::MsgId::from_uuid(crate::clock::Clock::new_id(
+            &crate::clock::SystemClock,
+        )),
+        target: t("ann"),
+        ticket: Some(ticket),
+        kind: fleetd_core::MessageKind::Reply,
+        text: "done".to_owned(),
+        from: "ann".to_owned(),
+        created_at: Timestamp::UNIX_EPOCH,
+    };
+    disk.store.publish(reply.clone()).await.expect("publish");
+    engine.reply_stored(reply).await.expect("engine");
+    settle().await;
+    assert_eq!(
+        nudges(),
+        1,
+        "nudged while the ticket's commit is still on its way"
+    );
+    // The commit still lands, and the ticket is kept as replied.
+    sleep(Duration::from_secs(6)).await;
+    assert_eq!(state_of(&engine, ticket).await, Some(TicketState::Replied));
+    let kept = disk.store.load_state().await.expect("load");
+    assert!(
+        kept.iter()
+            .any(|r| r.key == ticket.to_string() && r.value.contains("replied")),
+        "{kept:?}"
+    );
+}
+
 /// Waits (in real time: git runs as a process) until `done` holds, for at most 20 s.
 async fn real_wait(what: &str, mut done: impl AsyncFnMut() -> bool) {
     for _ in 0..400 {

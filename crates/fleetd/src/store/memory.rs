@@ -26,6 +26,8 @@ struct State {
     records: BTreeMap<(String, String), String>,
     /// Writes (publishes and state commits) fail as on a full disk (a test's fault).
     writes_fail: bool,
+    /// How long each state commit takes (a test's slow disk).
+    state_commit_delay: std::time::Duration,
 }
 
 impl MemoryStore {
@@ -37,6 +39,7 @@ impl MemoryStore {
                 acked: RecentIds::new(DEDUP_WINDOW),
                 records: BTreeMap::new(),
                 writes_fail: false,
+                state_commit_delay: std::time::Duration::ZERO,
             })),
             limits,
         }
@@ -51,6 +54,12 @@ impl MemoryStore {
     /// work again (`false`): the fault a test of "the store could not take it" needs.
     pub fn set_writes_fail(&self, fails: bool) {
         self.state().writes_fail = fails;
+    }
+
+    /// Makes every later state commit take `delay` before it lands (inbox writes stay quick):
+    /// a test's slow fsync, to show what waits for the fleet state and what does not.
+    pub fn set_state_commit_delay(&self, delay: std::time::Duration) {
+        self.state().state_commit_delay = delay;
     }
 
     fn disk_full() -> StoreError {
@@ -184,6 +193,10 @@ impl StateStore for MemoryStore {
 
     fn commit_state(&self, ops: Vec<StateOp>) -> StoreFuture<'_, ()> {
         Box::pin(async move {
+            let delay = self.state().state_commit_delay;
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
             let mut state = self.state();
             if state.writes_fail {
                 return Err(Self::disk_full());

@@ -137,6 +137,17 @@ pub(super) enum Io {
     },
 }
 
+impl Io {
+    /// Whether this request runs at once rather than after its batch's commit: it changes
+    /// nothing a restart must find done. Reading an inbox's depth is a read; a nudge points a
+    /// lead at mail the inbox already holds durably (a reply is committed before the engine
+    /// hears of it), or at a question it can read now — after a kill between the nudge and the
+    /// commit, the next daemon nudges again from what it loads. A task is never typed this way.
+    pub(super) fn needs_no_commit(&self) -> bool {
+        matches!(self, Io::Depth { .. } | Io::Nudge { .. })
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Member {
     profile: String,
