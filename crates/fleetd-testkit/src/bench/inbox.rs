@@ -192,13 +192,13 @@ fn rows(raw: &Latency, [embedded, amqp, rabbit]: [&Column; 3], sizes: Sizes) -> 
 }
 
 /// The device's floor: appends one ~200 B record to a file and `fdatasync`s it.
-struct RawLog {
+pub(super) struct RawLog {
     file: std::fs::File,
     record: Vec<u8>,
 }
 
 impl RawLog {
-    fn create(path: &Path) -> anyhow::Result<Self> {
+    pub(super) fn create(path: &Path) -> anyhow::Result<Self> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -210,7 +210,7 @@ impl RawLog {
         })
     }
 
-    fn append(&mut self) -> anyhow::Result<Duration> {
+    pub(super) fn append(&mut self) -> anyhow::Result<Duration> {
         let start = Instant::now();
         self.file.write_all(&self.record).context("append")?;
         self.file.sync_data().context("fdatasync")?;

@@ -25,10 +25,34 @@ const MEMBER_WORK_MS: u32 = 900;
 /// The target for the visible nudge, on both backends: issue 17's (issue 6 had 50 ms).
 const TARGET: (Duration, &str) = (Duration::from_millis(10), "p99 ≤ 10 ms (#17)");
 
-/// One backend's two series.
+/// One backend's two series, and the visible one split where the reply became durable.
 pub(super) struct Measured {
     pub(super) visible: Summary,
     pub(super) submitted: Summary,
+    /// The member's `fleet_reply` call: it returns once the reply is committed (one fsync).
+    pub(super) stored: Summary,
+    /// From that call's return to the nudge visible: fleetd's push path after the commit.
+    pub(super) after_stored: Summary,
+}
+
+/// `fdatasync`s of a 200 B append made to time the disk under each row's conditions.
+const FSYNC_PROBES: usize = 200;
+
+/// The disk's own latency for one durable write now (the floor under the reply's call):
+/// [`FSYNC_PROBES`] appends 5 ms apart, in a file next to the rigs' state.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a benchmark paces its probes on the wall clock"
+)]
+fn fsync_floor() -> anyhow::Result<Summary> {
+    let dir = tempfile::tempdir()?;
+    let mut log = super::inbox::RawLog::create(&dir.path().join("probe.log"))?;
+    let mut samples = Vec::with_capacity(FSYNC_PROBES);
+    for _ in 0..FSYNC_PROBES {
+        samples.push(log.append()?);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(Summary::of(samples))
 }
 
 /// Runs the benchmark, prints its table and returns its rows.
@@ -41,13 +65,19 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
         Err("not measured: tmux not found".to_owned())
     };
     let herdr = guarded(|| on_herdr(rounds));
+    let quiet_fsync = fsync_floor();
+    let mut loaded_fsync = Err(anyhow::anyhow!("the load did not run"));
     // Issue 17: the tmux target holds "also under the load of a parallel build".
     let (loaded_name, loaded) = if crate::require_tmux() == crate::Service::Present {
         match super::BuildLoad::start() {
-            Ok(load) => (
-                format!("tmux, under a parallel build ({})", load.what),
-                guarded(|| on_tmux(rounds)),
-            ),
+            Ok(load) => {
+                let measured = guarded(|| on_tmux(rounds));
+                loaded_fsync = fsync_floor();
+                (
+                    format!("tmux, under a parallel build ({})", load.what),
+                    measured,
+                )
+            }
             Err(e) => (
                 "tmux, under a parallel build".to_owned(),
                 Err(format!("not measured: the load did not start: {e:#}")),
@@ -107,6 +137,53 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
             super::ms(m.submitted.p99),
             super::ms(m.submitted.max),
         );
+        for (until, what, summary) in [
+            (
+                "of which: the fleet_reply call (until durable)",
+                "the member's fleet_reply call, until the reply is durable",
+                &m.stored,
+            ),
+            (
+                "of which: call returned → nudge visible",
+                "the reply durable → nudge text visible",
+                &m.after_stored,
+            ),
+        ] {
+            println!(
+                "| {name} | {until} | {} | {} | {} | — | — |",
+                super::ms(summary.p50),
+                super::ms(summary.p99),
+                super::ms(summary.max),
+            );
+            rows.push(Row::new("push", format!("{what}, {name}"), summary.cell()));
+        }
+    }
+    println!(
+        "\nThe disk's floor under a durable reply: raw fdatasync of a 200 B append, {FSYNC_PROBES} \
+         times 5 ms apart, next to the rigs' state\n"
+    );
+    println!("| when | p50 | p99 | max |");
+    println!("|---|---|---|---|");
+    for (when, floor) in [
+        ("after the quiet rows", &quiet_fsync),
+        ("under the parallel build, after its rows", &loaded_fsync),
+    ] {
+        let cell = match floor {
+            Ok(f) => {
+                println!(
+                    "| {when} | {} | {} | {} |",
+                    super::ms(f.p50),
+                    super::ms(f.p99),
+                    super::ms(f.max)
+                );
+                f.cell()
+            }
+            Err(e) => {
+                println!("| {when} | not measured: {e:#} | | |");
+                format!("not measured: {e:#}")
+            }
+        };
+        rows.push(Row::new("push", format!("raw fdatasync, {when}"), cell));
     }
     println!(
         "\n(visible: on tmux when the pane's output holding the nudge reached a control client of \
@@ -212,17 +289,7 @@ pub(super) fn keep_logs(backend: &str, daemon: &mut crate::daemon::Daemon, agent
     reason = "a benchmark paces its rounds on the wall clock"
 )]
 pub(super) fn read_mail_and_pause(operator: &http::Endpoint, member: &str) -> anyhow::Result<()> {
-    let replies = http::get(operator, &format!("/sessions/{member}/replies"))?.json();
-    for reply in replies["replies"].as_array().into_iter().flatten() {
-        if let Some(id) = reply["msgId"].as_str() {
-            http::request(
-                operator,
-                "POST",
-                &format!("/sessions/{member}/replies/{id}/ack"),
-                None,
-            )?;
-        }
-    }
+    http::ack_all(operator, member)?;
     std::thread::sleep(Duration::from_millis(600));
     Ok(())
 }
@@ -312,6 +379,8 @@ pub(super) fn measure(
 ) -> anyhow::Result<Measured> {
     let mut visible = Vec::with_capacity(rounds);
     let mut submitted = Vec::with_capacity(rounds);
+    let mut stored = Vec::with_capacity(rounds);
+    let mut after_stored = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let (member_from, lead_from) = (line_count(member_log), line_count(lead_log));
         let seen = sight.before();
@@ -350,12 +419,33 @@ pub(super) fn measure(
                 "slow round {round}: reply at {reply_at} µs, nudge visible at {visible_at} µs (wall clock)"
             ));
         }
+        let mut returned_at = 0;
+        wait_until(
+            "the member's fleet_reply result in its log",
+            Duration::from_secs(60),
+            || {
+                let found = events(member_log, member_from).iter().find_map(|e| {
+                    (e["event"] == "tool" && e["name"] == "fleet_reply")
+                        .then(|| e["at_us"].as_i64())
+                        .flatten()
+                });
+                returned_at = found.unwrap_or_default();
+                found.is_some()
+            },
+        );
         visible.push(since_reply(visible_at));
         submitted.push(since_reply(turn_at.unwrap_or(reply_at)));
+        stored.push(since_reply(returned_at));
+        // The nudge can show before the member reads its answer: then fleetd's part is 0.
+        after_stored.push(Duration::from_micros(
+            u64::try_from(visible_at.saturating_sub(returned_at)).unwrap_or(0),
+        ));
         read_mail_and_pause(operator, member)?;
     }
     Ok(Measured {
         visible: Summary::of(visible),
         submitted: Summary::of(submitted),
+        stored: Summary::of(stored),
+        after_stored: Summary::of(after_stored),
     })
 }
