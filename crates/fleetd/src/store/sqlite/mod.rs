@@ -97,7 +97,7 @@ impl SqliteStore {
         });
         // Checkpoints run beside the writer, not inside a commit: the hook replaces SQLite's
         // automatic checkpoint (itself a WAL hook).
-        let (checkpointer, signal) =
+        let (checkpointer, signal, checkpoints_ended) =
             checkpoint::Checkpointer::start(schema::open_checkpointer(&path)?)?;
         let hook_stats = Arc::clone(&stats);
         conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, frames: i32| {
@@ -113,7 +113,7 @@ impl SqliteStore {
         let thread_stats = Arc::clone(&stats);
         let thread = std::thread::Builder::new()
             .name("fleetd-inbox-writer".to_owned())
-            .spawn(move || writer::run(conn, rx, &thread_stats))
+            .spawn(move || writer::run(conn, rx, &thread_stats, Some(&checkpoints_ended)))
             .map_err(|err| StoreError::backend("start the inbox writer thread", err))?;
         tracing::info!(path = %path.display(), schema = Self::SCHEMA_VERSION, "embedded inbox open");
         Ok(Self {
@@ -696,7 +696,7 @@ mod tests {
         .expect("queue has room");
         drop(ops);
         let stats = writer::Stats::default();
-        writer::run(conn, rx, &stats);
+        writer::run(conn, rx, &stats, None);
         assert_eq!(stats.commits.load(std::sync::atomic::Ordering::Relaxed), 1);
         assert_eq!(stats.ops.load(std::sync::atomic::Ordering::Relaxed), 66);
         for answer in answers {

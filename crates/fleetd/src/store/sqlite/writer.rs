@@ -96,7 +96,12 @@ impl Stats {
 }
 
 /// The writer thread's body: runs until every sender is dropped, then closes the connection.
-pub(crate) fn run(mut conn: Connection, mut ops: mpsc::Receiver<Op>, stats: &Stats) {
+pub(crate) fn run(
+    mut conn: Connection,
+    mut ops: mpsc::Receiver<Op>,
+    stats: &Stats,
+    checkpoints: Option<&super::checkpoint::Ended>,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = ops.blocking_recv() {
         batch.push(first);
@@ -119,11 +124,15 @@ pub(crate) fn run(mut conn: Connection, mut ops: mpsc::Receiver<Op>, stats: &Sta
             stats.wal_frames.store(0, Ordering::Relaxed);
         }
     }
-    // Dropping the WAL hook lets the checkpointer end (it waits for the hook's wake-ups).
-    if let Err(err) =
-        conn.wal_hook(None::<fn(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()>>)
-    {
-        tracing::warn!(error = %err, "removing the embedded inbox's WAL hook failed");
+    // Dropping the WAL hook lets the checkpointer end (it waits for the hook's wake-ups); the
+    // last checkpoint waits for it, or a passive one still running would refuse it.
+    match conn.wal_hook(None::<fn(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()>>) {
+        Ok(()) => {
+            if let Some(checkpoints) = checkpoints {
+                checkpoints.wait();
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "removing the embedded inbox's WAL hook failed"),
     }
     // Leave the WAL empty: the connection that closes last only checkpoints if it had the WAL
     // open, and the reader may never have read. A WAL left with frames would be replayed into
