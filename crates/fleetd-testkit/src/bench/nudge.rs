@@ -304,6 +304,16 @@ pub(super) fn events(path: &Path, from: usize) -> Vec<Value> {
         .collect()
 }
 
+/// When (µs) the `fleet_reply` call of a sim-agent log from line `from` on logged `event`
+/// (`tool_start` as it began, `tool` when its answer came).
+fn reply_event_at(path: &Path, from: usize, event: &str) -> Option<i64> {
+    events(path, from).iter().find_map(|e| {
+        (e["event"] == event && e["name"] == "fleet_reply")
+            .then(|| e["at_us"].as_i64())
+            .flatten()
+    })
+}
+
 pub(super) fn line_count(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
 }
@@ -403,13 +413,7 @@ pub(super) fn measure(
                 turn_at.is_some()
             },
         );
-        let reply_at = events(member_log, member_from)
-            .iter()
-            .find_map(|e| {
-                (e["event"] == "tool_start" && e["name"] == "fleet_reply")
-                    .then(|| e["at_us"].as_i64())
-                    .flatten()
-            })
+        let reply_at = reply_event_at(member_log, member_from, "tool_start")
             .context("the member's fleet_reply is not in its log")?;
         let since_reply = |at: i64| {
             Duration::from_micros(u64::try_from(at.saturating_sub(reply_at)).unwrap_or(0))
@@ -424,11 +428,7 @@ pub(super) fn measure(
             "the member's fleet_reply result in its log",
             Duration::from_secs(60),
             || {
-                let found = events(member_log, member_from).iter().find_map(|e| {
-                    (e["event"] == "tool" && e["name"] == "fleet_reply")
-                        .then(|| e["at_us"].as_i64())
-                        .flatten()
-                });
+                let found = reply_event_at(member_log, member_from, "tool");
                 returned_at = found.unwrap_or_default();
                 found.is_some()
             },

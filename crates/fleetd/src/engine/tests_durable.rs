@@ -79,6 +79,29 @@ fn t(name: &str) -> Target {
     Target::new(name).expect("target")
 }
 
+/// The lead of the tests that have one: pane `w1:p1`, terminal `t-lead`.
+fn lead_ref() -> LeadRef {
+    LeadRef {
+        pane: qualified("w1:p1"),
+        terminal: fleetd_core::TerminalId::new("t-lead").expect("terminal"),
+    }
+}
+
+/// A reply from member ann, to `ticket` when given.
+fn ann_reply(ticket: Option<fleetd_core::Ticket>, text: String) -> fleetd_core::Message {
+    fleetd_core::Message {
+        msg_id: fleetd_core::MsgId::from_uuid(crate::clock::Clock::new_id(
+            &crate::clock::SystemClock,
+        )),
+        target: t("ann"),
+        ticket,
+        kind: fleetd_core::MessageKind::Reply,
+        text,
+        from: "ann".to_owned(),
+        created_at: Timestamp::UNIX_EPOCH,
+    }
+}
+
 /// Lets spawned effects and the persister run.
 async fn settle() {
     sleep(Duration::from_millis(50)).await;
@@ -333,17 +356,7 @@ async fn a_reply_stored_just_before_the_kill_settles_its_ticket_after_the_restar
     settle().await;
     // The member's reply reached the store, but the engine never heard of it.
     disk.store
-        .publish(fleetd_core::Message {
-            msg_id: fleetd_core::MsgId::from_uuid(crate::clock::Clock::new_id(
-                &crate::clock::SystemClock,
-            )),
-            target: t("ann"),
-            ticket: Some(ticket),
-            kind: fleetd_core::MessageKind::Reply,
-            text: "done".to_owned(),
-            from: "ann".to_owned(),
-            created_at: Timestamp::UNIX_EPOCH,
-        })
+        .publish(ann_reply(Some(ticket), "done".to_owned()))
         .await
         .expect("publish");
     let second = disk.start(&fake);
@@ -370,19 +383,7 @@ async fn a_reply_behind_pages_of_other_mail_still_settles_its_ticket_after_the_r
     drop(first);
     settle().await;
     // Three 900 KiB messages first: the restart reads the inbox a ~1 MiB page at a time.
-    let publish = |ticket, text: String| {
-        disk.store.publish(fleetd_core::Message {
-            msg_id: fleetd_core::MsgId::from_uuid(crate::clock::Clock::new_id(
-                &crate::clock::SystemClock,
-            )),
-            target: t("ann"),
-            ticket,
-            kind: fleetd_core::MessageKind::Reply,
-            text,
-            from: "ann".to_owned(),
-            created_at: Timestamp::UNIX_EPOCH,
-        })
-    };
+    let publish = |ticket, text: String| disk.store.publish(ann_reply(ticket, text));
     for _ in 0..3 {
         publish(None, "x".repeat(900 * 1024))
             .await
@@ -403,10 +404,7 @@ async fn questions_and_bindings_survive_and_the_answer_reaches_the_member() {
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
     let disk = Disk::new();
     let first = disk.start(&fake);
-    let lead = LeadRef {
-        pane: qualified("w1:p1"),
-        terminal: fleetd_core::TerminalId::new("t-lead").expect("terminal"),
-    };
+    let lead = lead_ref();
     first.lead_seen(lead.clone()).await.expect("engine");
     first
         .add_member(member("ann", "w2:p1", "t-a", Some(lead.clone())))
@@ -535,10 +533,7 @@ async fn a_reply_nudges_its_idle_lead_before_its_tickets_commit_lands() {
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
     let disk = Disk::new();
     let engine = disk.start(&fake);
-    let lead = LeadRef {
-        pane: qualified("w1:p1"),
-        terminal: fleetd_core::TerminalId::new("t-lead").expect("terminal"),
-    };
+    let lead = lead_ref();
     engine.lead_seen(lead.clone()).await.expect("engine");
     engine
         .add_member(member("ann", "w2:p1", "t-a", Some(lead)))
@@ -561,17 +556,7 @@ async fn a_reply_nudges_its_idle_lead_before_its_tickets_commit_lands() {
     };
     assert_eq!(nudges(), 0, "no mail yet");
     disk.store.set_state_commit_delay(Duration::from_secs(5));
-    let reply = fleetd_core::Message {
-        msg_id: fleetd_core::MsgId::from_uuid(crate::clock::Clock::new_id(
-            &crate::clock::SystemClock,
-        )),
-        target: t("ann"),
-        ticket: Some(ticket),
-        kind: fleetd_core::MessageKind::Reply,
-        text: "done".to_owned(),
-        from: "ann".to_owned(),
-        created_at: Timestamp::UNIX_EPOCH,
-    };
+    let reply = ann_reply(Some(ticket), "done".to_owned());
     disk.store.publish(reply.clone()).await.expect("publish");
     engine.reply_stored(reply).await.expect("engine");
     settle().await;
@@ -614,10 +599,7 @@ async fn a_worktree_a_spawn_was_making_when_fleetd_died_is_settled_at_the_next_s
     fake.add_pane("w2:p3", "t-c", "w2:t3", AgentStatus::Idle);
     let disk = Disk::new();
     let first = disk.start(&fake);
-    let lead = LeadRef {
-        pane: qualified("w1:p1"),
-        terminal: fleetd_core::TerminalId::new("t-lead").expect("terminal"),
-    };
+    let lead = lead_ref();
     first.lead_seen(lead.clone()).await.expect("engine");
     let mut made = Vec::new();
     for name in ["ann", "bo", "cy"] {

@@ -48,38 +48,24 @@ pub(crate) struct Checkpointer {
 
 impl Checkpointer {
     /// Starts the thread on `conn` (a connection of its own to the inbox file).
-    pub(crate) fn start(conn: Connection) -> Result<(Self, Signal, Ended), StoreError> {
+    pub(crate) fn start(conn: Connection) -> Result<(Self, Signal), StoreError> {
         let (wake, woken) = std::sync::mpsc::sync_channel(1);
         let signal = Signal { wake };
-        let (alive, ended) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("fleetd-inbox-checkpoint".to_owned())
-            .spawn(move || {
-                let _alive = alive;
-                run(&conn, &woken);
-            })
+            .spawn(move || run(&conn, &woken))
             .map_err(|err| StoreError::backend("start the inbox checkpoint thread", err))?;
-        Ok((Self { thread }, signal, Ended(ended)))
+        Ok((Self { thread }, signal))
     }
 
-    /// Waits for the thread to end (after the writer's connection is closed).
+    /// Waits for the thread to end (once every [`Signal`] is dropped: the writer's WAL hook
+    /// removed or its connection closed). The writer's last checkpoint waits for this: SQLite
+    /// answers a checkpoint while another runs with SQLITE_BUSY at once, whatever the busy
+    /// timeout, and the WAL would stay behind after a clean close.
     pub(crate) fn join(self) {
         if self.thread.join().is_err() {
             tracing::error!("the inbox checkpoint thread panicked");
         }
-    }
-}
-
-/// Tells the writer when the checkpointer thread has ended: its last checkpoint must not run
-/// while a passive one is still copying (SQLite answers a second checkpoint with SQLITE_BUSY at
-/// once, whatever the busy timeout), or the WAL stays behind after a clean close.
-#[derive(Debug)]
-pub(crate) struct Ended(Receiver<()>);
-
-impl Ended {
-    /// Blocks until the thread has ended (its [`Signal`]s dropped, its checkpoint done).
-    pub(crate) fn wait(&self) {
-        let _disconnected = self.0.recv();
     }
 }
 

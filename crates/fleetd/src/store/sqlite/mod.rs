@@ -36,20 +36,18 @@ pub struct SqliteStore {
 #[derive(Debug)]
 struct Writer {
     ops: mpsc::Sender<Op>,
+    /// The writer thread; it owns the checkpointer and joins it before its last checkpoint.
     thread: JoinHandle<()>,
-    checkpointer: checkpoint::Checkpointer,
 }
 
 impl Writer {
-    /// Lets the writer finish every queued write and close its connection, then the
-    /// checkpointer its last checkpoint. Blocks for the commit in flight.
+    /// Lets the writer finish every queued write, wait for the checkpointer's last checkpoint
+    /// and close its connection. Blocks for the commit in flight.
     fn stop(self) {
         drop(self.ops);
         if self.thread.join().is_err() {
             tracing::error!("the inbox writer thread panicked");
         }
-        // The writer's connection is closed, and with it the hook that woke the checkpointer.
-        self.checkpointer.join();
     }
 }
 
@@ -97,7 +95,7 @@ impl SqliteStore {
         });
         // Checkpoints run beside the writer, not inside a commit: the hook replaces SQLite's
         // automatic checkpoint (itself a WAL hook).
-        let (checkpointer, signal, checkpoints_ended) =
+        let (checkpointer, signal) =
             checkpoint::Checkpointer::start(schema::open_checkpointer(&path)?)?;
         let hook_stats = Arc::clone(&stats);
         conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, frames: i32| {
@@ -113,17 +111,13 @@ impl SqliteStore {
         let thread_stats = Arc::clone(&stats);
         let thread = std::thread::Builder::new()
             .name("fleetd-inbox-writer".to_owned())
-            .spawn(move || writer::run(conn, rx, &thread_stats, Some(&checkpoints_ended)))
+            .spawn(move || writer::run(conn, rx, &thread_stats, Some(checkpointer)))
             .map_err(|err| StoreError::backend("start the inbox writer thread", err))?;
         tracing::info!(path = %path.display(), schema = Self::SCHEMA_VERSION, "embedded inbox open");
         Ok(Self {
             path,
             limits: options.limits,
-            writer: Mutex::new(Some(Writer {
-                ops,
-                thread,
-                checkpointer,
-            })),
+            writer: Mutex::new(Some(Writer { ops, thread })),
             reader: Arc::new(Mutex::new(Some(reader))),
             lock: Mutex::new(Some(lock)),
             stats,

@@ -100,7 +100,7 @@ pub(crate) fn run(
     mut conn: Connection,
     mut ops: mpsc::Receiver<Op>,
     stats: &Stats,
-    checkpoints: Option<&super::checkpoint::Ended>,
+    mut checkpointer: Option<super::checkpoint::Checkpointer>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = ops.blocking_recv() {
@@ -128,8 +128,8 @@ pub(crate) fn run(
     // last checkpoint waits for it, or a passive one still running would refuse it.
     match conn.wal_hook(None::<fn(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()>>) {
         Ok(()) => {
-            if let Some(checkpoints) = checkpoints {
-                checkpoints.wait();
+            if let Some(checkpointer) = checkpointer.take() {
+                checkpointer.join();
             }
         }
         Err(err) => tracing::warn!(error = %err, "removing the embedded inbox's WAL hook failed"),
@@ -148,6 +148,10 @@ pub(crate) fn run(
     }
     if let Err((_, err)) = conn.close() {
         tracing::warn!(error = %err, "closing the embedded inbox failed");
+    }
+    // Its hook could not be removed: the close dropped it, and the checkpointer ends now.
+    if let Some(checkpointer) = checkpointer {
+        checkpointer.join();
     }
 }
 
