@@ -140,7 +140,7 @@ impl Multiplexer for Recording {
         let _ = self.submitted.send(Instant::now());
         Box::pin(async {
             Ok(Submitted {
-                path: SubmitPath::TmuxKeys,
+                path: SubmitPath::TmuxPaste,
                 started: None,
             })
         })

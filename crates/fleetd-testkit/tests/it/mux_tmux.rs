@@ -168,7 +168,7 @@ async fn send_keys_deliver_quotes_unicode_and_newlines_literally() {
     .await;
     let text = "it's \"quoted\" $HOME `id` \\ -n ünïcödé ✓ 日本\n";
     let submitted = tmux.submit(&pane.pane, text).await.expect("submit");
-    assert_eq!(submitted.path, SubmitPath::TmuxKeys);
+    assert_eq!(submitted.path, SubmitPath::TmuxPaste);
     let expected = format!("{text}\r");
     let got = eventually("the text to arrive", async || {
         let bytes = std::fs::read(&record).ok()?;
@@ -443,11 +443,17 @@ async fn a_send_keys_that_times_out_may_have_typed() {
         .await
         .expect("open");
     // A tmux client killed at its timeout may already have handed the keys to the server: here
-    // every client does its work and then hangs, so each call times out after it acted (a zero
-    // timeout raced the client, which sometimes finished first on a busy machine).
+    // every client that types (`paste-buffer`, `send-keys`) does its work and then hangs, so
+    // each such call times out after it acted (a zero timeout raced the client, which sometimes
+    // finished first on a busy machine); `list-panes` hangs too, having done nothing worth
+    // knowing. The screen reads and `set-buffer` that go before the paste answer.
     let bin = tempfile::tempdir().expect("tempdir");
     let program = bin.path().join("tmux-then-hang");
-    std::fs::write(&program, "#!/bin/sh\ntmux \"$@\"\nexec sleep 30\n").expect("wrapper");
+    std::fs::write(
+        &program,
+        "#!/bin/sh\ncase \" $* \" in *\" paste-buffer \"*|*\" send-keys \"*|*\" list-panes \"*) tmux \"$@\"; exec sleep 30;; esac\nexec tmux \"$@\"\n",
+    )
+    .expect("wrapper");
     std::fs::set_permissions(
         &program,
         std::os::unix::fs::PermissionsExt::from_mode(0o755),

@@ -178,13 +178,14 @@ async fn a_control_command_that_gets_no_answer_may_have_typed() {
     }
     let server = TmuxServer::start().expect("tmux");
     let bin = tempfile::tempdir().expect("tempdir");
-    // A control client that attaches and then passes on nothing more: tmux carries out each
+    // A control client that attaches, answers the two commands a submit sends before it types
+    // (the screen read and `set-buffer`) and then passes on nothing more: tmux carries out each
     // command, and its answer never arrives.
     let program = bin.path().join("tmux-control-mute");
     write_script(
         &program,
         &format!(
-            "#!/bin/sh\ncase \" $* \" in\n*\" -C \"*) {tmux} \"$@\" | while IFS= read -r line; do printf '%s\\n' \"$line\"; case \"$line\" in '%session-changed'*) exec sleep 30;; esac; done;;\n*) exec {tmux} \"$@\";;\nesac\n",
+            "#!/bin/sh\ncase \" $* \" in\n*\" -C \"*) {tmux} \"$@\" | {{ n=0; armed=; while IFS= read -r line; do printf '%s\\n' \"$line\"; case \"$line\" in '%session-changed'*) armed=1;; '%end'*|'%error'*) if [ -n \"$armed\" ]; then n=$((n+1)); [ $n -ge 2 ] && exec sleep 30; fi;; esac; done; }};;\n*) exec {tmux} \"$@\";;\nesac\n",
             tmux = real_tmux()
         ),
     );

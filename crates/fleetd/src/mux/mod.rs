@@ -294,8 +294,8 @@ pub enum SubmitPath {
     AgentPrompt,
     /// herdr `pane.send_input` with `enter`, for shells and custom agents.
     PaneInput,
-    /// tmux `send-keys -l` then a separate `Enter`.
-    TmuxKeys,
+    /// tmux `paste-buffer -p`, then a separate `Enter` once the screen shows the paste.
+    TmuxPaste,
 }
 
 /// The outcome of [`Multiplexer::submit`]: the text and its Enter were written. Whether a turn

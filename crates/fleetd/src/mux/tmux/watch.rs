@@ -35,7 +35,6 @@ use tokio::time::Instant;
 use super::control::{self, Conn, Notification};
 use super::{Inner, RawPane, Tmux};
 use crate::mux::PaneEvent;
-use crate::mux::status::SHELLS;
 
 /// After reading panes on their output, the task waits this long before reading on output
 /// again: a pane printing continuously costs at most one reading per window, and a quiet pane's
@@ -288,8 +287,7 @@ impl Tmux {
         raw: &RawPane,
         screen: Option<String>,
     ) -> Result<(TerminalId, AgentStatus), crate::mux::MuxError> {
-        let needs_screen =
-            !SHELLS.contains(&raw.command.as_str()) && !crate::mux::status::has_spinner(&raw.title);
+        let needs_screen = crate::mux::status::needs_screen(&raw.title, &raw.command);
         let screen = match (needs_screen, screen) {
             (false, _) => None,
             (true, Some(kept)) => Some(kept),
