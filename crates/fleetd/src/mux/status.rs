@@ -230,27 +230,54 @@ mod tests {
     fn claude_code_without_a_title_spinner_is_read_from_its_screen() {
         let title = "✳ Claude Code";
         let working = "❯ fix the flaky test\n✽ Beboppin'…\n  ⎿  Tip: use /clear\n────\n❯\u{a0}\n────\n  ⏵⏵ bypass permissions on (shift+tab to cycle) · esc to interrupt";
-        assert_eq!(derive_status(title, "claude", Some(working)).1, AgentStatus::Working);
+        assert_eq!(
+            derive_status(title, "claude", Some(working)).1,
+            AgentStatus::Working
+        );
         let clock = "✻ Cultivating… (1s · ↓ 5 tokens)\n────\n❯\u{a0}\n────\n  ? for shortcuts";
-        assert_eq!(derive_status(title, "claude", Some(clock)).1, AgentStatus::Working);
+        assert_eq!(
+            derive_status(title, "claude", Some(clock)).1,
+            AgentStatus::Working
+        );
         let done = "❯ fix the flaky test\n● OK\n✻ Cogitated for 0s · done 9:29 PM\n────\n❯\u{a0}\n────\n  ⏵⏵ bypass permissions on (shift+tab to cycle) · ← for agents";
-        assert_eq!(derive_status(title, "claude", Some(done)).1, AgentStatus::Idle);
+        assert_eq!(
+            derive_status(title, "claude", Some(done)).1,
+            AgentStatus::Idle
+        );
         // Typed words are not a turn.
         let typed = "────\n❯\u{a0}please press esc to interrupt the build\n────\n  ? for shortcuts";
-        assert_eq!(derive_status(title, "claude", Some(typed)).1, AgentStatus::Idle);
+        assert_eq!(
+            derive_status(title, "claude", Some(typed)).1,
+            AgentStatus::Idle
+        );
         let dialog = " Do you want to proceed?\n ❯ 1. Yes\n   2. Yes, and don't ask again\n   3. No\n\n Esc to cancel · Tab to amend";
-        assert_eq!(derive_status(title, "claude", Some(dialog)).1, AgentStatus::Blocked);
+        assert_eq!(
+            derive_status(title, "claude", Some(dialog)).1,
+            AgentStatus::Blocked
+        );
     }
 
     #[test]
     fn codex_turns_and_approvals_are_read() {
-        let working = "› fix it\n\n• Working (3s • esc to interrupt)\n\n› \n  gpt-5 · 100% context left";
-        assert_eq!(derive_status("codex", "codex", Some(working)).1, AgentStatus::Working);
+        let working =
+            "› fix it\n\n• Working (3s • esc to interrupt)\n\n› \n  gpt-5 · 100% context left";
         assert_eq!(
-            derive_status("[ ! ] Action Required | Fleet task | work", "node", Some("› ")).1,
+            derive_status("codex", "codex", Some(working)).1,
+            AgentStatus::Working
+        );
+        assert_eq!(
+            derive_status(
+                "[ ! ] Action Required | Fleet task | work",
+                "node",
+                Some("› ")
+            )
+            .1,
             AgentStatus::Blocked
         );
         let approval = "  Field 1/1\n  Allow the fleet MCP server to run tool \"fleet_reply\"?\n\n  text: ping\n\n  › 1. Allow                   Run the tool and continue\n    2. Allow for this session\n    3. Always allow\n    4. Cancel                  Cancel this tool call\n  enter to submit | esc to cancel";
-        assert_eq!(derive_status("work", "node", Some(approval)).1, AgentStatus::Blocked);
+        assert_eq!(
+            derive_status("work", "node", Some(approval)).1,
+            AgentStatus::Blocked
+        );
     }
 }
