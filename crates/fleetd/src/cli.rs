@@ -211,9 +211,11 @@ pub struct ProvisionArgs {
 #[derive(Debug, Subcommand)]
 pub enum InstallCommand {
     /// Add fleetd to Claude Code: its MCP server entry (`.mcp.json` in this directory, or
-    /// `~/.claude.json` with --scope user; other entries and keys are kept) and the fleet
-    /// charter block in CLAUDE.md (replaced between its markers when present, else appended).
-    /// Running it again changes nothing.
+    /// `~/.claude.json` with --scope user; other entries and keys are kept), the fleet
+    /// charter block in CLAUDE.md (replaced between its markers when present, else appended)
+    /// and fleetd's tools allowed without a prompt (`permissions.allow: ["mcp__fleet"]` in
+    /// `.claude/settings.local.json`, which also enables the project's server, or
+    /// `~/.claude/settings.json`). Running it again changes nothing.
     Claude(InstallClaudeArgs),
 }
 

@@ -44,13 +44,18 @@ impl McpServer {
     }
 }
 
-/// The two files `install claude` changes.
+/// The three files `install claude` changes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaudePaths {
     /// `.mcp.json` (project) or `~/.claude.json` (user).
     pub mcp_config: PathBuf,
     /// `CLAUDE.md` (project) or `~/.claude/CLAUDE.md` (user).
     pub memory: PathBuf,
+    /// The settings that allow fleetd's tools: `.claude/settings.local.json` (project: the
+    /// user's own, which Claude Code keeps out of git) or `~/.claude/settings.json` (user).
+    pub settings: PathBuf,
+    /// Whether these are a project's files (its `.mcp.json` server needs enabling).
+    pub project: bool,
 }
 
 impl ClaudePaths {
@@ -59,6 +64,8 @@ impl ClaudePaths {
         Self {
             mcp_config: dir.join(".mcp.json"),
             memory: dir.join("CLAUDE.md"),
+            settings: dir.join(".claude").join("settings.local.json"),
+            project: true,
         }
     }
 
@@ -67,6 +74,8 @@ impl ClaudePaths {
         Self {
             mcp_config: home.join(".claude.json"),
             memory: home.join(".claude").join("CLAUDE.md"),
+            settings: home.join(".claude").join("settings.json"),
+            project: false,
         }
     }
 }
@@ -119,12 +128,12 @@ pub enum Outcome {
     Unchanged(PathBuf),
 }
 
-/// `existing` MCP configuration JSON (None: no file yet) with `mcpServers.fleet` set to `entry`
-/// and everything else kept. `None` when it already says exactly that.
-pub fn merge_mcp_config(
+/// `existing` JSON (None: no file yet) as `edit` leaves its top-level object, every other key
+/// kept; `None` when that changes nothing. `edit` says what in the object is not as it expects.
+fn merge_json(
     path: &Path,
     existing: Option<&str>,
-    entry: &Value,
+    edit: impl FnOnce(&mut Map<String, Value>) -> Result<(), String>,
 ) -> Result<Option<String>, InstallError> {
     let not_object = |reason: String| InstallError::NotAnObject {
         path: path.to_owned(),
@@ -138,20 +147,72 @@ pub fn merge_mcp_config(
             Err(e) => return Err(not_object(e.to_string())),
         },
     };
-    let servers = root
-        .entry("mcpServers")
-        .or_insert_with(|| Value::Object(Map::new()));
-    let Value::Object(servers) = servers else {
-        return Err(not_object("its `mcpServers` is not an object".into()));
-    };
-    if servers.get(SERVER_NAME) == Some(entry) {
+    let before = root.clone();
+    edit(&mut root).map_err(not_object)?;
+    if existing.is_some() && root == before {
         return Ok(None);
     }
-    servers.insert(SERVER_NAME.to_owned(), entry.clone());
     let mut text =
         serde_json::to_string_pretty(&Value::Object(root)).expect("a JSON value always serializes");
     text.push('\n');
     Ok(Some(text))
+}
+
+/// The object under `key` in `map`, made when absent.
+fn object_at<'a>(
+    map: &'a mut Map<String, Value>,
+    key: &str,
+) -> Result<&'a mut Map<String, Value>, String> {
+    match map.entry(key).or_insert_with(|| Value::Object(Map::new())) {
+        Value::Object(inner) => Ok(inner),
+        _ => Err(format!("its `{key}` is not an object")),
+    }
+}
+
+/// Adds `item` to the array under `key` in `map` (made when absent) unless it is there.
+fn add_to_list(map: &mut Map<String, Value>, key: &str, item: &str) -> Result<(), String> {
+    match map.entry(key).or_insert_with(|| Value::Array(Vec::new())) {
+        Value::Array(items) => {
+            if !items.iter().any(|v| v.as_str() == Some(item)) {
+                items.push(Value::from(item));
+            }
+            Ok(())
+        }
+        _ => Err(format!("its `{key}` is not a list")),
+    }
+}
+
+/// `existing` MCP configuration JSON (None: no file yet) with `mcpServers.fleet` set to `entry`
+/// and everything else kept. `None` when it already says exactly that.
+pub fn merge_mcp_config(
+    path: &Path,
+    existing: Option<&str>,
+    entry: &Value,
+) -> Result<Option<String>, InstallError> {
+    merge_json(path, existing, |root| {
+        object_at(root, "mcpServers")?.insert(SERVER_NAME.to_owned(), entry.clone());
+        Ok(())
+    })
+}
+
+/// The permission rule that lets Claude Code run every tool of fleetd's server without asking.
+pub const ALLOW_RULE: &str = "mcp__fleet";
+
+/// `existing` Claude Code settings JSON with fleetd's tools allowed (`permissions.allow` holds
+/// [`ALLOW_RULE`]) and, for a project's `.mcp.json`, its `fleet` server enabled
+/// (`enabledMcpjsonServers`), which Claude Code otherwise asks the user to approve.
+pub fn merge_settings(
+    path: &Path,
+    existing: Option<&str>,
+    project: bool,
+) -> Result<Option<String>, InstallError> {
+    merge_json(path, existing, |root| {
+        add_to_list(object_at(root, "permissions")?, "allow", ALLOW_RULE)?;
+        if project {
+            add_to_list(root, "enabledMcpjsonServers", SERVER_NAME)?;
+        }
+        Ok(())
+    })
 }
 
 /// `existing` CLAUDE.md with the charter block in it: the block between the markers is replaced,
@@ -185,7 +246,8 @@ pub fn with_charter(path: &Path, existing: &str) -> Result<Option<String>, Insta
     Ok((new != existing).then_some(new))
 }
 
-/// Writes fleetd's MCP entry and the charter into `paths`, each only if it would change.
+/// Writes fleetd's MCP entry, the charter and the permission for fleetd's tools into `paths`,
+/// each only if it would change.
 pub fn install_claude(
     paths: &ClaudePaths,
     server: &McpServer,
@@ -194,8 +256,14 @@ pub fn install_claude(
     let merged = merge_mcp_config(&paths.mcp_config, config.as_deref(), &server.entry())?;
     let memory = read_optional(&paths.memory)?.unwrap_or_default();
     let charter = with_charter(&paths.memory, &memory)?;
+    let settings = read_optional(&paths.settings)?;
+    let allowed = merge_settings(&paths.settings, settings.as_deref(), paths.project)?;
     let mut outcomes = Vec::new();
-    for (path, content) in [(&paths.mcp_config, merged), (&paths.memory, charter)] {
+    for (path, content) in [
+        (&paths.mcp_config, merged),
+        (&paths.memory, charter),
+        (&paths.settings, allowed),
+    ] {
         match content {
             Some(text) => {
                 write_atomically(path, &text)?;
@@ -357,5 +425,34 @@ mod tests {
         );
         let memory = std::fs::read_to_string(&paths.memory).expect("CLAUDE.md");
         assert_eq!(memory, CHARTER);
+    }
+
+    #[test]
+    fn fleetds_tools_are_allowed_and_a_projects_server_enabled() {
+        let path = Path::new("settings.json");
+        let existing =
+            r#"{"permissions": {"allow": ["Bash(ls)"], "deny": ["Read(.env)"]}, "model": "x"}"#;
+        let merged = merge_settings(path, Some(existing), false)
+            .expect("merges")
+            .expect("changes");
+        let v: Value = serde_json::from_str(&merged).expect("JSON");
+        assert_eq!(v["permissions"]["allow"], json!(["Bash(ls)", ALLOW_RULE]));
+        assert_eq!(v["permissions"]["deny"], json!(["Read(.env)"]));
+        assert_eq!(v["model"], "x");
+        assert_eq!(v.get("enabledMcpjsonServers"), None);
+        assert_eq!(
+            merge_settings(path, Some(&merged), false).expect("ok"),
+            None
+        );
+        let project = merge_settings(path, None, true)
+            .expect("merges")
+            .expect("changes");
+        assert_eq!(
+            serde_json::from_str::<Value>(&project).expect("JSON"),
+            json!({ "permissions": { "allow": [ALLOW_RULE] }, "enabledMcpjsonServers": ["fleet"] })
+        );
+        let err = merge_settings(path, Some(r#"{"permissions": {"allow": "all"}}"#), false)
+            .expect_err("refused");
+        assert!(err.to_string().contains("`allow` is not a list"), "{err}");
     }
 }

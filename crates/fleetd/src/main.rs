@@ -217,10 +217,13 @@ fn install_claude(
             serde_json::to_string_pretty(&entry).context("failed to render the entry")?
         );
         print!(
-            "# add to {}:\n{}",
+            "# add to {}:\n{}\n",
             paths.memory.display(),
             fleetd::install::CHARTER
         );
+        let settings = fleetd::install::merge_settings(&paths.settings, None, paths.project)?
+            .unwrap_or_default();
+        print!("# merge into {}:\n{settings}", paths.settings.display());
         return Ok(());
     }
     for outcome in fleetd::install::install_claude(&paths, &server)? {
