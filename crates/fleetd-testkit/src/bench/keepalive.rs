@@ -81,7 +81,7 @@ impl McpConn {
         Ok(self.writer.local_addr()?.port())
     }
 
-    /// `initialize` + `notifications/initialized`.
+    /// `initialize` + `notifications/initialized` + `tools/list`, as an agent connects.
     pub fn initialize(&mut self) -> anyhow::Result<Value> {
         let result = self.request(
             "initialize",
@@ -97,6 +97,7 @@ impl McpConn {
             (200..300).contains(&status),
             "notifications/initialized: HTTP {status}"
         );
+        self.request("tools/list", &json!({}))?;
         Ok(result)
     }
 

@@ -63,7 +63,8 @@ impl McpClient {
         })
     }
 
-    /// `initialize` + `notifications/initialized`.
+    /// `initialize` + `notifications/initialized` + `tools/list`, as every real agent connects
+    /// (fleetd counts a member ready for its task once it has listed the tools).
     pub async fn initialize(&mut self) -> anyhow::Result<Value> {
         let result = self
             .request(
@@ -76,6 +77,7 @@ impl McpClient {
             )
             .await?;
         self.notify("notifications/initialized").await?;
+        self.request("tools/list", json!({})).await?;
         Ok(result)
     }
 

@@ -12,12 +12,14 @@ pub(crate) mod tools;
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, DiscoverResult,
+    Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{Peer, RequestContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -57,6 +59,28 @@ pub fn http_service(fleet: Arc<Fleet>) -> HttpService {
         config,
     )
 }
+
+/// How long after an agent listed fleetd's tools it counts as ready for a task. Claude Code
+/// answers `tools/list` before it has put the tools in its next model request: a task typed
+/// within ~100 ms of the list went out without them (measured with 2.1.332; 250 ms was enough).
+pub const TOOLS_SETTLE: Duration = Duration::from_millis(500);
+
+/// How long after connecting an agent that never lists tools counts as ready (then as soon as
+/// it shows idle). Every agent measured lists them within 50 ms of connecting.
+pub const UNLISTED_BOUND: Duration = Duration::from_secs(5);
+
+/// How often a waiting tool call whose client gave a `progressToken` hears that it is still
+/// running. Claude Code fails a call that sends nothing for 60 s; a progress notification turns
+/// the answer into an event stream and keeps it alive.
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// The longest a waiting call (`fleet_send`, `fleet_ask`) waits for a client that gave no
+/// `progressToken`, which fleetd therefore cannot keep alive: under the 60 s after which Claude
+/// Code and Codex give up on a silent call. The caller gets its ticket; the reply is nudged.
+pub const SILENT_WAIT_CAP_SECS: u64 = 50;
+
+/// The tools that wait, and the argument that says how long.
+const WAITING_TOOLS: [(&str, &str); 2] = [("fleet_send", "timeoutSecs"), ("fleet_ask", "waitSecs")];
 
 /// What tools work with.
 #[derive(Debug, Clone)]
@@ -164,6 +188,61 @@ impl FleetMcp {
         let bearer = parts.and_then(|p| crate::http::bearer(&p.headers));
         identity::resolve(&self.fleet, conn, bearer, ctx.ct.clone()).await
     }
+
+    /// Notes the caller's presence (what makes a member ready for its task) after `delay`, on a
+    /// task of its own so the request is answered first. `what` names the request in the log.
+    async fn note_presence_after(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        what: &'static str,
+        delay: Duration,
+    ) {
+        let caller = self.caller(ctx).await;
+        tracing::debug!(caller = %caller, pane = ?caller.pane.as_ref().map(|p| p.pane.to_string()), "MCP {what}");
+        let fleet = Arc::clone(&self.fleet);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            identity::note_presence(&fleet, &caller).await;
+        });
+    }
+}
+
+/// `args` with the wait of a waiting tool capped at [`SILENT_WAIT_CAP_SECS`] (set to it when
+/// absent), for a client fleetd cannot keep alive.
+fn cap_silent_wait(tool: &str, args: &mut serde_json::Map<String, Value>) {
+    if let Some((_, key)) = WAITING_TOOLS.iter().find(|(name, _)| *name == tool) {
+        let asked = args.get(*key).and_then(Value::as_u64);
+        let capped = asked.map_or(SILENT_WAIT_CAP_SECS, |s| s.min(SILENT_WAIT_CAP_SECS));
+        // A malformed value is left for the tool to refuse with its own message.
+        if asked.is_some() || !args.contains_key(*key) {
+            args.insert((*key).to_owned(), Value::from(capped));
+        }
+    }
+}
+
+/// Runs `call`, telling the client every [`HEARTBEAT`] that it is still running (the first
+/// notification turns the HTTP answer into an event stream, which the client keeps open).
+async fn with_heartbeat<F: std::future::Future>(
+    call: F,
+    peer: &Peer<RoleServer>,
+    token: ProgressToken,
+) -> F::Output {
+    tokio::pin!(call);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
+    let mut beats = 0u32;
+    loop {
+        tokio::select! {
+            out = &mut call => return out,
+            _ = ticks.tick() => {
+                beats += 1;
+                let mut note = ProgressNotificationParam::new(token.clone(), f64::from(beats));
+                note.message = Some("still waiting".to_owned());
+                if let Err(e) = peer.notify_progress(note).await {
+                    tracing::debug!(error = %e, "progress notification not sent");
+                }
+            }
+        }
+    }
 }
 
 impl ServerHandler for FleetMcp {
@@ -178,19 +257,34 @@ impl ServerHandler for FleetMcp {
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
-        // An agent connects to its MCP servers at start-up: that is a member's presence.
-        let caller = self.caller(&context).await;
-        tracing::debug!(caller = %caller, pane = ?caller.pane.as_ref().map(|p| p.pane.to_string()), "MCP initialize");
-        identity::note_presence(&self.fleet, &caller).await;
-        context.peer.set_peer_info(request);
-        Ok(self.get_info())
+        // An agent connects to its MCP servers at start-up, then lists the tools: ready is when
+        // it has them (`list_tools`), or a while after connecting for one that never lists them.
+        self.note_presence_after(&context, "initialize", UNLISTED_BOUND)
+            .await;
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn discover(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        // MCP 2026-07-28's handshake (Claude Code 2.1.332): no `initialize` comes.
+        self.note_presence_after(&context, "server/discover", UNLISTED_BOUND)
+            .await;
+        Ok(DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            self.get_info(),
+        ))
     }
 
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        self.note_presence_after(&context, "tools listed", TOOLS_SETTLE)
+            .await;
         Ok(ListToolsResult {
             tools: tools::definitions(),
             ..ListToolsResult::default()
@@ -205,8 +299,19 @@ impl ServerHandler for FleetMcp {
         let caller = self.caller(&context).await;
         identity::note_presence(&self.fleet, &caller).await;
         let name = request.name.to_string();
-        let args = Value::Object(request.arguments.unwrap_or_default());
-        let outcome = tools::call(&self.fleet, &caller, &name, args).await;
+        let progress = context
+            .meta
+            .get_progress_token()
+            .or_else(|| request.meta.as_ref()?.get_progress_token());
+        let mut args = request.arguments.unwrap_or_default();
+        if progress.is_none() {
+            cap_silent_wait(&name, &mut args);
+        }
+        let call = tools::call(&self.fleet, &caller, &name, Value::Object(args));
+        let outcome = match progress {
+            Some(token) => with_heartbeat(call, &context.peer, token).await,
+            None => call.await,
+        };
         let result = match outcome {
             Ok(out) => {
                 tracing::debug!(tool = %name, caller = %caller, "tool call ok");
