@@ -40,15 +40,6 @@ pub(crate) fn log_secret_names(config: &Config) {
     }
 }
 
-/// The environment variables a backend is handed in, by agent kind.
-fn backend_vars(agent: &str) -> (&'static str, &'static str) {
-    match agent {
-        "claude" => ("ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN"),
-        "codex" => ("OPENAI_BASE_URL", "OPENAI_API_KEY"),
-        _ => ("FLEETD_BACKEND_URL", "FLEETD_BACKEND_TOKEN"),
-    }
-}
-
 /// What a member's environment is made from.
 pub(super) struct MemberEnv<'a> {
     /// The configuration snapshot the spawn started with, so a profile added by a reload
@@ -77,7 +68,7 @@ impl MemberEnv<'_> {
                     format!("the profile names backend {name}, which is not configured"),
                 )
             })?;
-            let (url_var, token_var) = backend_vars(&profile.agent);
+            let (url_var, token_var) = super::kinds::backend_vars(&profile.agent);
             env.insert(url_var.to_owned(), backend.base_url.clone());
             if let Some(secret) = &backend.auth_token_secret {
                 let value = Secrets::new(&self.config.secrets, &crate::secrets::process_env)

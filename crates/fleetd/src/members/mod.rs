@@ -5,6 +5,7 @@
 //! engine does).
 
 mod env;
+mod kinds;
 mod spawn;
 #[cfg(test)]
 mod tests;

@@ -12,6 +12,7 @@ use fleetd_core::{QualifiedPaneId, Target, TerminalId, Ticket};
 use tokio::task::JoinHandle;
 
 use super::env::MemberEnv;
+use super::kinds::MemberArgs;
 use crate::config::{Config, Live, Profile};
 use crate::engine::{Delegator, EngineGone, EngineHandle, LeadRef, NewMember, Readiness};
 use crate::locate::Locator;
@@ -200,14 +201,26 @@ impl Saga<'_> {
             Some(w) => Some(w.path.clone()),
             None => request.cwd.map(Into::into).or_else(|| profile.cwd.clone()),
         };
+        let kind_args = MemberArgs {
+            agent: &profile.agent,
+            backend_url: profile
+                .backend
+                .as_deref()
+                .and_then(|b| config.backends.get(b))
+                .map(|b| b.base_url.as_str()),
+            model: profile.model.as_deref(),
+            fleet_url: &spawner.url,
+            cwd: cwd.as_deref(),
+        }
+        .build();
         let open = OpenPane {
             placement: Placement::NewTab {
                 workspace: config.members_workspace.clone(),
             },
             label: Some(target.to_string()),
+            launch: launch(profile, &target, kind_args),
             cwd,
             env,
-            launch: launch(profile, &target),
         };
         tracing::info!(%target, profile = %request.profile, "spawning member");
         let pane = spawner.mux.open_member_pane(open).await.map_err(|e| {
@@ -309,8 +322,8 @@ fn worktree_refusal(target: &Target, e: &str) -> Refusal {
 }
 
 /// What the pane runs: the profile's own command, or its agent kind started the multiplexer's
-/// way.
-fn launch(profile: &Profile, target: &Target) -> Launch {
+/// way with `kind_args` (what fleetd knows the kind needs, `kinds`) before the profile's args.
+fn launch(profile: &Profile, target: &Target, kind_args: Vec<String>) -> Launch {
     match &profile.command {
         Some(command) => Launch::Argv(
             std::iter::once(command.clone())
@@ -320,7 +333,10 @@ fn launch(profile: &Profile, target: &Target) -> Launch {
         None => Launch::Agent {
             name: target.to_string(),
             kind: profile.agent.clone(),
-            args: profile.args.clone(),
+            args: kind_args
+                .into_iter()
+                .chain(profile.args.iter().cloned())
+                .collect(),
         },
     }
 }
