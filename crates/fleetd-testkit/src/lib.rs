@@ -118,6 +118,7 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
     }
 }
 
+pub mod agents;
 pub mod bench;
 pub mod broker;
 pub mod browser;
@@ -494,11 +495,23 @@ pub mod daemon {
         /// Like [`Daemon::start`], listening on `listen` (e.g. the address of a daemon that was
         /// killed, so clients holding its URL reach the restarted one).
         pub fn start_on(home: &Path, listen: &str, args: &[&str]) -> Self {
+            Self::start_with_env(home, listen, args, &[])
+        }
+
+        /// Like [`Daemon::start_on`], with `env` set on top of [`command`]'s (a user's own
+        /// `PATH`: fleetd opens members' panes with it, as tmux takes a command client's `PATH`).
+        pub fn start_with_env(
+            home: &Path,
+            listen: &str,
+            args: &[&str],
+            env: &[(String, String)],
+        ) -> Self {
             if !home.join("config/fleetd/fleetd.yaml").exists() {
                 write_config(home, &isolated_config(home));
             }
             let mut cmd = command(home);
-            cmd.args(["serve", "--listen", listen, "--log-format", "json"])
+            cmd.envs(env.iter().map(|(k, v)| (k, v)))
+                .args(["serve", "--listen", listen, "--log-format", "json"])
                 .args(args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -662,6 +675,7 @@ pub mod daemon {
     }
 }
 pub mod fake_herdr;
+pub mod fake_model;
 pub mod flood;
 pub mod recovery;
 pub mod rig;

@@ -19,10 +19,22 @@ pub struct TmuxServer {
 impl TmuxServer {
     /// Starts a server with one detached session `base` (a tmux server needs a session to live).
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with_env(&[])
+    }
+
+    /// Like [`TmuxServer::start`], the server started with `env` on top of this process's
+    /// environment: what every pane it opens inherits (a user's login environment: `HOME`,
+    /// `PATH`, `XDG_*`).
+    pub fn start_with_env(env: &[(String, String)]) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let socket = dir.path().join("tmux.sock");
         let me = Self { dir, socket };
-        let out = me.run(&["new-session", "-d", "-s", "base", "-x", "200", "-y", "50"])?;
+        let out = me
+            .command()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .args(["new-session", "-d", "-s", "base", "-x", "200", "-y", "50"])
+            .output()
+            .context("running tmux new-session")?;
         anyhow::ensure!(
             out.status.success(),
             "tmux new-session failed: {}",

@@ -27,6 +27,7 @@ mod mux_tmux_control;
 mod paging;
 mod push;
 mod push_herdr;
+mod real_claude;
 mod recovery;
 mod reload;
 mod scenarios;

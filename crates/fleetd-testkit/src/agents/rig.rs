@@ -1,0 +1,392 @@
+//! A rig for the real agent CLIs: one private "user" — a HOME of its own shared by a private tmux
+//! server, fleetd and every agent, as on a user's machine — with fleetd on a fixed loopback port
+//! (so `fleetd install` writes the URL a user's would), two scripted model backends (the lead's
+//! own, standing in for the user's subscription, and the members' backend, served to members by
+//! fleetd with its own token) and the real CLIs from the cache on `PATH`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::Cli;
+use crate::daemon::{Daemon, write_config};
+use crate::fake_model::FakeModel;
+use crate::tmux::TmuxServer;
+use crate::wait_until;
+
+/// The lead's own API key (the user's subscription stand-in).
+pub const LEAD_KEY: &str = "sk-ant-lead-0123456789abcdefLEADKEY";
+/// The members' backend token: it must reach member processes only.
+pub const MEMBER_TOKEN: &str = "sk-member-backend-SECRET-7f3c9e1d2b";
+/// What the scripted models answer a member's question with.
+pub const ANSWER: &str = "use the main branch";
+
+/// A running rig.
+#[derive(Debug)]
+pub struct AgentRig {
+    /// fleetd. Declared before the tmux server so it is dropped first (see `Rig`).
+    pub daemon: Daemon,
+    /// The private tmux server, started with the user's environment.
+    pub tmux: TmuxServer,
+    /// The lead's own model backend.
+    pub lead_model: FakeModel,
+    /// The members' model backend (served through fleetd's backend config).
+    pub member_model: FakeModel,
+    /// The user's HOME.
+    home: tempfile::TempDir,
+    /// The lead's working directory.
+    pub work: PathBuf,
+    /// The user's environment (what tmux was started with).
+    env: Vec<(String, String)>,
+}
+
+/// A free loopback port (bound and released: fleetd takes it a moment later).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl AgentRig {
+    /// Starts the user's tmux, both models and fleetd with `profiles` (a YAML block of profile
+    /// entries, indented two spaces, or empty; `{work}` stands for the lead's working
+    /// directory) and `extra` top-level config; `clis` go on PATH.
+    pub fn start(clis: &[&Cli], profiles: &str, extra: &str) -> Self {
+        let home = tempfile::tempdir().expect("tempdir");
+        let h = home.path().to_owned();
+        let work = h.join("work");
+        std::fs::create_dir_all(&work).expect("work dir");
+        let lead_model = FakeModel::start(&h, "lead-model", ANSWER);
+        let member_model = FakeModel::start(&h, "member-model", ANSWER);
+        let mut path: Vec<String> = clis
+            .iter()
+            .filter_map(|c| c.bin.parent().map(|p| p.display().to_string()))
+            .collect();
+        // fleetd is on the user's PATH, as installed (the stdio shim is `fleetd mcp`).
+        if let Some(dir) = crate::daemon::fleetd_binary().parent() {
+            path.push(dir.display().to_string());
+        }
+        path.push(std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".to_owned()));
+        let mut env = vec![
+            ("HOME".to_owned(), h.display().to_string()),
+            ("PATH".to_owned(), path.join(":")),
+            (
+                "XDG_CONFIG_HOME".to_owned(),
+                h.join("config").display().to_string(),
+            ),
+            (
+                "XDG_STATE_HOME".to_owned(),
+                h.join("state").display().to_string(),
+            ),
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+        ];
+        for (k, v) in super::claude::ENV {
+            env.push(((*k).to_owned(), (*v).to_owned()));
+        }
+        let tmux = TmuxServer::start_with_env(&env).expect("private tmux server");
+        let secrets = h.join("secrets");
+        std::fs::create_dir_all(&secrets).expect("secrets dir");
+        let token_file = secrets.join("member-token");
+        std::fs::write(&token_file, MEMBER_TOKEN).expect("token file");
+        std::fs::set_permissions(
+            &token_file,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .expect("chmod");
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let profiles = if profiles.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "profiles:\n{}",
+                profiles.replace("{work}", &work.display().to_string())
+            )
+        };
+        let config = format!(
+            "listen: {listen}\nmultiplexer: tmux\ntmuxSocket: {socket}\nmembersWorkspace: fleet\nlog:\n  level: fleetd=debug,info\nbackends:\n  model:\n    baseUrl: {model}\n    authTokenSecret: member_token\nsecrets:\n  member_token:\n    file: {token}\n{profiles}{extra}",
+            socket = tmux.socket().display(),
+            model = member_model.url(),
+            token = token_file.display(),
+        );
+        write_config(&h, &config);
+        let daemon = Daemon::start_with_env(&h, &listen, &[], &env);
+        Self {
+            daemon,
+            tmux,
+            lead_model,
+            member_model,
+            home,
+            work,
+            env,
+        }
+    }
+
+    /// The user's HOME.
+    pub fn home(&self) -> &Path {
+        self.home.path()
+    }
+
+    /// fleetd's base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.daemon.addr)
+    }
+
+    /// Runs `fleetd ARGS` as the user would in the lead's working directory; panics with its
+    /// output unless it succeeds. Returns stdout.
+    pub fn fleetd(&self, args: &[&str]) -> String {
+        let out = Command::new(crate::daemon::fleetd_binary())
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&self.work)
+            .args(args)
+            .output()
+            .expect("fleetd runs");
+        assert!(
+            out.status.success(),
+            "fleetd {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Opens window `name` in the user's `base` session running `argv` in the lead's working
+    /// directory with `env` added; returns its tmux target.
+    pub fn open(&self, name: &str, env: &[(&str, &str)], argv: &[&str]) -> String {
+        let mut args: Vec<String> = vec![
+            "new-window".into(),
+            "-d".into(),
+            "-t".into(),
+            "base".into(),
+            "-n".into(),
+            name.into(),
+            "-c".into(),
+            self.work.display().to_string(),
+        ];
+        for (k, v) in env {
+            args.push("-e".into());
+            args.push(format!("{k}={v}"));
+        }
+        args.extend(argv.iter().map(|a| (*a).to_owned()));
+        // tmux gives a window opened by a client outside any session that client's PATH.
+        let out = self
+            .tmux
+            .command()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .args(&args)
+            .output()
+            .expect("tmux runs");
+        assert!(
+            out.status.success(),
+            "new-window: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        format!("base:{name}")
+    }
+
+    /// Types `text` into `target` the way a person does: the keys, then, a moment later, Enter.
+    pub fn say(&self, target: &str, text: &str) {
+        let out = self
+            .tmux
+            .run(&["send-keys", "-t", target, "-l", "--", text])
+            .expect("tmux runs");
+        assert!(out.status.success(), "send-keys failed");
+        pause(Duration::from_millis(400));
+        let out = self
+            .tmux
+            .run(&["send-keys", "-t", target, "Enter"])
+            .expect("tmux runs");
+        assert!(out.status.success(), "send-keys Enter failed");
+    }
+
+    /// What tmux target `target` shows now.
+    pub fn screen(&self, target: &str) -> String {
+        let out = self
+            .tmux
+            .run(&["capture-pane", "-p", "-t", target])
+            .expect("tmux runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits for `what` on `target`'s screen; on a timeout prints every pane and both models'
+    /// logs before failing.
+    pub fn wait_screen(
+        &self,
+        target: &str,
+        what: &str,
+        timeout: Duration,
+        cond: impl Fn(&str) -> bool,
+    ) {
+        self.wait(what, timeout, || cond(&self.screen(target)));
+    }
+
+    /// Waits for `cond`; on a timeout prints what a reader needs to see why.
+    pub fn wait(&self, what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
+        let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_until(what, timeout, cond);
+        }));
+        if let Err(panic) = waited {
+            self.dump();
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    /// Waits for a line of fleetd's log; on a timeout prints what a reader needs to see why.
+    pub fn wait_log(&mut self, what: &str, timeout: Duration, matches: impl FnMut(&str) -> bool) {
+        let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.daemon.wait_for_log(what, timeout, matches);
+        }));
+        if let Err(panic) = waited {
+            self.dump();
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    /// The names of every tmux window of the user's.
+    pub fn windows(&self) -> Vec<String> {
+        let out = self
+            .tmux
+            .run(&["list-windows", "-a", "-F", "#{window_name}"])
+            .expect("tmux runs");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The members' backend token reached the members' model (so it was in use) and nothing of
+    /// the lead's: not its pane (scrollback included), not the environment of any process under
+    /// it (the stdio shim included), not any request its model got.
+    pub fn assert_member_token_only_with_members(&self, lead: &str) {
+        assert!(
+            self.member_model
+                .requests()
+                .iter()
+                .any(|r| r["key"] == MEMBER_TOKEN),
+            "the members' model never saw the members' token"
+        );
+        assert!(
+            !self.history(lead).contains(MEMBER_TOKEN),
+            "the token is on the lead's screen"
+        );
+        let envs = self.environments(lead);
+        assert!(!envs.is_empty(), "no process found under the lead's pane");
+        for env in envs {
+            assert!(
+                !env.contains(MEMBER_TOKEN),
+                "a process under the lead has the token"
+            );
+        }
+        let asked = std::fs::read_to_string(&self.lead_model.log).expect("the lead model's log");
+        assert!(!asked.is_empty(), "the lead's model was never asked");
+        assert!(
+            !asked.contains(MEMBER_TOKEN),
+            "a request to the lead's model carries the token"
+        );
+    }
+
+    /// Everything `target` showed, its scrollback included.
+    pub fn history(&self, target: &str) -> String {
+        let out = self
+            .tmux
+            .run(&["capture-pane", "-p", "-S", "-", "-t", target])
+            .expect("tmux runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The environment of `target`'s process and every process under it, one string per
+    /// process (`/proc/PID/environ`, NULs as newlines).
+    pub fn environments(&self, target: &str) -> Vec<String> {
+        let out = self
+            .tmux
+            .run(&["display-message", "-p", "-t", target, "#{pane_pid}"])
+            .expect("tmux runs");
+        let root: u32 = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("a pane pid");
+        // Every process's parent, from /proc/PID/stat (field 4, after the parenthesised name).
+        let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+            .expect("/proc")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
+                Some((pid, ppid.parse().ok()?))
+            })
+            .collect();
+        let mut pids = vec![root];
+        let mut i = 0;
+        while i < pids.len() {
+            let parent = pids[i];
+            pids.extend(
+                parents
+                    .iter()
+                    .filter(|(_, pp)| *pp == parent)
+                    .map(|(p, _)| *p),
+            );
+            i += 1;
+        }
+        pids.iter()
+            .filter_map(|p| std::fs::read(format!("/proc/{p}/environ")).ok())
+            .map(|e| String::from_utf8_lossy(&e).replace('\0', "\n"))
+            .collect()
+    }
+
+    /// Prints every pane's screen and what each model was asked.
+    pub fn dump(&self) {
+        let out = self
+            .tmux
+            .run(&[
+                "list-panes",
+                "-a",
+                "-F",
+                "#{session_name}:#{window_index} #{pane_id} #{pane_current_command} #{pane_title}",
+            ])
+            .expect("tmux runs");
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let pane = line.split_whitespace().nth(1).unwrap_or_default();
+            eprintln!("---- {line} ----\n{}", self.screen(pane));
+        }
+        for (name, model) in [("lead", &self.lead_model), ("member", &self.member_model)] {
+            for r in model.requests() {
+                eprintln!(
+                    "{name} model #{}: prompt {:?} steps {} tools {} -> {}",
+                    r["n"],
+                    r["prompt"]
+                        .as_str()
+                        .map(|p| p.chars().take(120).collect::<String>()),
+                    r["steps"],
+                    r["tools"].as_array().map_or(0, Vec::len),
+                    r["answer"]
+                );
+            }
+        }
+    }
+
+    /// The fleet's members as the operator sees them (`GET /sessions`).
+    pub fn members(&self) -> Value {
+        crate::http::get(self.daemon.operator(), "/sessions")
+            .expect("GET /sessions")
+            .json()
+    }
+
+    /// One member's state (`GET /sessions/{target}`), or `None` before it exists.
+    pub fn member(&self, target: &str) -> Option<Value> {
+        let r = crate::http::get(self.daemon.operator(), &format!("/sessions/{target}")).ok()?;
+        (r.status == 200).then(|| r.json())
+    }
+}
+
+/// A person's pause (between typing and Enter, or before typing at all).
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a person's pause between typing and Enter is wall-clock time"
+)]
+pub fn pause(d: Duration) {
+    std::thread::sleep(d);
+}

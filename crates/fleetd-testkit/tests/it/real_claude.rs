@@ -1,0 +1,239 @@
+//! The real Claude Code CLI (from npm, `agents/pins`) as lead and member on tmux, against the
+//! scripted model (`fake_model`), set up as the README tells a user to. Each test is a
+//! transcript: what the user types into the lead, and what then reached each model.
+
+use std::time::Duration;
+
+use fleetd_testkit::agents::claude::{self, Transport};
+use fleetd_testkit::agents::rig::{ANSWER, AgentRig};
+use fleetd_testkit::agents::{Cli, versions};
+use fleetd_testkit::fake_model::Logged;
+use fleetd_testkit::{Service, require_tmux};
+
+/// A rig with a Claude Code lead of `version` (newest when `None`) and a `claude` profile.
+fn claude_fleet(version: Option<&str>, via: Transport) -> Option<(AgentRig, String)> {
+    if require_tmux() == Service::Skip {
+        return None;
+    }
+    let newest = versions("claude-code").into_iter().next()?;
+    let cli = Cli::require("claude-code", version.unwrap_or(&newest))?;
+    let mut rig = AgentRig::start(&[&cli], &claude::profile("claude"), "");
+    let lead = claude::start_lead(&mut rig, &cli, via);
+    Some((rig, lead))
+}
+
+/// The turns a `[fleet]` nudge started (its first request, before any tool call).
+fn nudges(model: &[Logged]) -> Vec<Logged> {
+    model
+        .iter()
+        .filter(|r| prompt(r).starts_with("[fleet]") && r["steps"] == 0)
+        .cloned()
+        .collect()
+}
+
+fn prompt(r: &Logged) -> &str {
+    r["prompt"].as_str().unwrap_or_default()
+}
+
+fn answer(r: &Logged) -> &str {
+    r["answer"].as_str().unwrap_or_default()
+}
+
+/// The turn's last request: what the model finally answered after its tool calls.
+fn finished(model: &[Logged], pred: impl Fn(&Logged) -> bool) -> bool {
+    model
+        .iter()
+        .any(|r| pred(r) && answer(r).starts_with("Text(\"DONE"))
+}
+
+fn offers(r: &Logged, tool: &str) -> bool {
+    r["tools"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|n| n.as_str() == Some(tool)))
+}
+
+#[test]
+fn e2e_claude_lead_delegates_reads_the_reply_on_its_first_nudge_and_stops_the_member() {
+    let Some((rig, lead)) = claude_fleet(None, Transport::Http) else {
+        return;
+    };
+    rig.say(&lead, "@spawn claude alice @reply forty-two");
+    rig.wait(
+        "the lead to poll and ack alice's reply",
+        Duration::from_secs(90),
+        || {
+            finished(&rig.lead_model.turns(), |r| {
+                prompt(r).starts_with("[fleet]") && answer(r).contains("forty-two")
+            })
+        },
+    );
+    let lead_turns = rig.lead_model.turns();
+    let last = lead_turns.last().expect("turns");
+    assert!(
+        answer(last).contains(r#"\"acked\":true"#),
+        "the lead acknowledged what it read: {last}"
+    );
+    // Fix 2: the member's first turn already had fleetd's tools, so its model could reply.
+    let member_first = rig.member_model.turns().into_iter().next().expect("a turn");
+    assert_eq!(
+        prompt(&member_first),
+        "@reply forty-two",
+        "the task as typed"
+    );
+    assert!(
+        offers(&member_first, "mcp__fleet__fleet_reply"),
+        "the member's first turn had no fleet tools: {:?}",
+        member_first["tools"]
+    );
+    // Fix 1: one nudge, submitted by its first Enter: one turn, one copy of the text.
+    let nudges = nudges(&lead_turns);
+    assert_eq!(nudges.len(), 1, "nudge turns: {nudges:#?}");
+    assert_eq!(prompt(&nudges[0]).matches("[fleet]").count(), 1);
+    rig.assert_member_token_only_with_members(&lead);
+
+    rig.say(&lead, r#"@call fleet_stop {"target":"alice"}"#);
+    rig.wait("alice to be released", Duration::from_secs(60), || {
+        rig.member("alice").is_none()
+    });
+    rig.wait("alice's window to close", Duration::from_secs(30), || {
+        !rig.windows().contains(&"alice".to_owned())
+    });
+}
+
+#[test]
+fn e2e_claude_member_question_is_answered_by_the_lead() {
+    let Some((rig, lead)) = claude_fleet(None, Transport::Http) else {
+        return;
+    };
+    rig.say(&lead, "@spawn claude bob @ask which branch should I use?");
+    rig.wait(
+        "bob's answer-bearing reply to reach the lead",
+        Duration::from_secs(120),
+        || {
+            finished(&rig.lead_model.turns(), |r| {
+                answer(r).contains("the lead answered")
+            })
+        },
+    );
+    let turns = rig.lead_model.turns();
+    assert!(
+        turns.iter().any(|r| answer(r).contains("fleet_answer")),
+        "the lead answered with fleet_answer: {turns:#?}"
+    );
+    let member = rig.member_model.turns();
+    assert!(
+        member
+            .iter()
+            .any(|r| answer(r).contains("fleet_reply") && answer(r).contains(ANSWER)),
+        "the member replied with the lead's answer: {member:#?}"
+    );
+}
+
+#[test]
+fn e2e_claude_lead_is_never_typed_to_mid_turn() {
+    let Some((rig, lead)) = claude_fleet(None, Transport::Http) else {
+        return;
+    };
+    // Carol's model takes 6 s before it replies; meanwhile the lead is in a 15 s turn.
+    rig.say(&lead, "@spawn claude carol @sleep 6 @reply late news");
+    rig.wait("the spawn turn to end", Duration::from_secs(90), || {
+        finished(&rig.lead_model.turns(), |r| answer(r).contains("carol"))
+    });
+    rig.say(&lead, "@sleep 15 @text busy");
+    rig.wait(
+        "the lead to read carol's reply",
+        Duration::from_secs(120),
+        || {
+            finished(&rig.lead_model.turns(), |r| {
+                prompt(r).starts_with("[fleet]") && answer(r).contains("late news")
+            })
+        },
+    );
+    let turns = rig.lead_model.turns();
+    let busy = turns
+        .iter()
+        .find(|r| prompt(r) == "@sleep 15 @text busy")
+        .expect("the busy turn");
+    let busy_end = busy["t"].as_u64().expect("t") + 15_000;
+    let replied = rig
+        .member_model
+        .turns()
+        .into_iter()
+        .find(|r| r["steps"] == 1)
+        .and_then(|r| r["t"].as_u64())
+        .expect("carol's reply");
+    assert!(
+        replied < busy_end,
+        "carol replied while the lead was busy ({replied} < {busy_end})"
+    );
+    let nudges = nudges(&turns);
+    assert_eq!(nudges.len(), 1, "{nudges:#?}");
+    let nudged = nudges[0]["t"].as_u64().expect("t");
+    assert!(
+        nudged >= busy_end,
+        "the nudge started a turn {} ms before the busy turn ended",
+        busy_end - nudged
+    );
+    assert_eq!(prompt(&nudges[0]).matches("[fleet]").count(), 1);
+}
+
+#[test]
+fn e2e_claude_fleet_send_waits_past_a_minute() {
+    let Some((rig, lead)) = claude_fleet(None, Transport::Http) else {
+        return;
+    };
+    rig.say(&lead, "@spawn claude dave");
+    rig.wait("the spawn turn to end", Duration::from_secs(90), || {
+        finished(&rig.lead_model.turns(), |r| answer(r).contains("dave"))
+    });
+    // Claude Code gives up on a call that sends nothing for 60 s; fleet_send waits 120 s.
+    rig.say(&lead, "@send dave @sleep 70 @reply worth the wait");
+    rig.wait(
+        "fleet_send to return dave's reply",
+        Duration::from_secs(150),
+        || {
+            finished(&rig.lead_model.turns(), |r| {
+                prompt(r).starts_with("@send dave")
+            })
+        },
+    );
+    let turns = rig.lead_model.turns();
+    let done = turns
+        .iter()
+        .rev()
+        .find(|r| prompt(r).starts_with("@send dave"))
+        .expect("the send turn");
+    assert!(
+        answer(done).contains("worth the wait") && answer(done).contains("replied"),
+        "fleet_send returned the reply, not a timeout: {}",
+        answer(done)
+    );
+}
+
+#[test]
+fn e2e_claude_older_release_over_the_stdio_shim() {
+    let older = versions("claude-code")
+        .into_iter()
+        .nth(1)
+        .expect("an older pin");
+    let Some((rig, lead)) = claude_fleet(Some(&older), Transport::Stdio) else {
+        return;
+    };
+    rig.say(&lead, "@spawn claude erin @reply over stdio");
+    rig.wait(
+        "the lead to poll and ack erin's reply",
+        Duration::from_secs(90),
+        || {
+            finished(&rig.lead_model.turns(), |r| {
+                prompt(r).starts_with("[fleet]") && answer(r).contains("over stdio")
+            })
+        },
+    );
+    let member_first = rig.member_model.turns().into_iter().next().expect("a turn");
+    assert!(
+        offers(&member_first, "mcp__fleet__fleet_reply"),
+        "{member_first}"
+    );
+    assert_eq!(nudges(&rig.lead_model.turns()).len(), 1);
+    rig.assert_member_token_only_with_members(&lead);
+}
