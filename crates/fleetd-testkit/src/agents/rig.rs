@@ -246,6 +246,43 @@ impl AgentRig {
         }
     }
 
+    /// fleetd's log so far, one JSON object per line.
+    pub fn log(&mut self) -> Vec<Value> {
+        self.daemon
+            .logs_so_far()
+            .iter()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// How long after `target`'s agent first listed fleetd's tools fleetd began typing its task
+    /// (negative: typed before the list), from fleetd's log. Panics if either is missing.
+    pub fn typed_after_tools(&mut self, target: &str) -> Duration {
+        let pane = self
+            .member(target)
+            .and_then(|m| m["paneId"].as_str().map(str::to_owned))
+            .expect("the member's pane");
+        let log = self.log();
+        let at = |pred: &dyn Fn(&Value) -> bool| -> jiff::Timestamp {
+            log.iter()
+                .find(|l| pred(l))
+                .and_then(|l| l["timestamp"].as_str()?.parse().ok())
+                .unwrap_or_else(|| panic!("no such line in fleetd's log for {target}"))
+        };
+        let listed = at(&|l| {
+            l["message"] == "MCP tools listed"
+                && l["pane"].as_str().is_some_and(|p| p.contains(&pane))
+        });
+        let typed = at(&|l| l["message"] == "typing a task" && l["member"] == target);
+        let gap = typed.duration_since(listed);
+        assert!(
+            !gap.is_negative(),
+            "{target}'s task was typed {:#} before its agent listed fleetd's tools",
+            gap.abs()
+        );
+        Duration::try_from(gap).expect("a positive gap")
+    }
+
     /// The names of every tmux window of the user's.
     pub fn windows(&self) -> Vec<String> {
         let out = self

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use fleetd::mcp::TOOLS_SETTLE;
 use fleetd_testkit::agents::claude::{self, Transport};
 use fleetd_testkit::agents::rig::{ANSWER, AgentRig};
 use fleetd_testkit::agents::{Cli, versions};
@@ -54,7 +55,7 @@ fn offers(r: &Logged, tool: &str) -> bool {
 
 #[test]
 fn e2e_claude_lead_delegates_reads_the_reply_on_its_first_nudge_and_stops_the_member() {
-    let Some((rig, lead)) = claude_fleet(None, Transport::Http) else {
+    let Some((mut rig, lead)) = claude_fleet(None, Transport::Http) else {
         return;
     };
     rig.say(&lead, "@spawn claude alice @reply forty-two");
@@ -73,7 +74,13 @@ fn e2e_claude_lead_delegates_reads_the_reply_on_its_first_nudge_and_stops_the_me
         answer(last).contains(r#"\"acked\":true"#),
         "the lead acknowledged what it read: {last}"
     );
-    // Fix 2: the member's first turn already had fleetd's tools, so its model could reply.
+    // Fix 2: the task was typed only once the member's agent had the tools, and its first turn
+    // offered them, so its model could reply.
+    let gap = rig.typed_after_tools("alice");
+    assert!(
+        gap >= TOOLS_SETTLE,
+        "typed {gap:?} after the tools were listed"
+    );
     let member_first = rig.member_model.turns().into_iter().next().expect("a turn");
     assert_eq!(
         prompt(&member_first),
@@ -216,7 +223,7 @@ fn e2e_claude_older_release_over_the_stdio_shim() {
         .into_iter()
         .nth(1)
         .expect("an older pin");
-    let Some((rig, lead)) = claude_fleet(Some(&older), Transport::Stdio) else {
+    let Some((mut rig, lead)) = claude_fleet(Some(&older), Transport::Stdio) else {
         return;
     };
     rig.say(&lead, "@spawn claude erin @reply over stdio");
@@ -228,6 +235,11 @@ fn e2e_claude_older_release_over_the_stdio_shim() {
                 prompt(r).starts_with("[fleet]") && answer(r).contains("over stdio")
             })
         },
+    );
+    let gap = rig.typed_after_tools("erin");
+    assert!(
+        gap >= TOOLS_SETTLE,
+        "typed {gap:?} after the tools were listed"
     );
     let member_first = rig.member_model.turns().into_iter().next().expect("a turn");
     assert!(

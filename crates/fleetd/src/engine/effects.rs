@@ -132,6 +132,7 @@ impl Effects {
                 pane,
                 text,
             } => {
+                tracing::debug!(member = %target, %ticket, %pane, "typing a task");
                 let submitted = self.mux.submit(&pane, &text).await;
                 // herdr saw the member reach working: the turn started (review M6).
                 let started = submitted.as_ref().is_ok_and(|s| s.started == Some(true));

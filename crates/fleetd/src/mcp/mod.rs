@@ -198,7 +198,8 @@ impl FleetMcp {
         delay: Duration,
     ) {
         let caller = self.caller(ctx).await;
-        tracing::debug!(caller = %caller, pane = ?caller.pane.as_ref().map(|p| p.pane.to_string()), "MCP {what}");
+        let pane = caller.pane.as_ref().or(caller.unregistered.as_ref());
+        tracing::debug!(caller = %caller, pane = ?pane.map(|p| p.pane.to_string()), "MCP {what}");
         let fleet = Arc::clone(&self.fleet);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
