@@ -197,12 +197,15 @@ impl Effects {
                 text,
             } => {
                 let started = tokio::time::Instant::now();
-                let outcome = nudge(&self.mux, &pane, &terminal, &text).await;
+                let (outcome, verify) = nudge(&self.mux, &pane, &terminal, &text).await;
                 if outcome == InjectOutcome::Delivered {
                     metrics::histogram!("fleetd_nudge_seconds")
                         .record(started.elapsed().as_secs_f64());
                 }
                 self.report(Event::Injected { lead, outcome }).await;
+                if verify {
+                    super::verify::submitted(&self.mux, &pane, &text).await;
+                }
             }
             Io::Event(event) => self.events.publish(&event, self.clock.now()),
             Io::Watch { pane } => self.watch(pane).await,
@@ -450,23 +453,44 @@ fn scan_panes(mux: &MuxRouter, panes: Vec<crate::mux::RoutedPane>) -> Vec<ScanPa
         .collect()
 }
 
-/// Types a nudge into a lead's pane if it still holds the same incarnation.
+/// Types a nudge into a lead's pane if it still holds the same incarnation. The flag says
+/// whether its submission is to be verified (`verify`): for the TUIs that take text arriving
+/// with its Enter as a paste (Claude Code, Codex; the pane's command `claude`, `codex` or
+/// `node`), once the outcome is reported.
 async fn nudge(
     mux: &MuxRouter,
     pane: &QualifiedPaneId,
     terminal: &fleetd_core::TerminalId,
     text: &str,
-) -> InjectOutcome {
-    match mux.pane(pane).await {
-        Ok(current) if current.info.terminal != *terminal => return InjectOutcome::NotFound,
-        Ok(_) => {}
-        Err(e) if e.is_not_found() => return InjectOutcome::NotFound,
+) -> (InjectOutcome, bool) {
+    let tui = match mux.pane(pane).await {
+        Ok(current) if current.info.terminal != *terminal => {
+            return (InjectOutcome::NotFound, false);
+        }
+        // Codex from npm runs as `node` on tmux.
+        Ok(current) => matches!(
+            current.info.agent.as_deref(),
+            Some("claude" | "codex" | "node")
+        ),
+        Err(e) if e.is_not_found() => return (InjectOutcome::NotFound, false),
         Err(e) => {
             tracing::warn!(%pane, error = %e, "cannot read the lead's pane; will retry the nudge");
-            return InjectOutcome::Transient;
+            return (InjectOutcome::Transient, false);
         }
+    };
+    // An earlier copy still in the input box is submitted, never joined by a second one.
+    if tui && super::verify::waiting_in_input(mux, pane, text).await {
+        tracing::info!(%pane, "the last nudge still waits in the input box; pressing Enter");
+        return match mux.press_enter(pane).await {
+            Ok(()) => (InjectOutcome::Delivered, true),
+            Err(e) if e.is_not_found() => (InjectOutcome::NotFound, false),
+            Err(e) => {
+                tracing::warn!(%pane, error = %e, "cannot press Enter for the nudge; will retry");
+                (InjectOutcome::Transient, false)
+            }
+        };
     }
-    match mux.nudge(pane, text).await {
+    let outcome = match mux.nudge(pane, text).await {
         Ok(_) => InjectOutcome::Delivered,
         Err(e) if e.is_not_found() => InjectOutcome::NotFound,
         Err(e) if e.is_uncertain() => {
@@ -482,7 +506,8 @@ async fn nudge(
             tracing::warn!(%pane, error = %e, "nudge failed; will retry");
             InjectOutcome::Transient
         }
-    }
+    };
+    (outcome, tui && outcome == InjectOutcome::Delivered)
 }
 
 #[cfg(test)]

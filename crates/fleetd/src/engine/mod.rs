@@ -17,6 +17,7 @@ mod tests;
 mod tests_durable;
 #[cfg(test)]
 mod tests_gateway;
+mod verify;
 
 use std::sync::Arc;
 

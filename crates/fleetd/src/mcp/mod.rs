@@ -333,3 +333,44 @@ impl ServerHandler for FleetMcp {
         Ok(result.into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn capped(tool: &str, args: Value) -> Value {
+        let Value::Object(mut map) = args else {
+            panic!("an object")
+        };
+        cap_silent_wait(tool, &mut map);
+        Value::Object(map)
+    }
+
+    #[test]
+    fn a_silent_wait_is_capped_under_a_minute_and_nothing_else_changes() {
+        assert_eq!(
+            capped("fleet_send", json!({"target": "a", "task": "t"})),
+            json!({"target": "a", "task": "t", "timeoutSecs": SILENT_WAIT_CAP_SECS})
+        );
+        assert_eq!(
+            capped("fleet_send", json!({"timeoutSecs": 10})),
+            json!({"timeoutSecs": 10}),
+            "a shorter wait stays"
+        );
+        assert_eq!(
+            capped("fleet_ask", json!({"waitSecs": 600})),
+            json!({"waitSecs": SILENT_WAIT_CAP_SECS})
+        );
+        assert_eq!(
+            capped("fleet_send", json!({"timeoutSecs": "soon"})),
+            json!({"timeoutSecs": "soon"}),
+            "a malformed wait is the tool's to refuse"
+        );
+        assert_eq!(
+            capped("fleet_poll", json!({"target": "a"})),
+            json!({"target": "a"})
+        );
+    }
+}

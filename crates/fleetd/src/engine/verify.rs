@@ -1,0 +1,127 @@
+//! A typed nudge is submitted, and verified (SPEC §5): after a nudge is typed, fleetd watches
+//! for the lead's turn to start and presses Enter once more if it did not while the text still
+//! sits at the bottom of the screen; and a nudge is not typed a second time while an earlier
+//! copy sits in Claude Code's input box — that copy is submitted instead.
+//!
+//! Found with the real Claude Code 2.1.332: a nudge typed the moment a long turn ended (0.2 ms
+//! after the pane read idle) sat in the input box with its Enter lost, and each reminder added a
+//! copy below it.
+
+use std::time::Duration;
+
+use fleetd_core::{AgentStatus, QualifiedPaneId};
+
+use crate::mux::MuxRouter;
+
+/// How long a nudge's turn has to show before Enter is pressed once more.
+const TURN_WAIT: Duration = Duration::from_millis(1500);
+/// How often the pane is read meanwhile.
+const POLL: Duration = Duration::from_millis(100);
+/// The bottom lines of the screen where an input box sits.
+const INPUT_LINES: u32 = 12;
+/// How much of a text identifies it on screen (whitespace ignored).
+const TEXT_CHARS: usize = 40;
+
+/// Whether `text`'s start is on one of `screen`'s lines (whitespace ignored), and, with
+/// `input_box_only`, on a line of Claude Code's input box (`❯` and a no-break space; a
+/// submitted prompt in its transcript has an ordinary space).
+fn sits(screen: &str, text: &str, input_box_only: bool) -> bool {
+    let squeeze = |s: &str| -> String { s.chars().filter(|c| !c.is_whitespace()).collect() };
+    let needle: String = squeeze(text).chars().take(TEXT_CHARS).collect();
+    if needle.is_empty() {
+        return false;
+    }
+    if input_box_only {
+        // The box runs from its `❯` line to the rule under it (a long text wraps).
+        let lines: Vec<&str> = screen.lines().collect();
+        lines.iter().enumerate().any(|(i, line)| {
+            let Some(first) = line.trim_start().strip_prefix("❯\u{a0}") else {
+                return false;
+            };
+            let rest = lines[i + 1..]
+                .iter()
+                .take_while(|l| !l.trim_start().starts_with('─'))
+                .copied();
+            let boxed: String = std::iter::once(first).chain(rest).collect();
+            squeeze(&boxed).starts_with(&needle)
+        })
+    } else {
+        squeeze(screen).contains(&needle)
+    }
+}
+
+/// Whether an earlier copy of `text` waits unsubmitted in the lead's input box.
+pub(super) async fn waiting_in_input(mux: &MuxRouter, pane: &QualifiedPaneId, text: &str) -> bool {
+    mux.read_tail(pane, INPUT_LINES)
+        .await
+        .is_ok_and(|screen| sits(&screen, text, true))
+}
+
+/// After `text` was typed and Enter pressed: waits for the turn to start; if it does not and
+/// the text still shows at the bottom of the screen, presses Enter once more. Returns whether
+/// the turn was seen to start.
+pub(super) async fn submitted(mux: &MuxRouter, pane: &QualifiedPaneId, text: &str) -> bool {
+    if started(mux, pane).await {
+        return true;
+    }
+    let shown = mux
+        .read_tail(pane, INPUT_LINES)
+        .await
+        .is_ok_and(|screen| sits(&screen, text, false));
+    if !shown {
+        // Taken in and already done, or never shown: nothing to press.
+        return false;
+    }
+    tracing::info!(%pane, "the nudge did not start a turn; pressing Enter once more");
+    if let Err(e) = mux.press_enter(pane).await {
+        tracing::warn!(%pane, error = %e, "cannot press Enter for the nudge");
+        return false;
+    }
+    started(mux, pane).await
+}
+
+/// Whether the pane reads `working` within [`TURN_WAIT`].
+async fn started(mux: &MuxRouter, pane: &QualifiedPaneId) -> bool {
+    let until = tokio::time::Instant::now() + TURN_WAIT;
+    loop {
+        if let Ok(p) = mux.pane(pane).await
+            && p.info.status == AgentStatus::Working
+        {
+            return true;
+        }
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sits;
+
+    const NUDGE: &str = "[fleet] 1 message from carol waiting — call fleet_poll(target=\"carol\")";
+
+    #[test]
+    fn a_copy_in_claudes_input_box_is_told_from_one_in_its_transcript() {
+        let waiting = format!("● busy\n────\n❯\u{a0}{NUDGE}\n────\n  ⏵⏵ auto mode on");
+        assert!(sits(&waiting, NUDGE, true));
+        let submitted = format!("❯ {NUDGE}\n● Called fleet\n────\n❯\u{a0}\n────");
+        assert!(
+            !sits(&submitted, NUDGE, true),
+            "the transcript's copy was sent"
+        );
+        assert!(
+            sits(&submitted, NUDGE, false),
+            "it is on screen all the same"
+        );
+        let wrapped =
+            "❯\u{a0}[fleet] 1 message from carol\n  waiting — call fleet_poll(target=\"carol\")";
+        assert!(sits(wrapped, NUDGE, true), "a wrapped line still reads");
+        assert!(!sits("❯\u{a0}", NUDGE, true));
+        assert!(
+            !sits("anything", "  ", false),
+            "an empty text is never found"
+        );
+    }
+}
