@@ -217,6 +217,22 @@ pub enum InstallCommand {
     /// `.claude/settings.local.json`, which also enables the project's server, or
     /// `~/.claude/settings.json`). Running it again changes nothing.
     Claude(InstallClaudeArgs),
+    /// Add fleetd to Codex: the `fleet` MCP server in `$CODEX_HOME/config.toml` (`~/.codex`),
+    /// with its tools approved and a tool timeout past fleet_send's longest wait, this
+    /// directory trusted, and the fleet charter in `$CODEX_HOME/AGENTS.md`. Every other key and
+    /// comment is kept; running it again changes nothing.
+    Codex(InstallCodexArgs),
+}
+
+/// Flags of `fleetd install codex`.
+#[derive(Debug, Args)]
+pub struct InstallCodexArgs {
+    /// Print what would be written instead of writing it.
+    #[arg(long)]
+    pub print: bool,
+    /// Use the stdio shim (`fleetd mcp`) instead of the HTTP endpoint.
+    #[arg(long)]
+    pub stdio: bool,
 }
 
 /// Where `fleetd install claude` writes.

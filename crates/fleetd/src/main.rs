@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Parser;
 use fleetd::cli::{
     Cli, ClientArgs, Command, ConfigCommand, DemoArgs, GatewayCommand, InstallClaudeArgs,
-    InstallCommand, InstallScope, SendArgs, ServeArgs,
+    InstallCodexArgs, InstallCommand, InstallScope, SendArgs, ServeArgs,
 };
 use fleetd::client::Request;
 use fleetd::config::{Config, Environment, Overrides};
@@ -68,6 +68,9 @@ fn main() -> ExitCode {
         Command::Watch(client) => watch(config, &env, &client).map(|()| true),
         Command::Install(InstallCommand::Claude(args)) => {
             install_claude(config, &env, &args).map(|()| true)
+        }
+        Command::Install(InstallCommand::Codex(args)) => {
+            install_codex(config, &env, &args).map(|()| true)
         }
         Command::Gateway(GatewayCommand::Provision(args)) => provision(&args).map(|()| true),
         Command::Demo(DemoArgs { no_pause }) => Err(fleetd::demo::exec(no_pause).into()),
@@ -173,12 +176,14 @@ fn read_text(words: &[String], what: &str) -> anyhow::Result<String> {
     }
 }
 
-fn install_claude(
+/// How an agent installed by `fleetd install` reaches this daemon: the stdio shim, or the HTTP
+/// endpoint of the configured `listen`.
+fn mcp_server(
     config_path: Option<&std::path::Path>,
     env: &Environment,
-    args: &InstallClaudeArgs,
-) -> anyhow::Result<()> {
-    let server = if args.stdio {
+    stdio: bool,
+) -> anyhow::Result<McpServer> {
+    if stdio {
         // The shim must find the same daemon: pass the config along when one was named.
         let mut shim_args = Vec::new();
         if let Some(path) = config_path {
@@ -186,19 +191,70 @@ fn install_claude(
             shim_args.extend(["--config".to_owned(), path.display().to_string()]);
         }
         shim_args.push("mcp".to_owned());
-        McpServer::Stdio {
+        return Ok(McpServer::Stdio {
             command: "fleetd".to_owned(),
             args: shim_args,
-        }
-    } else {
-        let config = Config::load(config_path, env)?;
-        McpServer::Http {
-            url: format!(
-                "{}/mcp",
-                fleetd::client::DaemonUrl::from_listen(config.listen)
-            ),
-        }
+        });
+    }
+    let config = Config::load(config_path, env)?;
+    Ok(McpServer::Http {
+        url: format!(
+            "{}/mcp",
+            fleetd::client::DaemonUrl::from_listen(config.listen)
+        ),
+    })
+}
+
+fn install_codex(
+    config_path: Option<&std::path::Path>,
+    env: &Environment,
+    args: &InstallCodexArgs,
+) -> anyhow::Result<()> {
+    use fleetd::install::codex::{CodexPaths, install_codex, merge_config};
+    let server = mcp_server(config_path, env, args.stdio)?;
+    let codex_home = match std::env::var_os("CODEX_HOME").filter(|v| !v.is_empty()) {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => env
+            .home
+            .as_deref()
+            .context("failed to find Codex's home: neither CODEX_HOME nor HOME is set")?
+            .join(".codex"),
     };
+    let dir = std::env::current_dir().context("failed to read the current directory")?;
+    let paths = CodexPaths::new(&codex_home, &dir);
+    if args.print {
+        let config = merge_config(&paths.config, None, &server, &paths.trust)?.unwrap_or_default();
+        println!("# merge into {}:\n{config}", paths.config.display());
+        print!(
+            "# add to {}:\n{}",
+            paths.memory.display(),
+            fleetd::install::CHARTER
+        );
+        return Ok(());
+    }
+    report(install_codex(&paths, &server)?);
+    println!(
+        "restart Codex to connect it to fleetd as `{}`",
+        fleetd::install::SERVER_NAME
+    );
+    Ok(())
+}
+
+fn report(outcomes: Vec<Outcome>) {
+    for outcome in outcomes {
+        match outcome {
+            Outcome::Written(path) => println!("wrote {}", path.display()),
+            Outcome::Unchanged(path) => println!("{} is up to date", path.display()),
+        }
+    }
+}
+
+fn install_claude(
+    config_path: Option<&std::path::Path>,
+    env: &Environment,
+    args: &InstallClaudeArgs,
+) -> anyhow::Result<()> {
+    let server = mcp_server(config_path, env, args.stdio)?;
     let paths =
         match args.scope {
             InstallScope::Project => ClaudePaths::project(
@@ -226,12 +282,7 @@ fn install_claude(
         print!("# merge into {}:\n{settings}", paths.settings.display());
         return Ok(());
     }
-    for outcome in fleetd::install::install_claude(&paths, &server)? {
-        match outcome {
-            Outcome::Written(path) => println!("wrote {}", path.display()),
-            Outcome::Unchanged(path) => println!("{} is up to date", path.display()),
-        }
-    }
+    report(fleetd::install::install_claude(&paths, &server)?);
     println!(
         "restart Claude Code (or run /mcp) to connect it to fleetd as `{}`",
         fleetd::install::SERVER_NAME

@@ -1,6 +1,7 @@
-//! Integration tests: `fleetd install claude` run as the built binary — the charter block it
-//! writes into CLAUDE.md is byte-identical to `docs/charter.md`, other content and other MCP
-//! servers are kept, a second run changes nothing, and `--print` writes nothing.
+//! Integration tests: `fleetd install claude` and `fleetd install codex` run as the built binary
+//! — the charter block it writes is byte-identical to `docs/charter.md`, other content and other
+//! MCP servers are kept, fleetd's tools are allowed, a second run changes nothing, and `--print`
+//! writes nothing.
 
 use std::path::Path;
 use std::process::Output;
@@ -85,7 +86,16 @@ fn install_claude_writes_the_charter_byte_identical_to_the_doc() {
     );
     assert_eq!(before, after);
     let said = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(said.matches("is up to date").count(), 2, "{said}");
+    assert_eq!(said.matches("is up to date").count(), 3, "{said}");
+    let settings: Value = serde_json::from_str(
+        &std::fs::read_to_string(project.path().join(".claude/settings.local.json"))
+            .expect("the project's local settings"),
+    )
+    .expect("JSON");
+    assert_eq!(
+        settings,
+        json!({ "permissions": { "allow": ["mcp__fleet"] }, "enabledMcpjsonServers": ["fleet"] })
+    );
 
     // A stale block (an older charter) is replaced in place; text after it stays.
     std::fs::write(
@@ -138,4 +148,64 @@ fn install_claude_user_scope_merges_into_claude_json() {
         std::fs::read_dir(cwd.path()).expect("cwd").next().is_none(),
         "user scope leaves the project alone"
     );
+}
+
+#[test]
+fn install_codex_adds_the_server_trust_and_charter_and_keeps_the_users_config() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let project = tempfile::tempdir().expect("tempdir");
+    let codex = home.path().join(".codex");
+    std::fs::create_dir_all(&codex).expect("mkdir");
+    let config = codex.join("config.toml");
+    let mine = "# mine\nmodel = \"gpt-5\"\n\n[mcp_servers.docs]\nurl = \"http://docs/mcp\"\n";
+    std::fs::write(&config, mine).expect("write");
+    let run = |args: &[&str]| {
+        let out = command(home.path())
+            .current_dir(project.path())
+            .args(["install", "codex"])
+            .args(args)
+            .output()
+            .expect("fleetd runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let printed = run(&["--print"]);
+    assert!(printed.contains("[mcp_servers.fleet]"), "{printed}");
+    assert_eq!(
+        std::fs::read_to_string(&config).expect("read"),
+        mine,
+        "--print writes nothing"
+    );
+
+    run(&[]);
+    let written = std::fs::read_to_string(&config).expect("read");
+    assert!(
+        written.starts_with(mine),
+        "the user's lines stay first, as they were: {written}"
+    );
+    let dir = project
+        .path()
+        .canonicalize()
+        .expect("canonical")
+        .display()
+        .to_string();
+    for line in [
+        "[mcp_servers.fleet]",
+        "url = \"http://127.0.0.1:7797/mcp\"",
+        "tool_timeout_sec = 3700",
+        "default_tools_approval_mode = \"approve\"",
+        &format!("[projects.\"{dir}\"]"),
+        "trust_level = \"trusted\"",
+    ] {
+        assert!(written.contains(line), "no {line:?} in {written}");
+    }
+    let agents = std::fs::read_to_string(codex.join("AGENTS.md")).expect("AGENTS.md");
+    assert_eq!(block(&agents), charter_doc());
+    let again = run(&[]);
+    assert_eq!(again.matches("is up to date").count(), 2, "{again}");
+    assert_eq!(std::fs::read_to_string(&config).expect("read"), written);
 }

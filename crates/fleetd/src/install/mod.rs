@@ -1,15 +1,18 @@
 //! `fleetd install claude`: Claude Code's MCP server entry for fleetd (merged into `.mcp.json` or
-//! `~/.claude.json`, every other key kept) and the fleet charter block in CLAUDE.md (between its
-//! markers, replaced when present, appended when not). Owns those two file formats and the
-//! charter text (`docs/charter.md`, embedded). Idempotent: a file whose content would not
-//! change is not written at all. Never touches the daemon.
+//! `~/.claude.json`, every other key kept), the fleet charter block in CLAUDE.md (between its
+//! markers, replaced when present, appended when not) and the permission for fleetd's tools.
+//! Owns those file formats and the charter text (`docs/charter.md`, embedded); `codex` does the
+//! same for Codex. Idempotent: a file whose content would not change is not written at all.
+//! Never touches the daemon.
+
+pub mod codex;
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
 /// The charter block, byte for byte as `docs/charter.md`, markers included.
-pub const CHARTER: &str = include_str!("../../../docs/charter.md");
+pub const CHARTER: &str = include_str!("../../../../docs/charter.md");
 /// The line that opens the charter block in CLAUDE.md.
 pub const CHARTER_START: &str = "<!-- fleetd:charter:start -->";
 /// The line that closes it.
@@ -96,6 +99,14 @@ pub enum InstallError {
         "update {path}: it is not a JSON object ({reason}); fix or move it, then run this again"
     )]
     NotAnObject {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A Codex `config.toml` fleetd cannot change as it must; it is left alone.
+    #[error("update {path}: {reason}; fix or move it, then run this again")]
+    NotCodexConfig {
         /// The file.
         path: PathBuf,
         /// What is wrong.
@@ -275,7 +286,7 @@ pub fn install_claude(
     Ok(outcomes)
 }
 
-fn read_optional(path: &Path) -> Result<Option<String>, InstallError> {
+pub(crate) fn read_optional(path: &Path) -> Result<Option<String>, InstallError> {
     match std::fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -288,7 +299,7 @@ fn read_optional(path: &Path) -> Result<Option<String>, InstallError> {
 
 /// Writes `text` to a temporary file beside `path` and renames it over `path`, keeping the old
 /// file's permissions (`~/.claude.json` is private), so a crash never leaves half a file.
-fn write_atomically(path: &Path, text: &str) -> Result<(), InstallError> {
+pub(crate) fn write_atomically(path: &Path, text: &str) -> Result<(), InstallError> {
     let err = |source| InstallError::Write {
         path: path.to_owned(),
         source,
