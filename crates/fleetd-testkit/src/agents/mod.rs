@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 pub mod claude;
+pub mod codex;
 pub mod rig;
 
 /// The pins file: `<name> <npm package> <version>` per line.

@@ -28,6 +28,7 @@ mod paging;
 mod push;
 mod push_herdr;
 mod real_claude;
+mod real_codex;
 mod recovery;
 mod reload;
 mod scenarios;
