@@ -454,9 +454,12 @@ fn scan_panes(mux: &MuxRouter, panes: Vec<crate::mux::RoutedPane>) -> Vec<ScanPa
 }
 
 /// Types a nudge into a lead's pane if it still holds the same incarnation. The flag says
-/// whether its submission is to be verified (`verify`): for the TUIs that take text arriving
-/// with its Enter as a paste (Claude Code, Codex; the pane's command `claude`, `codex` or
-/// `node`), once the outcome is reported.
+/// whether its submission is to be verified (`verify`), once the outcome is reported: for the
+/// TUIs that take text arriving with its Enter as a paste (Claude Code, Codex; the pane's
+/// command `claude`, `codex` or `node`) when fleetd pasted and pressed Enter itself (tmux).
+/// herdr's `agent.prompt` waits for the turn on its own and answers `agent_prompt_stalled`
+/// when none starts; no bare Enter follows that (issue 16 item 7). Never for a pane showing a
+/// dialog, where an Enter would answer it.
 async fn nudge(
     mux: &MuxRouter,
     pane: &QualifiedPaneId,
@@ -468,10 +471,12 @@ async fn nudge(
             return (InjectOutcome::NotFound, false);
         }
         // Codex from npm runs as `node` on tmux.
-        Ok(current) => matches!(
-            current.info.agent.as_deref(),
-            Some("claude" | "codex" | "node")
-        ),
+        Ok(current) => {
+            matches!(
+                current.info.agent.as_deref(),
+                Some("claude" | "codex" | "node")
+            ) && current.info.status != fleetd_core::AgentStatus::Blocked
+        }
         Err(e) if e.is_not_found() => return (InjectOutcome::NotFound, false),
         Err(e) => {
             tracing::warn!(%pane, error = %e, "cannot read the lead's pane; will retry the nudge");
@@ -490,8 +495,12 @@ async fn nudge(
             }
         };
     }
+    let mut pasted = false;
     let outcome = match mux.nudge(pane, text).await {
-        Ok(_) => InjectOutcome::Delivered,
+        Ok(submitted) => {
+            pasted = submitted.path == crate::mux::SubmitPath::TmuxPaste;
+            InjectOutcome::Delivered
+        }
         Err(e) if e.is_not_found() => InjectOutcome::NotFound,
         Err(e) if e.is_uncertain() => {
             tracing::warn!(%pane, error = %e, "a nudge may have been typed; counted as sent");
@@ -507,7 +516,10 @@ async fn nudge(
             InjectOutcome::Transient
         }
     };
-    (outcome, tui && outcome == InjectOutcome::Delivered)
+    (
+        outcome,
+        tui && pasted && outcome == InjectOutcome::Delivered,
+    )
 }
 
 #[cfg(test)]

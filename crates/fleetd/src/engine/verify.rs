@@ -1,7 +1,9 @@
 //! A typed nudge is submitted, and verified (SPEC §5): after a nudge is typed, fleetd watches
 //! for the lead's turn to start and presses Enter once more if it did not while the text still
 //! sits at the bottom of the screen; and a nudge is not typed a second time while an earlier
-//! copy sits in Claude Code's input box — that copy is submitted instead.
+//! copy sits in Claude Code's input box — that copy is submitted instead. Only where fleetd
+//! pasted and pressed Enter itself (tmux; herdr's `agent.prompt` waits for the turn on its own),
+//! and never into a dialog.
 //!
 //! Found with the real Claude Code 2.1.332: a nudge typed the moment a long turn ended (0.2 ms
 //! after the pane read idle) sat in the input box with its Enter lost, and each reminder added a
@@ -61,8 +63,11 @@ pub(super) async fn waiting_in_input(mux: &MuxRouter, pane: &QualifiedPaneId, te
 /// the text still shows at the bottom of the screen, presses Enter once more. Returns whether
 /// the turn was seen to start.
 pub(super) async fn submitted(mux: &MuxRouter, pane: &QualifiedPaneId, text: &str) -> bool {
-    if started(mux, pane).await {
-        return true;
+    match turn(mux, pane).await {
+        Some(AgentStatus::Working) => return true,
+        // A dialog came up: an Enter would answer it.
+        Some(AgentStatus::Blocked) => return false,
+        _ => {}
     }
     let shown = mux
         .read_tail(pane, INPUT_LINES)
@@ -77,20 +82,19 @@ pub(super) async fn submitted(mux: &MuxRouter, pane: &QualifiedPaneId, text: &st
         tracing::warn!(%pane, error = %e, "cannot press Enter for the nudge");
         return false;
     }
-    started(mux, pane).await
+    turn(mux, pane).await == Some(AgentStatus::Working)
 }
 
-/// Whether the pane reads `working` within [`TURN_WAIT`].
-async fn started(mux: &MuxRouter, pane: &QualifiedPaneId) -> bool {
+/// The pane's status once it reads `working` or `blocked`, or as last read when
+/// [`TURN_WAIT`] runs out (`None`: it could not be read).
+async fn turn(mux: &MuxRouter, pane: &QualifiedPaneId) -> Option<AgentStatus> {
     let until = tokio::time::Instant::now() + TURN_WAIT;
     loop {
-        if let Ok(p) = mux.pane(pane).await
-            && p.info.status == AgentStatus::Working
+        let status = mux.pane(pane).await.ok().map(|p| p.info.status);
+        if matches!(status, Some(AgentStatus::Working | AgentStatus::Blocked))
+            || tokio::time::Instant::now() >= until
         {
-            return true;
-        }
-        if tokio::time::Instant::now() >= until {
-            return false;
+            return status;
         }
         tokio::time::sleep(POLL).await;
     }
