@@ -149,7 +149,7 @@ impl Rig {
         let args_file = self.dir().join(format!("args-{n}.json"));
         let out_file = self.dir().join(format!("out-{n}.json"));
         std::fs::write(&args_file, args.to_string()).expect("write args");
-        self.type_line(
+        self.type_keys(
             pane,
             &format!(
                 "{} {tool} {} {}",
@@ -157,6 +157,7 @@ impl Rig {
                 args_file.display(),
                 out_file.display()
             ),
+            true,
         );
         out_file
     }
@@ -166,6 +167,14 @@ impl Rig {
     /// between the line and its Enter (which would corrupt the call, and the test would wait
     /// for it forever).
     pub fn type_line(&self, pane: &str, line: &str) {
+        self.type_keys(pane, line, false);
+    }
+
+    /// [`Rig::type_line`], with `enter_first` an Enter before the line in the same list. fleetd
+    /// pastes a nudge and presses its Enter only once the pane shows the paste, so a shell
+    /// lead's command typed in between would be glued to the nudge's text; the Enter first
+    /// submits that text on its own line (the shell refuses it) and the command runs whole.
+    fn type_keys(&self, pane: &str, line: &str, enter_first: bool) {
         let mut args = vec!["send-keys", "-t", pane, "Enter"];
         // tmux reads an argument ending in `;` as the end of a command, and `\;` as a `;`
         // (tmux 3.3a cmd-parse.c, cmd_parse_from_arguments): a backslash keeps it literal.
@@ -175,6 +184,9 @@ impl Rig {
         };
         if !line.is_empty() {
             args.splice(0..0, ["send-keys", "-t", pane, "-l", "--", &literal, ";"]);
+        }
+        if enter_first {
+            args.splice(0..0, ["send-keys", "-t", pane, "Enter", ";"]);
         }
         let out = self.tmux.run(&args).expect("tmux runs");
         assert!(

@@ -200,6 +200,11 @@ impl FleetMcp {
         let caller = self.caller(ctx).await;
         let pane = caller.pane.as_ref().or(caller.unregistered.as_ref());
         tracing::debug!(caller = %caller, pane = ?pane.map(|p| p.pane.to_string()), "MCP {what}");
+        // Readiness is a member's: a lead's presence is noted as it comes, without a task.
+        if matches!(caller.role, fleetd_core::access::Role::Lead) {
+            identity::note_presence(&self.fleet, &caller).await;
+            return;
+        }
         let fleet = Arc::clone(&self.fleet);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
