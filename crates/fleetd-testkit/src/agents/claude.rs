@@ -46,10 +46,6 @@ pub fn seed_home(home: &Path, version: &str, api_key: &str, trusted: &[&Path]) {
         .expect("write ~/.claude.json");
 }
 
-/// The empty input box of Claude Code: `❯` and a no-break space (a submitted prompt in the
-/// transcript has an ordinary space).
-pub const INPUT_BOX: &str = "❯\u{a0}";
-
 /// Whether `screen` shows Claude Code ready for input.
 pub fn ready(screen: &str) -> bool {
     screen.contains("❯\u{a0}") || screen.lines().any(|l| l.trim_end() == "❯")

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 pub mod claude;
 pub mod codex;
 pub mod rig;
+pub mod turns;
 
 /// The pins file: `<name> <npm package> <version>` per line.
 const PINS: &str = include_str!("../../agents/pins");
@@ -110,12 +111,6 @@ impl Cli {
         let version = versions(name).into_iter().next()?;
         Self::require(name, &version)
     }
-}
-
-/// Whether this process runs as root (Claude Code then needs `IS_SANDBOX=1` for its
-/// permission-skipping mode, which the tests do not use, and nothing else changes).
-pub fn is_root() -> bool {
-    rustix::process::getuid().is_root()
 }
 
 #[cfg(test)]

@@ -255,9 +255,9 @@ impl AgentRig {
             .collect()
     }
 
-    /// How long after `target`'s agent first listed fleetd's tools fleetd began typing its task
-    /// (negative: typed before the list), from fleetd's log. Panics if either is missing.
-    pub fn typed_after_tools(&mut self, target: &str) -> Duration {
+    /// Asserts, from fleetd's log, that `target`'s task was typed only once its agent had had
+    /// fleetd's tools for [`fleetd::mcp::TOOLS_SETTLE`] (fix 2 of the real-agents issue).
+    pub fn assert_task_typed_after_tools(&mut self, target: &str) {
         let pane = self
             .member(target)
             .and_then(|m| m["paneId"].as_str().map(str::to_owned))
@@ -280,7 +280,11 @@ impl AgentRig {
             "{target}'s task was typed {:#} before its agent listed fleetd's tools",
             gap.abs()
         );
-        Duration::try_from(gap).expect("a positive gap")
+        let gap = Duration::try_from(gap).expect("a positive gap");
+        assert!(
+            gap >= fleetd::mcp::TOOLS_SETTLE,
+            "typed {gap:?} after the tools were listed"
+        );
     }
 
     /// The names of every tmux window of the user's.

@@ -19,9 +19,15 @@ fn charter_doc() -> String {
 
 /// Runs `fleetd install claude args...` in `cwd` with HOME isolated in `home`.
 fn install(home: &Path, cwd: &Path, args: &[&str]) -> Output {
+    install_for("claude", home, cwd, args)
+}
+
+/// Runs `fleetd install AGENT args...` in `cwd` with HOME isolated in `home`; panics with its
+/// error output unless it succeeds.
+fn install_for(agent: &str, home: &Path, cwd: &Path, args: &[&str]) -> Output {
     let out = command(home)
         .current_dir(cwd)
-        .args(["install", "claude"])
+        .args(["install", agent])
         .args(args)
         .output()
         .expect("fleetd runs");
@@ -160,18 +166,8 @@ fn install_codex_adds_the_server_trust_and_charter_and_keeps_the_users_config() 
     let mine = "# mine\nmodel = \"gpt-5\"\n\n[mcp_servers.docs]\nurl = \"http://docs/mcp\"\n";
     std::fs::write(&config, mine).expect("write");
     let run = |args: &[&str]| {
-        let out = command(home.path())
-            .current_dir(project.path())
-            .args(["install", "codex"])
-            .args(args)
-            .output()
-            .expect("fleetd runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        String::from_utf8_lossy(&install_for("codex", home.path(), project.path(), args).stdout)
+            .into_owned()
     };
     let printed = run(&["--print"]);
     assert!(printed.contains("[mcp_servers.fleet]"), "{printed}");

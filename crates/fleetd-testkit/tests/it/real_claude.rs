@@ -4,11 +4,10 @@
 
 use std::time::Duration;
 
-use fleetd::mcp::TOOLS_SETTLE;
 use fleetd_testkit::agents::claude::{self, Transport};
 use fleetd_testkit::agents::rig::{ANSWER, AgentRig};
+use fleetd_testkit::agents::turns::{answer, finished, nudges, offers, prompt, read_on_nudge};
 use fleetd_testkit::agents::{Cli, versions};
-use fleetd_testkit::fake_model::Logged;
 use fleetd_testkit::{Service, require_tmux};
 
 /// A rig with a Claude Code lead of `version` (newest when `None`) and a `claude` profile.
@@ -23,36 +22,6 @@ fn claude_fleet(version: Option<&str>, via: Transport) -> Option<(AgentRig, Stri
     Some((rig, lead))
 }
 
-/// The turns a `[fleet]` nudge started (its first request, before any tool call).
-fn nudges(model: &[Logged]) -> Vec<Logged> {
-    model
-        .iter()
-        .filter(|r| prompt(r).starts_with("[fleet]") && r["steps"] == 0)
-        .cloned()
-        .collect()
-}
-
-fn prompt(r: &Logged) -> &str {
-    r["prompt"].as_str().unwrap_or_default()
-}
-
-fn answer(r: &Logged) -> &str {
-    r["answer"].as_str().unwrap_or_default()
-}
-
-/// The turn's last request: what the model finally answered after its tool calls.
-fn finished(model: &[Logged], pred: impl Fn(&Logged) -> bool) -> bool {
-    model
-        .iter()
-        .any(|r| pred(r) && answer(r).starts_with("Text(\"DONE"))
-}
-
-fn offers(r: &Logged, tool: &str) -> bool {
-    r["tools"]
-        .as_array()
-        .is_some_and(|t| t.iter().any(|n| n.as_str() == Some(tool)))
-}
-
 #[test]
 fn e2e_claude_lead_delegates_reads_the_reply_on_its_first_nudge_and_stops_the_member() {
     let Some((mut rig, lead)) = claude_fleet(None, Transport::Http) else {
@@ -62,11 +31,7 @@ fn e2e_claude_lead_delegates_reads_the_reply_on_its_first_nudge_and_stops_the_me
     rig.wait(
         "the lead to poll and ack alice's reply",
         Duration::from_secs(90),
-        || {
-            finished(&rig.lead_model.turns(), |r| {
-                prompt(r).starts_with("[fleet]") && answer(r).contains("forty-two")
-            })
-        },
+        || read_on_nudge(&rig.lead_model.turns(), "forty-two"),
     );
     let lead_turns = rig.lead_model.turns();
     let last = lead_turns.last().expect("turns");
@@ -76,11 +41,7 @@ fn e2e_claude_lead_delegates_reads_the_reply_on_its_first_nudge_and_stops_the_me
     );
     // Fix 2: the task was typed only once the member's agent had the tools, and its first turn
     // offered them, so its model could reply.
-    let gap = rig.typed_after_tools("alice");
-    assert!(
-        gap >= TOOLS_SETTLE,
-        "typed {gap:?} after the tools were listed"
-    );
+    rig.assert_task_typed_after_tools("alice");
     let member_first = rig.member_model.turns().into_iter().next().expect("a turn");
     assert_eq!(
         prompt(&member_first),
@@ -150,11 +111,7 @@ fn e2e_claude_lead_is_never_typed_to_mid_turn() {
     rig.wait(
         "the lead to read carol's reply",
         Duration::from_secs(120),
-        || {
-            finished(&rig.lead_model.turns(), |r| {
-                prompt(r).starts_with("[fleet]") && answer(r).contains("late news")
-            })
-        },
+        || read_on_nudge(&rig.lead_model.turns(), "late news"),
     );
     let turns = rig.lead_model.turns();
     let busy = turns
@@ -230,17 +187,9 @@ fn e2e_claude_older_release_over_the_stdio_shim() {
     rig.wait(
         "the lead to poll and ack erin's reply",
         Duration::from_secs(90),
-        || {
-            finished(&rig.lead_model.turns(), |r| {
-                prompt(r).starts_with("[fleet]") && answer(r).contains("over stdio")
-            })
-        },
+        || read_on_nudge(&rig.lead_model.turns(), "over stdio"),
     );
-    let gap = rig.typed_after_tools("erin");
-    assert!(
-        gap >= TOOLS_SETTLE,
-        "typed {gap:?} after the tools were listed"
-    );
+    rig.assert_task_typed_after_tools("erin");
     let member_first = rig.member_model.turns().into_iter().next().expect("a turn");
     assert!(
         offers(&member_first, "mcp__fleet__fleet_reply"),

@@ -3,25 +3,11 @@
 
 use std::time::Duration;
 
-use fleetd::mcp::TOOLS_SETTLE;
 use fleetd_testkit::agents::rig::{AgentRig, MEMBER_TOKEN};
+use fleetd_testkit::agents::turns::{answer, nudges, offers, prompt, read_on_nudge};
 use fleetd_testkit::agents::{Cli, claude, codex};
 use fleetd_testkit::fake_model::Logged;
 use fleetd_testkit::{Service, require_tmux};
-
-fn prompt(r: &Logged) -> &str {
-    r["prompt"].as_str().unwrap_or_default()
-}
-
-fn answer(r: &Logged) -> &str {
-    r["answer"].as_str().unwrap_or_default()
-}
-
-fn finished(model: &[Logged], pred: impl Fn(&Logged) -> bool) -> bool {
-    model
-        .iter()
-        .any(|r| pred(r) && answer(r).starts_with("Text(\"DONE"))
-}
 
 /// Every file under `dir` that holds `secret`.
 fn files_holding(dir: &std::path::Path, secret: &str) -> Vec<String> {
@@ -56,11 +42,7 @@ fn e2e_codex_lead_delegates_to_a_codex_member_and_reads_the_reply_on_its_first_n
     rig.wait(
         "the lead to poll and ack alice's reply",
         Duration::from_secs(120),
-        || {
-            finished(&rig.lead_model.turns(), |r| {
-                prompt(r).starts_with("[fleet]") && answer(r).contains("forty-two")
-            })
-        },
+        || read_on_nudge(&rig.lead_model.turns(), "forty-two"),
     );
     let lead_turns = rig.lead_model.turns();
     assert!(
@@ -69,30 +51,17 @@ fn e2e_codex_lead_delegates_to_a_codex_member_and_reads_the_reply_on_its_first_n
     );
     // The task was typed once the member's Codex had fleetd's tools, and started on its first
     // Enter; the lead's nudge likewise (one turn, one copy).
-    let gap = rig.typed_after_tools("alice");
-    assert!(
-        gap >= TOOLS_SETTLE,
-        "typed {gap:?} after the tools were listed"
-    );
+    rig.assert_task_typed_after_tools("alice");
     let member = rig.member_model.turns();
     let starts: Vec<&Logged> = member
         .iter()
         .filter(|r| prompt(r) == "@reply forty-two" && r["steps"] == 0)
         .collect();
     assert_eq!(starts.len(), 1, "the task started one turn: {member:#?}");
-    assert!(
-        starts[0]["tools"]
-            .as_array()
-            .is_some_and(|t| t.iter().any(|n| n.as_str() == Some("fleet_reply"))),
-        "{}",
-        starts[0]
-    );
-    let nudges: Vec<&Logged> = lead_turns
-        .iter()
-        .filter(|r| prompt(r).starts_with("[fleet]") && r["steps"] == 0)
-        .collect();
+    assert!(offers(starts[0], "fleet_reply"), "{}", starts[0]);
+    let nudges = nudges(&lead_turns);
     assert_eq!(nudges.len(), 1, "{nudges:#?}");
-    assert_eq!(prompt(nudges[0]).matches("[fleet]").count(), 1);
+    assert_eq!(prompt(&nudges[0]).matches("[fleet]").count(), 1);
     // The member used the members' backend through fleetd's provider entry, and its key is in
     // no file under Codex's home (no shell snapshot), nor anywhere on the lead's side.
     rig.assert_member_token_only_with_members(&lead);
@@ -120,16 +89,8 @@ fn e2e_codex_member_under_a_claude_lead_over_the_stdio_shim() {
     rig.wait(
         "the lead to poll and ack bob's reply",
         Duration::from_secs(120),
-        || {
-            finished(&rig.lead_model.turns(), |r| {
-                prompt(r).starts_with("[fleet]") && answer(r).contains("from codex")
-            })
-        },
+        || read_on_nudge(&rig.lead_model.turns(), "from codex"),
     );
-    let gap = rig.typed_after_tools("bob");
-    assert!(
-        gap >= TOOLS_SETTLE,
-        "typed {gap:?} after the tools were listed"
-    );
+    rig.assert_task_typed_after_tools("bob");
     rig.assert_member_token_only_with_members(&lead);
 }

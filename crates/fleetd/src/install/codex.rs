@@ -102,17 +102,7 @@ pub fn install_codex(paths: &CodexPaths, server: &McpServer) -> Result<Vec<Outco
     let merged = merge_config(&paths.config, config.as_deref(), server, &paths.trust)?;
     let memory = read_optional(&paths.memory)?.unwrap_or_default();
     let charter = with_charter(&paths.memory, &memory)?;
-    let mut outcomes = Vec::new();
-    for (path, content) in [(&paths.config, merged), (&paths.memory, charter)] {
-        match content {
-            Some(text) => {
-                super::write_atomically(path, &text)?;
-                outcomes.push(Outcome::Written(path.clone()));
-            }
-            None => outcomes.push(Outcome::Unchanged(path.clone())),
-        }
-    }
-    Ok(outcomes)
+    super::write_changed([(&paths.config, merged), (&paths.memory, charter)])
 }
 
 #[cfg(test)]

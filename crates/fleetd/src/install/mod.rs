@@ -269,12 +269,19 @@ pub fn install_claude(
     let charter = with_charter(&paths.memory, &memory)?;
     let settings = read_optional(&paths.settings)?;
     let allowed = merge_settings(&paths.settings, settings.as_deref(), paths.project)?;
-    let mut outcomes = Vec::new();
-    for (path, content) in [
+    write_changed([
         (&paths.mcp_config, merged),
         (&paths.memory, charter),
         (&paths.settings, allowed),
-    ] {
+    ])
+}
+
+/// Writes each file whose new content is `Some`, in order; says what happened to each.
+pub(crate) fn write_changed<'a>(
+    changes: impl IntoIterator<Item = (&'a PathBuf, Option<String>)>,
+) -> Result<Vec<Outcome>, InstallError> {
+    let mut outcomes = Vec::new();
+    for (path, content) in changes {
         match content {
             Some(text) => {
                 write_atomically(path, &text)?;
@@ -299,7 +306,7 @@ pub(crate) fn read_optional(path: &Path) -> Result<Option<String>, InstallError>
 
 /// Writes `text` to a temporary file beside `path` and renames it over `path`, keeping the old
 /// file's permissions (`~/.claude.json` is private), so a crash never leaves half a file.
-pub(crate) fn write_atomically(path: &Path, text: &str) -> Result<(), InstallError> {
+fn write_atomically(path: &Path, text: &str) -> Result<(), InstallError> {
     let err = |source| InstallError::Write {
         path: path.to_owned(),
         source,
