@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use fleetd_core::MuxDaemon;
-use fleetd_core::access::{CallerFacts, Door, Place, Role, role_of};
+use fleetd_core::access::{CallerFacts, Door, Place, Refusal, Role, role_of};
 
 use crate::config::Config;
 use crate::engine::LeadRef;
@@ -113,6 +113,9 @@ pub struct Caller {
     /// ([`note_presence`]), because a spawned member's agent may connect before fleetd has
     /// registered the member, and it connects only once.
     pub unregistered: Option<CallerPane>,
+    /// The shared agent daemon the call came through (Codex's `app-server`), which places it in
+    /// no pane: a refusal names it and says what to do.
+    pub via_daemon: Option<u32>,
     /// Cancelled when the request is abandoned (the client went away or cancelled it): a
     /// waiting tool stops waiting, so a reply is never handed to a waiter nobody reads.
     pub cancel: tokio_util::sync::CancellationToken,
@@ -132,6 +135,22 @@ impl Caller {
 }
 
 impl Caller {
+    /// `refusal`, told in this caller's terms: an anonymous call that came through Codex's
+    /// shared daemon is refused as `shared_daemon`, naming it and the way out, rather than as a
+    /// process in no pane it cannot make sense of.
+    pub fn explain(&self, refusal: Refusal) -> Refusal {
+        match (&self.role, self.via_daemon) {
+            (Role::Anonymous, Some(daemon)) => Refusal::new(
+                "shared_daemon",
+                format!(
+                    "{} — this call came through Codex's shared app-server daemon (pid {daemon}), which runs the threads of every Codex of this home whichever pane started it, so fleetd cannot tell who is calling: start Codex with `codex --no-daemon` (`fleetd install codex` turns its automatic start off), then stop the daemon with `kill {daemon}`",
+                    refusal.message
+                ),
+            ),
+            _ => refusal,
+        }
+    }
+
     /// Who receives replies a waiting `fleet_send` returns, so its next call acknowledges them:
     /// a lead by its pane, the operator, or a delegating member. `None` for a caller that cannot
     /// wait for a reply.
@@ -223,6 +242,7 @@ pub async fn resolve_with(
         role,
         pane,
         unregistered,
+        via_daemon: located.as_ref().and_then(|l| l.via_daemon),
         cancel,
     }
 }

@@ -318,7 +318,7 @@ impl ApiError {
             // A per-member cap (`limits:`): the same request succeeds once the member catches up.
             "queue_full" | "too_many_questions" => StatusCode::TOO_MANY_REQUESTS,
             "not_a_lead" | "not_a_member" | "anonymous_caller" | "unregistered_pane"
-            | "not_your_ticket" => StatusCode::FORBIDDEN,
+            | "shared_daemon" | "not_your_ticket" => StatusCode::FORBIDDEN,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         };
         Self::new(status, e.code, e.message)

@@ -3,8 +3,11 @@
 //! `fleet_ask`'s longest wait (Codex's own default, 60 s, cuts a waiting call off) and its tools
 //! approved, so a lead under Codex's default `approval_policy` is never stopped by a dialog for a
 //! fleet call; the directory it is run in trusted (Codex otherwise asks on its first start
-//! there); and the fleet charter in `$CODEX_HOME/AGENTS.md`, the instructions Codex reads in every
-//! session. Every other key, comment and the file's layout are kept (`toml_edit`).
+//! there); Codex's shared `app-server` daemon not started by itself (`features.daemon_auto_start
+//! = false`): a Codex in that daemon calls fleetd from the daemon's process tree rather than its
+//! pane's, so fleetd cannot tell who it is and refuses it (`shared_daemon`); and the fleet
+//! charter in `$CODEX_HOME/AGENTS.md`, the instructions Codex reads in every session. Every other
+//! key, comment and the file's layout are kept (`toml_edit`).
 
 use std::path::{Path, PathBuf};
 
@@ -38,8 +41,9 @@ impl CodexPaths {
     }
 }
 
-/// `existing` config.toml (None: no file yet) with `[mcp_servers.fleet]` set for `server` and
-/// `[projects."<trust>"] trust_level = "trusted"`; `None` when it already says exactly that.
+/// `existing` config.toml (None: no file yet) with `[mcp_servers.fleet]` set for `server`,
+/// `[projects."<trust>"] trust_level = "trusted"` and `[features] daemon_auto_start = false`;
+/// `None` when it already says exactly that.
 pub fn merge_config(
     path: &Path,
     existing: Option<&str>,
@@ -76,6 +80,7 @@ pub fn merge_config(
     let dir = trust.display().to_string();
     let project = table_at(&mut doc, &["projects", &dir]).map_err(&refuse)?;
     project["trust_level"] = value("trusted");
+    table_at(&mut doc, &["features"]).map_err(&refuse)?["daemon_auto_start"] = value(false);
     let new = doc.to_string();
     Ok((existing.is_none() || new != text).then_some(new))
 }
@@ -140,6 +145,7 @@ mod tests {
             doc["projects"]["/w/p"]["trust_level"].as_str(),
             Some("trusted")
         );
+        assert_eq!(doc["features"]["daemon_auto_start"].as_bool(), Some(false));
         assert_eq!(
             doc["mcp_servers"]["docs"]["command"].as_str(),
             Some("docs-mcp")

@@ -131,6 +131,9 @@ pub struct Located {
     /// `FLEETD_TARGET` from the environment: the process was started from that member. Only
     /// ever used to lower a caller's role (a member's child outside its pane is anonymous).
     pub member_env: Option<String>,
+    /// The shared agent daemon (Codex's `app-server`) the process runs under: then it is in no
+    /// pane, and a refusal says why.
+    pub via_daemon: Option<u32>,
 }
 
 impl Located {
@@ -143,6 +146,7 @@ impl Located {
             env_pane_id: None,
             env_mismatch: false,
             member_env: None,
+            via_daemon: None,
         }
     }
 
@@ -336,7 +340,7 @@ impl Locator {
         })
         .await
         .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
-        let (pid, uid, chain, hints) = match search {
+        let (pid, uid, lineage) = match search {
             TcpSearch::OtherUser(uid) => return Ok(Located::untraced(uid, None)),
             TcpSearch::NotHeld => {
                 self.counters.count(None);
@@ -346,11 +350,10 @@ impl Locator {
                 pid,
                 uid,
                 by,
-                chain,
-                hints,
+                lineage,
             } => {
                 self.counters.count(Some(by));
-                (pid, uid, chain, hints)
+                (pid, uid, lineage)
             }
         };
         {
@@ -359,8 +362,7 @@ impl Locator {
             recent.insert(0, pid);
             recent.truncate(RECENT_CALLERS);
         }
-        self.place(pid, uid, (chain, hints), map, miss, looked_at)
-            .await
+        self.place(pid, uid, lineage, map, miss, looked_at).await
     }
 
     /// Locates the process at the other end of a unix-socket connection from the credentials the
@@ -389,28 +391,38 @@ impl Locator {
     /// Locates process `pid`, which runs as `uid`: its nearest ancestor that is a pane's process.
     async fn locate_process(&self, pid: u32, uid: u32, miss: Miss) -> Result<Located, LocateError> {
         let looked_at = tokio::time::Instant::now();
-        let facts = tokio::task::spawn_blocking(move || {
-            process::ancestry(pid).map(|chain| (chain, platform::read_env_hints(pid)))
-        })
-        .await
-        .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
+        let lineage = tokio::task::spawn_blocking(move || Lineage::of(pid))
+            .await
+            .map_err(|e| LocateError::Proc(std::io::Error::other(e)))??;
         let map = self.panes.current().await;
-        self.place(pid, uid, facts, map, miss, looked_at).await
+        self.place(pid, uid, lineage, map, miss, looked_at).await
     }
 
-    /// The pane of process `pid` (its ancestry `chain`, its environment `hints`) in `map`, read
-    /// again after a miss as `miss` says.
+    /// The pane of process `pid` (where its `lineage` says it runs) in `map`, read again after a
+    /// miss as `miss` says. A process under a shared agent daemon is in no pane: the daemon runs
+    /// the threads of every agent of its kind and home, started from whichever pane, and its own
+    /// place says nothing about which one called.
     async fn place(
         &self,
         pid: u32,
         uid: u32,
-        (chain, hints): (Vec<platform::ProcStat>, platform::EnvHints),
+        Lineage {
+            chain,
+            hints,
+            daemon,
+        }: Lineage,
         map: Result<Arc<PaneMap>, LocateError>,
         miss: Miss,
         looked_at: tokio::time::Instant,
     ) -> Result<Located, LocateError> {
         let mut pane = None;
-        if let Some(map) = no_panes_is_none(map)? {
+        if let Some(daemon) = daemon {
+            tracing::warn!(
+                pid,
+                daemon,
+                "a call came through Codex's shared app-server daemon, which serves every Codex of its home: it is placed in no pane (start Codex with --no-daemon)"
+            );
+        } else if let Some(map) = no_panes_is_none(map)? {
             pane = map.find(&chain);
             if pane.is_none() && miss == Miss::Background {
                 self.panes.refresh_in_background(self.panes.miss_refresh());
@@ -444,6 +456,7 @@ impl Locator {
             env_pane_id,
             env_mismatch,
             member_env: hints.fleetd_target,
+            via_daemon: daemon,
         })
     }
 
@@ -465,13 +478,12 @@ enum TcpSearch {
     OtherUser(u32),
     /// Nobody holds it (the connection closed, or its holder's fds are unreadable).
     NotHeld,
-    /// Its holder, how it was found, its ancestry and its environment.
+    /// Its holder, how it was found, and where it runs.
     Found {
         pid: u32,
         uid: u32,
         by: FoundBy,
-        chain: Vec<platform::ProcStat>,
-        hints: platform::EnvHints,
+        lineage: Lineage,
     },
 }
 
@@ -505,14 +517,31 @@ fn search_tcp(
         }
         sockets.insert(owner.inode, pid);
     }
-    let chain = process::ancestry(pid)?;
     Ok(TcpSearch::Found {
         pid,
         uid: owner.uid,
         by,
-        chain,
-        hints: platform::read_env_hints(pid),
+        lineage: Lineage::of(pid)?,
     })
+}
+
+/// What a caller's process says about where it runs: its ancestry, its environment's identity
+/// hints and the shared agent daemon it runs under, if any. Blocking.
+struct Lineage {
+    chain: Vec<platform::ProcStat>,
+    hints: platform::EnvHints,
+    daemon: Option<u32>,
+}
+
+impl Lineage {
+    fn of(pid: u32) -> std::io::Result<Self> {
+        let chain = process::ancestry(pid)?;
+        Ok(Self {
+            daemon: process::shared_daemon(&chain),
+            hints: platform::read_env_hints(pid),
+            chain,
+        })
+    }
 }
 
 /// What a lookup whose caller is in no pane of the map does.

@@ -32,6 +32,28 @@ pub fn ancestry(pid: u32) -> io::Result<Vec<ProcStat>> {
     Ok(chain)
 }
 
+/// The pid of the shared agent daemon in `chain` (a process and its ancestors), if any: Codex's
+/// `codex app-server`, which a Codex TUI starts in a session of its own (`--managed-daemon`, one
+/// per HOME + CODEX_HOME), which every later Codex of that home joins and runs its threads —
+/// MCP calls included — in, and which outlives the pane that started it
+/// (`../shared/research/codex-cli.md`, finding 4). Only session leaders are read: a daemon
+/// detaches into a session of its own, so the pane's shell and the daemon are the chain's only
+/// candidates, and a caller outside any daemon costs one or two reads.
+pub fn shared_daemon(chain: &[ProcStat]) -> Option<u32> {
+    chain
+        .iter()
+        .filter(|s| s.pid == s.session)
+        .find(|s| platform::read_cmdline(s.pid).is_ok_and(|argv| is_shared_daemon(&argv)))
+        .map(|s| s.pid)
+}
+
+/// Whether `argv` is Codex's app-server: a program named `codex` whose first argument is
+/// `app-server` (`…/bin/codex app-server --listen unix:// --managed-daemon`).
+fn is_shared_daemon(argv: &[String]) -> bool {
+    let program = argv.first().map(|p| p.rsplit('/').next().unwrap_or(p));
+    program == Some("codex") && argv.get(1).is_some_and(|a| a == "app-server")
+}
+
 /// Most processes walked in the pane trees before the search falls back to the full scan: a
 /// bound against a pathological tree (a fork bomb in a pane), far above a real fleet's count.
 pub const MAX_TREE: usize = 16_384;
@@ -434,6 +456,29 @@ mod tests {
             find_holder(inode, &[std::process::id()], &[1], &Arc::default()).expect("search"),
             None
         );
+    }
+
+    #[test]
+    fn codex_app_server_is_a_shared_daemon_and_other_codex_processes_are_not() {
+        let argv = |s: &str| s.split(' ').map(str::to_owned).collect::<Vec<_>>();
+        assert!(is_shared_daemon(&argv(
+            "/h/.codex/packages/app-server-daemon/releases/0.171.0/bin/codex app-server --listen unix:// --managed-daemon"
+        )));
+        assert!(is_shared_daemon(&argv(
+            "codex app-server daemon pid-update-loop"
+        )));
+        for other in [
+            "codex",
+            "/usr/bin/codex --no-daemon",
+            "node /x/.bin/codex",
+            "codex exec app-server",
+            "/bin/sh -c codex app-server",
+        ] {
+            assert!(!is_shared_daemon(&argv(other)), "{other}");
+        }
+        // This test's own process tree runs under no daemon.
+        let me = ancestry(std::process::id()).expect("ancestry");
+        assert_eq!(shared_daemon(&me), None);
     }
 
     #[test]

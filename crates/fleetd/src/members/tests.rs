@@ -81,6 +81,7 @@ fn lead() -> Caller {
         role: Role::Lead,
         pane: None,
         unregistered: None,
+        via_daemon: None,
         cancel: tokio_util::sync::CancellationToken::new(),
     }
 }
@@ -359,6 +360,7 @@ async fn an_agent_that_connects_before_its_member_is_registered_counts_as_presen
             shell_pid: 1,
             workspace_label: None,
         }),
+        via_daemon: None,
         cancel: tokio_util::sync::CancellationToken::new(),
     };
     crate::identity::note_presence(&fleet, &early).await;

@@ -1,6 +1,6 @@
 //! The caller locator's one platform seam: what the kernel says about a connection and a process.
 //! The rest of `locate` (the pane map, the ancestry walk, the caches, the order of an fd scan) is
-//! portable and reaches the operating system only through these eight functions and one handle:
+//! portable and reaches the operating system only through these nine functions and one handle:
 //!
 //! - [`client_socket`]: the client side of an accepted loopback TCP connection — its socket's
 //!   inode and the uid that owns it;
@@ -10,6 +10,7 @@
 //! - [`children`]: a process's children (how the pane trees are walked before any full scan);
 //! - [`read_stat`]: a process's parent, session and start time;
 //! - [`read_env_hints`]: the identity variables in a process's environment;
+//! - [`read_cmdline`]: a process's arguments (how a shared agent daemon is recognised);
 //! - [`read_cwd`]: a process's working directory (where a lead's worktree members branch from);
 //! - [`start_clock_now`]: the clock start times count on, now (so a pane listing can be dated
 //!   against a caller's ancestors).
@@ -25,7 +26,8 @@
 mod linux;
 #[cfg(target_os = "linux")]
 pub use linux::{
-    Fds, children, client_socket, pids, read_cwd, read_env_hints, read_stat, start_clock_now,
+    Fds, children, client_socket, pids, read_cmdline, read_cwd, read_env_hints, read_stat,
+    start_clock_now,
 };
 
 #[cfg(not(target_os = "linux"))]
@@ -39,7 +41,8 @@ compile_error!(
      process's children (/proc/<pid>/task/*/children; proc_listchildpids); read_stat, a \
      process's parent, session and start time (/proc/<pid>/stat; proc_pidinfo \
      PROC_PIDTBSDINFO + getsid); read_env_hints, its environment (/proc/<pid>/environ; \
-     sysctl KERN_PROCARGS2); read_cwd, its working directory (/proc/<pid>/cwd; proc_pidinfo \
+     sysctl KERN_PROCARGS2); read_cmdline, its arguments (/proc/<pid>/cmdline; sysctl \
+     KERN_PROCARGS2); read_cwd, its working directory (/proc/<pid>/cwd; proc_pidinfo \
      PROC_PIDVNODEPATHINFO); start_clock_now, the clock start times are counted on, now \
      (/proc/uptime in clock ticks; mach_absolute_time or the boot time from sysctl kern.boottime)."
 );

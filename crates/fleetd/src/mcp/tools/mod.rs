@@ -124,7 +124,7 @@ async fn run<T: FleetTool>(
     args: Value,
 ) -> Result<ToolOutput, ToolError> {
     let outcome = async {
-        authorize(&caller.role, T::class_of(&args), T::NAME)?;
+        authorize(&caller.role, T::class_of(&args), T::NAME).map_err(|e| caller.explain(e))?;
         // Its call proves the replies its earlier waits returned reached it (review M3).
         if let Some(holder) = caller.holder() {
             fleet.inbox.settle_handed(&holder).await;

@@ -89,6 +89,7 @@ pub(super) fn caller(role: Role) -> Caller {
         role,
         pane: None,
         unregistered: None,
+        via_daemon: None,
         cancel: tokio_util::sync::CancellationToken::new(),
     }
 }

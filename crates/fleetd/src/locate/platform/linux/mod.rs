@@ -10,7 +10,9 @@ use super::SocketOwner;
 mod diag;
 mod proc;
 
-pub use proc::{Fds, children, pids, read_cwd, read_env_hints, read_stat, start_clock_now};
+pub use proc::{
+    Fds, children, pids, read_cmdline, read_cwd, read_env_hints, read_stat, start_clock_now,
+};
 
 /// The client side of an accepted loopback connection, its inode and owner: an exact netlink
 /// `sock_diag` lookup, falling back to scanning `/proc/net/tcp{,6}` where netlink is unavailable.

@@ -56,6 +56,16 @@ pub fn read_cwd(pid: u32) -> io::Result<std::path::PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/cwd"))
 }
 
+/// A process's arguments (`/proc/<pid>/cmdline`), argv[0] first.
+pub fn read_cmdline(pid: u32) -> io::Result<Vec<String>> {
+    let bytes = std::fs::read(format!("/proc/{pid}/cmdline"))?;
+    Ok(bytes
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect())
+}
+
 /// Reads the identity hints from `/proc/<pid>/environ` (empty when unreadable).
 pub fn read_env_hints(pid: u32) -> EnvHints {
     std::fs::read(format!("/proc/{pid}/environ"))
