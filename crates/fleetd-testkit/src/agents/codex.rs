@@ -16,9 +16,12 @@ pub fn seed_home(home: &Path, base_url: &str) {
 }
 
 /// A profile `name` running Codex as a member in the lead's working directory, on the rig's
-/// members' backend.
+/// members' backend, with a model named (Codex 0.171's own default, `gpt-6.2-sol`, sends its
+/// turns without any tools).
 pub fn profile(name: &str) -> String {
-    format!("  {name}:\n    agent: codex\n    backend: model\n    cwd: {{work}}\n")
+    format!(
+        "  {name}:\n    agent: codex\n    backend: model\n    model: gpt-5\n    cwd: {{work}}\n"
+    )
 }
 
 /// Whether `screen` shows Codex's composer ready for input.
@@ -30,28 +33,41 @@ pub fn ready(screen: &str) -> bool {
 /// tmux window with the user's own key); returns its tmux target once it shows its composer and
 /// has listed fleetd's tools.
 pub fn start_lead(rig: &mut super::rig::AgentRig, stdio: bool) -> String {
+    install(rig, stdio);
+    let lead = open(rig, "lead", &[]);
+    rig.wait_log(
+        "the lead to list fleetd's tools",
+        std::time::Duration::from_secs(60),
+        |line| line.contains("MCP tools listed") && line.contains("\"caller\":\"lead "),
+    );
+    super::rig::pause(std::time::Duration::from_millis(600));
+    lead
+}
+
+/// The user's Codex configuration (`seed_home`), then `fleetd install codex` (`--stdio` for the
+/// shim).
+pub fn install(rig: &super::rig::AgentRig, stdio: bool) {
     seed_home(rig.home(), &rig.lead_model.url());
     let mut install = vec!["install", "codex"];
     if stdio {
         install.push("--stdio");
     }
     rig.fleetd(&install);
-    let lead = rig.open(
-        "lead",
-        &[("OPENAI_API_KEY", super::rig::LEAD_KEY)],
-        &["codex"],
-    );
-    rig.wait_log(
-        "the lead to list fleetd's tools",
-        std::time::Duration::from_secs(60),
-        |line| line.contains("MCP tools listed") && line.contains("\"caller\":\"lead "),
-    );
+}
+
+/// Opens window `name` running `codex ARGS` with the user's own key; returns its tmux target
+/// once it shows its composer.
+pub fn open(rig: &super::rig::AgentRig, name: &str, args: &[&str]) -> String {
+    let argv: Vec<&str> = std::iter::once("codex")
+        .chain(args.iter().copied())
+        .collect();
+    let pane = rig.open(name, &[("OPENAI_API_KEY", super::rig::LEAD_KEY)], &argv);
     rig.wait_screen(
-        &lead,
-        "the lead's composer",
+        &pane,
+        "Codex's composer",
         std::time::Duration::from_secs(60),
         ready,
     );
     super::rig::pause(std::time::Duration::from_millis(600));
-    lead
+    pane
 }

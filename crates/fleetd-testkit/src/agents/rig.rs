@@ -409,6 +409,28 @@ impl AgentRig {
         }
     }
 
+    /// The Codex `app-server` daemons of this rig's user: processes whose arguments are
+    /// `codex app-server …` and whose program lies under the rig's HOME (where Codex installs
+    /// its daemon).
+    pub fn codex_daemons(&self) -> Vec<u32> {
+        let home = self.home.path().display().to_string();
+        std::fs::read_dir("/proc")
+            .expect("/proc")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                    return false;
+                };
+                let argv: Vec<String> = raw
+                    .split(|b| *b == 0)
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect();
+                argv.first().is_some_and(|p| p.starts_with(&home))
+                    && argv.get(1).is_some_and(|a| a == "app-server")
+            })
+            .collect()
+    }
+
     /// The fleet's members as the operator sees them (`GET /sessions`).
     pub fn members(&self) -> Value {
         crate::http::get(self.daemon.operator(), "/sessions")
@@ -420,6 +442,17 @@ impl AgentRig {
     pub fn member(&self, target: &str) -> Option<Value> {
         let r = crate::http::get(self.daemon.operator(), &format!("/sessions/{target}")).ok()?;
         (r.status == 200).then(|| r.json())
+    }
+}
+
+impl Drop for AgentRig {
+    /// A Codex daemon outlives its pane and the tmux server: it goes with the rig.
+    fn drop(&mut self) {
+        for pid in self.codex_daemons() {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid.cast_signed()) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
     }
 }
 

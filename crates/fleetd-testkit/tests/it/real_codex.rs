@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use fleetd_testkit::agents::rig::{AgentRig, MEMBER_TOKEN};
-use fleetd_testkit::agents::turns::{answer, nudges, offers, prompt, read_on_nudge};
+use fleetd_testkit::agents::rig::{AgentRig, MEMBER_TOKEN, pause};
+use fleetd_testkit::agents::turns::{answer, finished, nudges, offers, prompt, read_on_nudge};
 use fleetd_testkit::agents::{Cli, claude, codex};
 use fleetd_testkit::fake_model::Logged;
 use fleetd_testkit::{Service, require_tmux};
@@ -65,6 +65,11 @@ fn e2e_codex_lead_delegates_to_a_codex_member_and_reads_the_reply_on_its_first_n
     // The member used the members' backend through fleetd's provider entry, and its key is in
     // no file under Codex's home (no shell snapshot), nor anywhere on the lead's side.
     rig.assert_member_token_only_with_members(&lead);
+    assert_eq!(
+        rig.codex_daemons(),
+        Vec::<u32>::new(),
+        "a plain `codex` after `fleetd install codex` runs no shared daemon"
+    );
     let leaked = files_holding(&rig.home().join(".codex"), MEMBER_TOKEN);
     assert!(leaked.is_empty(), "the token is on disk in {leaked:?}");
 
@@ -92,5 +97,140 @@ fn e2e_codex_member_under_a_claude_lead_over_the_stdio_shim() {
         || read_on_nudge(&rig.lead_model.turns(), "from codex"),
     );
     rig.assert_task_typed_after_tools("bob");
+    let first = rig.member_model.turns().into_iter().next().expect("a turn");
+    assert!(
+        offers(&first, "fleet_reply") && answer(&first).contains("fleet_reply"),
+        "bob replied with fleet_reply: {first}"
+    );
     rig.assert_member_token_only_with_members(&lead);
+}
+
+#[test]
+fn e2e_codex_member_at_its_approval_dialog_is_blocked_and_never_typed_into() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let (Some(codex_cli), Some(claude_cli)) = (Cli::newest("codex"), Cli::newest("claude-code"))
+    else {
+        return;
+    };
+    // A profile that leaves Codex asking before each of fleetd's tools (its own default).
+    let asking = format!(
+        "{}    args: [\"-c\", \"mcp_servers.fleet.default_tools_approval_mode=\\\"auto\\\"\"]\n",
+        codex::profile("asking")
+    );
+    let mut rig = AgentRig::start(&[&codex_cli, &claude_cli], &asking, "");
+    let lead = claude::start_lead(&mut rig, &claude_cli, claude::Transport::Http);
+    rig.say(&lead, "@spawn asking frank @reply approved");
+    rig.wait(
+        "frank to be blocked on its approval dialog",
+        Duration::from_secs(120),
+        || {
+            rig.member("frank")
+                .is_some_and(|m| m["status"] == "blocked")
+        },
+    );
+    // fleetd's pane id is `<tmux session>:<tmux pane id>`.
+    let pane = rig.member("frank").expect("frank")["paneId"]
+        .as_str()
+        .and_then(|p| p.rsplit(':').next())
+        .expect("a pane")
+        .to_owned();
+    let dialog = rig.screen(&pane);
+    assert!(dialog.contains("to run tool \"fleet_reply\""), "{dialog}");
+
+    // A second task for frank waits: nothing is typed into the dialog.
+    rig.say(&lead, "@send-nowait frank @reply second");
+    rig.wait("the lead's send to end", Duration::from_secs(60), || {
+        finished(&rig.lead_model.turns(), |r| {
+            prompt(r).starts_with("@send-nowait")
+        })
+    });
+    pause(Duration::from_secs(8));
+    assert_eq!(rig.screen(&pane), dialog, "the dialog changed");
+    assert_eq!(rig.member("frank").expect("frank")["status"], "blocked");
+
+    // The person answers it; the reply goes through, then the waiting task is typed.
+    let out = rig
+        .tmux
+        .run(&["send-keys", "-t", &pane, "Enter"])
+        .expect("tmux");
+    assert!(out.status.success());
+    rig.wait(
+        "the lead to read frank's reply",
+        Duration::from_secs(60),
+        || read_on_nudge(&rig.lead_model.turns(), "approved"),
+    );
+    rig.wait("the second task to start", Duration::from_secs(60), || {
+        rig.member_model
+            .turns()
+            .iter()
+            .any(|r| prompt(r) == "@reply second")
+    });
+}
+
+#[test]
+fn e2e_a_codex_in_its_shared_daemon_is_refused_by_name_and_members_keep_their_identity() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let (Some(codex_cli), Some(claude_cli)) = (Cli::newest("codex"), Cli::newest("claude-code"))
+    else {
+        return;
+    };
+    let mut rig = AgentRig::start(&[&codex_cli, &claude_cli], &codex::profile("codex"), "");
+    let lead = claude::start_lead(&mut rig, &claude_cli, claude::Transport::Http);
+    // The user's own Codex with its daemon on, as Codex ships: `fleetd install codex` turns the
+    // automatic start off, and this user turned it back on. Its threads, and their calls to
+    // fleetd, run in `codex app-server`.
+    codex::install(&rig, false);
+    let config = rig.home().join(".codex/config.toml");
+    let text = std::fs::read_to_string(&config).expect("config.toml");
+    assert!(text.contains("daemon_auto_start = false"), "{text}");
+    std::fs::write(&config, text.replace("daemon_auto_start = false", "")).expect("write");
+    let solo = codex::open(&rig, "solo", &[]);
+    rig.wait("Codex's daemon to start", Duration::from_secs(30), || {
+        !rig.codex_daemons().is_empty()
+    });
+
+    // A Codex member spawned beside it still calls from its own pane.
+    rig.say(&lead, "@spawn codex gina @reply kept apart");
+    rig.wait(
+        "the lead to poll and ack gina's reply",
+        Duration::from_secs(120),
+        || read_on_nudge(&rig.lead_model.turns(), "kept apart"),
+    );
+    let first = rig.member_model.turns().into_iter().next().expect("a turn");
+    assert!(
+        answer(&first).contains("fleet_reply"),
+        "gina replied with fleet_reply: {first}"
+    );
+
+    // The daemon's Codex is told why it is refused, and what to do.
+    rig.say(&solo, r#"@call fleet_poll {"target":"gina"}"#);
+    rig.wait("solo's call to end", Duration::from_secs(60), || {
+        finished(&rig.lead_model.turns(), |r| {
+            prompt(r).starts_with("@call fleet_poll")
+        })
+    });
+    let turns = rig.lead_model.turns();
+    let refused = turns
+        .iter()
+        .rev()
+        .find(|r| prompt(r).starts_with("@call fleet_poll"))
+        .expect("solo's turn");
+    assert!(
+        answer(refused).contains("shared_daemon") && answer(refused).contains("--no-daemon"),
+        "{}",
+        answer(refused)
+    );
+    let daemon = rig.codex_daemons();
+    assert!(
+        rig.log().iter().any(|l| l["level"] == "WARN"
+            && l["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("shared app-server daemon"))
+            && daemon.iter().any(|d| l["daemon"] == *d)),
+        "fleetd's log names the daemon {daemon:?}"
+    );
 }
