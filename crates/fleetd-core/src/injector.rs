@@ -110,6 +110,16 @@ pub enum InjectorInput {
         /// Until when at most.
         until: Option<Timestamp>,
     },
+    /// The turn a fallback was about to be recorded for was not the task's: its text still sits
+    /// unsent in the member's input box (a status blip — Codex's spinner at the end of its
+    /// start-up — read as its turn). Nothing is recorded; Enter is pressed once more and the
+    /// delivery is verified again, then `stalled` if no turn starts.
+    NotSubmitted {
+        /// The member.
+        target: Target,
+        /// The ticket whose text waits.
+        ticket: Ticket,
+    },
     /// The driver recorded the fallback message for a turn that ended without a reply.
     FallbackRecorded {
         /// The member.
@@ -407,6 +417,23 @@ impl Injector {
             InjectorInput::Hold { target, until } => {
                 if let Some(lane) = self.lanes.get_mut(&target) {
                     lane.held_until = until;
+                }
+                self.pump(&target, now, &mut out);
+            }
+            InjectorInput::NotSubmitted { target, ticket } => {
+                if let Some(lane) = self.lanes.get_mut(&target)
+                    && lane.recording
+                    && lane.in_flight.is_none()
+                {
+                    lane.recording = false;
+                    lane.in_flight = Some(InFlight {
+                        ticket,
+                        phase: Phase::Typing { resubmit: true },
+                    });
+                    out.push(InjectorEffect::Resubmit {
+                        target: target.clone(),
+                        ticket,
+                    });
                 }
                 self.pump(&target, now, &mut out);
             }

@@ -438,6 +438,42 @@ fn a_reply_verifies_delivery_even_when_working_was_never_seen() {
 }
 
 #[test]
+fn a_status_blip_before_the_task_was_submitted_is_not_its_turn() {
+    // Codex's start-up spinner read busy after the task was typed, then at rest, while the text
+    // still sat in its composer (issue 40 #2): no fallback, Enter once more, and the task's
+    // real turn is the one that counts.
+    let not_submitted = InjectorInput::NotSubmitted {
+        target: target("a"),
+        ticket: ticket(1),
+    };
+    check(
+        vec![
+            Step(0, status(Activity::AtRest)),
+            Step(0, presence()),
+            Step(0, enqueue(1)),
+            Step(0, enqueue(2)),
+            Step(0, typed(1, TypeOutcome::Accepted)),
+            Step(1, status(Activity::Busy)),
+            Step(1, status(Activity::AtRest)),
+            Step(1, not_submitted),
+            Step(1, typed(1, TypeOutcome::Accepted)),
+            Step(2, status(Activity::Busy)),
+            Step(3, replied(1)),
+            Step(4, status(Activity::AtRest)),
+        ],
+        &[
+            "@0 type a T1",
+            "@0 T1 Delivered",
+            "@1 T1 TurnStarted",
+            "@1 fallback a T1",
+            "@1 enter a T1",
+            "@2 T1 TurnStarted",
+            "@4 type a T2",
+        ],
+    );
+}
+
+#[test]
 fn a_turn_restored_after_a_restart_is_never_typed_again() {
     let mut inj = Injector::new(SignedDuration::from_secs(5));
     let a = target("a");

@@ -178,7 +178,8 @@ impl Effects {
                 target,
                 ticket,
                 pane,
-            } => self.fallback(target, ticket, pane).await,
+                text,
+            } => self.fallback(target, ticket, pane, &text).await,
             Io::Notice {
                 target,
                 ticket,
@@ -311,13 +312,19 @@ impl Effects {
         }
     }
 
-    /// Captures the tail of a member's pane and stores it as the ticket's fallback.
-    async fn fallback(&self, target: Target, ticket: Ticket, pane: QualifiedPaneId) {
+    /// Captures the tail of a member's pane and stores it as the ticket's fallback — unless the
+    /// task's `text` still waits unsent in the member's input, when the turn that ended was not
+    /// the task's.
+    async fn fallback(&self, target: Target, ticket: Ticket, pane: QualifiedPaneId, text: &str) {
         let tail = self
             .mux
             .read_tail(&pane, FALLBACK_TAIL_LINES)
             .await
             .unwrap_or_else(|e| format!("(fleetd could not read the pane's output: {e})"));
+        if super::verify::unsent(&tail, text) {
+            self.report(Event::NotSubmitted { target, ticket }).await;
+            return;
+        }
         // Raw pane text: a member may have printed its credentials.
         let text = format!(
             "[fleet] {target}'s turn for ticket {ticket} ended without fleet_reply; the last lines of its pane:\n{}",

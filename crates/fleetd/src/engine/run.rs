@@ -52,6 +52,12 @@ pub(super) enum Event {
         ticket: Ticket,
         arrived: bool,
     },
+    /// A turn-done fallback was not captured: the task's text still waits unsent in the
+    /// member's input.
+    NotSubmitted {
+        target: Target,
+        ticket: Ticket,
+    },
     /// A turn-done fallback was captured: `message` is `None` when it could not be stored (the
     /// ticket still ends).
     FallbackStored {

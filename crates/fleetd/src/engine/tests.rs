@@ -905,3 +905,40 @@ async fn a_turn_whose_fallback_cannot_be_stored_still_ends_its_ticket() {
     sleep(Duration::from_secs(1)).await;
     assert_eq!(state_of(&rig, next).await, TicketState::Delivered);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_status_blip_before_the_task_was_submitted_records_no_fallback() {
+    // Issue 40 #2: Codex's spinner at the end of its start-up read busy after the task was
+    // typed, then at rest, while the text still sat unsent in its composer; the ticket ended
+    // without a reply and the task was lost.
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let rig = rig(&fake);
+    let ticket = alice_with_a_task(&rig).await;
+    sleep(Duration::from_millis(500)).await;
+    let enters = fake.enters("w2:p1");
+    fake.set_input("w2:p1", Some("› job"));
+    fake.set_status("w2:p1", AgentStatus::Working);
+    sleep(Duration::from_millis(200)).await;
+    fake.set_status("w2:p1", AgentStatus::Idle);
+    sleep(Duration::from_millis(500)).await;
+    assert!(inbox(&rig, "alice").await.is_empty(), "no fallback stored");
+    assert_ne!(state_of(&rig, ticket).await, TicketState::EndedWithoutReply);
+    assert_eq!(fake.enters("w2:p1"), enters + 1, "Enter pressed once more");
+    // That Enter submits it: the composer empties and the task's own turn runs and ends.
+    let settled = rig.engine.wait(ticket).await.expect("engine");
+    fake.set_input("w2:p1", Some("› "));
+    fake.set_status("w2:p1", AgentStatus::Working);
+    sleep(Duration::from_millis(500)).await;
+    fake.set_status("w2:p1", AgentStatus::Idle);
+    let settled = tokio::time::timeout(Duration::from_secs(30), settled)
+        .await
+        .expect("the turn ends")
+        .expect("settled");
+    assert_eq!(settled.state, TicketState::EndedWithoutReply);
+    assert_eq!(
+        inbox(&rig, "alice").await.len(),
+        1,
+        "its own turn's fallback"
+    );
+}

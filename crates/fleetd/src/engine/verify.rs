@@ -52,6 +52,25 @@ fn sits(screen: &str, text: &str, input_box_only: bool) -> bool {
     }
 }
 
+/// Whether `text` waits unsent in an agent's input line: the screen's last line opening with a
+/// prompt glyph (Claude Code's `❯`, Codex's `›`: its transcript shows submitted prompts with the
+/// same glyph above, so the last one is the input), read with what follows it (a long text
+/// wraps), starts with `text` (whitespace ignored).
+pub(super) fn unsent(screen: &str, text: &str) -> bool {
+    let squeeze = |s: &str| -> String { s.chars().filter(|c| !c.is_whitespace()).collect() };
+    let needle: String = squeeze(text).chars().take(TEXT_CHARS).collect();
+    let lines: Vec<&str> = screen.lines().collect();
+    let Some(at) = lines
+        .iter()
+        .rposition(|l| l.trim_start().starts_with(['❯', '›']))
+    else {
+        return false;
+    };
+    let input = squeeze(&lines[at..].concat());
+    let input = input.trim_start_matches(['❯', '›']);
+    !needle.is_empty() && input.starts_with(&needle)
+}
+
 /// Whether an earlier copy of `text` waits unsubmitted in the lead's input box.
 pub(super) async fn waiting_in_input(mux: &MuxRouter, pane: &QualifiedPaneId, text: &str) -> bool {
     mux.read_tail(pane, INPUT_LINES)
@@ -102,7 +121,29 @@ async fn turn(mux: &MuxRouter, pane: &QualifiedPaneId) -> Option<AgentStatus> {
 
 #[cfg(test)]
 mod tests {
-    use super::sits;
+    use super::{sits, unsent};
+
+    /// Screens as captured from the real TUIs (Codex 0.171, Claude Code 2.1.332).
+    #[test]
+    fn a_task_unsent_in_the_input_is_told_from_one_submitted() {
+        let task = "@reply forty-two and a long tail that wraps past the composer's width";
+        let codex_unsent = format!(
+            "  >_ OpenAI Codex (v0.171.0)\n     ~/work\n\n\n› {}\n  {}\n\n  gpt-5 default · ~/work\n  ← for agents · ? for shortcuts",
+            &task[..40],
+            &task[40..]
+        );
+        assert!(unsent(&codex_unsent, task));
+        let codex_sent = format!(
+            "› {task}\n\n• NO TOOL fleet_reply\n\n  Worked for <1s • 17:46\n\n› Ask Codex to do anything\n\n  gpt-5 default · ~/work"
+        );
+        assert!(!unsent(&codex_sent, task));
+        let claude_unsent =
+            format!("❯ earlier prompt\n● OK\n────\n❯\u{a0}{task}\n────\n  ? for shortcuts");
+        assert!(unsent(&claude_unsent, task));
+        let claude_sent = format!("❯ {task}\n● DONE\n────\n❯\u{a0}\n────\n  ? for shortcuts");
+        assert!(!unsent(&claude_sent, task));
+        assert!(!unsent("no prompt here", task));
+    }
 
     const NUDGE: &str = "[fleet] 1 message from carol waiting — call fleet_poll(target=\"carol\")";
 

@@ -57,6 +57,8 @@ struct Inner {
     /// `list_panes` calls so far.
     listings: usize,
     typed: Vec<Typed>,
+    /// What each pane's input line shows below what was typed (`set_input`).
+    input: BTreeMap<PaneId, String>,
     enters: Vec<(Instant, PaneId)>,
     /// Every open request received, in order (counted before any hold).
     opens: Vec<OpenPane>,
@@ -246,6 +248,16 @@ impl FakeMux {
     }
 
     /// How many times Enter was pressed on its own (`press_enter`) in pane `id`.
+    /// Shows `line` as the pane's input line, at the bottom of its screen (`None`: none).
+    pub(crate) fn set_input(&self, id: &str, line: Option<&str>) {
+        let pane = PaneId::new(id).expect("valid pane id");
+        let mut inner = self.lock();
+        match line {
+            Some(line) => inner.input.insert(pane, line.to_owned()),
+            None => inner.input.remove(&pane),
+        };
+    }
+
     pub(crate) fn enters(&self, id: &str) -> usize {
         self.lock()
             .enters
@@ -380,6 +392,7 @@ impl Multiplexer for FakeMux {
                 .iter()
                 .filter(|t| t.pane == *pane)
                 .map(|t| t.text.as_str())
+                .chain(inner.input.get(pane).map(String::as_str))
                 .collect();
             lines.join("\n")
         }))

@@ -224,6 +224,9 @@ impl Engine {
                 ticket,
                 arrived,
             } => self.state.typed_found(&target, ticket, arrived, now, io),
+            Event::NotSubmitted { target, ticket } => {
+                self.state.not_submitted(target, ticket, now, io);
+            }
             Event::FallbackStored {
                 target,
                 ticket,

@@ -340,6 +340,22 @@ impl State {
         self.injector_effects(effects, now, io);
     }
 
+    /// The turn a fallback was to be recorded for was not the task's: its text still waits in
+    /// the member's input (issue 40 #2). Enter once more, verified again.
+    pub(in crate::engine) fn not_submitted(
+        &mut self,
+        target: Target,
+        ticket: Ticket,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+    ) {
+        tracing::info!(%target, %ticket, "the task still waits unsent in the member's input: pressing Enter once more");
+        let effects = self
+            .injector
+            .handle_at(InjectorInput::NotSubmitted { target, ticket }, now);
+        self.injector_effects(effects, now, io);
+    }
+
     pub(super) fn injector_effects(
         &mut self,
         effects: Vec<InjectorEffect>,
@@ -374,11 +390,12 @@ impl State {
                     }
                 }
                 InjectorEffect::RecordFallback { target, ticket } => {
-                    match self.members.get(&target) {
-                        Some(m) => io.push(Io::Fallback {
+                    match self.members.get(&target).map(|m| m.pane.clone()) {
+                        Some(pane) => io.push(Io::Fallback {
                             target,
                             ticket,
-                            pane: m.pane.clone(),
+                            pane,
+                            text: self.injection_text(ticket),
                         }),
                         None => {
                             let effects = self

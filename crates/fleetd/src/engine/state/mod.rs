@@ -66,6 +66,8 @@ pub(super) enum Io {
         target: Target,
         ticket: Ticket,
         pane: QualifiedPaneId,
+        /// The task's text as typed: a turn it still waits unsent after was not its turn.
+        text: String,
     },
     /// Publish a notice to `target`'s inbox (stalled / failed tickets, late answers).
     Notice {
