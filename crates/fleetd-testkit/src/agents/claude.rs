@@ -71,6 +71,16 @@ pub fn profile(name: &str) -> String {
 /// own model key. Returns its tmux target once it shows its input box and has listed fleetd's
 /// tools (typing earlier would start a turn without them, as for a member).
 pub fn start_lead(rig: &mut super::rig::AgentRig, cli: &super::Cli, via: Transport) -> String {
+    start_lead_as(rig, cli, via, &["claude"])
+}
+
+/// [`start_lead`] with the window running `argv` (which starts `claude` somehow).
+pub fn start_lead_as(
+    rig: &mut super::rig::AgentRig,
+    cli: &super::Cli,
+    via: Transport,
+    argv: &[&str],
+) -> String {
     seed_home(
         rig.home(),
         &cli.version,
@@ -89,7 +99,7 @@ pub fn start_lead(rig: &mut super::rig::AgentRig, cli: &super::Cli, via: Transpo
             ("ANTHROPIC_BASE_URL", url.as_str()),
             ("ANTHROPIC_API_KEY", super::rig::LEAD_KEY),
         ],
-        &["claude"],
+        argv,
     );
     rig.wait_screen(
         &lead,

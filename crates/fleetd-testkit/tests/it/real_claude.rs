@@ -198,3 +198,45 @@ fn e2e_claude_older_release_over_the_stdio_shim() {
     assert_eq!(nudges(&rig.lead_model.turns()).len(), 1);
     rig.assert_member_token_only_with_members(&lead);
 }
+
+#[test]
+fn e2e_claude_lead_started_without_exec_behind_a_shell() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let Some(cli) = versions("claude-code")
+        .into_iter()
+        .next()
+        .and_then(|v| Cli::require("claude-code", &v))
+    else {
+        return;
+    };
+    let mut rig = AgentRig::start(&[&cli], &claude::profile("claude"), "");
+    // A wrapper that does not `exec` the agent: tmux reports the shell in front of it.
+    let lead = claude::start_lead_as(
+        &mut rig,
+        &cli,
+        Transport::Http,
+        &["sh", "-c", "claude; echo the lead exited"],
+    );
+    let command = rig
+        .tmux
+        .run(&[
+            "display-message",
+            "-p",
+            "-t",
+            &lead,
+            "#{pane_current_command}",
+        ])
+        .expect("tmux");
+    assert_eq!(String::from_utf8_lossy(&command.stdout).trim(), "sh");
+    // fleetd still sees Claude Code at rest (its title names it), so the reply is nudged.
+    rig.say(&lead, "@spawn claude fay @reply behind a shell");
+    rig.wait(
+        "the lead to poll and ack fay's reply",
+        Duration::from_secs(90),
+        || read_on_nudge(&rig.lead_model.turns(), "behind a shell"),
+    );
+    let nudges = nudges(&rig.lead_model.turns());
+    assert_eq!(nudges.len(), 1, "{nudges:#?}");
+}

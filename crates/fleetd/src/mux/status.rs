@@ -12,7 +12,10 @@
 //!   (it sets `✳ Claude Code` once), so its footer (`… · esc to interrupt`) and its activity line
 //!   (`✻ Cultivating… (1s · ↓ 5 tokens)`) are the only signs of a turn; Codex shows
 //!   `• Working (3s • esc to interrupt)`;
-//! - a shell in the foreground is no agent (`unknown`); anything else is `idle`.
+//! - a shell in the foreground is no agent (`unknown`) — unless the title names one: a lead
+//!   started by a wrapper that does not `exec` it (`sh -c 'claude; …'`) leaves tmux reporting
+//!   the shell, while Claude Code's title (`✳ Claude Code`, set at start and kept) still names
+//!   it, and the screen is read as for any agent; anything else is `idle`.
 //!
 //! The rules follow herdr's detection manifests (claude.toml at herdr commit ffc4e263
 //! `live_turn_working`, lines 16-25, and `osc_title_working` lines 7-14; codex.toml at v0.8.2
@@ -62,6 +65,13 @@ pub(crate) fn has_spinner(title: &str) -> bool {
     title.chars().next().is_some_and(|c| {
         ('\u{2800}'..='\u{28FF}').contains(&c) || ('\u{25D0}'..='\u{25D3}').contains(&c)
     })
+}
+
+/// The agent a pane's title names when a shell is in the foreground: Claude Code keeps
+/// `✳ Claude Code` (2.1.3xx) or its spinner and the same words (earlier releases) as its title.
+/// Codex's title names its task, not itself: a Codex behind a shell stays `unknown`.
+fn agent_named_by(title: &str) -> Option<&'static str> {
+    title.contains("Claude Code").then_some("claude")
 }
 
 /// The last `n` non-empty lines of `screen`, bottom first.
@@ -156,8 +166,11 @@ pub fn derive_status(
     command: &str,
     screen: Option<&str>,
 ) -> (Option<String>, AgentStatus) {
-    let is_shell = SHELLS.contains(&command);
-    let agent = (!is_shell && !command.is_empty()).then(|| command.to_owned());
+    let agent = if SHELLS.contains(&command) {
+        agent_named_by(title).map(str::to_owned)
+    } else {
+        (!command.is_empty()).then(|| command.to_owned())
+    };
     if has_spinner(title) {
         return (agent, AgentStatus::Working);
     }
@@ -175,7 +188,7 @@ pub fn derive_status(
 
 /// Whether a status must be read from the screen (the title and command alone cannot tell).
 pub(crate) fn needs_screen(title: &str, command: &str) -> bool {
-    !SHELLS.contains(&command) && !has_spinner(title)
+    (!SHELLS.contains(&command) || agent_named_by(title).is_some()) && !has_spinner(title)
 }
 
 #[cfg(test)]
@@ -254,6 +267,30 @@ mod tests {
         assert_eq!(
             derive_status(title, "claude", Some(dialog)).1,
             AgentStatus::Blocked
+        );
+    }
+
+    /// A lead started without `exec` (`sh -c 'claude; …'`): tmux reports `sh`, the title still
+    /// names Claude Code (as seen on the real 2.1.332).
+    #[test]
+    fn claude_code_behind_a_shell_is_read_from_its_title_and_screen() {
+        let title = "✳ Claude Code";
+        assert!(needs_screen(title, "sh"));
+        let idle = "────\n❯\u{a0}\n────\n  ? for shortcuts";
+        assert_eq!(
+            derive_status(title, "sh", Some(idle)),
+            (Some("claude".to_owned()), AgentStatus::Idle)
+        );
+        let working = "✽ Beboppin'…\n────\n❯\u{a0}\n────\n  esc to interrupt";
+        assert_eq!(
+            derive_status(title, "sh", Some(working)).1,
+            AgentStatus::Working
+        );
+        // A shell titled otherwise is still no agent.
+        assert!(!needs_screen("host", "bash"));
+        assert_eq!(
+            derive_status("host", "bash", Some(idle)),
+            (None, AgentStatus::Unknown)
         );
     }
 
