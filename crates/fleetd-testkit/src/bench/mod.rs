@@ -2,6 +2,7 @@
 //! its own table, and returns [`Row`]s; `fleetd-bench all` runs every one and prints the rows as
 //! one side-by-side table ([`render`]) with the target of the issue that introduced each row.
 
+pub mod agents;
 pub mod bridge;
 pub mod dashboard;
 pub mod footprint;

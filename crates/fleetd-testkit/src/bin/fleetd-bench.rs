@@ -1,4 +1,4 @@
-//! `fleetd-bench [inbox|mailbox|locate|bridge|nudge|wake|tmux-events|footprint|dashboard|gateway|peers|all] [args...]`: the
+//! `fleetd-bench [inbox|mailbox|locate|bridge|nudge|wake|tmux-events|agents|footprint|dashboard|gateway|peers|all] [args...]`: the
 //! benchmark suite's one command. Each benchmark prints its own table; `all` runs every one (on
 //! its defaults) and ends with one combined table, side by side with the alternatives and the target
 //! of the issue that introduced each row. The numbers are reported, never asserted.
@@ -8,12 +8,13 @@ use fleetd_testkit::bench::{self, Row};
 type Bench = fn(&[String]) -> anyhow::Result<Vec<Row>>;
 
 /// Every benchmark, in the order `all` runs them, with the area its failure is reported under.
-const SUITE: [(&str, &str, Bench); 11] = [
+const SUITE: [(&str, &str, Bench); 12] = [
     ("inbox", "inbox", bench::inbox::run),
     ("mailbox", "mailbox (MCP)", bench::mailbox::run),
     ("nudge", "push", bench::nudge::run),
     ("wake", "wake-up", bench::wake::run),
     ("tmux-events", "wake-up", bench::tmux_events::run),
+    ("agents", "real agents", bench::agents::run),
     ("locate", "identity", bench::locate::run),
     ("bridge", "bridge", bench::bridge::run),
     ("footprint", "footprint", bench::footprint::run),
@@ -52,7 +53,7 @@ fn main() -> anyhow::Result<()> {
     }
     let Some((_, _, run)) = SUITE.iter().find(|(name, _, _)| *name == which) else {
         anyhow::bail!(
-            "unknown benchmark {which:?}: use inbox, mailbox, nudge, wake, tmux-events, locate, bridge, footprint, dashboard, gateway, peers or all"
+            "unknown benchmark {which:?}: use inbox, mailbox, nudge, wake, tmux-events, agents, locate, bridge, footprint, dashboard, gateway, peers or all"
         );
     };
     run(&rest).map(drop)

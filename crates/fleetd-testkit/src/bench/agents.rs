@@ -1,0 +1,104 @@
+//! Real-agent wake-up (issue 32): from a member's reply stored to the lead's next model request,
+//! with the real Claude Code (the newest pin of `agents/pins`) as lead and member on tmux, against
+//! the scripted model (`fake_model`), set up as the README tells a user to (`AgentRig`).
+//!
+//! One round: the lead sends its member a task without waiting (`@send-nowait`), and its turn
+//! ends; the member's model takes 2 s before it answers with `fleet_reply`, so the reply lands
+//! while the lead is idle. The series runs from the reply's `reply.stored` event (fleetd's clock,
+//! on the operator's `/events` stream) to the lead's model receiving the request of the turn
+//! the nudge started (the scripted model's clock, the same machine's): fleetd's push decision,
+//! the text typed into the pane and seen there, Enter, and Claude Code starting its turn and
+//! sending the request — the whole of what the user waits for. The round ends once the lead has
+//! read and acknowledged the reply.
+//!
+//! `fleetd-bench agents [--rounds N]`. Prints; never asserts. Needs tmux and the real CLIs
+//! (`scripts/install-agents`).
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use super::{Met, Row, Summary, progress};
+use crate::agents::claude::{self, Transport};
+use crate::agents::rig::{AgentRig, pause};
+use crate::agents::turns::{finished, nudges, prompt, read_on_nudge};
+use crate::agents::{Cli, versions};
+use crate::http::Endpoint;
+use crate::sse::SseReader;
+
+const DEFAULT_ROUNDS: usize = 20;
+/// Issue 32's target, for p99.
+const TARGET: Duration = Duration::from_millis(500);
+const AREA: &str = "real agents";
+
+/// Runs the benchmark, prints its table and returns its row.
+pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
+    let rounds = super::arg_number(args, "--rounds", DEFAULT_ROUNDS)?;
+    anyhow::ensure!(
+        crate::require_tmux() == crate::Service::Present,
+        "not measured: tmux not found"
+    );
+    let version = versions("claude-code")
+        .into_iter()
+        .next()
+        .context("no Claude Code pin in agents/pins")?;
+    let cli = Cli::find("claude-code", &version).with_context(|| {
+        format!("not measured: Claude Code {version} is not installed (run scripts/install-agents)")
+    })?;
+    let measurement = format!(
+        "member's reply stored → the lead's next model request (real Claude Code {version}, tmux)"
+    );
+    let samples = measure(&cli, rounds)?;
+    let summary = Summary::of(samples);
+    println!("\n## {measurement}, {rounds} rounds\n");
+    println!("{}", summary.cell());
+    Ok(vec![Row::new(AREA, measurement, summary.cell()).target(
+        format!("p99 ≤ {} ms (issue 32)", TARGET.as_millis()),
+        Met::from_bool(summary.p99 <= TARGET),
+    )])
+}
+
+fn measure(cli: &Cli, rounds: usize) -> anyhow::Result<Vec<Duration>> {
+    let mut rig = AgentRig::start(&[cli], &claude::profile("claude"), "");
+    let lead = claude::start_lead(&mut rig, cli, Transport::Http);
+    let Endpoint::Unix(socket) = rig.daemon.operator() else {
+        anyhow::bail!("the operator's endpoint is not a unix socket");
+    };
+    let mut events = SseReader::unix(&socket, None).context("GET /events")?;
+    anyhow::ensure!(events.status == 200, "GET /events: {}", events.refusal);
+    rig.say(&lead, "@spawn claude alice");
+    rig.wait("the spawn turn to end", Duration::from_secs(90), || {
+        finished(&rig.lead_model.turns(), |r| {
+            prompt(r) == "@spawn claude alice"
+        })
+    });
+    let mut samples = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let seen = nudges(&rig.lead_model.turns()).len();
+        let text = format!("round {round} done");
+        rig.say(&lead, &format!("@send-nowait alice @sleep 2 @reply {text}"));
+        let stored = events.until("alice's reply to be stored", |e| {
+            e.event == "reply.stored" && e.data["target"] == "alice"
+        });
+        let at: jiff::Timestamp = stored
+            .last()
+            .and_then(|e| e.data["at"].as_str()?.parse().ok())
+            .context("a reply.stored event without its time")?;
+        rig.wait("the nudge's turn", Duration::from_secs(30), || {
+            nudges(&rig.lead_model.turns()).len() > seen
+        });
+        let asked = nudges(&rig.lead_model.turns())[seen]["t"]
+            .as_i64()
+            .context("a request without its time")?;
+        let gap = asked - at.as_millisecond();
+        samples.push(Duration::from_millis(u64::try_from(gap).unwrap_or(0)));
+        progress(&format!("round {round}: {gap} ms"));
+        rig.wait(
+            "the lead to read the reply",
+            Duration::from_secs(60),
+            || read_on_nudge(&rig.lead_model.turns(), &text),
+        );
+        pause(Duration::from_millis(500));
+    }
+    Ok(samples)
+}
