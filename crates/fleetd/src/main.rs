@@ -191,9 +191,17 @@ fn mcp_server(
             shim_args.extend(["--config".to_owned(), path.display().to_string()]);
         }
         shim_args.push("mcp".to_owned());
+        let env = [
+            ("XDG_STATE_HOME", &env.xdg_state_home),
+            ("XDG_CONFIG_HOME", &env.xdg_config_home),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.to_owned(), v.as_ref()?.display().to_string())))
+        .collect();
         return Ok(McpServer::Stdio {
             command: "fleetd".to_owned(),
             args: shim_args,
+            env,
         });
     }
     let config = Config::load(config_path, env)?;

@@ -143,9 +143,14 @@ fn install_claude_user_scope_merges_into_claude_json() {
         serde_json::from_str(&std::fs::read_to_string(&claude_json).expect("read")).expect("JSON");
     assert_eq!(config["numStartups"], 7);
     assert_eq!(config["mcpServers"]["other"]["command"], "x");
+    // The shim is handed the state and config directories the installer had, so it finds
+    // the same daemon whatever the agent passes on to a stdio server.
     assert_eq!(
         config["mcpServers"]["fleet"],
-        json!({ "command": "fleetd", "args": ["mcp"] })
+        json!({ "command": "fleetd", "args": ["mcp"], "env": {
+            "XDG_STATE_HOME": home.path().join("state").display().to_string(),
+            "XDG_CONFIG_HOME": home.path().join("config").display().to_string(),
+        } })
     );
     let memory =
         std::fs::read_to_string(home.path().join(".claude/CLAUDE.md")).expect("user CLAUDE.md");

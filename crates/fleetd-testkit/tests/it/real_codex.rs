@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fleetd_testkit::agents::rig::{AgentRig, MEMBER_TOKEN, pause};
+use fleetd_testkit::agents::rig::{ANSWER, AgentRig, MEMBER_TOKEN, pause};
 use fleetd_testkit::agents::turns::{answer, finished, nudges, offers, prompt, read_on_nudge};
 use fleetd_testkit::agents::{Cli, claude, codex};
 use fleetd_testkit::fake_model::Logged;
@@ -233,4 +233,126 @@ fn e2e_a_codex_in_its_shared_daemon_is_refused_by_name_and_members_keep_their_id
             && daemon.iter().any(|d| l["daemon"] == *d)),
         "fleetd's log names the daemon {daemon:?}"
     );
+}
+
+/// A Codex member a user set up by hand to speak to fleetd over the stdio shim: the profile runs
+/// a script (so fleetd adds nothing to its command line), which starts Codex with fleetd's
+/// backend as its provider and `fleetd mcp` as its fleet server.
+const STDIO_MEMBER: &str = r#"exec codex --no-daemon -c model='"gpt-5"' -c model_provider='"fleet"' \
+  -c model_providers.fleet.name='"fleetd backend"' \
+  -c model_providers.fleet.base_url="\"$OPENAI_BASE_URL\"" \
+  -c model_providers.fleet.env_key='"OPENAI_API_KEY"' -c model_providers.fleet.wire_api='"responses"' \
+  -c mcp_servers.fleet.command='"fleetd"' -c 'mcp_servers.fleet.args=["mcp"]' \
+  -c mcp_servers.fleet.default_tools_approval_mode='"approve"' -c mcp_servers.fleet.tool_timeout_sec=3700 \
+  -c features.shell_snapshot=false -c check_for_update_on_startup=false \
+  -c "projects={\"$PWD\"={trust_level=\"trusted\"}}"
+"#;
+
+#[test]
+fn e2e_codex_lead_and_member_over_the_stdio_shim() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let Some(cli) = Cli::newest("codex") else {
+        return;
+    };
+    let profile = "  codex-stdio:\n    agent: codex\n    backend: model\n    command: /bin/sh\n    args: [\"{work}/codex-stdio.sh\"]\n    cwd: {work}\n";
+    let mut rig = AgentRig::start(&[&cli], profile, "");
+    std::fs::write(rig.work.join("codex-stdio.sh"), STDIO_MEMBER).expect("script");
+    let lead = codex::start_lead(&mut rig, true);
+    rig.say(&lead, "@spawn codex-stdio hal @reply over the shim");
+    rig.wait(
+        "the lead to poll and ack hal's reply",
+        Duration::from_secs(120),
+        || read_on_nudge(&rig.lead_model.turns(), "over the shim"),
+    );
+    rig.assert_task_typed_after_tools("hal");
+    let first = rig.member_model.turns().into_iter().next().expect("a turn");
+    assert!(
+        offers(&first, "fleet_reply") && answer(&first).contains("fleet_reply"),
+        "hal replied with fleet_reply: {first}"
+    );
+    assert_eq!(nudges(&rig.lead_model.turns()).len(), 1);
+    rig.assert_member_token_only_with_members(&lead);
+    assert!(rig.codex_daemons().is_empty());
+}
+
+#[test]
+fn e2e_codex_member_question_is_answered_by_a_codex_lead() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let Some(cli) = Cli::newest("codex") else {
+        return;
+    };
+    let mut rig = AgentRig::start(&[&cli], &codex::profile("codex"), "");
+    let lead = codex::start_lead(&mut rig, false);
+    rig.say(&lead, "@spawn codex ivy @ask which branch should I use?");
+    rig.wait(
+        "ivy's answer-bearing reply to reach the lead",
+        Duration::from_secs(120),
+        || {
+            finished(&rig.lead_model.turns(), |r| {
+                answer(r).contains("the lead answered")
+            })
+        },
+    );
+    let turns = rig.lead_model.turns();
+    assert!(
+        turns.iter().any(|r| answer(r).contains("fleet_answer")),
+        "the lead answered with fleet_answer: {turns:#?}"
+    );
+    assert!(
+        rig.member_model
+            .turns()
+            .iter()
+            .any(|r| answer(r).contains("fleet_reply") && answer(r).contains(ANSWER)),
+        "the member replied with the lead's answer"
+    );
+}
+
+#[test]
+fn e2e_codex_lead_is_never_typed_to_mid_turn() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let Some(cli) = Cli::newest("codex") else {
+        return;
+    };
+    let mut rig = AgentRig::start(&[&cli], &codex::profile("codex"), "");
+    let lead = codex::start_lead(&mut rig, false);
+    // Jo's model takes 6 s before it replies; meanwhile the lead is in a 15 s turn.
+    rig.say(&lead, "@spawn codex jo @sleep 6 @reply late news");
+    rig.wait("the spawn turn to end", Duration::from_secs(90), || {
+        finished(&rig.lead_model.turns(), |r| {
+            prompt(r).starts_with("@spawn codex jo")
+        })
+    });
+    rig.say(&lead, "@sleep 15 @text busy");
+    rig.wait(
+        "the lead to read jo's reply",
+        Duration::from_secs(120),
+        || read_on_nudge(&rig.lead_model.turns(), "late news"),
+    );
+    let turns = rig.lead_model.turns();
+    let busy = turns
+        .iter()
+        .find(|r| prompt(r) == "@sleep 15 @text busy")
+        .expect("the busy turn");
+    let busy_end = busy["t"].as_u64().expect("t") + 15_000;
+    let replied = rig
+        .member_model
+        .turns()
+        .into_iter()
+        .find(|r| r["steps"] == 1)
+        .and_then(|r| r["t"].as_u64())
+        .expect("jo's reply");
+    assert!(replied < busy_end, "jo replied while the lead was busy");
+    let nudges = nudges(&turns);
+    assert_eq!(nudges.len(), 1, "{nudges:#?}");
+    assert!(
+        nudges[0]["t"].as_u64().expect("t") >= busy_end,
+        "the nudge started a turn before the busy turn ended"
+    );
+    assert_eq!(prompt(&nudges[0]).matches("[fleet]").count(), 1);
 }

@@ -65,7 +65,7 @@ pub fn merge_config(
             fleet.remove("args");
             fleet["url"] = value(url.as_str());
         }
-        McpServer::Stdio { command, args } => {
+        McpServer::Stdio { command, args, env } => {
             fleet.remove("url");
             fleet["command"] = value(command.as_str());
             fleet["args"] = value(
@@ -73,6 +73,15 @@ pub fn merge_config(
                     .map(String::as_str)
                     .collect::<toml_edit::Array>(),
             );
+            if env.is_empty() {
+                fleet.remove("env");
+            } else {
+                let mut table = toml_edit::InlineTable::new();
+                for (k, v) in env {
+                    table.insert(k, v.as_str().into());
+                }
+                fleet["env"] = value(table);
+            }
         }
     }
     fleet["tool_timeout_sec"] = value(TOOL_TIMEOUT_SECS);
@@ -156,6 +165,7 @@ mod tests {
             "a second run changes nothing"
         );
         let stdio = McpServer::Stdio {
+            env: vec![("XDG_STATE_HOME".into(), "/h/state".into())],
             command: "fleetd".into(),
             args: vec!["mcp".into()],
         };
@@ -164,6 +174,11 @@ mod tests {
             .expect("changes");
         let doc: DocumentMut = switched.parse().expect("TOML");
         assert!(doc["mcp_servers"]["fleet"].get("url").is_none());
+        assert_eq!(
+            doc["mcp_servers"]["fleet"]["env"]["XDG_STATE_HOME"].as_str(),
+            Some("/h/state"),
+            "the shim finds the daemon Codex hands it only a few variables"
+        );
         assert_eq!(
             doc["mcp_servers"]["fleet"]["command"].as_str(),
             Some("fleetd")

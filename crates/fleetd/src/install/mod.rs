@@ -34,6 +34,10 @@ pub enum McpServer {
         command: String,
         /// Its arguments.
         args: Vec<String>,
+        /// Variables it needs to find the same daemon (`XDG_STATE_HOME`, `XDG_CONFIG_HOME`,
+        /// when the installer had them): Codex hands a stdio server only a few variables of
+        /// its own environment, and the shim finds the daemon's socket under the state dir.
+        env: Vec<(String, String)>,
     },
 }
 
@@ -42,7 +46,16 @@ impl McpServer {
     pub fn entry(&self) -> Value {
         match self {
             Self::Http { url } => json!({ "type": "http", "url": url }),
-            Self::Stdio { command, args } => json!({ "command": command, "args": args }),
+            Self::Stdio { command, args, env } if env.is_empty() => {
+                json!({ "command": command, "args": args })
+            }
+            Self::Stdio { command, args, env } => {
+                let env: serde_json::Map<String, Value> = env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                    .collect();
+                json!({ "command": command, "args": args, "env": env })
+            }
         }
     }
 }
@@ -428,6 +441,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let paths = ClaudePaths::user(dir.path());
         let server = McpServer::Stdio {
+            env: Vec::new(),
             command: "fleetd".into(),
             args: vec!["mcp".into()],
         };
