@@ -11,9 +11,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::Cli;
+use super::panes::{KEYS_THEN_ENTER, Mux, Panes};
 use crate::daemon::{Daemon, write_config};
 use crate::fake_model::FakeModel;
-use crate::tmux::TmuxServer;
 use crate::wait_until;
 
 /// The lead's own API key (the user's subscription stand-in).
@@ -26,10 +26,10 @@ pub const ANSWER: &str = "use the main branch";
 /// A running rig.
 #[derive(Debug)]
 pub struct AgentRig {
-    /// fleetd. Declared before the tmux server so it is dropped first (see `Rig`).
+    /// fleetd. Declared before the multiplexer so it is dropped first (see `Rig`).
     pub daemon: Daemon,
-    /// The private tmux server, started with the user's environment.
-    pub tmux: TmuxServer,
+    /// The user's multiplexer (tmux or fake-herdr), started with the user's environment.
+    pub panes: Panes,
     /// The lead's own model backend.
     pub lead_model: FakeModel,
     /// The members' model backend (served through fleetd's backend config).
@@ -55,6 +55,11 @@ impl AgentRig {
     /// entries, indented two spaces, or empty; `{work}` stands for the lead's working
     /// directory) and `extra` top-level config; `clis` go on PATH.
     pub fn start(clis: &[&Cli], profiles: &str, extra: &str) -> Self {
+        Self::start_on(Mux::Tmux, clis, profiles, extra)
+    }
+
+    /// [`AgentRig::start`] on `mux`.
+    pub fn start_on(mux: Mux, clis: &[&Cli], profiles: &str, extra: &str) -> Self {
         let home = tempfile::tempdir().expect("tempdir");
         let h = home.path().to_owned();
         let work = h.join("work");
@@ -86,7 +91,7 @@ impl AgentRig {
         for (k, v) in super::claude::ENV {
             env.push(((*k).to_owned(), (*v).to_owned()));
         }
-        let tmux = TmuxServer::start_with_env(&env).expect("private tmux server");
+        let panes = Panes::start(mux, &h, &env);
         let secrets = h.join("secrets");
         std::fs::create_dir_all(&secrets).expect("secrets dir");
         let token_file = secrets.join("member-token");
@@ -107,8 +112,8 @@ impl AgentRig {
             )
         };
         let config = format!(
-            "listen: {listen}\nmultiplexer: tmux\ntmuxSocket: {socket}\nmembersWorkspace: fleet\nlog:\n  level: fleetd=debug,info\nbackends:\n  model:\n    baseUrl: {model}\n    authTokenSecret: member_token\nsecrets:\n  member_token:\n    file: {token}\n{profiles}{extra}",
-            socket = tmux.socket().display(),
+            "listen: {listen}\n{mux}membersWorkspace: fleet\nlog:\n  level: fleetd=debug,info\nbackends:\n  model:\n    baseUrl: {model}\n    authTokenSecret: member_token\nsecrets:\n  member_token:\n    file: {token}\n{profiles}{extra}",
+            mux = panes.config(),
             model = member_model.url(),
             token = token_file.display(),
         );
@@ -116,7 +121,7 @@ impl AgentRig {
         let daemon = Daemon::start_with_env(&h, &listen, &[], &env);
         Self {
             daemon,
-            tmux,
+            panes,
             lead_model,
             member_model,
             home,
@@ -154,62 +159,22 @@ impl AgentRig {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Opens window `name` in the user's `base` session running `argv` in the lead's working
-    /// directory with `env` added; returns its tmux target.
+    /// Opens window (tmux) or tab (herdr) `name` running `argv` in the lead's working directory
+    /// with `env` added; returns its target.
     pub fn open(&self, name: &str, env: &[(&str, &str)], argv: &[&str]) -> String {
-        let mut args: Vec<String> = vec![
-            "new-window".into(),
-            "-d".into(),
-            "-t".into(),
-            "base".into(),
-            "-n".into(),
-            name.into(),
-            "-c".into(),
-            self.work.display().to_string(),
-        ];
-        for (k, v) in env {
-            args.push("-e".into());
-            args.push(format!("{k}={v}"));
-        }
-        args.extend(argv.iter().map(|a| (*a).to_owned()));
-        // tmux gives a window opened by a client outside any session that client's PATH.
-        let out = self
-            .tmux
-            .command()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .args(&args)
-            .output()
-            .expect("tmux runs");
-        assert!(
-            out.status.success(),
-            "new-window: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        format!("base:{name}")
+        self.panes.open(name, &self.work, &self.env, env, argv)
     }
 
     /// Types `text` into `target` the way a person does: the keys, then, a moment later, Enter.
     pub fn say(&self, target: &str, text: &str) {
-        let out = self
-            .tmux
-            .run(&["send-keys", "-t", target, "-l", "--", text])
-            .expect("tmux runs");
-        assert!(out.status.success(), "send-keys failed");
-        pause(Duration::from_millis(400));
-        let out = self
-            .tmux
-            .run(&["send-keys", "-t", target, "Enter"])
-            .expect("tmux runs");
-        assert!(out.status.success(), "send-keys Enter failed");
+        self.panes.type_text(target, text);
+        pause(KEYS_THEN_ENTER);
+        self.panes.enter(target);
     }
 
-    /// What tmux target `target` shows now.
+    /// What `target` shows now.
     pub fn screen(&self, target: &str) -> String {
-        let out = self
-            .tmux
-            .run(&["capture-pane", "-p", "-t", target])
-            .expect("tmux runs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.panes.screen(target)
     }
 
     /// Waits for `what` on `target`'s screen; on a timeout prints every pane and both models'
@@ -287,16 +252,9 @@ impl AgentRig {
         );
     }
 
-    /// The names of every tmux window of the user's.
+    /// The names of the user's windows (tmux) or tabs (herdr).
     pub fn windows(&self) -> Vec<String> {
-        let out = self
-            .tmux
-            .run(&["list-windows", "-a", "-F", "#{window_name}"])
-            .expect("tmux runs");
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        self.panes.names()
     }
 
     /// The members' backend token reached the members' model (so it was in use) and nothing of
@@ -332,24 +290,13 @@ impl AgentRig {
 
     /// Everything `target` showed, its scrollback included.
     pub fn history(&self, target: &str) -> String {
-        let out = self
-            .tmux
-            .run(&["capture-pane", "-p", "-S", "-", "-t", target])
-            .expect("tmux runs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.panes.history(target)
     }
 
     /// The environment of `target`'s process and every process under it, one string per
     /// process (`/proc/PID/environ`, NULs as newlines).
     pub fn environments(&self, target: &str) -> Vec<String> {
-        let out = self
-            .tmux
-            .run(&["display-message", "-p", "-t", target, "#{pane_pid}"])
-            .expect("tmux runs");
-        let root: u32 = String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .expect("a pane pid");
+        let root = self.panes.pid(target);
         // Every process's parent, from /proc/PID/stat (field 4, after the parenthesised name).
         let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
             .expect("/proc")
@@ -380,18 +327,8 @@ impl AgentRig {
 
     /// Prints every pane's screen and what each model was asked.
     pub fn dump(&self) {
-        let out = self
-            .tmux
-            .run(&[
-                "list-panes",
-                "-a",
-                "-F",
-                "#{session_name}:#{window_index} #{pane_id} #{pane_current_command} #{pane_title}",
-            ])
-            .expect("tmux runs");
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let pane = line.split_whitespace().nth(1).unwrap_or_default();
-            eprintln!("---- {line} ----\n{}", self.screen(pane));
+        for (target, what) in self.panes.list() {
+            eprintln!("---- {what} ----\n{}", self.screen(&target));
         }
         for (name, model) in [("lead", &self.lead_model), ("member", &self.member_model)] {
             for r in model.requests() {

@@ -34,6 +34,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 mod agent;
 mod api;
+mod detect;
 mod pane;
 pub mod process;
 mod state;

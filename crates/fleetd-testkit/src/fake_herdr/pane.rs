@@ -2,15 +2,10 @@
 //! pane shell), a vt100 screen fed from the PTY, and herdr-style agent detection. Must not know
 //! the socket protocol; `api` turns this state into herdr's JSON.
 //!
-//! Agent detection, modelled on herdr's (documented as a simplification):
-//! 1. Identification: the PTY's foreground process group (`tpgid` of the pane's session leader,
-//!    from `/proc`) names the group leader; it is an agent when its environment carries the
-//!    `HERDR_AGENT=<kind>` hint or its argv0 basename is a known kind (herdr's two mechanisms).
-//! 2. State, for an identified agent, from the screen like herdr's Claude manifest: a terminal
-//!    title starting with a braille spinner character (U+2800–U+28FF) and a space ⇒ `working`; an
-//!    approval UI in the bottom lines (`esc to cancel` with `enter to confirm`/`enter to select`,
-//!    or `do you want to proceed?`) ⇒ `blocked`; otherwise `idle`. Headless herdr reports a finished
-//!    turn that nobody has seen as `done`, so a working → idle transition reads `done` here too.
+//! Agent detection is herdr's (see `detect`):
+//! 1. Identification from the PTY's foreground process group (`/proc`), herdr's rules.
+//! 2. State from the screen and title by the agent's manifest rules. Headless herdr reports a
+//!    finished turn that nobody has seen as `done`, so a working → idle transition reads `done`.
 //! 3. No agent ⇒ `unknown`.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -233,7 +228,7 @@ impl PaneRt {
                 let revision = lock(&detecting.screen).revision;
                 since_identify += 1;
                 if revision != seen_revision || since_identify >= IDENTIFY_EVERY {
-                    agent = identify_agent(detecting.shell_pid);
+                    agent = super::detect::identify(detecting.shell_pid);
                     since_identify = 0;
                 }
                 seen_revision = revision;
@@ -266,9 +261,10 @@ impl PaneRt {
     fn update(&self, agent: Option<String>) -> bool {
         let status = match &agent {
             None => "unknown",
-            Some(_) => {
+            Some(kind) => {
                 let screen = lock(&self.screen);
-                classify(
+                super::detect::classify(
+                    kind,
                     screen.parser.callbacks().title.as_deref(),
                     &screen.parser.screen().contents(),
                 )
@@ -375,49 +371,6 @@ impl PaneRt {
 }
 
 /// Screen rules (see the module header).
-pub(crate) fn classify(title: Option<&str>, screen: &str) -> &'static str {
-    let spinner = title.and_then(|t| {
-        let mut chars = t.chars();
-        let first = chars.next()?;
-        Some(('\u{2800}'..='\u{28FF}').contains(&first) && chars.next() == Some(' '))
-    });
-    if spinner == Some(true) {
-        return "working";
-    }
-    let bottom: Vec<String> = screen
-        .lines()
-        .rev()
-        .filter(|l| !l.trim().is_empty())
-        .take(5)
-        .map(str::to_lowercase)
-        .collect();
-    let has = |needle: &str| bottom.iter().any(|l| l.contains(needle));
-    if (has("esc to cancel") && (has("enter to confirm") || has("enter to select")))
-        || has("do you want to proceed?")
-    {
-        return "blocked";
-    }
-    "idle"
-}
-
-/// The agent kind running in the foreground of the pane whose session leader is `shell_pid`.
-fn identify_agent(shell_pid: u32) -> Option<String> {
-    let leader = procfs::process::Process::new(i32::try_from(shell_pid).ok()?).ok()?;
-    let tpgid = leader.stat().ok()?.tpgid;
-    let fg = procfs::process::Process::new(tpgid).ok()?;
-    if let Ok(environ) = fg.environ()
-        && let Some(kind) = environ.get(std::ffi::OsStr::new("HERDR_AGENT"))
-    {
-        let kind = kind.to_string_lossy();
-        if KNOWN_AGENTS.contains(&kind.as_ref()) {
-            return Some(kind.into_owned());
-        }
-    }
-    let argv0 = fg.cmdline().ok()?.into_iter().next()?;
-    let base = argv0.rsplit('/').next()?.to_owned();
-    KNOWN_AGENTS.contains(&base.as_str()).then_some(base)
-}
-
 /// SIGKILLs every process whose session id is `sid` (the pane's session).
 pub(crate) fn kill_session(sid: u32) {
     let Ok(all) = procfs::process::all_processes() else {
@@ -430,26 +383,5 @@ pub(crate) fn kill_session(sid: u32) {
         {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::classify;
-
-    #[test]
-    fn screen_rules_classify_like_herdrs_claude_manifest() {
-        assert_eq!(classify(Some("⠋ sim-agent"), ""), "working");
-        assert_eq!(
-            classify(Some("⠋"), ""),
-            "idle",
-            "spinner needs a following space"
-        );
-        assert_eq!(classify(Some("sim-agent"), "❯ "), "idle");
-        assert_eq!(
-            classify(None, "Allow?\nEnter to confirm · Esc to cancel\n"),
-            "blocked"
-        );
-        assert_eq!(classify(None, "Do you want to proceed?\n"), "blocked");
     }
 }

@@ -37,8 +37,28 @@ impl FakeHerdrProcess {
 
     /// Like [`FakeHerdrProcess::start`] with extra arguments (`--protocol 19`, `--shell ...`).
     pub fn start_with_args(binary: &Path, socket: &Path, args: &[&str]) -> anyhow::Result<Self> {
+        Self::spawn(binary, socket, args, &[])
+    }
+
+    /// Like [`FakeHerdrProcess::start`] with `env` added: every pane's shell inherits it (a
+    /// user's herdr runs with the user's HOME and PATH).
+    pub fn start_with_env(
+        binary: &Path,
+        socket: &Path,
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
+        Self::spawn(binary, socket, &[], env)
+    }
+
+    fn spawn(
+        binary: &Path,
+        socket: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
         let mut cmd = Command::new(binary);
         strip_mux_env(&mut cmd)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .arg("--socket")
             .arg(socket)
             .args(args)

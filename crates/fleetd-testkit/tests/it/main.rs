@@ -29,6 +29,7 @@ mod push;
 mod push_herdr;
 mod real_claude;
 mod real_codex;
+mod real_herdr;
 mod recovery;
 mod reload;
 mod scenarios;

@@ -220,7 +220,8 @@ fn e2e_claude_lead_started_without_exec_behind_a_shell() {
         &["sh", "-c", "claude; echo the lead exited"],
     );
     let command = rig
-        .tmux
+        .panes
+        .tmux()
         .run(&[
             "display-message",
             "-p",

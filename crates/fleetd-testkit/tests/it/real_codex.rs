@@ -152,7 +152,8 @@ fn e2e_codex_member_at_its_approval_dialog_is_blocked_and_never_typed_into() {
 
     // The person answers it; the reply goes through, then the waiting task is typed.
     let out = rig
-        .tmux
+        .panes
+        .tmux()
         .run(&["send-keys", "-t", &pane, "Enter"])
         .expect("tmux");
     assert!(out.status.success());

@@ -34,6 +34,8 @@ const KEYS: &[(&str, KeyClass)] = &[
     // Whether `herdrSocket` was written or discovered: informational, never acted on.
     ("herdrSocketExplicit", KeyClass::Live),
     ("memberHerdrSocket", KeyClass::BootOnly),
+    // From the environment, read at each spawn.
+    ("codexHome", KeyClass::Live),
     ("tmuxSocket", KeyClass::BootOnly),
     ("membersWorkspace", KeyClass::Live),
     // Applied by the engine when a reload arrives (it subscribes).
@@ -114,6 +116,7 @@ impl ConfigDiff {
                 old.member_herdr_socket != new.member_herdr_socket,
             ),
             ("tmuxSocket", old.tmux_socket != new.tmux_socket),
+            ("codexHome", old.codex_home != new.codex_home),
             (
                 "membersWorkspace",
                 old.members_workspace != new.members_workspace,

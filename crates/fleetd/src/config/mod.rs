@@ -89,6 +89,8 @@ pub struct Environment {
     pub herdr_session: Option<String>,
     /// The machine's host name, up to its first dot (`uname`): a gateway's default name.
     pub hostname: Option<String>,
+    /// `$CODEX_HOME`.
+    pub codex_home: Option<PathBuf>,
 }
 
 impl Environment {
@@ -104,6 +106,7 @@ impl Environment {
             xdg_config_home: path("XDG_CONFIG_HOME"),
             xdg_state_home: path("XDG_STATE_HOME"),
             herdr_socket_path: path("HERDR_SOCKET_PATH"),
+            codex_home: path("CODEX_HOME"),
             herdr_session: std::env::var("HERDR_SESSION")
                 .ok()
                 .filter(|v| !v.is_empty()),
@@ -115,6 +118,11 @@ impl Environment {
                 .filter(|n| !n.is_empty())
                 .map(str::to_lowercase),
         }
+    }
+
+    /// Codex's home: `$CODEX_HOME`, else `~/.codex`.
+    pub fn codex_home(&self) -> PathBuf {
+        self.xdg_dir(self.codex_home.as_ref(), ".codex")
     }
 
     fn xdg_dir(&self, explicit: Option<&PathBuf>, fallback: &str) -> PathBuf {
@@ -198,6 +206,9 @@ pub struct Config {
     pub herdr_socket_explicit: bool,
     /// Optional second herdr daemon for members. Boot-only.
     pub member_herdr_socket: Option<PathBuf>,
+    /// Codex's home for members without their own `CODEX_HOME` (`$CODEX_HOME`, else
+    /// `~/.codex`): where fleetd reads how the user's Codex reaches it. From the environment.
+    pub codex_home: PathBuf,
     /// tmux `-S` socket; `None` means the user's default tmux server. Boot-only.
     pub tmux_socket: Option<PathBuf>,
     /// herdr workspace label / tmux session holding member panes.

@@ -75,9 +75,11 @@ fn xdg_and_herdr_discovery_follow_the_environment() {
         herdr_socket_path: None,
         herdr_session: Some("work".to_owned()),
         hostname: None,
+        codex_home: None,
     };
     let config = Config::parse("", "x", &e).expect("valid");
     assert_eq!(config.state_dir, PathBuf::from("/state/fleetd"));
+    assert_eq!(config.codex_home, PathBuf::from("/home/u/.codex"));
     assert_eq!(
         config.herdr_socket,
         PathBuf::from("/cfg/herdr/sessions/work/herdr.sock")
@@ -91,6 +93,11 @@ fn xdg_and_herdr_discovery_follow_the_environment() {
         ..e
     };
     assert_eq!(e.default_herdr_socket(), PathBuf::from("/run/h.sock"));
+    let e = Environment {
+        codex_home: Some(PathBuf::from("/ch")),
+        ..e
+    };
+    assert_eq!(e.codex_home(), PathBuf::from("/ch"));
 }
 
 #[test]

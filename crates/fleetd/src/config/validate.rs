@@ -121,6 +121,7 @@ pub(super) fn validate(
             .herdr_socket
             .unwrap_or_else(|| env.default_herdr_socket()),
         member_herdr_socket: raw.member_herdr_socket,
+        codex_home: env.codex_home(),
         tmux_socket: raw.tmux_socket,
         members_workspace: members_workspace(&judge, raw.members_workspace)?,
         primary: raw

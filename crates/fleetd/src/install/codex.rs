@@ -95,6 +95,19 @@ pub fn merge_config(
 }
 
 /// The table at `keys` (made, implicit for the parents, when absent).
+/// Whether the Codex configuration `text` (a `config.toml`) reaches fleetd through the stdio shim:
+/// its `[mcp_servers.fleet]` has a `command` (as `fleetd install codex --stdio` writes). A member
+/// started under it must not be given fleetd's URL as well: Codex merges `-c` overrides into the
+/// table and refuses to start a server with both ("url is not supported for stdio").
+pub fn fleet_server_is_stdio(text: &str) -> bool {
+    text.parse::<DocumentMut>().is_ok_and(|doc| {
+        doc.get("mcp_servers")
+            .and_then(|s| s.get(SERVER_NAME))
+            .and_then(|f| f.get("command"))
+            .is_some()
+    })
+}
+
 fn table_at<'a>(doc: &'a mut DocumentMut, keys: &[&str]) -> Result<&'a mut Table, String> {
     let mut table = doc.as_table_mut();
     for (i, key) in keys.iter().enumerate() {

@@ -42,6 +42,9 @@ pub(super) struct MemberArgs<'a> {
     pub(super) fleet_url: &'a str,
     /// The member's working directory, when fleetd sets one.
     pub(super) cwd: Option<&'a Path>,
+    /// The user's own configuration of this agent already reaches fleetd through the stdio
+    /// shim (Codex: `fleetd install codex --stdio`): the member uses it rather than the URL.
+    pub(super) fleet_over_stdio: bool,
 }
 
 impl MemberArgs<'_> {
@@ -57,10 +60,15 @@ impl MemberArgs<'_> {
         let mut set = vec![
             ("features.shell_snapshot".to_owned(), "false".to_owned()),
             ("check_for_update_on_startup".to_owned(), "false".to_owned()),
-            (
+        ];
+        // Codex merges `-c` into the user's table: a URL beside its `command` stops it starting.
+        if !self.fleet_over_stdio {
+            set.push((
                 "mcp_servers.fleet.url".to_owned(),
                 toml_string(&format!("{}/mcp", self.fleet_url)),
-            ),
+            ));
+        }
+        set.extend([
             (
                 "mcp_servers.fleet.tool_timeout_sec".to_owned(),
                 CODEX_TOOL_TIMEOUT_SECS.to_string(),
@@ -69,7 +77,7 @@ impl MemberArgs<'_> {
                 "mcp_servers.fleet.default_tools_approval_mode".to_owned(),
                 toml_string("approve"),
             ),
-        ];
+        ]);
         if let Some(url) = self.backend_url {
             let (_, token_var) = backend_vars("codex");
             let provider = format!("model_providers.{CODEX_PROVIDER}");
@@ -130,6 +138,7 @@ mod tests {
             model: Some("gpt-5"),
             fleet_url: "http://127.0.0.1:7797",
             cwd: Some(Path::new("/w/a \"b\"")),
+            fleet_over_stdio: false,
         }
         .build()
     }
@@ -178,6 +187,31 @@ mod tests {
     }
 
     #[test]
+    fn under_a_users_stdio_entry_a_codex_member_gets_no_url_beside_its_command() {
+        let args = MemberArgs {
+            agent: "codex",
+            backend_url: None,
+            model: None,
+            fleet_url: "http://127.0.0.1:7797",
+            cwd: None,
+            fleet_over_stdio: true,
+        }
+        .build();
+        assert_eq!(value(&args, "mcp_servers.fleet.url"), None, "{args:?}");
+        assert_eq!(
+            value(&args, "mcp_servers.fleet.tool_timeout_sec"),
+            Some("3700")
+        );
+        assert!(crate::install::codex::fleet_server_is_stdio(
+            "[mcp_servers.fleet]\ncommand = \"fleetd\"\nargs = [\"mcp\"]\n"
+        ));
+        assert!(!crate::install::codex::fleet_server_is_stdio(
+            "[mcp_servers.fleet]\nurl = \"http://127.0.0.1:7797/mcp\"\n"
+        ));
+        assert!(!crate::install::codex::fleet_server_is_stdio("not toml ["));
+    }
+
+    #[test]
     fn other_kinds_get_nothing_added() {
         for agent in ["claude", "pi", "custom"] {
             let args = MemberArgs {
@@ -186,6 +220,7 @@ mod tests {
                 model: None,
                 fleet_url: "http://f",
                 cwd: None,
+                fleet_over_stdio: false,
             }
             .build();
             assert!(args.is_empty(), "{agent}: {args:?}");

@@ -211,6 +211,7 @@ impl Saga<'_> {
             model: profile.model.as_deref(),
             fleet_url: &spawner.url,
             cwd: cwd.as_deref(),
+            fleet_over_stdio: codex_fleet_over_stdio(profile, &config.codex_home).await,
         }
         .build();
         let open = OpenPane {
@@ -465,4 +466,20 @@ async fn undo(engine: EngineHandle, mux: MuxRouter, held: Held) {
         }
         let _ = engine.unreserve(target).await;
     }
+}
+
+/// Whether a Codex member of `profile` finds fleetd through the stdio shim in its user's
+/// `config.toml` (under the profile's `CODEX_HOME`, else `codex_home`). False for any other
+/// agent, and when the file is absent or unreadable.
+async fn codex_fleet_over_stdio(profile: &Profile, codex_home: &std::path::Path) -> bool {
+    if profile.agent != "codex" {
+        return false;
+    }
+    let home = profile
+        .env
+        .get("CODEX_HOME")
+        .map_or_else(|| codex_home.to_owned(), std::path::PathBuf::from);
+    tokio::fs::read_to_string(home.join("config.toml"))
+        .await
+        .is_ok_and(|text| crate::install::codex::fleet_server_is_stdio(&text))
 }

@@ -1,0 +1,100 @@
+//! The real Claude Code and Codex CLIs as lead and members on herdr (`fake-herdr`: real PTYs,
+//! herdr's socket API and its agent detection — which process is the agent, what its screen
+//! says), set up as the README tells a user to: each lead started by hand in a herdr tab.
+
+use std::time::Duration;
+
+use fleetd_testkit::agents::claude::{self, Transport};
+use fleetd_testkit::agents::panes::Mux;
+use fleetd_testkit::agents::rig::AgentRig;
+use fleetd_testkit::agents::turns::{answer, nudges, offers, prompt, read_on_nudge};
+use fleetd_testkit::agents::{Cli, codex};
+use serde_json::Value;
+
+/// The agent herdr detects in `pane` of the rig's user, and its status.
+fn detected(rig: &AgentRig, pane: &str) -> (Value, Value) {
+    let fleetd_testkit::agents::panes::Panes::Herdr(herdr) = &rig.panes else {
+        unreachable!("a herdr rig")
+    };
+    let info = herdr
+        .call("pane.get", &serde_json::json!({ "pane_id": pane }))
+        .expect("fake-herdr answers");
+    let pane = &info["result"]["pane"];
+    (pane["agent"].clone(), pane["agent_status"].clone())
+}
+
+/// What a lead's delegation leaves behind, checked the same way for both agents: the lead read
+/// the reply on its first nudge (one turn, one copy) and acknowledged it, the member's first
+/// turn had fleetd's tools, and the members' token stayed with members. Then the lead stops the
+/// member and its tab closes.
+fn delegated_and_stopped(rig: &mut AgentRig, lead: &str, reply_tool: &str) {
+    rig.wait(
+        "the lead to poll and ack alice's reply",
+        Duration::from_secs(120),
+        || read_on_nudge(&rig.lead_model.turns(), "forty-two"),
+    );
+    let lead_turns = rig.lead_model.turns();
+    assert!(
+        answer(lead_turns.last().expect("turns")).contains(r#"\"acked\":true"#),
+        "the lead acknowledged what it read"
+    );
+    rig.assert_task_typed_after_tools("alice");
+    let member = rig.member_model.turns();
+    let first = member
+        .iter()
+        .find(|r| prompt(r) == "@reply forty-two")
+        .expect("the task reached the member's model");
+    assert!(offers(first, reply_tool), "{first}");
+    let nudges = nudges(&lead_turns);
+    assert_eq!(nudges.len(), 1, "{nudges:#?}");
+    assert_eq!(prompt(&nudges[0]).matches("[fleet]").count(), 1);
+    rig.assert_member_token_only_with_members(lead);
+
+    rig.say(lead, r#"@call fleet_stop {"target":"alice"}"#);
+    rig.wait("alice to be released", Duration::from_secs(60), || {
+        rig.member("alice").is_none()
+    });
+    rig.wait("alice's tab to close", Duration::from_secs(30), || {
+        !rig.windows().contains(&"alice".to_owned())
+    });
+}
+
+#[test]
+fn e2e_claude_on_herdr_lead_delegates_and_reads_the_reply_on_its_first_nudge() {
+    let Some(cli) = Cli::newest("claude-code") else {
+        return;
+    };
+    let mut rig = AgentRig::start_on(Mux::Herdr, &[&cli], &claude::profile("claude"), "");
+    let lead = claude::start_lead(&mut rig, &cli, Transport::Http);
+    // herdr names Claude Code's native binary (`claude.exe`) `claude`, and reads it at rest.
+    rig.wait(
+        "herdr to see the lead idle",
+        Duration::from_secs(30),
+        || {
+            let (agent, status) = detected(&rig, &lead);
+            agent == "claude" && (status == "idle" || status == "done")
+        },
+    );
+    rig.say(&lead, "@spawn claude alice @reply forty-two");
+    delegated_and_stopped(&mut rig, &lead, "mcp__fleet__fleet_reply");
+}
+
+#[test]
+fn e2e_codex_on_herdr_lead_over_the_stdio_shim_delegates_to_a_codex_member() {
+    let Some(cli) = Cli::newest("codex") else {
+        return;
+    };
+    let mut rig = AgentRig::start_on(Mux::Herdr, &[&cli], &codex::profile("codex"), "");
+    let lead = codex::start_lead(&mut rig, true);
+    // herdr looks through `node …/bin/codex` to Codex.
+    rig.wait(
+        "herdr to see the lead idle",
+        Duration::from_secs(30),
+        || {
+            let (agent, status) = detected(&rig, &lead);
+            agent == "codex" && (status == "idle" || status == "done")
+        },
+    );
+    rig.say(&lead, "@spawn codex alice @reply forty-two");
+    delegated_and_stopped(&mut rig, &lead, "fleet_reply");
+}
