@@ -74,12 +74,32 @@ pub fn start_lead(rig: &mut super::rig::AgentRig, cli: &super::Cli, via: Transpo
     start_lead_as(rig, cli, via, &["claude"])
 }
 
+/// [`start_lead`] with `env` added to the lead's (`CLAUDE_CODE_DISABLE_MCP_TASKS=1`, …).
+pub fn start_lead_with(
+    rig: &mut super::rig::AgentRig,
+    cli: &super::Cli,
+    via: Transport,
+    env: &[(&str, &str)],
+) -> String {
+    launch(rig, cli, via, &["claude"], env)
+}
+
 /// [`start_lead`] with the window running `argv` (which starts `claude` somehow).
 pub fn start_lead_as(
     rig: &mut super::rig::AgentRig,
     cli: &super::Cli,
     via: Transport,
     argv: &[&str],
+) -> String {
+    launch(rig, cli, via, argv, &[])
+}
+
+fn launch(
+    rig: &mut super::rig::AgentRig,
+    cli: &super::Cli,
+    via: Transport,
+    argv: &[&str],
+    extra: &[(&str, &str)],
 ) -> String {
     seed_home(
         rig.home(),
@@ -93,14 +113,12 @@ pub fn start_lead_as(
     }
     rig.fleetd(&install);
     let url = rig.lead_model.url();
-    let lead = rig.open(
-        "lead",
-        &[
-            ("ANTHROPIC_BASE_URL", url.as_str()),
-            ("ANTHROPIC_API_KEY", super::rig::LEAD_KEY),
-        ],
-        argv,
-    );
+    let mut env = vec![
+        ("ANTHROPIC_BASE_URL", url.as_str()),
+        ("ANTHROPIC_API_KEY", super::rig::LEAD_KEY),
+    ];
+    env.extend_from_slice(extra);
+    let lead = rig.open("lead", &env, argv);
     rig.wait_screen(
         &lead,
         "the lead's input box",

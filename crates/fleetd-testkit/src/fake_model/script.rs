@@ -327,6 +327,8 @@ fn split_word(text: &str) -> (&str, &str) {
 
 /// Every `fleet_xxx(key="value", key=true, key=...)` call form in `text`, in order.
 fn named_calls(text: &str) -> Vec<(&'static str, serde_json::Map<String, Value>)> {
+    // A text of fleetd's may arrive inside JSON (a task's structured result): its quotes escaped.
+    let text = &text.replace("\\\"", "\"");
     let mut out = Vec::new();
     for (i, _) in text.match_indices("fleet_") {
         let rest = &text[i..];
@@ -470,6 +472,19 @@ mod tests {
         assert_eq!(
             call_of(&next(&c, &Options::default())).1,
             json!({"target": "alice", "msgIds": [id]})
+        );
+    }
+
+    #[test]
+    fn a_call_named_inside_a_tasks_json_result_is_made() {
+        let wake = r#"<task-notification><result>{"next":"once read, fleet_ack(target=\"alice\", msgId=\"m-1\")","reply":"42"}</result></task-notification>"#;
+        let c = conv(wake, &[]);
+        assert_eq!(
+            call_of(&next(&c, &Options::default())),
+            (
+                "mcp__fleet__fleet_ack".into(),
+                json!({"target": "alice", "msgId": "m-1"})
+            )
         );
     }
 

@@ -18,6 +18,7 @@ mod tests_durable;
 #[cfg(test)]
 mod tests_gateway;
 mod verify;
+mod wake;
 
 use std::sync::Arc;
 
@@ -34,6 +35,7 @@ use crate::store::InboxStore;
 pub use remote::{PeerSpawn, RemoteSpawned, SpawnAnswer, SpawnRemote};
 pub use run::spawn;
 pub use state::{Delegator, GatewayOutcome, PeerRefusal};
+pub use wake::WakeView;
 
 /// Capacity of the engine's inbox. Commands are small and handled in microseconds; 1024 absorbs
 /// a burst from every member of a large fleet replying at once without making callers wait.
@@ -333,6 +335,8 @@ pub(crate) enum Command {
         target: Target,
         status: AgentStatus,
     },
+    /// A wake (MCP task) request (`wake`).
+    Wake(wake::WakeCommand),
     /// A test-only fault: the engine panics on it.
     Panic,
     HandedTo {

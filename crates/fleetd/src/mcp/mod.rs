@@ -9,15 +9,17 @@
 //! never consulted.
 
 pub(crate) mod tools;
+pub mod wake;
 
 use std::sync::Arc;
 
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, DiscoverResult,
-    Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    DiscoverResult, GetTaskParams, GetTaskResult, Implementation, InitializeRequestParams,
+    InitializeResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ProgressToken, ServerCapabilities,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -253,9 +255,14 @@ async fn with_heartbeat<F: std::future::Future>(
 
 impl ServerHandler for FleetMcp {
     fn get_info(&self) -> InitializeResult {
-        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("fleetd", env!("CARGO_PKG_VERSION")))
-            .with_instructions(INSTRUCTIONS)
+        InitializeResult::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new("fleetd", env!("CARGO_PKG_VERSION")))
+        .with_instructions(INSTRUCTIONS)
     }
 
     async fn initialize(
@@ -310,6 +317,16 @@ impl ServerHandler for FleetMcp {
             .get_progress_token()
             .or_else(|| request.meta.as_ref()?.get_progress_token());
         let mut args = request.arguments.unwrap_or_default();
+        let takes_tasks = context
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks());
+        if takes_tasks && wake::takes_task(&name, &args) {
+            // The keystroke-free wake: a task now, the reply when the client polls it.
+            return match wake::call_as_task(&self.fleet, &caller, &name, args).await {
+                Ok(task) => Ok(CallToolResponse::Task(task)),
+                Err(outcome) => Ok(tool_result(&name, &caller, outcome).into()),
+            };
+        }
         if progress.is_none() {
             cap_silent_wait(&name, &mut args);
         }
@@ -318,24 +335,53 @@ impl ServerHandler for FleetMcp {
             Some(token) => with_heartbeat(call, &context.peer, token).await,
             None => call.await,
         };
-        let result = match outcome {
-            Ok(out) => {
-                tracing::debug!(tool = %name, caller = %caller, "tool call ok");
-                let mut result = CallToolResult::structured(out.value);
-                result.content = vec![ContentBlock::text(out.summary)];
-                result
-            }
-            Err(err) => {
-                tracing::info!(tool = %name, caller = %caller, code = err.code, "tool call refused");
-                let mut result = CallToolResult::structured_error(serde_json::json!({
-                    "code": err.code,
-                    "message": err.message,
-                }));
-                result.content = vec![ContentBlock::text(format!("{}: {}", err.code, err.message))];
-                result
-            }
-        };
-        Ok(result.into())
+        Ok(tool_result(&name, &caller, outcome).into())
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let caller = self.caller(&context).await;
+        wake::get(&self.fleet, &caller, &request.task_id)
+            .await
+            .map(GetTaskResult::new)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let caller = self.caller(&context).await;
+        wake::cancel(&self.fleet, &caller, &request.task_id).await
+    }
+}
+
+/// A tool's outcome as its MCP result: structured content and a one-line text, or the
+/// refusal's code and message.
+fn tool_result(
+    name: &str,
+    caller: &Caller,
+    outcome: Result<ToolOutput, ToolError>,
+) -> CallToolResult {
+    match outcome {
+        Ok(out) => {
+            tracing::debug!(tool = %name, caller = %caller, "tool call ok");
+            let mut result = CallToolResult::structured(out.value);
+            result.content = vec![ContentBlock::text(out.summary)];
+            result
+        }
+        Err(err) => {
+            tracing::info!(tool = %name, caller = %caller, code = err.code, "tool call refused");
+            let mut result = CallToolResult::structured_error(serde_json::json!({
+                "code": err.code,
+                "message": err.message,
+            }));
+            result.content = vec![ContentBlock::text(format!("{}: {}", err.code, err.message))];
+            result
+        }
     }
 }
 

@@ -157,6 +157,7 @@ impl Engine {
             Command::SetStatus { target, status } => s.set_status(&target, None, status, now, io),
             Command::Panic => panic!("test fault: the engine was asked to panic"),
             Command::HandedTo { ticket, holder } => s.handed_to(ticket, holder),
+            Command::Wake(command) => super::super::wake::dispatch(s, command, now, io, replies),
             Command::Unhand { ticket } => s.unhand(ticket, now, io),
             Command::TakeHanded { holder, reply } => {
                 let _ = reply.send(s.take_handed(&holder));

@@ -191,10 +191,15 @@ impl State {
             }
             let msg_id = message.msg_id;
             self.replies.insert(ticket, message);
-            if self.apply(ticket, event, now) && self.settle(ticket, now) {
-                delivered = Delivered::Waiter;
-                // Until the waiter's caller is known to have it, it is not mail to nudge about.
-                self.hand(ticket, target.clone(), msg_id);
+            if self.apply(ticket, event, now) {
+                if self.settle(ticket, now) {
+                    delivered = Delivered::Waiter;
+                    // Until the waiter's caller is known to have it, it is not mail to nudge about.
+                    self.hand(ticket, target.clone(), msg_id);
+                } else if self.wake_holds_reply(ticket, now) {
+                    // Its caller's MCP task reports it: no nudge while the task is live.
+                    self.hand(ticket, target.clone(), msg_id);
+                }
             }
         }
         if !forwarded {

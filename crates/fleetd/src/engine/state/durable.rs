@@ -49,6 +49,8 @@ pub(super) struct Dirty {
     pub(super) outbox: BTreeSet<u64>,
     /// Spawns across gateways (`remote::spawn_key`).
     pub(super) spawns: BTreeSet<String>,
+    /// Wakes (MCP tasks), by id.
+    pub(super) wakes: BTreeSet<String>,
 }
 
 /// A ticket as kept on disk.
@@ -108,6 +110,8 @@ pub(in crate::engine) struct Restored {
     outbox: Vec<(u64, fleetd_core::gateway::Envelope)>,
     /// Spawns across gateways (key, JSON value).
     spawns: Vec<(String, String)>,
+    /// Wakes (id, JSON value).
+    wakes: Vec<(String, String)>,
 }
 
 impl Restored {
@@ -151,6 +155,10 @@ impl Restored {
                     out.spawns.push((record.key.clone(), record.value.clone()));
                     Ok(())
                 }
+                super::wakes::WAKE => {
+                    out.wakes.push((record.key.clone(), record.value.clone()));
+                    Ok(())
+                }
                 META if record.key == PRIMARY => {
                     serde_json::from_str::<Option<String>>(&record.value)
                         .map(|p| out.primary = p.map(LeadId))
@@ -184,6 +192,7 @@ impl Restored {
             && self.spawn_worktrees.is_empty()
             && self.outbox.is_empty()
             && self.spawns.is_empty()
+            && self.wakes.is_empty()
     }
 }
 
@@ -309,6 +318,7 @@ impl State {
                 None => ops.push(delete(SPAWN_WORKTREE, target.to_string())),
             }
         }
+        ops.extend(dirty.wakes.into_iter().filter_map(|id| self.wake_op(id)));
         for key in dirty.spawns {
             match self.spawn_record(&key) {
                 Some(Ok(value)) => ops.push(StateOp::Put(StateRecord {
@@ -355,6 +365,9 @@ impl State {
         }
         for (key, value) in kept.spawns {
             self.restore_spawn(&key, &value, now);
+        }
+        for (id, value) in kept.wakes {
+            self.restore_wake(id, &value);
         }
         for (id, row) in kept.leads {
             io.push(Io::Watch {

@@ -19,6 +19,13 @@ pub(super) struct Handed {
     holder: Option<String>,
 }
 
+impl Handed {
+    /// Who received it, once known.
+    pub(super) fn holder(&self) -> Option<&str> {
+        self.holder.as_deref()
+    }
+}
+
 impl State {
     /// `ticket`'s reply `msg_id` was given to a waiting `fleet_send`.
     pub(super) fn hand(&mut self, ticket: Ticket, target: Target, msg_id: MsgId) {

@@ -22,6 +22,7 @@ mod push;
 mod questions;
 mod refusals;
 mod remote;
+mod wakes;
 mod worktrees;
 
 pub use delegation::Delegator;
@@ -228,6 +229,8 @@ pub(super) struct State {
     ids: crate::clock::SharedClock,
     /// Replies given to a waiter and not yet acknowledged, by ticket.
     handed: HashMap<Ticket, handed::Handed>,
+    /// Tickets watched for their callers through MCP tasks, by task id (durable).
+    wakes: HashMap<String, wakes::Wake>,
     /// Each inbox's depth as last read.
     raw_depth: HashMap<Target, u64>,
     /// Backends the prober last found down, with why.
@@ -331,6 +334,7 @@ impl State {
             dirty: durable::Dirty::default(),
             ids,
             handed: HashMap::new(),
+            wakes: HashMap::new(),
             raw_depth: HashMap::new(),
             seen: std::collections::VecDeque::new(),
             max_inject,
@@ -486,8 +490,10 @@ impl State {
             self.waiters.remove(&ticket);
             self.sent_by.remove(&ticket);
             self.typed.remove(&ticket);
+            self.forget_wakes(ticket);
             self.dirty.tickets.insert(ticket);
         }
+        self.wakes_due(now, io);
         let idle: Vec<Target> = self
             .members
             .iter()

@@ -52,7 +52,9 @@ impl State {
                 peer: peer.clone(),
             },
         );
-        if peer.is_some() {
+        // A member here asking about another gateway's task, or one whose ticket a live MCP
+        // task watches (it reports the question): no nudge.
+        if peer.is_some() || self.wake_holds_question(&target, &id, now) {
             return Ok((id, rx));
         }
         let effects = self.push.handle_at(

@@ -6,7 +6,7 @@ mod ack;
 mod answer;
 mod ask;
 mod list;
-mod poll;
+pub(crate) mod poll;
 mod profiles;
 mod reply;
 pub(crate) mod send;

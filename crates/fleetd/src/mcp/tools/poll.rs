@@ -41,13 +41,17 @@ pub(crate) struct Args {
     /// for the oldest. If that reply is no longer pending (acknowledged), the page starts from the
     /// oldest pending reply and says afterNotPending=true.
     after: Option<String>,
+    /// With ticket: true waits for the ticket's next news (a reply, a question from its member,
+    /// the end of its turn) as an MCP task your client polls, when your client takes MCP tasks
+    /// (Claude Code does): your next turn starts with it. Other clients get the state at once.
+    wait: Option<bool>,
 }
 
 pub(crate) struct Poll;
 
 impl FleetTool for Poll {
     const NAME: &'static str = "fleet_poll";
-    const DESCRIPTION: &'static str = "Read without removing. ticket=T → {ticket, state, reply?}. target=NAME → {target, replies:[{msgId, kind, ticket?, text, createdAt}], questions:[{questionId, question}], more}: one page of the member's pending replies, oldest first — at most `limit` (default 20, max 100) and about 1 MiB of text. When more=true, call again with after=<the last msgId you got> for the next page, or fleet_ack what you have read and poll again. Acknowledge what you have read with fleet_ack so it is not shown (or nudged about) again. A member may call it with its own ticket to read a long task; a delegating member may read the tickets it sent and the inboxes of its own subtree (not_your_member).";
+    const DESCRIPTION: &'static str = "Read without removing. ticket=T → {ticket, state, reply?}; with wait=true, to a client that takes MCP tasks, a background task that completes on the ticket's next news (use it to keep waiting after answering a question). target=NAME → {target, replies:[{msgId, kind, ticket?, text, createdAt}], questions:[{questionId, question}], more}: one page of the member's pending replies, oldest first — at most `limit` (default 20, max 100) and about 1 MiB of text. When more=true, call again with after=<the last msgId you got> for the next page, or fleet_ack what you have read and poll again. Acknowledge what you have read with fleet_ack so it is not shown (or nudged about) again. A member may call it with its own ticket to read a long task; a delegating member may read the tickets it sent and the inboxes of its own subtree (not_your_member).";
     const CLASS: ToolClass = ToolClass::ReadOnly;
     type Args = Args;
 
@@ -64,6 +68,8 @@ impl FleetTool for Poll {
     async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
         match (args.ticket, args.target) {
             (Some(ticket), None) => {
+                // `wait` is served before the tool runs (`mcp::wake`); here it is the state now.
+                let _ = args.wait;
                 if args.limit.is_some() || args.after.is_some() {
                     return Err(ToolError::new(
                         "invalid_arguments",
@@ -174,7 +180,7 @@ fn page_request(limit: Option<&Value>, after: Option<&str>) -> Result<PageReques
 /// The reply to `ticket` among the oldest [`TICKET_SCAN`] pending messages of `target` (its
 /// `reply`, else any message for it, such as the turn-end fallback), read a bounded page at a
 /// time so only one page and the match are held.
-async fn find_reply(
+pub(crate) async fn find_reply(
     store: &dyn InboxStore,
     target: &Target,
     ticket: Ticket,

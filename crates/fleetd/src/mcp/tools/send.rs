@@ -50,7 +50,7 @@ pub(crate) fn reply_json(message: &Message) -> serde_json::Value {
 
 impl FleetTool for Send {
     const NAME: &'static str = "fleet_send";
-    const DESCRIPTION: &'static str = "Delegate a task to a member. Returns {ticket, status, reply?, msgId?}. With wait (the default) the call returns when the ticket settles (replied, ended_without_reply, stalled, failed) or the timeout passes (status working/queued: the reply will land in the inbox and you will be nudged). A reply returned here is acknowledged by your next fleet call. With wait=false it returns {ticket, status:queued} at once.";
+    const DESCRIPTION: &'static str = "Delegate a task to a member. Returns {ticket, status, reply?, msgId?}. With wait (the default) the call returns when the ticket settles (replied, ended_without_reply, stalled, failed) or the timeout passes (status working/queued: the reply will land in the inbox and you will be nudged). A reply returned here is acknowledged by your next fleet call. With wait=false it returns {ticket, status:queued} at once. A client that takes MCP tasks (Claude Code) gets the wait as a background task instead: the call returns at once and a new turn starts with the ticket's first news (its reply, a question from the member, or how it ended).";
     const CLASS: ToolClass = ToolClass::Orchestration;
     type Args = Args;
 

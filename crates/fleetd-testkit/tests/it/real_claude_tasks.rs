@@ -1,0 +1,124 @@
+//! The keystroke-free wake with the real Claude Code (issue 33): a lead whose client takes MCP
+//! tasks gets `fleet_send`'s wait as a task, its turn ends, and when the member replies Claude
+//! Code starts the next turn by itself — nothing typed into its pane, no nudge.
+
+use std::time::Duration;
+
+use fleetd_testkit::agents::claude::{self, Transport};
+use fleetd_testkit::agents::rig::AgentRig;
+use fleetd_testkit::agents::turns::{answer, finished, nudges, prompt};
+use fleetd_testkit::agents::{Cli, versions};
+use fleetd_testkit::fake_model::Logged;
+use fleetd_testkit::{Service, require_tmux};
+
+/// A rig with the newest Claude Code as lead over `via` and a member `alice` spawned idle.
+fn fleet_with_alice(via: Transport, extra_env: &[(&str, &str)]) -> Option<(AgentRig, String)> {
+    if require_tmux() == Service::Skip {
+        return None;
+    }
+    let newest = versions("claude-code").into_iter().next()?;
+    let cli = Cli::require("claude-code", &newest)?;
+    let mut rig = AgentRig::start(&[&cli], &claude::profile("claude"), "");
+    let lead = claude::start_lead_with(&mut rig, &cli, via, extra_env);
+    rig.say(&lead, "@spawn claude alice");
+    rig.wait("alice to be spawned", Duration::from_secs(120), || {
+        finished(&rig.lead_model.turns(), |r| prompt(r) == "@spawn claude alice")
+    });
+    Some((rig, lead))
+}
+
+/// How many replies of `target` wait in the inbox.
+fn pending_replies(rig: &AgentRig, target: &str) -> usize {
+    fleetd_testkit::http::get(rig.daemon.operator(), &format!("/sessions/{target}/replies"))
+        .expect("the REST API answers")
+        .json()["replies"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+/// The lead's turns a task notification started.
+fn wakes(turns: &[Logged]) -> Vec<Logged> {
+    turns
+        .iter()
+        .filter(|r| prompt(r).contains("<task-notification>") && r["steps"] == 0)
+        .cloned()
+        .collect()
+}
+
+/// When fleetd's log says `tool` succeeded for `caller` (its first such line), in unix ms.
+fn logged_ms(rig: &mut AgentRig, tool: &str, caller: &str) -> i64 {
+    rig.log()
+        .iter()
+        .find(|l| l["message"] == "tool call ok" && l["tool"] == tool && l["caller"] == caller)
+        .and_then(|l| l["timestamp"].as_str()?.parse::<jiff::Timestamp>().ok())
+        .map(|t| t.as_millisecond())
+        .unwrap_or_else(|| panic!("no `{tool}` by {caller} in fleetd's log"))
+}
+
+/// The lead sent alice `task` with `fleet_send`'s default wait: a task came back at once, the
+/// turn ended, and a later turn started by itself with alice's reply.
+fn woken_with(rig: &mut AgentRig, lead: &str, reply: &str) -> Logged {
+    rig.wait(
+        "a task notification to start the lead's next turn",
+        Duration::from_secs(120),
+        || {
+            wakes(&rig.lead_model.turns())
+                .iter()
+                .any(|w| prompt(w).contains(reply))
+        },
+    );
+    let turns = rig.lead_model.turns();
+    let sent = turns
+        .iter()
+        .find(|r| prompt(r).starts_with("@send alice") && r["steps"] == 1)
+        .expect("the lead's fleet_send step");
+    assert!(
+        answer(sent).starts_with("Text("),
+        "the task result ended the turn: {sent}"
+    );
+    assert!(
+        nudges(&turns).is_empty(),
+        "a nudge was typed: {:#?}",
+        nudges(&turns)
+    );
+    assert!(
+        !rig.history(lead).contains("[fleet]"),
+        "something of fleetd's was typed into the lead's pane"
+    );
+    let nudged = rig
+        .log()
+        .iter()
+        .any(|l| l["message"] == "push decision" && l["metric"] == "Nudged");
+    assert!(!nudged, "fleetd decided to nudge");
+    wakes(&turns)
+        .into_iter()
+        .find(|w| prompt(w).contains(reply))
+        .expect("the wake")
+}
+
+#[test]
+fn e2e_claude_lead_is_woken_by_its_task_with_nothing_typed() {
+    let Some((mut rig, lead)) = fleet_with_alice(Transport::Http, &[]) else {
+        return;
+    };
+    rig.say(&lead, "@send alice @sleep 2 @reply forty-two");
+    let wake = woken_with(&mut rig, &lead, "forty-two");
+    // Within a poll of the reply (fleetd's `pollIntervalMs`), plus Claude Code's own turn start
+    // and this machine's noise: the bench measures it closely.
+    let replied = logged_ms(&mut rig, "fleet_reply", "member alice");
+    let woke = wake["t"].as_i64().expect("the request's time");
+    let poll = i64::try_from(fleetd::mcp::wake::TASK_POLL.as_millis()).expect("ms");
+    assert!(
+        woke - replied <= 2 * poll + 1000,
+        "woken {} ms after the reply",
+        woke - replied
+    );
+    // The wake's turn read the reply and acknowledged it (the result names the call): alice's
+    // inbox holds nothing more.
+    rig.wait("the wake's turn to end", Duration::from_secs(60), || {
+        finished(&rig.lead_model.turns(), |r| {
+            prompt(r).contains("<task-notification>") && r["steps"] == 1
+        })
+    });
+    assert_eq!(pending_replies(&rig, "alice"), 0);
+}
