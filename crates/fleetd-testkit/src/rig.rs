@@ -144,6 +144,32 @@ impl Rig {
     }
 
     /// Types an `mcp-call` command line into `pane`; returns the file its result lands in.
+    /// Sends one JSON-RPC request from tmux target `pane` as an MCP 2026-07-28 client that
+    /// takes MCP tasks (`mcp-call --rpc-file`); returns `{"status", "result"|"error"}`.
+    pub fn rpc_from(&self, pane: &str, method: &str, params: &Value) -> Value {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let params_file = self.dir().join(format!("rpc-{n}.json"));
+        let out_file = self.dir().join(format!("rpc-out-{n}.json"));
+        std::fs::write(&params_file, params.to_string()).expect("write params");
+        self.type_keys(
+            pane,
+            &format!(
+                "{} --rpc-file {method} {} {}",
+                bin_path("mcp-call").display(),
+                params_file.display(),
+                out_file.display()
+            ),
+            true,
+        );
+        wait_until(
+            &format!("{method} from {pane}"),
+            Duration::from_secs(60),
+            || out_file.exists(),
+        );
+        serde_json::from_str(&std::fs::read_to_string(&out_file).expect("rpc answer"))
+            .expect("rpc answer is JSON")
+    }
+
     fn start_call(&self, pane: &str, tool: &str, args: &Value) -> PathBuf {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         let args_file = self.dir().join(format!("args-{n}.json"));

@@ -13,6 +13,10 @@
 //!   "ports": [p1, p2]}` to OUT_FILE (after the first call too, without "second").
 //! - `mcp-call --herdr JSON`: one request line to the herdr socket at `$HERDR_SOCKET_PATH`;
 //!   prints the answer line.
+//! - `mcp-call --rpc METHOD PARAMS_JSON`: one JSON-RPC request as an MCP 2026-07-28 client that
+//!   takes MCP tasks sends it (no `initialize`; `_meta` names the protocol and declares the
+//!   tasks extension, as Claude Code 2.1.332 does); prints `{"status", "result"|"error"}`.
+//!   `--rpc-file METHOD PARAMS_FILE OUT_FILE` writes that to OUT_FILE atomically.
 
 use std::io::{BufRead as _, Write as _};
 use std::time::Duration;
@@ -35,6 +39,20 @@ fn main() -> anyhow::Result<()> {
         Some("--http") => http(&args[1..]),
         Some("--keepalive") => keepalive(&args[1..]),
         Some("--herdr") => herdr(&args[1..]),
+        Some("--rpc") => {
+            let [_, method, params] = args.as_slice() else {
+                anyhow::bail!("usage: mcp-call --rpc METHOD PARAMS_JSON");
+            };
+            println!("{}", rpc(method, serde_json::from_str(params)?)?);
+            Ok(())
+        }
+        Some("--rpc-file") => {
+            let [_, method, params_file, out_file] = args.as_slice() else {
+                anyhow::bail!("usage: mcp-call --rpc-file METHOD PARAMS_FILE OUT_FILE");
+            };
+            let params = serde_json::from_str(&std::fs::read_to_string(params_file)?)?;
+            write_atomically(out_file, &rpc(method, params)?)
+        }
         _ => {
             let [tool, args_file, out_file] = args.as_slice() else {
                 anyhow::bail!(
@@ -72,6 +90,54 @@ fn call(tool: &str, arguments: Value) -> Value {
         Ok(result) => json!({ "result": result }),
         Err(e) => json!({ "error": format!("{e:#}") }),
     }
+}
+
+/// One JSON-RPC request to `$FLEETD_URL/mcp` as a 2026-07-28 client that takes MCP tasks.
+fn rpc(method: &str, mut params: Value) -> anyhow::Result<Value> {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": { "name": "mcp-call", "version": "0" },
+        "io.modelcontextprotocol/clientCapabilities": {
+            "extensions": { "io.modelcontextprotocol/tasks": {} }
+        },
+    });
+    // `Mcp-Name`: the tool of a `tools/call`, the task of a `tasks/*` (as Claude Code sends).
+    let name = params["name"]
+        .as_str()
+        .or_else(|| params["taskId"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
+    let url = url()?;
+    let addr: std::net::SocketAddr = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .with_context(|| format!("FLEETD_URL {url:?} is not http://IP:PORT"))?;
+    let response = fleetd_testkit::http::request_with(
+        addr,
+        "POST",
+        "/mcp",
+        &[
+            ("Accept", "application/json, text/event-stream"),
+            ("Content-Type", "application/json"),
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", method),
+            ("Mcp-Name", &name),
+        ],
+        Some(&body.to_string()),
+    )?;
+    let answer = serde_json::from_str::<Value>(&response.body).unwrap_or(json!(response.body));
+    let mut out = json!({ "status": response.status });
+    for key in ["result", "error"] {
+        if let Some(v) = answer.get(key) {
+            out[key] = v.clone();
+        }
+    }
+    if out.get("result").is_none() && out.get("error").is_none() {
+        out["body"] = answer;
+    }
+    Ok(out)
 }
 
 fn write_atomically(out_file: &str, body: &Value) -> anyhow::Result<()> {

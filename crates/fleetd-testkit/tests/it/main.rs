@@ -36,6 +36,7 @@ mod reload;
 mod scenarios;
 mod security;
 mod security_herdr;
+mod security_tasks;
 mod serve;
 mod service;
 mod spawn_herdr;

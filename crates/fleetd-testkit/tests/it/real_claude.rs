@@ -142,10 +142,21 @@ fn e2e_claude_lead_is_never_typed_to_mid_turn() {
 }
 
 #[test]
-fn e2e_claude_fleet_send_waits_past_a_minute() {
-    let Some((rig, lead)) = claude_fleet(None, Transport::Http) else {
+fn e2e_claude_with_tasks_off_fleet_send_waits_past_a_minute() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let Some(cli) = Cli::newest("claude-code") else {
         return;
     };
+    let mut rig = AgentRig::start(&[&cli], &claude::profile("claude"), "");
+    // Without MCP tasks (an older client, or turned off) the wait is a plain call.
+    let lead = claude::start_lead_with(
+        &mut rig,
+        &cli,
+        Transport::Http,
+        &[("CLAUDE_CODE_DISABLE_MCP_TASKS", "1")],
+    );
     rig.say(&lead, "@spawn claude dave");
     rig.wait("the spawn turn to end", Duration::from_secs(90), || {
         finished(&rig.lead_model.turns(), |r| answer(r).contains("dave"))

@@ -22,16 +22,21 @@ fn fleet_with_alice(via: Transport, extra_env: &[(&str, &str)]) -> Option<(Agent
     let lead = claude::start_lead_with(&mut rig, &cli, via, extra_env);
     rig.say(&lead, "@spawn claude alice");
     rig.wait("alice to be spawned", Duration::from_secs(120), || {
-        finished(&rig.lead_model.turns(), |r| prompt(r) == "@spawn claude alice")
+        finished(&rig.lead_model.turns(), |r| {
+            prompt(r) == "@spawn claude alice"
+        })
     });
     Some((rig, lead))
 }
 
 /// How many replies of `target` wait in the inbox.
 fn pending_replies(rig: &AgentRig, target: &str) -> usize {
-    fleetd_testkit::http::get(rig.daemon.operator(), &format!("/sessions/{target}/replies"))
-        .expect("the REST API answers")
-        .json()["replies"]
+    fleetd_testkit::http::get(
+        rig.daemon.operator(),
+        &format!("/sessions/{target}/replies"),
+    )
+    .expect("the REST API answers")
+    .json()["replies"]
         .as_array()
         .map_or(0, Vec::len)
 }

@@ -24,7 +24,7 @@ const TOKEN: &str = "fleet-api-token-7d1c0e";
 /// A rig with a shell lead, an API token, a replying member `alice` holding one unread reply,
 /// and a `shell` member `mallory` that runs whatever task it is given as a shell command line
 /// (an agent with a shell tool).
-fn rig_with_mail(extra_profiles: &str) -> Option<(Rig, String)> {
+pub(crate) fn rig_with_mail(extra_profiles: &str) -> Option<(Rig, String)> {
     if require_tmux() == Service::Skip {
         return None;
     }
@@ -83,7 +83,7 @@ fn fleet_state(rig: &Rig) -> Value {
 
 /// Runs `line` in `member`'s shell (a `shell` sim-agent) through the lead's `fleet_send` and
 /// returns each line it printed after the `exit N` line, parsed as JSON where it is JSON.
-fn run_in(rig: &Rig, member: &str, line: &str) -> Vec<Value> {
+pub(crate) fn run_in(rig: &Rig, member: &str, line: &str) -> Vec<Value> {
     let sent = structured_ok(&rig.lead(
         "fleet_send",
         &json!({ "target": member, "task": line, "timeoutSecs": 90 }),
@@ -107,7 +107,7 @@ fn code(answer: &Value) -> String {
         .to_owned()
 }
 
-fn mcp_call() -> String {
+pub(crate) fn mcp_call() -> String {
     bin_path("mcp-call").display().to_string()
 }
 
@@ -486,7 +486,11 @@ fn e2e_security_member_children_outside_its_pane_are_anonymous() {
 
 /// Runs a command as uid/gid 65534 (nobody) with `setpriv`; `None` when this process is not
 /// root (then the test is skipped, or fails under CI).
-fn as_nobody(program: &str, args: &[&str], env: &[(&str, &str)]) -> Option<std::process::Output> {
+pub(crate) fn as_nobody(
+    program: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Option<std::process::Output> {
     let root = rustix::process::geteuid().is_root();
     if require(
         "root (to run a process as another uid with setpriv)",

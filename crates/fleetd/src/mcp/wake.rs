@@ -155,7 +155,8 @@ async fn outcome(fleet: &Fleet, view: &WakeView) -> TaskPayload {
         return completed(
             json!({ "ticket": ticket, "status": "expired" }),
             format!("fleet: ticket {ticket} has expired"),
-            "its reply, if any, is in the member's inbox: fleet_poll(target=...) reads it".to_owned(),
+            "its reply, if any, is in the member's inbox: fleet_poll(target=...) reads it"
+                .to_owned(),
             true,
         );
     };
