@@ -95,6 +95,18 @@ pub enum FleetEvent {
         /// Replies waiting (not yet acknowledged).
         depth: u64,
     },
+    /// A ticket's wake (an MCP task its caller's client polls, SEP-2663): `armed` (the news is
+    /// not nudged about while it is), `read` (the client was told), `cancelled`, `lapsed` (not
+    /// read in time: the nudge takes over).
+    #[serde(rename = "ticket.wake")]
+    TicketWake {
+        /// The ticket.
+        ticket: String,
+        /// Its member.
+        target: String,
+        /// What happened to the wake.
+        state: String,
+    },
     /// A member asked its lead a question.
     #[serde(rename = "question.opened")]
     QuestionOpened {
@@ -390,6 +402,7 @@ fn kind_of(event: &FleetEvent) -> &'static str {
         FleetEvent::MemberReleased { .. } => "member.released",
         FleetEvent::TicketState { .. } => "ticket.state",
         FleetEvent::ReplyStored { .. } => "reply.stored",
+        FleetEvent::TicketWake { .. } => "ticket.wake",
         FleetEvent::InboxDepth { .. } => "inbox.depth",
         FleetEvent::QuestionOpened { .. } => "question.opened",
         FleetEvent::QuestionClosed { .. } => "question.closed",

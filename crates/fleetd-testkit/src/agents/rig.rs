@@ -40,6 +40,8 @@ pub struct AgentRig {
     pub work: PathBuf,
     /// The user's environment (what tmux was started with).
     env: Vec<(String, String)>,
+    /// The log lines of daemons this rig restarted.
+    previous_logs: Vec<String>,
 }
 
 /// A free loopback port (bound and released: fleetd takes it a moment later).
@@ -127,7 +129,20 @@ impl AgentRig {
             home,
             work,
             env,
+            previous_logs: Vec::new(),
         }
+    }
+
+    /// Kills fleetd with SIGKILL and starts it again on the same HOME, address and
+    /// environment (as a service manager restarts it); returns once it listens. The previous
+    /// daemon's log is kept in `previous_logs`.
+    pub fn restart_daemon(&mut self) {
+        self.daemon.signal("KILL");
+        self.daemon.wait_exit(Duration::from_secs(30));
+        self.previous_logs
+            .extend(self.daemon.logs_so_far().iter().cloned());
+        let listen = self.daemon.addr.to_string();
+        self.daemon = Daemon::start_with_env(self.home.path(), &listen, &[], &self.env);
     }
 
     /// The user's HOME.
@@ -211,11 +226,12 @@ impl AgentRig {
         }
     }
 
-    /// fleetd's log so far, one JSON object per line.
+    /// fleetd's log so far (every daemon's this rig ran), one JSON object per line.
     pub fn log(&mut self) -> Vec<Value> {
-        self.daemon
-            .logs_so_far()
+        let current: Vec<String> = self.daemon.logs_so_far().to_vec();
+        self.previous_logs
             .iter()
+            .chain(&current)
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
     }

@@ -232,6 +232,17 @@ fn summary(event: &SseEvent) -> String {
                 .map(|t| format!(", ticket {}", short(t)))
                 .unwrap_or_default()
         ),
+        "ticket.wake" => format!(
+            "{} ticket {}: wake {}",
+            s("target"),
+            short(&s("ticket")),
+            match s("state").as_str() {
+                "armed" => "armed (the lead's client polls for it; no nudge)",
+                "read" => "read by the lead's client",
+                "lapsed" => "not read in time; the nudge takes over",
+                _ => "cancelled; the nudge takes over",
+            }
+        ),
         "inbox.depth" => format!(
             "{} has {} replies waiting",
             s("target"),

@@ -121,7 +121,7 @@ pub(super) fn dispatch(
         WakeCommand::View { id, owner, reply } => {
             let _ = reply.send(state.wake_view(&id, &owner, now));
         }
-        WakeCommand::Read { id, owner } => state.wake_read(&id, &owner),
+        WakeCommand::Read { id, owner } => state.wake_read(&id, &owner, now),
         WakeCommand::Cancel { id, owner, reply } => {
             let _ = reply.send(state.cancel_wake(&id, &owner, now, io));
         }

@@ -93,7 +93,20 @@ impl State {
         }
         self.dirty.wakes.insert(id.clone());
         self.wakes.insert(id.clone(), wake);
+        self.emit_wake(ticket, "armed", now);
         Ok(id)
+    }
+
+    /// Tells the event stream what became of `ticket`'s wake.
+    fn emit_wake(&mut self, ticket: Ticket, state: &str, now: Timestamp) {
+        if let TicketLookup::Live(r) = self.tickets.get_at(ticket, now) {
+            let target = r.target.to_string();
+            self.emit(crate::events::FleetEvent::TicketWake {
+                ticket: ticket.to_string(),
+                target,
+                state: state.to_owned(),
+            });
+        }
     }
 
     /// The wake `id` as `owner` sees it: `None` for another's or an unknown one alike.
@@ -124,7 +137,7 @@ impl State {
 
     /// The owner read wake `id`'s outcome: a reply it held is the owner's now (its next call
     /// acknowledges it); a question it held is the owner's to answer.
-    pub(in crate::engine) fn wake_read(&mut self, id: &str, owner: &str) {
+    pub(in crate::engine) fn wake_read(&mut self, id: &str, owner: &str, now: Timestamp) {
         let Some(wake) = self
             .wakes
             .get_mut(id)
@@ -137,6 +150,7 @@ impl State {
         let ticket = wake.ticket;
         self.dirty.wakes.insert(id.to_owned());
         self.handed_to(ticket, owner.to_owned());
+        self.emit_wake(ticket, "read", now);
     }
 
     /// The owner cancelled wake `id`: what it held goes back to the nudge. False when `owner`
@@ -153,9 +167,11 @@ impl State {
         };
         let was_live = wake.live();
         wake.cancelled = true;
+        let ticket = wake.ticket;
         self.dirty.wakes.insert(id.to_owned());
         if was_live {
             self.release_wake(id, now, io);
+            self.emit_wake(ticket, "cancelled", now);
         }
         true
     }
@@ -195,11 +211,6 @@ impl State {
         true
     }
 
-    /// Whether `ticket` has a live wake (for `fleet watch` and the dashboard).
-    pub(in crate::engine) fn wake_armed(&self, ticket: Ticket) -> bool {
-        self.wakes.values().any(|w| w.ticket == ticket && w.live())
-    }
-
     /// Wakes whose news waited [`WAKE_GRACE`] unread: the nudge takes over.
     pub(super) fn wakes_due(&mut self, now: Timestamp, io: &mut Vec<Io>) {
         let due: Vec<String> = self
@@ -214,8 +225,12 @@ impl State {
             .map(|(id, _)| id.clone())
             .collect();
         for id in due {
-            tracing::info!(ticket = ?self.wakes.get(&id).map(|w| w.ticket), "a wake was not read in time; the nudge takes over");
+            let Some(ticket) = self.wakes.get(&id).map(|w| w.ticket) else {
+                continue;
+            };
+            tracing::info!(%ticket, "a wake was not read in time; the nudge takes over");
             self.release_wake(&id, now, io);
+            self.emit_wake(ticket, "lapsed", now);
         }
     }
 

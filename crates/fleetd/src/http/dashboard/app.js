@@ -639,6 +639,7 @@
       case 'member.released': return `${d.target} released (${d.cause})`;
       case 'ticket.state': return `${d.target} ticket ${short(d.ticket)} ${d.state}`;
       case 'reply.stored': return `${d.target} replied (${d.bytes} bytes${d.ticket ? `, ticket ${short(d.ticket)}` : ''})`;
+      case 'ticket.wake': return `${d.target} ticket ${short(d.ticket)}: wake ${d.state}`;
       case 'inbox.depth': return `${d.target} has ${d.depth} replies waiting`;
       case 'question.opened': return `${d.target} asks (question ${d.question_id})`;
       case 'question.closed': return `${d.target}'s question ${d.question_id} ${d.how}`;
