@@ -28,6 +28,7 @@ pub mod reload;
 pub mod secrets;
 pub mod serve;
 pub mod shim;
+pub mod shim_relay;
 pub mod state;
 pub mod store;
 pub mod telemetry;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rmcp::ServiceExt;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 
 use fleetd_core::access::Door;
@@ -119,27 +119,8 @@ pub async fn listen(
     Ok(ShimListener { task, path })
 }
 
-/// `fleetd mcp`: relays this process's stdin/stdout to the daemon's shim socket until either
-/// side closes.
+/// `fleetd mcp`: relays this process's stdin/stdout to the daemon's shim socket until the client
+/// closes stdin, riding out a restart of the daemon (see `shim_relay`).
 pub async fn relay(state_dir: &Path) -> anyhow::Result<()> {
-    let path = socket_path(state_dir);
-    let stream = UnixStream::connect(&path).await.map_err(|e| {
-        anyhow::anyhow!(
-            "failed to reach fleetd at {}: {e}; start it with `fleetd serve` (same config and state directory)",
-            path.display()
-        )
-    })?;
-    let (mut from_daemon, mut to_daemon) = stream.into_split();
-    let up = tokio::spawn(async move {
-        let mut stdin = tokio::io::stdin();
-        let _ = tokio::io::copy(&mut stdin, &mut to_daemon).await;
-        // The client closed stdin: tell the daemon no more requests are coming; answers to the
-        // requests already sent still flow down until the daemon closes its side.
-        let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_daemon).await;
-    });
-    let mut stdout = tokio::io::stdout();
-    let down = tokio::io::copy(&mut from_daemon, &mut stdout).await;
-    up.abort();
-    down?;
-    Ok(())
+    crate::shim_relay::run(&socket_path(state_dir)).await
 }

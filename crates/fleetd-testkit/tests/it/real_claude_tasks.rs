@@ -160,7 +160,11 @@ fn e2e_claude_member_question_reaches_the_lead_through_its_task_and_the_answer_g
     rig.say(&lead, "@send alice @ask which branch should I use?");
     // The question wakes the lead; it answers and waits on with fleet_poll{ticket, wait}.
     let question = woken_with(&mut rig, &lead, "which branch should I use?");
-    assert!(prompt(&question).contains("fleet_answer"), "{}", prompt(&question));
+    assert!(
+        prompt(&question).contains("fleet_answer"),
+        "{}",
+        prompt(&question)
+    );
     // The answer reached alice, whose reply wakes the lead through the second task.
     woken_with(&mut rig, &lead, fleetd_testkit::agents::rig::ANSWER);
     let asked = rig
@@ -169,4 +173,19 @@ fn e2e_claude_member_question_reaches_the_lead_through_its_task_and_the_answer_g
         .into_iter()
         .any(|r| answer(&r).contains(fleetd_testkit::agents::rig::ANSWER));
     assert!(asked, "alice's model got the answer");
+}
+
+#[test]
+fn e2e_claude_task_over_the_stdio_shim_survives_a_kill_9_of_fleetd() {
+    let Some((mut rig, lead)) = fleet_with_alice(Transport::Stdio, &[]) else {
+        return;
+    };
+    rig.say(&lead, "@send alice @sleep 10 @reply the shim held on");
+    rig.wait("the task to be armed", Duration::from_secs(60), || {
+        finished(&rig.lead_model.turns(), |r| {
+            prompt(r).starts_with("@send alice")
+        })
+    });
+    rig.restart_daemon();
+    woken_with(&mut rig, &lead, "the shim held on");
 }

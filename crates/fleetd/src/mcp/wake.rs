@@ -215,8 +215,10 @@ async fn outcome(fleet: &Fleet, view: &WakeView) -> TaskPayload {
 
 /// A completed task's result: `value` with `next` in it, and the text `what` then `next`.
 fn completed(mut value: Value, what: String, next: String, is_error: bool) -> TaskPayload {
-    let text = format!("{what}\nNext: {next}");
-    value["next"] = json!(next);
+    let mut text = what;
+    text.push_str("\nNext: ");
+    text.push_str(&next);
+    value["next"] = Value::String(next);
     let mut result = if is_error {
         CallToolResult::structured_error(value)
     } else {
