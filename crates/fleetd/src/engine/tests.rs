@@ -942,3 +942,90 @@ async fn a_status_blip_before_the_task_was_submitted_records_no_fallback() {
         "its own turn's fallback"
     );
 }
+
+/// alice's reply to `ticket`, stored and told to the engine.
+async fn reply_to(rig: &Rig, ticket: Ticket, text: &str) {
+    let alice = Target::new("alice").expect("target");
+    let reply = Message {
+        msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
+        target: alice,
+        ticket: Some(ticket),
+        kind: MessageKind::Reply,
+        text: text.to_owned(),
+        from: "alice".to_owned(),
+        created_at: Timestamp::UNIX_EPOCH,
+    };
+    rig.store.publish(reply.clone()).await.expect("publish");
+    rig.engine.reply_stored(reply).await.expect("engine");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wake_holds_its_reply_from_the_nudge_until_read_cancelled_or_lapsed() {
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let rig = rig(&fake);
+    sleep(Duration::from_millis(100)).await; // the pinned primary is resolved
+    rig.engine
+        .add_member(member("alice", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    let owner = "lead:w1:p1".to_owned();
+    let mut wakes = Vec::new();
+    for round in 0..3 {
+        let ticket = alice_with_a_task(&rig).await;
+        let id = rig
+            .engine
+            .arm_wake(ticket, owner.clone())
+            .await
+            .expect("engine")
+            .expect("armed");
+        assert!(
+            rig.engine
+                .wake(id.clone(), "lead:w9:p9".to_owned())
+                .await
+                .expect("engine")
+                .is_none(),
+            "another caller sees no such wake"
+        );
+        reply_to(&rig, ticket, &format!("done {round}")).await;
+        let view = rig
+            .engine
+            .wake(id.clone(), owner.clone())
+            .await
+            .expect("engine")
+            .expect("the owner's wake");
+        assert_eq!(view.state, Some(TicketState::Replied));
+        assert_eq!(view.reply.map(|r| r.text), Some(format!("done {round}")));
+        wakes.push(id);
+    }
+    sleep(Duration::from_secs(30)).await;
+    assert!(
+        rig.nudges_into("w1:p1").is_empty(),
+        "replies live wakes carry are not nudged about"
+    );
+    // The first is read (its reply is the owner's: its next call acknowledges it), the second
+    // cancelled (the nudge takes over at once), the third never polled (it lapses).
+    rig.engine
+        .wake_read(wakes[0].clone(), owner.clone())
+        .await
+        .expect("engine");
+    assert!(
+        rig.engine
+            .cancel_wake(wakes[1].clone(), owner.clone())
+            .await
+            .expect("engine")
+    );
+    sleep(Duration::from_millis(100)).await;
+    let nudges = rig.nudges_into("w1:p1");
+    assert_eq!(nudges.len(), 1, "{nudges:?}");
+    assert!(nudges[0].text.contains("1 message from alice"), "{nudges:?}");
+    sleep(Duration::try_from(super::state::WAKE_GRACE).expect("positive")).await;
+    let nudges = rig.nudges_into("w1:p1");
+    assert!(
+        nudges.iter().any(|n| n.text.contains("2 messages from alice")),
+        "the lapsed wake's reply is mail again: {nudges:?}"
+    );
+    let taken = rig.engine.take_handed(owner).await.expect("engine");
+    assert_eq!(taken.len(), 1, "exactly the read wake's reply: {taken:?}");
+}

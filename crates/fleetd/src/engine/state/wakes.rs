@@ -27,7 +27,7 @@ pub(super) const WAKE: &str = "wake";
 /// How long news held for a wake waits for its client's poll before the nudge takes over: well
 /// over the five failed polls after which Claude Code stops re-dialling a server
 /// (`mcp::TASK_POLL`), so only a client that lost its connection meets it.
-pub(super) const WAKE_GRACE: SignedDuration = SignedDuration::from_secs(60);
+pub(in crate::engine) const WAKE_GRACE: SignedDuration = SignedDuration::from_secs(60);
 
 /// One wake.
 #[derive(Debug, Clone, Serialize, Deserialize)]
