@@ -6,6 +6,8 @@
 //! - `fleetd_tool_calls_total{tool, outcome}` — outcome `ok` or the refusal code;
 //! - `fleetd_nudges_total{outcome}` — `nudged`, `deferred_busy`, `exhausted`, `no_lead`,
 //!   `binding_forgotten`, `inject_failed`, `inject_uncertain`;
+//! - `fleetd_tasks_total{outcome}` — MCP tasks (the keystroke-free wake): `armed`, then
+//!   `completed` or `failed` when a client is told the ticket's news, or `cancelled`;
 //! - `fleetd_inbox_depth{target}` — pending messages per member inbox (as last read), one series
 //!   per inbox that exists: a member's, or a released member's still holding mail;
 //! - `fleetd_tickets{state}` — tickets the engine holds, by state;
@@ -64,6 +66,11 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "fleetd_nudges_total",
         "counter",
         "Nudge decisions for leads, by outcome",
+    ),
+    (
+        "fleetd_tasks_total",
+        "counter",
+        "MCP tasks (the keystroke-free wake), by outcome: armed, completed, failed, cancelled",
     ),
     ("fleetd_inbox_depth", "gauge", DEPTH_HELP),
     (

@@ -189,3 +189,28 @@ fn e2e_claude_task_over_the_stdio_shim_survives_a_kill_9_of_fleetd() {
     rig.restart_daemon();
     woken_with(&mut rig, &lead, "the shim held on");
 }
+
+#[test]
+fn e2e_claude_keeps_polling_a_task_held_past_its_long_poll() {
+    let Some((mut rig, lead)) = fleet_with_alice(Transport::Http, &[]) else {
+        return;
+    };
+    // The member takes longer than a held `tasks/get` (TASK_HOLD): Claude Code hears `working`,
+    // polls again, and is woken by the reply all the same.
+    let hold = fleetd::mcp::wake::TASK_HOLD.as_secs();
+    rig.say(
+        &lead,
+        &format!("@send alice @sleep {} @reply worth holding for", hold + 8),
+    );
+    woken_with(&mut rig, &lead, "worth holding for");
+    let replied = logged_ms(&mut rig, "fleet_reply", "member alice");
+    let woke = wakes(&rig.lead_model.turns())[0]["t"]
+        .as_i64()
+        .expect("the request's time");
+    let poll = i64::try_from(fleetd::mcp::wake::TASK_POLL.as_millis()).expect("ms");
+    assert!(
+        woke - replied <= 2 * poll + 1000,
+        "woken {} ms after the reply",
+        woke - replied
+    );
+}

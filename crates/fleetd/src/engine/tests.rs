@@ -1019,11 +1019,16 @@ async fn a_wake_holds_its_reply_from_the_nudge_until_read_cancelled_or_lapsed() 
     sleep(Duration::from_millis(100)).await;
     let nudges = rig.nudges_into("w1:p1");
     assert_eq!(nudges.len(), 1, "{nudges:?}");
-    assert!(nudges[0].text.contains("1 message from alice"), "{nudges:?}");
+    assert!(
+        nudges[0].text.contains("1 message from alice"),
+        "{nudges:?}"
+    );
     sleep(Duration::try_from(super::state::WAKE_GRACE).expect("positive")).await;
     let nudges = rig.nudges_into("w1:p1");
     assert!(
-        nudges.iter().any(|n| n.text.contains("2 messages from alice")),
+        nudges
+            .iter()
+            .any(|n| n.text.contains("2 messages from alice")),
         "the lapsed wake's reply is mail again: {nudges:?}"
     );
     let taken = rig.engine.take_handed(owner).await.expect("engine");

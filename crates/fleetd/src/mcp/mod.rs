@@ -344,7 +344,7 @@ impl ServerHandler for FleetMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
         let caller = self.caller(&context).await;
-        wake::get(&self.fleet, &caller, &request.task_id)
+        wake::get(&self.fleet, &caller, &request.task_id, &context.ct)
             .await
             .map(GetTaskResult::new)
     }

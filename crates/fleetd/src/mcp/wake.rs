@@ -27,9 +27,25 @@ use crate::engine::WakeView;
 use fleetd_core::{MessageKind, Ticket, TicketState};
 
 /// How often a client polls a task (`pollIntervalMs`). Claude Code wakes within this of the
-/// news (plus ~0.2 s), and stops re-dialling an HTTP server after five failed polls in a row,
-/// so five of these must outlast a restart of the daemon (measured: see docs/BENCHMARKS.md).
+/// news (plus ~0.2 s), and stops re-dialling an HTTP server after five failed polls in a row
+/// (`../shared/research/mcp-tasks-claude-code.md`), so five of these must outlast a restart of
+/// the daemon. Measured: kill -9 → answering again takes ~20 ms; the service unit waits 2 s
+/// (`RestartSec=2s`), so 2 s polls (≈10 s of outage survived) keep a crash's wake with room to
+/// spare, at a median wake of about 1.1 s (docs/BENCHMARKS.md). The stdio shim holds its session
+/// across a restart itself (`shim_relay`).
 pub const TASK_POLL: Duration = Duration::from_millis(2000);
+
+/// How long a `tasks/get` of a working task is held for news before it answers `working`:
+/// well under the 60 s after which Claude Code drops a silent answer.
+pub const TASK_HOLD: Duration = Duration::from_secs(20);
+
+/// The events after which a held `tasks/get` looks at its ticket again.
+const NEWS: &[&str] = &[
+    "ticket.state",
+    "reply.stored",
+    "question.opened",
+    "ticket.wake",
+];
 
 /// How long a task is kept (`ttlMs`): as long as its ticket at least, most of a working day.
 pub const TASK_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -78,7 +94,7 @@ pub(super) async fn call_as_task(
         Err(refusal) => return Err(Err(refusal)),
     };
     tracing::debug!(%ticket, caller = %caller, "ticket answered with a task");
-    metrics::counter!("fleetd_tasks", "outcome" => "armed").increment(1);
+    metrics::counter!("fleetd_tasks_total", "outcome" => "armed").increment(1);
     let now = fleet.clock.now().to_string();
     let task = Task::new(id, TaskStatus::Working, now.clone(), now)
         .with_ttl_ms(millis(TASK_TTL))
@@ -97,20 +113,49 @@ fn not_found() -> ErrorData {
 }
 
 /// `tasks/get`: the task as its ticket makes it now.
+///
+/// A task still working is answered after up to [`TASK_HOLD`], or the moment its ticket has
+/// news: a long poll, so the client hears of a reply at once rather than at its next poll.
+/// `gone` fires when the client stops waiting.
 pub(super) async fn get(
     fleet: &Fleet,
     caller: &Caller,
     id: &str,
+    gone: &tokio_util::sync::CancellationToken,
 ) -> Result<DetailedTask, ErrorData> {
     let owner = caller.holder().ok_or_else(not_found)?;
-    let view = fleet
-        .engine
-        .wake(id.to_owned(), owner.clone())
-        .await
-        .map_err(|_| ErrorData::internal_error("fleetd is shutting down", None))?
-        .ok_or_else(not_found)?;
+    // Subscribed before the first look, so news between the look and the wait is not missed.
+    let mut news = fleet.engine.events().subscribe(None).live;
+    let deadline = tokio::time::Instant::now() + TASK_HOLD;
+    let (view, payload) = loop {
+        let view = fleet
+            .engine
+            .wake(id.to_owned(), owner.clone())
+            .await
+            .map_err(|_| ErrorData::internal_error("fleetd is shutting down", None))?
+            .ok_or_else(not_found)?;
+        let payload = outcome(fleet, &view).await;
+        if !matches!(payload, TaskPayload::Working) {
+            break (view, payload);
+        }
+        let changed = loop {
+            tokio::select! {
+                event = news.recv() => match event {
+                    Ok(event) if NEWS.contains(&event.kind) => break true,
+                    Ok(_) => {}
+                    // Missed some: look again. Closed: the daemon is stopping.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break true,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break false,
+                },
+                () = tokio::time::sleep_until(deadline) => break false,
+                () = gone.cancelled() => break false,
+            }
+        };
+        if !changed {
+            break (view, payload);
+        }
+    };
     let created = view.created_at.to_string();
-    let payload = outcome(fleet, &view).await;
     let updated = if matches!(payload, TaskPayload::Working) {
         created.clone()
     } else {
@@ -118,7 +163,7 @@ pub(super) async fn get(
     };
     if let TaskPayload::Completed { result } = &payload {
         let error = result.get("isError") == Some(&Value::Bool(true));
-        metrics::counter!("fleetd_tasks", "outcome" => if error { "failed" } else { "completed" })
+        metrics::counter!("fleetd_tasks_total", "outcome" => if error { "failed" } else { "completed" })
             .increment(1);
         let _ = fleet.engine.wake_read(id.to_owned(), owner).await;
     }
@@ -139,7 +184,7 @@ pub(super) async fn cancel(fleet: &Fleet, caller: &Caller, id: &str) -> Result<(
     if !cancelled {
         return Err(not_found());
     }
-    metrics::counter!("fleetd_tasks", "outcome" => "cancelled").increment(1);
+    metrics::counter!("fleetd_tasks_total", "outcome" => "cancelled").increment(1);
     Ok(())
 }
 

@@ -34,6 +34,7 @@ pub(in crate::engine) use push::push_config;
 pub use refusals::PeerRefusal;
 #[cfg(test)]
 pub(in crate::engine) use refusals::REFUSAL_WINDOW;
+#[cfg(test)]
 pub(in crate::engine) use wakes::WAKE_GRACE;
 
 use super::leads::LeadTabs;
