@@ -31,8 +31,9 @@ use fleetd_core::{MessageKind, Ticket, TicketState};
 /// (`../shared/research/mcp-tasks-claude-code.md`), so five of these must outlast a restart of
 /// the daemon. Measured: kill -9 → answering again takes ~20 ms; the service unit waits 2 s
 /// (`RestartSec=2s`), so 2 s polls (≈10 s of outage survived) keep a crash's wake with room to
-/// spare, at a median wake of about 1.1 s (docs/BENCHMARKS.md). The stdio shim holds its session
-/// across a restart itself (`shim_relay`).
+/// spare. The wake itself does not wait for a poll: a working task's poll is held
+/// ([`TASK_HOLD`]) and answered on the news (p50 100 ms, docs/BENCHMARKS.md). The stdio shim
+/// holds its session across a restart itself (`shim_relay`).
 pub const TASK_POLL: Duration = Duration::from_millis(2000);
 
 /// How long a `tasks/get` of a working task is held for news before it answers `working`:
