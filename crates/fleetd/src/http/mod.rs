@@ -309,16 +309,35 @@ impl ApiError {
     /// codes to HTTP statuses.
     fn tool(e: crate::mcp::ToolError) -> Self {
         let status = match e.code {
-            "unknown_target" | "unknown_ticket" | "unknown_question" | "unknown_pane" => {
+            "unknown_target" | "unknown_ticket" | "unknown_question" | "unknown_pane"
+            | "unknown_profile" | "unknown_backend" | "unknown_gateway" | "unknown_tool" => {
                 StatusCode::NOT_FOUND
             }
             "invalid_target" | "empty_task" | "invalid_arguments" | "invalid_msg_id"
-            | "invalid_ticket" | "invalid_pane" => StatusCode::BAD_REQUEST,
-            "task_too_large" | "answer_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
-            // A per-member cap (`limits:`): the same request succeeds once the member catches up.
-            "queue_full" | "too_many_questions" => StatusCode::TOO_MANY_REQUESTS,
-            "not_a_lead" | "not_a_member" | "anonymous_caller" | "unregistered_pane"
-            | "shared_daemon" | "not_your_ticket" => StatusCode::FORBIDDEN,
+            | "invalid_ticket" | "invalid_pane" | "invalid_name" | "no_name"
+            | "invalid_gateway" | "empty_question" => StatusCode::BAD_REQUEST,
+            "task_too_large" | "answer_too_large" | "question_too_large" | "reply_refused" => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            // A cap (`limits:`, the delegation tree's width): the same request succeeds once the
+            // member catches up or a member goes.
+            "queue_full" | "too_many_questions" | "too_many_members" => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            "name_taken" => StatusCode::CONFLICT,
+            // Who may do what, the delegation tree's shape included: asking again changes
+            // nothing, so never a 503 (which tells a client to retry).
+            "not_a_lead"
+            | "not_a_member"
+            | "anonymous_caller"
+            | "unregistered_pane"
+            | "shared_daemon"
+            | "not_your_ticket"
+            | "not_your_member"
+            | "delegation_cycle"
+            | "delegation_too_deep"
+            | "no_gateway" => StatusCode::FORBIDDEN,
+            // fleetd's own trouble (the store, the multiplexer, a spawn, shutting down): retry.
             _ => StatusCode::SERVICE_UNAVAILABLE,
         };
         Self::new(status, e.code, e.message)
@@ -355,6 +374,50 @@ mod tests {
         assert_eq!(status("invalid_arguments"), StatusCode::BAD_REQUEST);
         assert_eq!(status("unknown_question"), StatusCode::NOT_FOUND);
         assert_eq!(status("answer_too_large"), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    /// Attack T2b: `not_your_member` and the other delegation refusals were answered 503, which
+    /// tells a client to retry what will never be allowed. Only fleetd's own trouble is a 503.
+    #[test]
+    fn only_fleetds_own_trouble_is_a_503() {
+        let status = |code| ApiError::tool(crate::mcp::ToolError::new(code, "x")).status;
+        for code in [
+            "not_your_member",
+            "delegation_cycle",
+            "delegation_too_deep",
+            "no_gateway",
+        ] {
+            assert_eq!(status(code), StatusCode::FORBIDDEN, "{code}");
+        }
+        assert_eq!(status("too_many_members"), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(status("name_taken"), StatusCode::CONFLICT);
+        assert_eq!(status("question_too_large"), StatusCode::PAYLOAD_TOO_LARGE);
+        for code in [
+            "unknown_profile",
+            "unknown_backend",
+            "unknown_gateway",
+            "unknown_tool",
+        ] {
+            assert_eq!(status(code), StatusCode::NOT_FOUND, "{code}");
+        }
+        for code in [
+            "invalid_name",
+            "no_name",
+            "invalid_gateway",
+            "empty_question",
+        ] {
+            assert_eq!(status(code), StatusCode::BAD_REQUEST, "{code}");
+        }
+        for code in [
+            "store_unavailable",
+            "store_failed",
+            "shutting_down",
+            "spawn_failed",
+            "agent_not_ready",
+            "worktree_failed",
+        ] {
+            assert_eq!(status(code), StatusCode::SERVICE_UNAVAILABLE, "{code}");
+        }
     }
 
     fn host(value: Option<&str>, local: &str, allowed: &[&str]) -> Result<(), &'static str> {
