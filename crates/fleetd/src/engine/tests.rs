@@ -1034,3 +1034,54 @@ async fn a_wake_holds_its_reply_from_the_nudge_until_read_cancelled_or_lapsed() 
     let taken = rig.engine.take_handed(owner).await.expect("engine");
     assert_eq!(taken.len(), 1, "exactly the read wake's reply: {taken:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_handed_reply_goes_back_to_the_nudge_when_its_holder_goes_or_never_calls_again() {
+    // Review M2: a reply handed to a waiter was uncounted by the push loop until its holder's
+    // next call; a holder that closed, or never called again, left it un-nudged for good.
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    fake.add_pane("w3:p1", "t-other", "w3:t1", AgentStatus::Idle);
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let rig = rig(&fake);
+    sleep(Duration::from_millis(100)).await; // the pinned primary is resolved
+    rig.lead("w3:p1", "t-other").await;
+    rig.engine
+        .add_member(member("alice", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    let mut handed = Vec::new();
+    for round in 0..2 {
+        let ticket = alice_with_a_task(&rig).await;
+        let waiter = rig.engine.wait(ticket).await.expect("engine");
+        reply_to(&rig, ticket, &format!("done {round}")).await;
+        assert!(waiter.await.is_ok(), "the waiter got it");
+        handed.push(ticket);
+    }
+    for (ticket, holder) in handed.iter().zip(["lead:w3:p1", "lead:w1:p1"]) {
+        rig.engine
+            .handed_to(*ticket, holder.to_owned())
+            .await
+            .expect("engine");
+    }
+    sleep(Duration::from_secs(60)).await;
+    assert!(rig.nudges_into("w1:p1").is_empty(), "handed: not nudged");
+    // The first holder's pane closes before its next call: that reply is mail again.
+    fake.close("w3:p1");
+    sleep(Duration::from_millis(100)).await;
+    let nudges = rig.nudges_into("w1:p1");
+    assert_eq!(nudges.len(), 1, "{nudges:?}");
+    assert!(
+        nudges[0].text.contains("1 message from alice"),
+        "{nudges:?}"
+    );
+    // The second holder never calls again: after the TTL its reply is counted too.
+    sleep(Duration::try_from(super::state::HANDED_TTL).expect("positive")).await;
+    let nudges = rig.nudges_into("w1:p1");
+    assert!(
+        nudges
+            .iter()
+            .any(|n| n.text.contains("2 messages from alice")),
+        "{nudges:?}"
+    );
+}

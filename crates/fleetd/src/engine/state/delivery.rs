@@ -195,10 +195,10 @@ impl State {
                 if self.settle(ticket, now) {
                     delivered = Delivered::Waiter;
                     // Until the waiter's caller is known to have it, it is not mail to nudge about.
-                    self.hand(ticket, target.clone(), msg_id);
+                    self.hand(ticket, target.clone(), msg_id, now);
                 } else if self.wake_holds_reply(ticket, now) {
                     // Its caller's MCP task reports it: no nudge while the task is live.
-                    self.hand(ticket, target.clone(), msg_id);
+                    self.hand(ticket, target.clone(), msg_id, now);
                 }
             }
         }

@@ -2,13 +2,20 @@
 //! it is known to have reached the caller: the caller's next call (or its `fleet_ack`)
 //! acknowledges it; a waiter that failed or was dropped gives it back, and it is nudged about
 //! like any other mail. While it is handed, the push loop does not count it (the caller is
-//! receiving it; a nudge about it would be noise).
+//! receiving it; a nudge about it would be noise) — but never for good (review M2): a holder
+//! that is gone (its lead pane closed), a ticket pruned, or [`HANDED_TTL`] without the holder's
+//! next call gives the reply back to the nudge.
 
 use fleetd_core::push::PushInput;
 use fleetd_core::{MsgId, Target, Ticket};
 use jiff::Timestamp;
 
 use super::{Io, State};
+
+/// How long a reply stays handed without its holder calling again: then it is mail to nudge
+/// about (the agent may have read it and gone on without another fleet call; a reminder then
+/// is noise, a reply never counted again would be lost).
+pub(in crate::engine) const HANDED_TTL: jiff::SignedDuration = jiff::SignedDuration::from_mins(10);
 
 /// A reply given to a waiter.
 #[derive(Debug, Clone)]
@@ -17,6 +24,8 @@ pub(super) struct Handed {
     msg_id: MsgId,
     /// Who received it, once the waiter said so: a lead's pane id, `operator`, or a member.
     holder: Option<String>,
+    /// When it was handed.
+    since: Timestamp,
 }
 
 impl Handed {
@@ -28,15 +37,33 @@ impl Handed {
 
 impl State {
     /// `ticket`'s reply `msg_id` was given to a waiting `fleet_send`.
-    pub(super) fn hand(&mut self, ticket: Ticket, target: Target, msg_id: MsgId) {
+    pub(super) fn hand(&mut self, ticket: Ticket, target: Target, msg_id: MsgId, now: Timestamp) {
         self.handed.insert(
             ticket,
             Handed {
                 target,
                 msg_id,
                 holder: None,
+                since: now,
             },
         );
+    }
+
+    /// Gives back every reply handed to `holder` (it is gone) or handed longer than
+    /// [`HANDED_TTL`] ago (`holder` `None`): mail to nudge about again.
+    pub(super) fn unhand_stale(&mut self, holder: Option<&str>, now: Timestamp, io: &mut Vec<Io>) {
+        let stale: Vec<Ticket> = self
+            .handed
+            .iter()
+            .filter(|(_, h)| match holder {
+                Some(gone) => h.holder.as_deref() == Some(gone),
+                None => h.since.checked_add(HANDED_TTL).is_ok_and(|due| now >= due),
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        for ticket in stale {
+            self.unhand(ticket, now, io);
+        }
     }
 
     /// The waiter returned `ticket`'s reply to `holder`: its next call acknowledges it.

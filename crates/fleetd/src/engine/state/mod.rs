@@ -30,6 +30,8 @@ pub(in crate::engine) use delegation::TreeLimits;
 pub(in crate::engine) use durable::Restored;
 pub use gateway::GatewayOutcome;
 pub(in crate::engine) use gateway::GatewayState;
+#[cfg(test)]
+pub(in crate::engine) use handed::HANDED_TTL;
 pub(in crate::engine) use push::push_config;
 pub use refusals::PeerRefusal;
 #[cfg(test)]
@@ -493,9 +495,13 @@ impl State {
             self.sent_by.remove(&ticket);
             self.typed.remove(&ticket);
             self.forget_wakes(ticket);
+            if self.handed.contains_key(&ticket) {
+                self.unhand(ticket, now, io);
+            }
             self.dirty.tickets.insert(ticket);
         }
         self.wakes_due(now, io);
+        self.unhand_stale(None, now, io);
         let idle: Vec<Target> = self
             .members
             .iter()

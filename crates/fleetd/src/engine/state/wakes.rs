@@ -88,7 +88,7 @@ impl State {
             && let Some(reply) = self.replies.get(&ticket)
         {
             let msg_id = reply.msg_id;
-            self.hand(ticket, target, msg_id);
+            self.hand(ticket, target, msg_id, now);
             wake.held_at = Some(now);
         }
         self.dirty.wakes.insert(id.clone());
