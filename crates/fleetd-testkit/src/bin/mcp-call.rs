@@ -73,6 +73,15 @@ fn url() -> anyhow::Result<String> {
     std::env::var("FLEETD_URL").context("FLEETD_URL is not set")
 }
 
+/// fleetd's address from `FLEETD_URL` (`http://IP:PORT`).
+fn addr() -> anyhow::Result<std::net::SocketAddr> {
+    let url = url()?;
+    url.trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .with_context(|| format!("FLEETD_URL {url:?} is not http://IP:PORT"))
+}
+
 /// One tool call on a fresh connection: `{"result": ...}` or `{"error": "..."}`.
 fn call(tool: &str, arguments: Value) -> Value {
     let outcome = (|| -> anyhow::Result<Value> {
@@ -108,12 +117,7 @@ fn rpc(method: &str, mut params: Value) -> anyhow::Result<Value> {
         .unwrap_or_default()
         .to_owned();
     let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
-    let url = url()?;
-    let addr: std::net::SocketAddr = url
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .parse()
-        .with_context(|| format!("FLEETD_URL {url:?} is not http://IP:PORT"))?;
+    let addr = addr()?;
     let response = fleetd_testkit::http::request_with(
         addr,
         "POST",
@@ -162,12 +166,7 @@ fn http(args: &[String]) -> anyhow::Result<()> {
         [method, path, body] => (method, path, Some(body.as_str())),
         _ => anyhow::bail!("usage: mcp-call --http [--header K:V]... METHOD PATH [BODY]"),
     };
-    let url = url()?;
-    let addr: std::net::SocketAddr = url
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .parse()
-        .with_context(|| format!("FLEETD_URL {url:?} is not http://IP:PORT"))?;
+    let addr = addr()?;
     let pairs: Vec<(&str, &str)> = headers
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))

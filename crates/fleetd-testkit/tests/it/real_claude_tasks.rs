@@ -120,11 +120,15 @@ fn e2e_claude_lead_is_woken_by_its_task_with_nothing_typed() {
     );
     // The wake's turn read the reply and acknowledged it (the result names the call): alice's
     // inbox holds nothing more.
-    rig.wait("the wake's turn to end", Duration::from_secs(60), || {
-        finished(&rig.lead_model.turns(), |r| {
-            prompt(r).contains("<task-notification>") && r["steps"] == 1
-        })
-    });
+    rig.wait(
+        "the wake's turn to acknowledge",
+        Duration::from_secs(60),
+        || {
+            finished(&rig.lead_model.turns(), |r| {
+                prompt(r).contains("<task-notification>") && answer(r).contains(r#"\"acked\":true"#)
+            })
+        },
+    );
     assert_eq!(pending_replies(&rig, "alice"), 0);
 }
 

@@ -125,9 +125,12 @@ async fn run<T: FleetTool>(
 ) -> Result<ToolOutput, ToolError> {
     let outcome = async {
         authorize(&caller.role, T::class_of(&args), T::NAME).map_err(|e| caller.explain(e))?;
-        // Its call proves the replies its earlier waits returned reached it (review M3).
-        if let Some(holder) = caller.holder() {
-            fleet.inbox.settle_handed(&holder).await;
+        // Its call proves the replies its earlier waits returned reached it (review M3). A
+        // `fleet_ack` settles them after acknowledging, so the ids it names answer acked=true.
+        let holder = caller.holder();
+        let settle_after = T::NAME == ack::Ack::NAME;
+        if let Some(holder) = holder.as_deref().filter(|_| !settle_after) {
+            fleet.inbox.settle_handed(holder).await;
         }
         let args: T::Args = serde_json::from_value(args).map_err(|e| {
             ToolError::new(
@@ -138,7 +141,11 @@ async fn run<T: FleetTool>(
                 ),
             )
         })?;
-        T::call(fleet, caller, args).await
+        let out = T::call(fleet, caller, args).await;
+        if let Some(holder) = holder.as_deref().filter(|_| settle_after) {
+            fleet.inbox.settle_handed(holder).await;
+        }
+        out
     }
     .await;
     counted(T::NAME, outcome)
