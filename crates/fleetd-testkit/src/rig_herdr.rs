@@ -105,24 +105,9 @@ impl HerdrRig {
 
     /// Like [`HerdrRig::agent_lead`] with extra `KEY=value` environment for the agent.
     pub fn agent_lead_with(&self, label: &str, env: &[String]) -> (String, String) {
-        let workspaces = self.call("workspace.list", &json!({}));
-        let main = workspaces["workspaces"]
-            .as_array()
-            .and_then(|ws| ws.iter().find(|w| w["label"] == "main"))
-            .and_then(|w| w["workspace_id"].as_str())
-            .map(str::to_owned);
-        let created = match main {
-            Some(ws) => self.call("tab.create", &json!({ "workspace_id": ws, "label": label })),
-            None => self.call("workspace.create", &json!({ "label": "main" })),
-        };
-        let pane = created["root_pane"]["pane_id"]
-            .as_str()
-            .expect("root pane id")
-            .to_owned();
-        let tab = created["root_pane"]["tab_id"]
-            .as_str()
-            .expect("tab id")
-            .to_owned();
+        let root = self.herdr.open_tab(label).expect("a tab opens");
+        let pane = root["pane_id"].as_str().expect("root pane id").to_owned();
+        let tab = root["tab_id"].as_str().expect("tab id").to_owned();
         self.start_agent_with(&pane, env);
         (tab, pane)
     }

@@ -124,23 +124,9 @@ impl Panes {
                 );
                 format!("base:{name}")
             }
-            Self::Herdr(_) => {
-                let workspaces = self.herdr("workspace.list", &json!({}));
-                let main = workspaces["workspaces"]
-                    .as_array()
-                    .and_then(|ws| ws.iter().find(|w| w["label"] == "main"))
-                    .and_then(|w| w["workspace_id"].as_str())
-                    .map(str::to_owned);
-                let created = match main {
-                    Some(ws) => {
-                        self.herdr("tab.create", &json!({ "workspace_id": ws, "label": name }))
-                    }
-                    None => self.herdr("workspace.create", &json!({ "label": "main" })),
-                };
-                let pane = created["root_pane"]["pane_id"]
-                    .as_str()
-                    .expect("root pane id")
-                    .to_owned();
+            Self::Herdr(herdr) => {
+                let root = herdr.open_tab(name).expect("a tab opens");
+                let pane = root["pane_id"].as_str().expect("root pane id").to_owned();
                 let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
                 let mut line = format!("cd {} && exec env", quote(&cwd.display().to_string()));
                 for (k, v) in env {

@@ -95,6 +95,30 @@ impl FakeHerdrProcess {
         send_line(&self.socket, &line)
     }
 
+    /// Opens a tab labelled `label` in workspace `main` (a new workspace `main`, with its first
+    /// tab, when there is none), as a user opens one; returns its root pane (`pane_id`,
+    /// `tab_id`, …).
+    pub fn open_tab(&self, label: &str) -> anyhow::Result<Value> {
+        let result = |method: &str, params: &Value| -> anyhow::Result<Value> {
+            let reply = self.call(method, params)?;
+            reply
+                .get("result")
+                .cloned()
+                .ok_or_else(|| anyhow::anyhow!("{method} failed: {reply}"))
+        };
+        let workspaces = result("workspace.list", &json!({}))?;
+        let main = workspaces["workspaces"]
+            .as_array()
+            .and_then(|ws| ws.iter().find(|w| w["label"] == "main"))
+            .and_then(|w| w["workspace_id"].as_str())
+            .map(str::to_owned);
+        let created = match main {
+            Some(ws) => result("tab.create", &json!({ "workspace_id": ws, "label": label }))?,
+            None => result("workspace.create", &json!({ "label": "main" }))?,
+        };
+        Ok(created["root_pane"].clone())
+    }
+
     /// Sends a control command such as `{"fault":"drop","count":2}`.
     pub fn fault(&self, command: &Value) -> anyhow::Result<()> {
         let reply = send_line(&self.control, command)?;

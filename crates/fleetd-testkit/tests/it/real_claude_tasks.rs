@@ -141,19 +141,25 @@ fn e2e_claude_lead_over_the_stdio_shim_is_woken_by_its_task() {
     woken_with(&mut rig, &lead, "over the shim");
 }
 
-#[test]
-fn e2e_claude_task_survives_a_kill_9_of_fleetd_before_the_reply() {
-    let Some((mut rig, lead)) = fleet_with_alice(Transport::Http, &[]) else {
+/// The lead sends alice a task she answers `reply` to 10 s later; fleetd is killed with SIGKILL
+/// and started again once the task is armed; the reply still wakes the lead through it.
+fn task_survives_a_kill_9(via: Transport, reply: &str) {
+    let Some((mut rig, lead)) = fleet_with_alice(via, &[]) else {
         return;
     };
-    rig.say(&lead, "@send alice @sleep 10 @reply after the restart");
+    rig.say(&lead, &format!("@send alice @sleep 10 @reply {reply}"));
     rig.wait("the task to be armed", Duration::from_secs(60), || {
         finished(&rig.lead_model.turns(), |r| {
             prompt(r).starts_with("@send alice")
         })
     });
     rig.restart_daemon();
-    woken_with(&mut rig, &lead, "after the restart");
+    woken_with(&mut rig, &lead, reply);
+}
+
+#[test]
+fn e2e_claude_task_survives_a_kill_9_of_fleetd_before_the_reply() {
+    task_survives_a_kill_9(Transport::Http, "after the restart");
 }
 
 #[test]
@@ -181,17 +187,7 @@ fn e2e_claude_member_question_reaches_the_lead_through_its_task_and_the_answer_g
 
 #[test]
 fn e2e_claude_task_over_the_stdio_shim_survives_a_kill_9_of_fleetd() {
-    let Some((mut rig, lead)) = fleet_with_alice(Transport::Stdio, &[]) else {
-        return;
-    };
-    rig.say(&lead, "@send alice @sleep 10 @reply the shim held on");
-    rig.wait("the task to be armed", Duration::from_secs(60), || {
-        finished(&rig.lead_model.turns(), |r| {
-            prompt(r).starts_with("@send alice")
-        })
-    });
-    rig.restart_daemon();
-    woken_with(&mut rig, &lead, "the shim held on");
+    task_survives_a_kill_9(Transport::Stdio, "the shim held on");
 }
 
 #[test]
