@@ -33,8 +33,12 @@ pub enum Place {
     /// In a pane of the members' workspace (or the members' multiplexer daemon) that is not a
     /// registered member: a pane a member opened, or one left behind by a released member.
     MembersSpace,
-    /// In a pane outside the members' workspace: a lead tab or another pane of the user's own.
+    /// In a pane outside the members' workspace that fleetd holds for the user's own: a lead's
+    /// pane by the lead rule (it predates the members, is a lead tab's lead, or was admitted).
     OtherPane,
+    /// In a pane outside the members' workspace that no fact ties to the user: opened while
+    /// members ran (one may have opened it), never admitted. Nothing more than nobody.
+    StrayPane,
     /// In no pane, but its environment says it was started from a member (`FLEETD_TARGET`): a
     /// member's child that left the pane's process tree (`setsid`, re-parented orphan).
     LeftMember,
@@ -72,7 +76,8 @@ pub enum Role {
     /// A human: the CLI on the operator's socket as the daemon's own user, or any client with
     /// the API token. A lead's powers, without a pane to bind or nudge.
     Operator,
-    /// A pane in the members' workspace that is no member: it may call nothing.
+    /// A pane in the members' workspace that is no member, or a stray pane outside it: it may
+    /// call nothing.
     Nobody,
     /// Everything else: another user's process, a process in no pane, a member's child that
     /// left its pane. May list profiles and members, never read a body or change anything.
@@ -97,9 +102,10 @@ impl Role {
 /// - Another user (or an unknown one) is anonymous, or the operator with the token: a pane of
 ///   another user's is never trusted as a lead or member.
 /// - A pane decides before any token: a member is that member, a non-member pane in the members'
-///   workspace is nobody; a token never lifts either.
+///   workspace or a stray pane (one no fact ties to the user) is nobody; a token never lifts
+///   either.
 /// - A member's child that left its pane stays anonymous on every door, the operator's too.
-/// - Otherwise the operator's socket makes the operator, another pane a lead, and the token an
+/// - Otherwise the operator's socket makes the operator, a lead's pane a lead, and the token an
 ///   operator; a process in no pane without the token is anonymous.
 pub fn role_of(facts: &CallerFacts) -> Role {
     if !facts.same_uid {
@@ -120,7 +126,7 @@ pub fn role_of(facts: &CallerFacts) -> Role {
             target: target.clone(),
             allow_delegation: *allow_delegation,
         },
-        (Place::MembersSpace, _) => Role::Nobody,
+        (Place::MembersSpace | Place::StrayPane, _) => Role::Nobody,
         (Place::LeftMember, _) => Role::Anonymous,
         (_, Door::Operator) => Role::Operator,
         (Place::OtherPane, _) => Role::Lead,
@@ -290,6 +296,7 @@ mod tests {
             ("member", alice(false)),
             ("members-space", Place::MembersSpace),
             ("other-pane", Place::OtherPane),
+            ("stray-pane", Place::StrayPane),
             ("left-member", Place::LeftMember),
             ("nowhere", Place::Nowhere),
         ];
@@ -326,16 +333,19 @@ mod tests {
                 "Tcp member: member member | other uid: anonymous operator",
                 "Tcp members-space: nobody nobody | other uid: anonymous operator",
                 "Tcp other-pane: lead lead | other uid: anonymous operator",
+                "Tcp stray-pane: nobody nobody | other uid: anonymous operator",
                 "Tcp left-member: anonymous anonymous | other uid: anonymous operator",
                 "Tcp nowhere: anonymous operator | other uid: anonymous operator",
                 "Shim member: member member | other uid: anonymous operator",
                 "Shim members-space: nobody nobody | other uid: anonymous operator",
                 "Shim other-pane: lead lead | other uid: anonymous operator",
+                "Shim stray-pane: nobody nobody | other uid: anonymous operator",
                 "Shim left-member: anonymous anonymous | other uid: anonymous operator",
                 "Shim nowhere: anonymous operator | other uid: anonymous operator",
                 "Operator member: member member | other uid: anonymous operator",
                 "Operator members-space: nobody nobody | other uid: anonymous operator",
                 "Operator other-pane: operator operator | other uid: anonymous operator",
+                "Operator stray-pane: nobody nobody | other uid: anonymous operator",
                 "Operator left-member: anonymous anonymous | other uid: anonymous operator",
                 "Operator nowhere: operator operator | other uid: anonymous operator",
             ]

@@ -102,6 +102,17 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Admit a pane as a lead: a pane outside the members' workspace opened while members were
+    /// running is nobody until the operator vouches for it (docs/SECURITY.md, "Who is a lead").
+    /// Run it from a lead's pane or a shell outside the multiplexer; PANE is what `echo
+    /// $TMUX_PANE` (tmux) or `echo $HERDR_PANE_ID` (herdr) prints in that pane.
+    Admit {
+        /// The pane.
+        pane: String,
+        /// How to reach the daemon.
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Sign a browser in to the dashboard: prints fleetd's address with a one-time key (valid
     /// two minutes, used once). Needs the operator's role (the default unix socket).
     Dashboard(ClientArgs),

@@ -11,10 +11,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use fleetd_core::MuxDaemon;
-use fleetd_core::access::{CallerFacts, Door, Place, Refusal, Role, role_of};
+use fleetd_core::access::{CallerFacts, Door, Place, Refusal, Role, ToolClass, authorize, role_of};
 
 use crate::config::Config;
-use crate::engine::LeadRef;
+use crate::engine::{LeadRef, Standing};
 use crate::locate::{CallerPane, Located};
 use crate::mcp::Fleet;
 
@@ -116,6 +116,10 @@ pub struct Caller {
     /// The shared agent daemon the call came through (Codex's `app-server`), which places it in
     /// no pane: a refusal names it and says what to do.
     pub via_daemon: Option<u32>,
+    /// For nobody only: the stray pane it called from (outside the members' workspace, opened
+    /// while members ran, never admitted), which a refusal names with the way to admit it. Its
+    /// MCP presence is remembered too: alone in a configured lead tab, it is that tab's lead.
+    pub stray: Option<CallerPane>,
     /// Cancelled when the request is abandoned (the client went away or cancelled it): a
     /// waiting tool stops waiting, so a reply is never handed to a waiter nobody reads.
     pub cancel: tokio_util::sync::CancellationToken,
@@ -135,10 +139,24 @@ impl Caller {
 }
 
 impl Caller {
+    /// Whether this caller may perform an operation of `class` named `tool` (the one policy,
+    /// `fleetd_core::access::authorize`), a refusal told in its terms ([`Caller::explain`]).
+    pub fn authorize(&self, class: ToolClass, tool: &str) -> Result<(), Refusal> {
+        authorize(&self.role, class, tool).map_err(|e| self.explain(e))
+    }
+
     /// `refusal`, told in this caller's terms: an anonymous call that came through Codex's
     /// shared daemon is refused as `shared_daemon`, naming it and the way out, rather than as a
     /// process in no pane it cannot make sense of.
     pub fn explain(&self, refusal: Refusal) -> Refusal {
+        if let (Role::Nobody, Some(CallerPane { pane, .. })) = (&self.role, &self.stray) {
+            return Refusal::new(
+                "stray_pane",
+                format!(
+                    "refused: pane {pane} is outside the members' workspace but was opened while members were running, so fleetd cannot tell it from a pane a member opened (docs/SECURITY.md, \"Who is a lead\"). If it is yours, admit it as a lead: run `fleetd admit {pane}` from a lead's pane or a shell outside the multiplexer"
+                ),
+            );
+        }
         match (&self.role, self.via_daemon) {
             (Role::Anonymous, Some(daemon)) => Refusal::new(
                 "shared_daemon",
@@ -210,15 +228,17 @@ pub async fn resolve_with(
     let place = match &pane {
         Some(p) => match fleet
             .engine
-            .member_at(p.pane.clone(), p.terminal.clone())
+            .standing(p.pane.clone(), p.terminal.clone(), p.age())
             .await
         {
-            Ok(Some((target, allow_delegation))) => Place::Member {
+            Ok(Standing::Member(target, allow_delegation)) => Place::Member {
                 target,
                 allow_delegation,
             },
             _ if in_members_space(&fleet.config.current(), p) => Place::MembersSpace,
-            _ => Place::OtherPane,
+            Ok(Standing::Lead) => Place::OtherPane,
+            // A stray, or the engine is gone and cannot say: never more than nobody.
+            Ok(Standing::Stray) | Err(_) => Place::StrayPane,
         },
         None if located.as_ref().is_some_and(|l| l.member_env.is_some()) => Place::LeftMember,
         None => Place::Nowhere,
@@ -229,10 +249,13 @@ pub async fn resolve_with(
         token,
         place,
     };
+    let stray = (facts.place == Place::StrayPane)
+        .then(|| pane.clone())
+        .flatten();
     let role = role_of(&facts);
     let (pane, unregistered) = match role {
         Role::Member { .. } | Role::Lead => (pane, None),
-        Role::Nobody => (None, pane),
+        Role::Nobody if stray.is_none() => (None, pane),
         _ => (None, None),
     };
     if !same_uid && located.is_some() {
@@ -243,6 +266,7 @@ pub async fn resolve_with(
         pane,
         unregistered,
         via_daemon: located.as_ref().and_then(|l| l.via_daemon),
+        stray,
         cancel,
     }
 }
@@ -287,18 +311,24 @@ async fn locate(fleet: &Fleet, conn: &ConnInfo) -> Option<Located> {
     }
 }
 
-/// A member that speaks MCP is present; a lead that does, or a process in a members'-space pane
-/// that holds no member yet, is remembered by its pane incarnation.
+/// A member that speaks MCP is present; a lead that does is registered as a lead (so the lead
+/// scanner finds an agent the multiplexer does not name, as after a herdr restart); a process in
+/// a members'-space pane that holds no member yet is remembered by its pane incarnation.
 pub async fn note_presence(fleet: &Fleet, caller: &Caller) {
     match (&caller.role, &caller.pane) {
         (Role::Member { target, .. }, _) => {
             let _ = fleet.engine.presence(target.clone()).await;
         }
-        // A lead's pane, or a members'-space pane that holds no member yet (a spawned agent
-        // that connected before its member was registered): the engine remembers the
-        // incarnation, so a member registered there counts as present.
-        (Role::Lead, Some(_)) | (Role::Nobody, _) => {
-            if let Some(pane) = caller.pane.as_ref().or(caller.unregistered.as_ref()) {
+        (Role::Lead, Some(_)) => {
+            if let Some(lead) = caller.lead() {
+                let _ = fleet.engine.lead_seen(lead).await;
+            }
+        }
+        // A members'-space pane that holds no member yet (a spawned agent that connected before
+        // its member was registered): the engine remembers the incarnation, so a member
+        // registered there counts as present. A stray's too, for the lead-tab scanner.
+        (Role::Nobody, _) => {
+            if let Some(pane) = caller.unregistered.as_ref().or(caller.stray.as_ref()) {
                 let _ = fleet
                     .engine
                     .pane_seen(pane.pane.clone(), pane.terminal.clone())

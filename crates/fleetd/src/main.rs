@@ -65,6 +65,7 @@ fn main() -> ExitCode {
             ask(config, &env, &client, &Request::Tickets { target })
         }
         Command::Dashboard(client) => ask(config, &env, &client, &Request::Dashboard),
+        Command::Admit { pane, client } => ask(config, &env, &client, &Request::Admit { pane }),
         Command::Watch(client) => watch(config, &env, &client).map(|()| true),
         Command::Install(InstallCommand::Claude(args)) => {
             install_claude(config, &env, &args).map(|()| true)

@@ -56,10 +56,11 @@ pub fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
 
 /// Binds the shim socket and serves each connection as one MCP session, its caller resolved
 /// on each call from `SO_PEERCRED` exactly as a TCP caller is from its connection. Each session
-/// takes a slot of `gate` for as long as it lasts and is never closed to make room (it is an
-/// agent's one long-lived session, reachable by the daemon's own user only); a connection the
-/// gate refuses reads one JSON-RPC error naming the cap, and is closed. There is no idle or
-/// header timer: the stream is JSON-RPC lines, not HTTP, and an agent may be quiet for hours.
+/// takes a slot of `gate` for as long as it lasts. It counts as idle unless a tool call or a task
+/// poll is under way, so on a full gate it is closed to make room like an idle HTTP connection
+/// (attack C3: idle sessions held every slot); the relay (`fleetd mcp`) connects again when its
+/// agent next calls. A connection the gate refuses reads one JSON-RPC error naming the cap, and
+/// is closed. There is no idle or header timer: an agent may be quiet for hours.
 pub async fn listen(
     state_dir: &Path,
     fleet: Arc<Fleet>,
@@ -84,10 +85,7 @@ pub async fn listen(
                 let peer = crate::conn::unix_peer(cred.map(|c| c.uid()));
                 let caps = crate::conn::Caps::of(&fleet.config.current().connections);
                 let admission = match gate.admit(peer, caps) {
-                    Ok(admission) => {
-                        admission.pin();
-                        admission
-                    }
+                    Ok(admission) => Arc::new(admission),
                     Err(refusal) => {
                         crate::telemetry::connection_closed(refusal.code());
                         tracing::warn!(
@@ -104,10 +102,32 @@ pub async fn listen(
                 };
                 crate::telemetry::connections_open(gate.open());
                 let conn = ConnInfo::unix(Door::Shim, cred);
-                let server = FleetMcp::for_connection(fleet, conn);
-                match server.serve(stream).await {
+                let server = FleetMcp::for_connection(fleet, conn, Arc::clone(&admission));
+                // Idle until its handshake is done too: a session that never finishes it holds
+                // its slot only until someone needs it.
+                let served = tokio::select! {
+                    served = server.serve(stream) => served,
+                    () = admission.evicted() => {
+                        tracing::debug!("closing a stdio shim session that never finished its handshake to make room");
+                        crate::telemetry::connection_closed("evicted");
+                        drop(admission);
+                        crate::telemetry::connections_open(gate.open());
+                        return;
+                    }
+                };
+                match served {
                     Ok(running) => {
-                        let _ = running.waiting().await;
+                        let stop = running.cancellation_token();
+                        tokio::select! {
+                            _ = running.waiting() => {}
+                            () = admission.evicted() => {
+                                // Idle (no tool call or task poll under way): closed to make
+                                // room; the relay reconnects when its agent next calls.
+                                tracing::debug!("closing an idle stdio shim session to make room");
+                                crate::telemetry::connection_closed("evicted");
+                                stop.cancel();
+                            }
+                        }
                     }
                     Err(e) => tracing::debug!(error = %e, "shim session ended during start"),
                 }

@@ -265,18 +265,25 @@ async fn branch_exists(repo: &Path, name: &str) -> bool {
     .is_ok()
 }
 
-/// Reads what the worktree holds: uncommitted paths and commits past its base.
+/// Reads what the worktree holds: uncommitted paths and commits past its base, on its HEAD or
+/// on the member's branch (a member that committed on its branch and then checked out its base
+/// still holds those commits).
 pub async fn inspect(info: &WorktreeInfo) -> Result<WorktreeState, String> {
+    let branch = branch_tip(&info.path, &info.branch).await;
+    inspect_at(info, branch.as_deref()).await
+}
+
+/// [`inspect`], with the branch's commit as read beforehand (`None`: it has no branch).
+async fn inspect_at(info: &WorktreeInfo, branch: Option<&str>) -> Result<WorktreeState, String> {
     let status = git(
         &info.path,
         &["status", "--porcelain=v1", "--untracked-files=normal"],
     )
     .await?;
-    let ahead = git(
-        &info.path,
-        &["rev-list", "--count", &format!("{}..HEAD", info.base)],
-    )
-    .await?;
+    let mut range = vec!["rev-list", "--count", "HEAD"];
+    range.extend(branch);
+    range.extend(["--not", info.base.as_str()]);
+    let ahead = git(&info.path, &range).await?;
     Ok(WorktreeState {
         uncommitted: u64::try_from(status.lines().filter(|l| !l.trim().is_empty()).count())
             .unwrap_or(u64::MAX),
@@ -293,6 +300,9 @@ pub enum Settled {
     Kept(WorktreeState),
     /// Its directory is gone already (removed by hand): its branch is left as it is.
     Missing,
+    /// Clean with nothing new when read, so its directory was removed; but its branch moved
+    /// before it could be deleted (a commit landed meanwhile): the branch is kept.
+    BranchMoved,
 }
 
 /// A released member's worktree: removed with its branch when it holds nothing new, else kept.
@@ -303,7 +313,10 @@ pub async fn settle(info: &WorktreeInfo) -> Result<Settled, String> {
         let _ = git(&repo, &["worktree", "prune"]).await;
         return Ok(Settled::Missing);
     }
-    let state = inspect(info).await?;
+    // The branch's commit first, then what the tree holds against it: whatever lands on the
+    // branch after this reading makes the delete below refuse.
+    let tip = branch_tip(&repo, &info.branch).await;
+    let state = inspect_at(info, tip.as_deref()).await?;
     if !state.is_clean() {
         return Ok(Settled::Kept(state));
     }
@@ -311,12 +324,40 @@ pub async fn settle(info: &WorktreeInfo) -> Result<Settled, String> {
     git(&repo, &["worktree", "remove", &path])
         .await
         .map_err(|e| format!("git worktree remove failed: {e}"))?;
-    // Nothing on it that its base lacks (checked above): -D, since -d would also want it merged
-    // into whatever the main checkout has checked out now.
-    git(&repo, &["branch", "-D", &info.branch])
-        .await
-        .map_err(|e| format!("git branch -D failed: {e}"))?;
-    Ok(Settled::Removed)
+    match tip {
+        Some(tip) => delete_branch(&repo, &info.branch, &tip).await,
+        None => Ok(Settled::Removed),
+    }
+}
+
+/// The commit branch `name` points at, if it exists.
+async fn branch_tip(repo: &Path, name: &str) -> Option<String> {
+    git(
+        repo,
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("refs/heads/{name}^{{commit}}"),
+        ],
+    )
+    .await
+    .ok()
+    .map(|out| out.trim().to_owned())
+}
+
+/// Deletes branch `name` only if it still points at `tip`, the commit read when it was judged
+/// to hold nothing new (`git update-ref -d` compares and deletes in one step).
+async fn delete_branch(repo: &Path, name: &str, tip: &str) -> Result<Settled, String> {
+    let reference = format!("refs/heads/{name}");
+    match git(repo, &["update-ref", "-d", &reference, tip]).await {
+        Ok(_) => Ok(Settled::Removed),
+        Err(e) if branch_tip(repo, name).await.is_some_and(|now| now != tip) => {
+            tracing::warn!(branch = name, error = %e, "a branch moved while its worktree was settled; kept");
+            Ok(Settled::BranchMoved)
+        }
+        Err(e) => Err(format!("git update-ref -d failed: {e}")),
+    }
 }
 
 /// A worktree a spawn cut short by a restart planned and no member claims: settled as a
@@ -328,18 +369,15 @@ pub async fn reclaim(info: &WorktreeInfo) -> Result<Settled, String> {
         return Ok(settled);
     }
     let repo = admin_dir(info).await;
-    if !branch_exists(&repo, &info.branch).await {
+    let Some(tip) = branch_tip(&repo, &info.branch).await else {
         return Ok(Settled::Removed);
-    }
-    let range = format!("{}..refs/heads/{}", info.base, info.branch);
+    };
+    let range = format!("{}..{tip}", info.base);
     let ahead = git(&repo, &["rev-list", "--count", &range]).await?;
     if ahead.trim() != "0" {
         return Ok(Settled::Missing);
     }
-    git(&repo, &["branch", "-D", &info.branch])
-        .await
-        .map_err(|e| format!("git branch -D failed: {e}"))?;
-    Ok(Settled::Removed)
+    delete_branch(&repo, &info.branch, &tip).await
 }
 
 /// Takes back a worktree a failed spawn made: directory and branch, whatever they hold (nothing
@@ -453,13 +491,15 @@ async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
 
 /// Test repositories for other modules' tests (this module is the one that runs git).
 #[cfg(test)]
-pub(crate) use tests::{branches_and_worktrees as test_branches, repo as test_repo};
+pub(crate) use tests::{
+    branches_and_worktrees as test_branches, repo as test_repo, run as test_git,
+};
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn run(dir: &Path, args: &[&str]) {
+    pub(crate) fn run(dir: &Path, args: &[&str]) {
         let status = std::process::Command::new("git")
             .arg("-C")
             .arg(dir)
@@ -540,6 +580,72 @@ mod tests {
             .await
             .is_ok()
         );
+    }
+
+    #[tokio::test]
+    async fn commits_on_the_branch_are_kept_when_head_moved_back_and_a_moved_branch_is_never_deleted()
+     {
+        let repo = repo();
+        let root = tempfile::tempdir().expect("tmp");
+        let request = WorktreeRequest {
+            from: repo.path(),
+            branch_prefix: "fleet/",
+            name: "ann",
+            base: None,
+            root: root.path(),
+        };
+        // Attack W5: a commit on fleet/ann, then the base checked out detached — HEAD holds
+        // nothing new, the branch does.
+        let info = create(&request).await.expect("worktree");
+        std::fs::write(
+            info.path.join("README"),
+            "work
+",
+        )
+        .expect("write");
+        run(&info.path, &["commit", "--quiet", "-am", "work"]);
+        run(&info.path, &["checkout", "--quiet", "--detach", "main"]);
+        let kept = WorktreeState {
+            uncommitted: 0,
+            ahead: 1,
+        };
+        assert_eq!(inspect(&info).await.expect("inspect"), kept);
+        assert_eq!(settle(&info).await.expect("settle"), Settled::Kept(kept));
+        assert!(info.path.exists());
+        assert!(
+            branch_exists(repo.path(), "fleet/ann").await,
+            "the commit is kept"
+        );
+
+        // Review M3: the branch moves after it was judged (its tip read): the delete refuses.
+        let other = create(&WorktreeRequest {
+            name: "bo",
+            ..request
+        })
+        .await
+        .expect("worktree");
+        let judged = branch_tip(repo.path(), &other.branch).await.expect("tip");
+        std::fs::write(other.path.join("late.txt"), "late\n").expect("write");
+        run(&other.path, &["add", "late.txt"]);
+        run(&other.path, &["commit", "--quiet", "-m", "late"]);
+        assert_eq!(
+            delete_branch(repo.path(), &other.branch, &judged)
+                .await
+                .expect("compare"),
+            Settled::BranchMoved
+        );
+        assert!(
+            branch_exists(repo.path(), "fleet/bo").await,
+            "the late commit is kept"
+        );
+        let now = branch_tip(repo.path(), &other.branch).await.expect("tip");
+        assert_eq!(
+            delete_branch(repo.path(), &other.branch, &now)
+                .await
+                .expect("delete"),
+            Settled::Removed
+        );
+        assert!(!branch_exists(repo.path(), "fleet/bo").await);
     }
 
     #[tokio::test]

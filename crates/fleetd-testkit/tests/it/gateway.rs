@@ -766,6 +766,70 @@ fn e2e_gateway_refuses_what_it_never_asked_for_and_what_its_peers_may_not_ask() 
     );
 }
 
+/// Attack G11: a peer's reply for a real ticket that a's inbox can never store (over
+/// `inbox.maxMessageBytes`) is refused for good — dead-lettered once, counted, told to a's lead —
+/// not given back to the broker again and again; the next round trip goes through at once.
+#[test]
+fn e2e_gateway_a_reply_too_large_to_store_here_is_refused_for_good() {
+    let Some(hosts) = two_hosts() else {
+        return;
+    };
+    let (a_name, b_name) = (&hosts.fleet.gateways[0], &hosts.fleet.gateways[1]);
+    hosts.b.spawn("sim", "alice");
+    let alice = format!("alice@{b_name}");
+    let ticket = send_nowait(&hosts.a, &alice, "a job");
+    let huge = "x".repeat(fleetd_core::MessageLimits::DEFAULT_MAX_MESSAGE_BYTES + 1);
+    let reply = envelope(
+        b_name,
+        a_name,
+        "reply",
+        &serde_json::json!({ "message": {
+            "msgId": "01a23300-0000-7000-8000-00000000f00d", "target": alice,
+            "ticket": ticket, "kind": "reply", "text": huge, "from": "alice",
+            "createdAt": "2026-12-01T00:00:00Z",
+        }}),
+    );
+    publish_as(
+        &hosts.fleet,
+        1,
+        &format!("to.{a_name}.from.{b_name}.reply"),
+        &reply,
+    );
+    let dead = format!("fleet.gw.{a_name}.dead");
+    fleetd_testkit::wait_until(
+        "the reply in a's dead-letter queue",
+        std::time::Duration::from_secs(30),
+        || queue_messages(&hosts.fleet, &dead) == Some(1),
+    );
+    fleetd_testkit::wait_until("counted", std::time::Duration::from_secs(30), || {
+        refused_total(&hosts.a, "unstorable") == 1.0
+    });
+    let mut incidents = Vec::new();
+    fleetd_testkit::wait_until(
+        "an incident for a's lead",
+        std::time::Duration::from_secs(30),
+        || {
+            incidents = gateway_incidents(&hosts.a, a_name);
+            incidents.iter().any(|i| i.contains(&ticket))
+        },
+    );
+    assert!(
+        incidents.iter().all(|i| !i.contains("xxxxxxxx")),
+        "no body: {incidents:#?}"
+    );
+    // Refused once, not redelivered: a round trip right after is not stuck behind it.
+    let sent = fleetd_testkit::rig::structured_ok(&hosts.a.lead(
+        "fleet_send",
+        &serde_json::json!({ "target": alice, "task": "the next one", "timeoutSecs": 60 }),
+    ));
+    assert_eq!(sent["reply"], "did on b: the next one", "{sent}");
+    assert_eq!(
+        queue_messages(&hosts.fleet, &dead),
+        Some(1),
+        "dead-lettered once"
+    );
+}
+
 /// Impersonation at the receiver: b's own broker user, on its own routing key (both of which
 /// the broker lets through), publishes an envelope that claims to come from another gateway.
 /// a refuses it: the dead-letter queue has it, a's log says why (never the body), a's

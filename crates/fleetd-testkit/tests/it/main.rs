@@ -36,6 +36,7 @@ mod reload;
 mod scenarios;
 mod security;
 mod security_herdr;
+mod security_leads;
 mod security_tasks;
 mod serve;
 mod service;

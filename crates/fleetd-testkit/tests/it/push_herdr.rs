@@ -142,6 +142,31 @@ fn e2e_herdr_restart_between_reply_and_nudge_loses_nothing() {
 }
 
 #[test]
+fn e2e_herdr_restart_the_lead_started_again_is_found_even_when_herdr_names_no_agent_in_it() {
+    // Seen on a real herdr 0.8.2: the agent started again in the primary tab was not detected
+    // (no agent kind), so the tab scanner had nothing to pick and the mail waited. Its MCP
+    // connection at start is enough: fleetd registers it as the lead there and nudges it.
+    let rig = rig();
+    let lead = lead_busy_when_nia_replies(&rig);
+    restart_herdr(&rig);
+    rig.start_agent_with(&lead, &["HERDR_AGENT=none".to_owned()]);
+    let listed = rig.call("pane.get", &json!({ "pane_id": lead }));
+    assert!(
+        listed["pane"]["agent"].is_null(),
+        "herdr names no agent in it: {listed}"
+    );
+    wait_until(
+        "the nudge in the restarted lead",
+        Duration::from_secs(60),
+        || rig.history(&lead).contains(&nudge("nia")),
+    );
+    assert!(
+        reply_waiting(&rig, "nia"),
+        "the reply is still in the inbox"
+    );
+}
+
+#[test]
 fn e2e_herdr_a_working_lead_is_nudged_only_after_its_turn() {
     let rig = rig();
     let lead = lead_busy_when_nia_replies(&rig);

@@ -67,7 +67,7 @@ pub(crate) fn rig_with_mail(extra_profiles: &str) -> Option<(Rig, String)> {
 /// What the operator sees of alice, the member every attack aims at: her pending replies, her
 /// tickets and queue. (The attacking member's own inbox changes legitimately: the lead's tasks
 /// to it are answered there.) Compared before and after an attack: nothing may change.
-fn fleet_state(rig: &Rig) -> Value {
+pub(crate) fn fleet_state(rig: &Rig) -> Value {
     let replies = http::get(rig.daemon.operator(), "/sessions/alice/replies")
         .expect("replies")
         .json()["replies"]
@@ -98,7 +98,7 @@ pub(crate) fn run_in(rig: &Rig, member: &str, line: &str) -> Vec<Value> {
 }
 
 /// The refusal code in an `mcp-call --print` answer or an `--http` answer.
-fn code(answer: &Value) -> String {
+pub(crate) fn code(answer: &Value) -> String {
     let tool = &answer["result"]["structuredContent"]["code"];
     let rest = &answer["body"]["error"];
     tool.as_str()
@@ -112,7 +112,7 @@ pub(crate) fn mcp_call() -> String {
 }
 
 /// Waits for `path` and returns its text.
-fn read_when_there(path: &Path, what: &str) -> String {
+pub(crate) fn read_when_there(path: &Path, what: &str) -> String {
     wait_until(what, PATIENCE, || path.exists());
     std::fs::read_to_string(path).expect("read")
 }

@@ -2,7 +2,8 @@
 //! per-pane env as herdr does: to the pane's process only, never stored or exported): backend
 //! secrets reach only their member's process — never an argv, the lead, another member or
 //! anything herdr's API answers; a pane a member opens in the members' workspace through herdr's
-//! own API is nobody; a member's `setsid -f` child is anonymous. Each attack leaves every inbox
+//! own API is nobody, and one it opens beside the lead's pane a stray (nobody too); a member's
+//! `setsid -f` child is anonymous. Each attack leaves every inbox
 //! as it was.
 
 use std::collections::BTreeSet;
@@ -239,6 +240,35 @@ fn e2e_herdr_security_a_pane_a_member_opens_is_nobody_and_its_escaped_child_anon
         .collect();
     assert_eq!(codes, vec!["unregistered_pane"; 5], "{text}");
 
+    // mallory splits the lead's own pane through herdr's API (review H1): outside the members'
+    // workspace, in the primary tab beside the live lead, opened while members ran — a stray.
+    let panes_before: BTreeSet<String> = pane_ids(&rig);
+    run_in(
+        &rig,
+        &lead,
+        "mallory",
+        &format!(
+            r#"{m} --herdr "{{\"id\":\"1\",\"method\":\"pane.split\",\"params\":{{\"target_pane_id\":\"{lead}\",\"direction\":\"down\",\"focus\":false,\"env\":{{}}}}}}""#
+        ),
+    );
+    let mut beside_lead = String::new();
+    wait_until("the pane mallory opened beside the lead", PATIENCE, || {
+        beside_lead = pane_ids(&rig)
+            .difference(&panes_before)
+            .next()
+            .cloned()
+            .unwrap_or_default();
+        !beside_lead.is_empty()
+    });
+    let (script, out) = attack("beside-lead");
+    rig.type_line(&beside_lead, &format!("sh {}", script.display()));
+    let text = read_when_there(&out, "the calls from beside the lead");
+    let codes: Vec<String> = text
+        .lines()
+        .map(|l| code(&serde_json::from_str(l).expect("JSON line")))
+        .collect();
+    assert_eq!(codes, vec!["stray_pane"; 5], "{text}");
+
     // A `setsid -f` child of mallory: out of its pane's tree, so anonymous.
     let (script, out) = attack("escaped");
     run_in(
@@ -267,7 +297,7 @@ fn e2e_herdr_security_a_pane_a_member_opens_is_nobody_and_its_escaped_child_anon
     wait_until("mallory's own replies to settle", PATIENCE, || {
         replies(&rig, "mallory")
             .as_array()
-            .is_some_and(|r| r.len() == 2)
+            .is_some_and(|r| r.len() == 3)
     });
     assert!(
         !replies(&rig, "mallory").to_string().contains("forged"),

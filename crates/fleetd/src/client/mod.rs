@@ -75,6 +75,11 @@ pub enum Request {
     },
     /// A one-time dashboard sign-in link.
     Dashboard,
+    /// Admit a pane as a lead.
+    Admit {
+        /// The pane, as `echo $TMUX_PANE` or `$HERDR_PANE_ID` in it prints (or daemon-qualified).
+        pane: String,
+    },
     /// Hand a task to a member.
     Send {
         /// The member.
@@ -198,6 +203,16 @@ pub async fn run(
             render_tickets(target.as_deref(), &answer.body, now(), out)?;
         }
         Request::Dashboard => render_dashboard(&answer.body, out)?,
+        Request::Admit { .. } => writeln!(
+            out,
+            "pane {} is a lead now{}",
+            text(&answer.body, "pane"),
+            if answer.body["already"].as_bool() == Some(true) {
+                " (it was one already)"
+            } else {
+                ""
+            }
+        )?,
     }
     Ok(settled_ok(request, &answer.body))
 }
@@ -281,6 +296,12 @@ fn route(
             http::Method::POST,
             "/dashboard/keys".to_owned(),
             None,
+            QUICK_TIMEOUT,
+        ),
+        Request::Admit { pane } => (
+            http::Method::POST,
+            "/leads/admit".to_owned(),
+            Some(json!({ "pane": pane })),
             QUICK_TIMEOUT,
         ),
         Request::Send {

@@ -104,8 +104,6 @@ struct Entry {
     idle_seq: Option<IdleKey>,
     /// Whether a request ever started on it.
     served: bool,
-    /// Never evicted (a long-lived session that is not request/response).
-    pinned: bool,
     close: CancellationToken,
 }
 
@@ -160,7 +158,6 @@ impl State {
         let seq = self.next_seq;
         if let Some(entry) = self.conns.get_mut(&id)
             && entry.idle_seq.is_none()
-            && !entry.pinned
         {
             self.next_seq += 1;
             let key = (entry.served, seq);
@@ -241,7 +238,6 @@ impl Gate {
                 active: 0,
                 idle_seq: None,
                 served: false,
-                pinned: false,
                 close: close.clone(),
             },
         );
@@ -288,17 +284,6 @@ impl Admission {
         entry.active = entry.active.saturating_sub(1);
         if entry.active == 0 {
             state.mark_idle(self.id);
-        }
-    }
-
-    /// Never close this connection to make room: a long-lived session (the stdio shim's).
-    pub fn pin(&self) {
-        let mut state = self.gate.state();
-        if let Some(entry) = state.conns.get_mut(&self.id) {
-            entry.pinned = true;
-            if let Some(seq) = entry.idle_seq.take() {
-                state.idle.remove(&seq);
-            }
         }
     }
 
@@ -431,10 +416,10 @@ mod tests {
     }
 
     #[test]
-    fn pinned_sessions_are_never_closed_and_the_fd_ceiling_bounds_max() {
+    fn a_session_with_a_call_under_way_is_never_closed_and_the_fd_ceiling_bounds_max() {
         let gate = Gate::new(2);
         let a = gate.admit(Peer::Owner, CAPS).expect("admitted");
-        a.pin();
+        assert!(a.request_started());
         let b = gate.admit(Peer::Owner, CAPS).expect("admitted");
         let _c = gate.admit(Peer::Owner, CAPS).expect("b is closed for it");
         assert!(b.close.is_cancelled());

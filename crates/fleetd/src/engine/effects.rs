@@ -15,6 +15,13 @@ use super::run::{Event, Msg};
 use super::state::Io;
 use crate::clock::SharedClock;
 use crate::mux::{MuxError, MuxRouter};
+
+/// How long a released member's pane may take to be seen closed before its worktree is settled;
+/// past it the worktree is left as it is (and its lead told).
+const CLOSE_CONFIRM: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How often the pane is read meanwhile.
+const CLOSE_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 use crate::secrets::Redactor;
 use crate::store::InboxStore;
 
@@ -245,11 +252,16 @@ impl Effects {
                 target,
                 info,
                 orphan,
+                after_close,
             } => {
-                let outcome = if orphan {
-                    crate::worktree::reclaim(&info).await
-                } else {
-                    crate::worktree::settle(&info).await
+                let closed = match &after_close {
+                    Some((pane, terminal)) => self.close_and_confirm(pane, terminal).await,
+                    None => Ok(()),
+                };
+                let outcome = match closed {
+                    Err(e) => Err(e),
+                    Ok(()) if orphan => crate::worktree::reclaim(&info).await,
+                    Ok(()) => crate::worktree::settle(&info).await,
                 };
                 self.report(Event::WorktreeSettled {
                     target,
@@ -277,11 +289,61 @@ impl Effects {
                 self.report(Event::LeadsScanned(panes)).await;
             }
             Io::CloseRestored { pane, old } => self.close_restored(&pane, &old).await,
+            Io::RemoveLegacyRegistry(path) => {
+                let removed = tokio::task::spawn_blocking({
+                    let path = path.clone();
+                    move || std::fs::remove_file(&path)
+                })
+                .await;
+                match removed {
+                    Ok(Ok(())) => {
+                        tracing::info!(path = %path.display(), "the imported member registry is in the fleet state now; removed it");
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(path = %path.display(), error = %e, "cannot remove the imported member registry");
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "removing the imported member registry failed")
+                    }
+                }
+            }
             Io::Close { pane } => {
                 if let Err(e) = self.mux.close_pane(&pane).await {
                     tracing::warn!(%pane, error = %e, "cannot close a released member's pane");
                 }
             }
+        }
+    }
+
+    /// Closes a released member's pane incarnation and waits until the multiplexer no longer
+    /// has it (gone, or another incarnation there), so nothing of the member runs in it when
+    /// its worktree is judged. Gives up after [`CLOSE_CONFIRM`], saying so.
+    async fn close_and_confirm(
+        &self,
+        pane: &QualifiedPaneId,
+        terminal: &fleetd_core::TerminalId,
+    ) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + CLOSE_CONFIRM;
+        loop {
+            match self.mux.pane(pane).await {
+                Ok(current) if current.info.terminal != *terminal => return Ok(()),
+                Err(e) if e.is_not_found() => return Ok(()),
+                _ if tokio::time::Instant::now() >= deadline => {
+                    return Err(format!(
+                        "its pane {pane} was not seen closed within {} s, so nothing was removed",
+                        CLOSE_CONFIRM.as_secs()
+                    ));
+                }
+                Ok(_) => {
+                    if let Err(e) = self.mux.close_pane(pane).await
+                        && !e.is_not_found()
+                    {
+                        tracing::debug!(%pane, error = %e, "closing a released member's pane before settling its worktree");
+                    }
+                }
+                Err(e) => tracing::debug!(%pane, error = %e, "reading a released member's pane"),
+            }
+            tokio::time::sleep(CLOSE_POLL).await;
         }
     }
 

@@ -40,6 +40,8 @@ struct LeadTab {
     name: Option<String>,
     primary: bool,
     resolved: Option<LeadRef>,
+    /// The tab's only pane at the last scan, when it held exactly one.
+    only: Option<LeadRef>,
 }
 
 /// What one scan changed.
@@ -77,12 +79,14 @@ impl LeadTabs {
             name: None,
             primary: true,
             resolved: None,
+            only: None,
         });
         let extra = config.leads.iter().map(|l| LeadTab {
             tab: l.tab.clone(),
             name: Some(l.name.clone()),
             primary: false,
             resolved: None,
+            only: None,
         });
         Self {
             tabs: primary.chain(extra).collect(),
@@ -95,6 +99,16 @@ impl LeadTabs {
     pub(super) fn same_tabs(&self, other: &Self) -> bool {
         let key = |t: &LeadTab| (t.tab.clone(), t.name.clone(), t.primary);
         self.tabs.iter().map(key).eq(other.tabs.iter().map(key))
+    }
+
+    /// Whether `pane`/`terminal` is a configured tab's lead: the pane the last scan resolved
+    /// there, or the tab's only pane then (the lead rule, `state::standing`).
+    pub(super) fn holds(&self, pane: &QualifiedPaneId, terminal: &TerminalId) -> bool {
+        let is = |l: &Option<LeadRef>| {
+            l.as_ref()
+                .is_some_and(|l| l.pane == *pane && l.terminal == *terminal)
+        };
+        self.tabs.iter().any(|t| is(&t.resolved) || is(&t.only))
     }
 
     /// Whether a primary tab is pinned (then only its lead is ever the primary).
@@ -131,11 +145,13 @@ impl LeadTabs {
     }
 
     /// Applies a successful listing of every pane. `callers` are the leads the registry knows
-    /// (from MCP calls and earlier scans), by id with their incarnation.
+    /// (from MCP calls and earlier scans), by id with their incarnation; `spoke`, pane
+    /// incarnations whose processes spoke MCP without being known as leads (a stray's).
     pub(super) fn scanned(
         &mut self,
         panes: &[ScanPane],
         callers: &BTreeMap<LeadId, TerminalId>,
+        spoke: &std::collections::HashSet<(QualifiedPaneId, TerminalId)>,
         now: Timestamp,
     ) -> Vec<ScanChange> {
         self.scanning = false;
@@ -167,11 +183,25 @@ impl LeadTabs {
                     .find(|p| p.pane == r.pane && p.terminal == r.terminal)
                     .copied()
             });
-            // Stable while it lives; else an agent that called us, any agent, any caller.
+            tab.only = match in_tab.as_slice() {
+                [p] => Some(LeadRef {
+                    pane: p.pane.clone(),
+                    terminal: p.terminal.clone(),
+                }),
+                _ => None,
+            };
+            // Stable while it lives; else an agent that called us, any agent, any caller; else
+            // the tab's only pane if its process spoke MCP (an agent the multiplexer does not
+            // name, started again after a herdr restart).
+            let alone_and_spoke = match in_tab.as_slice() {
+                [p] if spoke.contains(&(p.pane.clone(), p.terminal.clone())) => Some(*p),
+                _ => None,
+            };
             let pick = current
                 .or_else(|| in_tab.iter().find(|p| p.agent && is_caller(p)).copied())
                 .or_else(|| in_tab.iter().find(|p| p.agent).copied())
-                .or_else(|| in_tab.iter().find(|p| is_caller(p)).copied());
+                .or_else(|| in_tab.iter().find(|p| is_caller(p)).copied())
+                .or(alone_and_spoke);
             let lead = pick.map(|p| LeadRef {
                 pane: p.pane.clone(),
                 terminal: p.terminal.clone(),
@@ -216,12 +246,14 @@ mod tests {
                 name: None,
                 primary: true,
                 resolved: None,
+                only: None,
             })
             .chain(extra.iter().map(|(tab, name)| LeadTab {
                 tab: (*tab).to_owned(),
                 name: Some((*name).to_owned()),
                 primary: false,
                 resolved: None,
+                only: None,
             }))
             .collect(),
             scanned_at: None,
@@ -254,7 +286,7 @@ mod tests {
             pane("w1:p3", "t-codex", "w1:t2", true),
             pane("w2:p1", "t-member", "w2:t1", true),
         ];
-        let changes = t.scanned(&panes, &BTreeMap::new(), now());
+        let changes = t.scanned(&panes, &BTreeMap::new(), &Default::default(), now());
         assert_eq!(
             resolved(&changes),
             [
@@ -263,7 +295,10 @@ mod tests {
             ]
         );
         // The same listing again changes nothing.
-        assert!(t.scanned(&panes, &BTreeMap::new(), now()).is_empty());
+        assert!(
+            t.scanned(&panes, &BTreeMap::new(), &Default::default(), now())
+                .is_empty()
+        );
     }
 
     #[test]
@@ -276,7 +311,7 @@ mod tests {
         let callers =
             BTreeMap::from([(LeadId("lead:w1:p2".into()), TerminalId::new("t-b").unwrap())]);
         assert_eq!(
-            resolved(&t.scanned(&panes, &callers, now())),
+            resolved(&t.scanned(&panes, &callers, &Default::default(), now())),
             [("lead:w1:p2@t-b".to_owned(), true)]
         );
     }
@@ -285,11 +320,14 @@ mod tests {
     fn a_shell_lead_that_called_is_found_without_agent_detection() {
         let mut t = tabs("base:0", &[]);
         let panes = [pane("%1", "t-bash", "base:0", false)];
-        assert!(t.scanned(&panes, &BTreeMap::new(), now()).is_empty());
+        assert!(
+            t.scanned(&panes, &BTreeMap::new(), &Default::default(), now())
+                .is_empty()
+        );
         let callers =
             BTreeMap::from([(LeadId("lead:%1".into()), TerminalId::new("t-bash").unwrap())]);
         assert_eq!(
-            resolved(&t.scanned(&panes, &callers, now())),
+            resolved(&t.scanned(&panes, &callers, &Default::default(), now())),
             [("lead:%1@t-bash".to_owned(), true)]
         );
     }
@@ -300,7 +338,7 @@ mod tests {
         let mut p = pane("%4", "t-x", "base:3", true);
         p.tab_by_name = Some("base:boss".into());
         assert_eq!(
-            resolved(&t.scanned(&[p], &BTreeMap::new(), now())),
+            resolved(&t.scanned(&[p], &BTreeMap::new(), &Default::default(), now())),
             [("lead:%4@t-x".to_owned(), true)]
         );
     }
@@ -316,7 +354,7 @@ mod tests {
             (LeadId("lead:w9:p9".into()), TerminalId::new("t-x").unwrap()),
         ]);
         let panes = [pane("w1:p1", "t-new", "w1:t1", true)];
-        let changes = t.scanned(&panes, &callers, now());
+        let changes = t.scanned(&panes, &callers, &Default::default(), now());
         assert_eq!(
             changes,
             [

@@ -34,7 +34,7 @@ use crate::store::InboxStore;
 
 pub use remote::{PeerSpawn, RemoteSpawned, SpawnAnswer, SpawnRemote};
 pub use run::spawn;
-pub use state::{Delegator, GatewayOutcome, PeerRefusal};
+pub use state::{Delegator, GatewayOutcome, PeerRefusal, Standing};
 pub use wake::WakeView;
 
 /// Capacity of the engine's inbox. Commands are small and handled in microseconds; 1024 absorbs
@@ -223,10 +223,11 @@ pub struct LeadRef {
 /// Requests to the engine. Each carries its reply channel.
 #[derive(Debug)]
 pub(crate) enum Command {
-    MemberAt {
+    Standing {
         pane: QualifiedPaneId,
         terminal: TerminalId,
-        reply: oneshot::Sender<Option<(Target, bool)>>,
+        age: Option<std::time::Duration>,
+        reply: oneshot::Sender<Standing>,
     },
     Presence {
         target: Target,
@@ -470,15 +471,18 @@ impl EngineHandle {
         rx.await.map_err(|_| EngineGone)
     }
 
-    /// The member whose pane incarnation this is, with its `allowDelegation`.
-    pub async fn member_at(
+    /// What pane incarnation `pane`/`terminal` is — a member's, a lead's or a stray — its own
+    /// process `age` old (`None`: unknown), by the lead rule (`state::standing`).
+    pub async fn standing(
         &self,
         pane: QualifiedPaneId,
         terminal: TerminalId,
-    ) -> Result<Option<(Target, bool)>, EngineGone> {
-        self.ask(|reply| Command::MemberAt {
+        age: Option<std::time::Duration>,
+    ) -> Result<Standing, EngineGone> {
+        self.ask(|reply| Command::Standing {
             pane,
             terminal,
+            age,
             reply,
         })
         .await

@@ -177,9 +177,25 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
     drop(tx);
     // Durable state goes through one persister task, in order: each batch of changes is
     // committed before the replies that depend on it are sent and the I/O it asked for starts.
+    // The persister is supervised with the engine: if it dies (a panic), nothing would ever be
+    // committed, answered or typed again, so the engine's life ends with it (`/healthz` says
+    // so, and the daemon exits for its service manager to restart it).
+    let backlog = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let jobs = durable.as_ref().map(|d| {
         let (jobs, queue) = mpsc::unbounded_channel();
-        tokio::spawn(persist(queue, Arc::clone(&d.store), effects.clone()));
+        let persister = tokio::spawn(persist(
+            queue,
+            Arc::clone(&d.store),
+            effects.clone(),
+            Arc::clone(&backlog),
+        ));
+        let life = Arc::clone(&life);
+        tokio::spawn(async move {
+            if let Err(e) = persister.await {
+                tracing::error!(error = %e, "the fleet state's persister stopped; the engine stops with it");
+                life.end();
+            }
+        });
         jobs
     });
     let task = tokio::spawn(
@@ -188,6 +204,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
             state,
             effects,
             jobs,
+            backlog,
         }
         .run(rx, events, lagged, reloads),
     );
@@ -226,14 +243,44 @@ struct Job {
     done: Option<oneshot::Sender<()>>,
 }
 
+/// How often reading the kept fleet state is tried at start before the engine gives up (and
+/// the daemon exits for its service manager to restart it), and the first wait between tries
+/// (doubled each time: 1 + 2 + 4 + 8 s).
+const LOAD_TRIES: u32 = 5;
+const LOAD_RETRY: Duration = Duration::from_secs(1);
+
 /// How long the persister waits before it tries a failed commit again (a full disk, say).
 const STATE_RETRY: Duration = Duration::from_secs(1);
 
-/// What waits for a commit that failed: its changes, and the I/O that must not run before them.
+/// How many held changes and I/O requests, while the fleet state cannot be written, make the
+/// engine refuse new tasks and spawns (`store_unavailable`) until they are written.
+/// (Lower under test, so a test reaches it in a few calls.)
+pub(super) const HELD_BOUND: usize = if cfg!(test) { 32 } else { 4096 };
+
+/// What waits for a commit that failed: its changes, one per record (a later change to the same
+/// record replaces the earlier, so a retry commits each record once however long the outage),
+/// and the I/O that must not run before them.
 #[derive(Default)]
 struct Held {
-    ops: Vec<StateOp>,
+    ops: std::collections::BTreeMap<(String, String), StateOp>,
     io: Vec<Io>,
+}
+
+impl Held {
+    fn add(&mut self, ops: Vec<StateOp>) {
+        for op in ops {
+            let key = match &op {
+                StateOp::Put(record) => (record.kind.clone(), record.key.clone()),
+                StateOp::Delete { kind, key } => (kind.clone(), key.clone()),
+            };
+            self.ops.insert(key, op);
+        }
+    }
+
+    /// How much is held, for the bound.
+    fn size(&self) -> usize {
+        self.ops.len().max(self.io.len())
+    }
 }
 
 /// The persister: commits each batch in order, then answers and performs what waited for it.
@@ -245,6 +292,7 @@ async fn persist(
     mut jobs: mpsc::UnboundedReceiver<Job>,
     store: Arc<dyn StateStore>,
     effects: Effects,
+    backlog: Arc<std::sync::atomic::AtomicUsize>,
 ) {
     let mut held = Held::default();
     let mut failing = false;
@@ -265,7 +313,7 @@ async fn persist(
         };
         let (replies, done) = match job {
             Some(job) => {
-                held.ops.extend(job.ops);
+                held.add(job.ops);
                 held.io.extend(job.io);
                 (job.replies, job.done)
             }
@@ -274,7 +322,9 @@ async fn persist(
         let stored = if held.ops.is_empty() {
             Ok(())
         } else {
-            store.commit_state(held.ops.clone()).await
+            store
+                .commit_state(held.ops.values().cloned().collect())
+                .await
         };
         match &stored {
             Ok(()) => {
@@ -301,6 +351,7 @@ async fn persist(
                 effects.perform(request);
             }
         }
+        backlog.store(if failing { held.size() } else { 0 }, Ordering::Release);
         // Shutdown waits for this; it must not wait for a disk that may never have room.
         if let Some(done) = done {
             if failing {
@@ -331,6 +382,8 @@ struct Engine {
     effects: Effects,
     /// The persister's queue, when the state is kept durably.
     jobs: Option<mpsc::UnboundedSender<Job>>,
+    /// How much waits for a failing commit (0 while the state is written).
+    backlog: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Engine {
@@ -341,9 +394,15 @@ impl Engine {
         mut lagged: tokio::sync::watch::Receiver<u64>,
         mut reloads: tokio::sync::watch::Receiver<Arc<crate::config::Config>>,
     ) {
-        let kept = self.load().await;
+        let Some((kept, legacy)) = self.load().await else {
+            // The kept state cannot be read: never start an empty fleet over it (review M4).
+            // The engine stops, so the daemon exits non-zero and its service manager retries.
+            return;
+        };
         let mut io = vec![Io::DepthAll];
         self.state.restore(kept, self.parts.clock.now(), &mut io);
+        // Its members are in this first batch: the file goes once the batch is committed.
+        io.extend(legacy.map(Io::RemoveLegacyRegistry));
         self.flush(io, Vec::new());
         // Without a reloader no new configuration ever comes: stop listening for one.
         let mut reloading = true;
@@ -418,29 +477,47 @@ impl Engine {
     }
 
     /// The state kept before a restart (nothing without a durable store), with the members an
-    /// older fleetd kept in `members.json` when the store has none yet.
-    async fn load(&self) -> Restored {
+    /// older fleetd kept in `members.json` when the store has none yet, and that file's path
+    /// when it was read (to remove once they are committed). A store that cannot be read is
+    /// tried [`LOAD_TRIES`] times, waiting longer each time; `None` when it still cannot be.
+    async fn load(&self) -> Option<(Restored, Option<std::path::PathBuf>)> {
         let Some(durable) = &self.parts.durable else {
-            return Restored::default();
+            return Some((Restored::default(), None));
         };
-        let kept = match durable.store.load_state().await {
-            Ok(records) => Restored::decode(records),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot read the fleet state kept before the restart; starting without it");
-                Restored::default()
-            }
-        };
-        match &durable.legacy_members_file {
-            Some(path) if path.exists() => {
-                let legacy = super::registry::load(path);
-                tracing::info!(members = legacy.len(), path = %path.display(), "importing the member registry of an older fleetd");
-                let kept = kept.with_legacy_members(legacy);
-                if let Err(e) = std::fs::remove_file(path) {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot remove the imported member registry");
+        let mut wait = LOAD_RETRY;
+        let mut tries = 1;
+        let kept = loop {
+            match durable.store.load_state().await {
+                Ok(records) => break Restored::decode(records),
+                Err(e) if tries < LOAD_TRIES => {
+                    tracing::warn!(error = %e, tries, retry_in = ?wait, "cannot read the fleet state kept before the restart; trying again");
+                    tokio::time::sleep(wait).await;
+                    wait = wait.saturating_mul(2);
+                    tries += 1;
                 }
-                kept
+                Err(e) => {
+                    tracing::error!(error = %e, tries, "cannot read the fleet state kept before the restart; stopping rather than starting an empty fleet over it");
+                    return None;
+                }
             }
-            _ => kept,
+        };
+        let legacy = durable
+            .legacy_members_file
+            .as_ref()
+            .filter(|path| path.exists())
+            .cloned();
+        match legacy {
+            Some(path) => {
+                let members = tokio::task::spawn_blocking({
+                    let path = path.clone();
+                    move || super::registry::load(&path)
+                })
+                .await
+                .unwrap_or_default();
+                tracing::info!(members = members.len(), path = %path.display(), "importing the member registry of an older fleetd");
+                Some((kept.with_legacy_members(members), Some(path)))
+            }
+            None => Some((kept, None)),
         }
     }
 
@@ -449,6 +526,7 @@ impl Engine {
     fn flush(&mut self, mut io: Vec<Io>, replies: Vec<Deferred>) {
         let now = self.parts.clock.now();
         self.state.settle_delegation(now, &mut io);
+        self.state.follow_busy(now);
         io.extend(self.state.take_forwards());
         io.extend(self.state.take_events().into_iter().map(Io::Event));
         match &self.jobs {

@@ -36,15 +36,30 @@ impl Disk {
     }
 
     fn start(&self, fake: &FakeMux) -> EngineHandle {
+        self.start_on(fake, Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)))
+    }
+
+    /// [`Disk::start`] on `clock` (shared across restarts, so time goes on).
+    fn start_on(&self, fake: &FakeMux, clock: crate::clock::SharedClock) -> EngineHandle {
+        self.start_with(fake, clock, None)
+    }
+
+    /// [`Disk::start_on`], importing an older fleetd's `members.json` at `legacy`.
+    fn start_with(
+        &self,
+        fake: &FakeMux,
+        clock: crate::clock::SharedClock,
+        legacy: Option<std::path::PathBuf>,
+    ) -> EngineHandle {
         spawn(EngineParts {
             durable: Some(Durable {
                 store: Arc::clone(&self.store) as Arc<dyn StateStore>,
-                legacy_members_file: None,
+                legacy_members_file: legacy,
             }),
             config: crate::config::Live::fixed(
                 Config::parse(CONFIG, "test", &Environment::default()).expect("config"),
             ),
-            clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
+            clock,
             store: Arc::clone(&self.store) as Arc<dyn InboxStore>,
             mux: MuxRouter::new(Arc::new(fake.clone()), None),
             redactor: crate::secrets::Redactor::empty(),
@@ -689,4 +704,252 @@ async fn a_worktree_a_spawn_was_making_when_fleetd_died_is_settled_at_the_next_s
             .any(|t| t.pane.as_str() == "w1:p1" && t.text.contains("from bo"))
     })
     .await;
+}
+
+// Real time: `git` runs as a process (see above).
+#[tokio::test]
+async fn a_released_member_s_worktree_is_judged_only_once_its_pane_is_gone() {
+    let repo = crate::worktree::test_repo();
+    let root = tempfile::tempdir().expect("tmp");
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p4", "t-d", "w2:t4", AgentStatus::Working);
+    let disk = Disk::new();
+    let engine = disk.start(&fake);
+    let info = crate::worktree::create(&crate::worktree::WorktreeRequest {
+        from: repo.path(),
+        branch_prefix: "fleet/",
+        name: "dee",
+        base: None,
+        root: root.path(),
+    })
+    .await
+    .expect("worktree");
+    let mut dee = member("dee", "w2:p4", "t-d", None);
+    dee.worktree = Some(info.clone());
+    engine.add_member(dee).await.expect("engine");
+    // Review M3: released while its agent still works, and its pane slow to close.
+    fake.hold_closes(true);
+    engine
+        .release(t("dee"), "stopped".to_owned())
+        .await
+        .expect("engine");
+    sleep(Duration::from_millis(500)).await;
+    assert!(
+        info.path.join("README").exists(),
+        "nothing is judged while the pane still runs"
+    );
+    // Its agent's last commit lands before the pane goes.
+    std::fs::write(info.path.join("README"), "last words\n").expect("write");
+    crate::worktree::test_git(&info.path, &["commit", "--quiet", "-am", "last"]);
+    fake.hold_closes(false);
+    let mut notice = String::new();
+    real_wait("the notice that dee's worktree is kept", async || {
+        notice = disk
+            .store
+            .peek(&t("dee"), 10)
+            .await
+            .expect("peek")
+            .into_iter()
+            .map(|m| m.text)
+            .find(|t| t.contains("worktree is kept"))
+            .unwrap_or_default();
+        !notice.is_empty()
+    })
+    .await;
+    assert!(notice.contains("1 commit ahead of main"), "{notice}");
+    assert!(!fake.has_pane("w2:p4"), "closed before it was judged");
+    assert!(info.path.exists(), "the worktree with its commit is kept");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fleet_state_that_cannot_be_read_stops_the_engine_rather_than_start_an_empty_fleet() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let disk = Disk::new();
+    let first = disk.start(&fake);
+    first
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    drop(first);
+    settle().await;
+    // Review M4: a store that stays unreadable (every try fails) stops the engine, so the
+    // daemon exits for its service manager; nothing is written over ann's record.
+    disk.store.fail_loads(5);
+    let second = disk.start(&fake);
+    sleep(Duration::from_secs(30)).await;
+    assert!(!second.is_alive(), "the engine stopped");
+    // One that is unreadable for a moment (a busy database) is read on a later try.
+    disk.store.fail_loads(2);
+    let third = disk.start(&fake);
+    sleep(Duration::from_secs(5)).await;
+    let names: Vec<String> = third
+        .list()
+        .await
+        .expect("engine")
+        .iter()
+        .map(|m| m.target.to_string())
+        .collect();
+    assert_eq!(names, ["ann"], "ann kept through both");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_older_fleetds_registry_is_removed_only_once_its_members_are_committed() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let dir = tempfile::tempdir().expect("tmp");
+    let legacy = dir.path().join("members.json");
+    let members = vec![member("ann", "w2:p1", "t-a", None)];
+    std::fs::write(&legacy, serde_json::to_vec(&members).expect("json")).expect("write");
+    let disk = Disk::new();
+    // Review M5: the commit that carries the imported members fails (a full disk): the file
+    // stays, so a crash now would import them again.
+    disk.store.set_writes_fail(true);
+    let clock: crate::clock::SharedClock = Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH));
+    let engine = disk.start_with(&fake, Arc::clone(&clock), Some(legacy.clone()));
+    sleep(Duration::from_secs(3)).await;
+    assert!(legacy.exists(), "kept while its members are not durable");
+    disk.store.set_writes_fail(false);
+    let stored = async || {
+        disk.store
+            .load_state()
+            .await
+            .expect("load")
+            .iter()
+            .any(|r| r.kind == "member" && r.key == "ann")
+    };
+    for _ in 0..50 {
+        if !legacy.exists() && stored().await {
+            break;
+        }
+        sleep(Duration::from_millis(100)).await;
+        tokio::task::yield_now().await;
+    }
+    assert!(stored().await, "ann is in the fleet state");
+    assert!(!legacy.exists(), "removed once she is");
+    assert_eq!(engine.list().await.expect("engine").len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn while_the_state_cannot_be_written_what_waits_is_bounded_and_new_work_refused() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    fake.add_pane("w2:p2", "t-b", "w2:t2", AgentStatus::Working);
+    let disk = Disk::new();
+    let engine = disk.start(&fake);
+    for (name, pane, terminal) in [("ann", "w2:p1", "t-a"), ("bo", "w2:p2", "t-b")] {
+        engine
+            .add_member(member(name, pane, terminal, None))
+            .await
+            .expect("engine");
+    }
+    settle().await;
+    // Review M1: a full disk for a long while. Each task is refused as not kept, and once the
+    // changes waiting for the disk reach the bound, new work is refused before it is taken.
+    disk.store.set_writes_fail(true);
+    let mut codes = Vec::new();
+    for i in 0..60 {
+        let target = if i % 2 == 0 { "ann" } else { "bo" };
+        let sent = engine
+            .submit(None, t(target), format!("job {i}"))
+            .await
+            .expect("engine");
+        codes.push(
+            sent.err()
+                .map(|r| r.message.contains("changes already wait")),
+        );
+    }
+    let refused_early = codes.iter().filter(|c| **c == Some(true)).count();
+    assert!(
+        refused_early > 0 && codes.iter().all(Option::is_some),
+        "every task refused, the later ones before they were taken: {codes:?}"
+    );
+    // The disk has room again: what was held is written once, and work is taken again.
+    disk.store.set_writes_fail(false);
+    sleep(Duration::from_secs(2)).await;
+    let sent = engine
+        .submit(None, t("ann"), "after".to_owned())
+        .await
+        .expect("engine");
+    assert!(sent.is_ok(), "{sent:?}");
+}
+
+/// What the pane `pane` (incarnation `t-<pane>`) is to `engine`, born `born_ago` before now.
+async fn standing(engine: &EngineHandle, pane: &str, born_ago: u64) -> super::Standing {
+    engine
+        .standing(
+            qualified(pane),
+            fleetd_core::TerminalId::new(format!("t-{pane}").replace(':', "-")).expect("terminal"),
+            Some(Duration::from_secs(born_ago)),
+        )
+        .await
+        .expect("engine")
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_lead_rule_s_spans_survive_a_restart() {
+    use super::Standing::{Lead, Stray};
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    fake.add_pane("w1:p2", "t-w1-p2", "w1:t2", AgentStatus::Idle);
+    let disk = Disk::new();
+    let clock: crate::clock::SharedClock = Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH));
+    let first = disk.start_on(&fake, Arc::clone(&clock));
+    assert_eq!(
+        standing(&first, "w1:p1", 0).await,
+        Lead,
+        "no member ever: a lead"
+    );
+    sleep(Duration::from_secs(10)).await;
+    first
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    sleep(Duration::from_secs(10)).await; // now 20 s; ann here since 10 s
+    assert_eq!(standing(&first, "w1:p2", 5).await, Stray, "born at 15 s");
+    assert_eq!(standing(&first, "w1:p3", 15).await, Lead, "born at 5 s");
+    drop(first); // as after a kill -9
+    settle().await;
+    let second = disk.start_on(&fake, Arc::clone(&clock));
+    settle().await;
+    assert_eq!(
+        standing(&second, "w1:p2", 5).await,
+        Stray,
+        "still, after the restart"
+    );
+    assert_eq!(standing(&second, "w1:p3", 15).await, Lead);
+    second
+        .release(t("ann"), "stopped".to_owned())
+        .await
+        .expect("engine");
+    settle().await;
+    sleep(Duration::from_secs(20)).await;
+    assert_eq!(
+        standing(&second, "w1:p4", 18).await,
+        Stray,
+        "born within the settle time after the last member went"
+    );
+    assert_eq!(
+        standing(&second, "w1:p5", 1).await,
+        Lead,
+        "born after the members"
+    );
+    // The operator admits a stray: a lead from then on, and after a restart.
+    second
+        .lead_seen(LeadRef {
+            pane: qualified("w1:p2"),
+            terminal: fleetd_core::TerminalId::new("t-w1-p2").expect("terminal"),
+        })
+        .await
+        .expect("engine");
+    assert_eq!(standing(&second, "w1:p2", 25).await, Lead, "admitted");
+    drop(second);
+    settle().await;
+    let third = disk.start_on(&fake, clock);
+    settle().await;
+    assert_eq!(
+        standing(&third, "w1:p6", 23).await,
+        Stray,
+        "born during ann's span"
+    );
 }

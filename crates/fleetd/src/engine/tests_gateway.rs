@@ -2,7 +2,8 @@
 //! and the memory store (the inbox and the fleet state): another gateway's refused messages are
 //! incidents to this gateway's primary lead, in its own inbox (`gateway@<me>`), bounded per
 //! sender and reason, and never with a body; a question delivered again after its answer is
-//! not asked again, and a spawn's answer delivered again is a copy, across a restart too.
+//! not asked again, and a spawn's answer delivered again is a copy, across a restart too; tasks
+//! from another gateway obey `limits.maxQueuedTasks` like local ones.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +30,7 @@ struct Rig {
     store: Arc<MemoryStore>,
     fake: FakeMux,
     /// The forwarder's end of the outbox, kept open.
-    _outbox: tokio::sync::mpsc::UnboundedReceiver<(u64, Box<Envelope>)>,
+    outbox: tokio::sync::mpsc::UnboundedReceiver<(u64, Box<Envelope>)>,
 }
 
 fn gateway_rig(fake: &FakeMux) -> Rig {
@@ -42,7 +43,18 @@ fn gateway_rig(fake: &FakeMux) -> Rig {
 /// Gateway `a` on `store` (its inbox and its fleet state: a second rig on the same store is the
 /// same gateway after a restart).
 fn gateway_rig_on(fake: &FakeMux, store: &Arc<MemoryStore>) -> Rig {
-    let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
+    gateway_rig_with(fake, store, "", std::collections::BTreeMap::new())
+}
+
+/// [`gateway_rig_on`] with `extra` config and what each peer may ask.
+fn gateway_rig_with(
+    fake: &FakeMux,
+    store: &Arc<MemoryStore>,
+    extra: &str,
+    peers: std::collections::BTreeMap<String, Vec<crate::config::PeerRight>>,
+) -> Rig {
+    let config = Config::parse(&format!("{CONFIG}{extra}"), "test", &Environment::default())
+        .expect("config");
     let store = Arc::clone(store);
     let (forward, outbox) = tokio::sync::mpsc::unbounded_channel();
     let engine = spawn(EngineParts {
@@ -57,7 +69,7 @@ fn gateway_rig_on(fake: &FakeMux, store: &Arc<MemoryStore>) -> Rig {
         redactor: crate::secrets::Redactor::empty(),
         gateway: Some(GatewayParts {
             me: GatewayName::new("a").expect("name"),
-            peers: std::collections::BTreeMap::new(),
+            peers,
             forward,
         }),
     });
@@ -65,7 +77,7 @@ fn gateway_rig_on(fake: &FakeMux, store: &Arc<MemoryStore>) -> Rig {
         engine,
         store,
         fake: fake.clone(),
-        _outbox: outbox,
+        outbox,
     }
 }
 
@@ -359,5 +371,77 @@ async fn what_the_engine_refuses_is_labelled_and_raised_without_its_body() {
             .iter()
             .all(|i| !i.contains("forged body") && !i.contains("rm -rf")),
         "{incidents:#?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn tasks_from_another_gateway_obey_max_queued_tasks_like_local_ones() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-z", "w2:t1", AgentStatus::Working);
+    let store = Arc::new(MemoryStore::new(MessageLimits {
+        max_message_bytes: 1 << 20,
+    }));
+    let peers = [("b".to_owned(), vec![crate::config::PeerRight::Send])].into();
+    let mut rig = gateway_rig_with(&fake, &store, "limits:\n  maxQueuedTasks: 2\n", peers);
+    let zed = Target::new("zed").expect("target");
+    rig.engine
+        .add_member(super::NewMember {
+            target: zed.clone(),
+            profile: "p".to_owned(),
+            agent: "claude".to_owned(),
+            pane: fleetd_core::QualifiedPaneId::new(
+                fleetd_core::MuxDaemon::Lead,
+                fleetd_core::PaneId::new("w2:p1").expect("pane"),
+            ),
+            terminal: fleetd_core::TerminalId::new("t-z").expect("terminal"),
+            allow_delegation: false,
+            idle_timeout_secs: None,
+            backend: None,
+            lead: None,
+            worktree: None,
+        })
+        .await
+        .expect("engine");
+    // Attack G8: gateway b fills zed's queue. zed is working, so every task waits.
+    for i in 1..=3 {
+        let task = envelope(
+            Kind::Task,
+            serde_json::json!({
+                "ticket": format!("01a23300-0000-7000-8000-00000000b00{i}"),
+                "member": "zed", "task": format!("job {i}"), "by": "lead",
+            }),
+        );
+        let taken = rig.engine.gateway_in(task).await.expect("engine");
+        assert_eq!(taken, Ok(GatewayOutcome::Taken));
+    }
+    sleep(Duration::from_millis(50)).await;
+    let mut answers = Vec::new();
+    while let Ok((_, envelope)) = rig.outbox.try_recv() {
+        answers.push(*envelope);
+    }
+    assert_eq!(
+        answers.len(),
+        1,
+        "only the third is answered at once: {answers:?}"
+    );
+    assert_eq!(answers[0].kind, Kind::Ticket);
+    let body = answers[0].body.to_string();
+    assert!(
+        body.contains("00000000b003")
+            && body.contains("queue_full")
+            && body.contains("limits.maxQueuedTasks = 2"),
+        "{body}"
+    );
+    let tickets = rig.engine.recent(zed.clone()).await.expect("engine");
+    assert_eq!(tickets.len(), 2, "two queued: {tickets:?}");
+    // The cap holds for this host's own lead as for b: the same refusal, by the same rule.
+    let local = rig
+        .engine
+        .submit(None, zed, "mine".to_owned())
+        .await
+        .expect("engine");
+    assert!(
+        matches!(&local, Err(r) if r.code == "queue_full"),
+        "{local:?}"
     );
 }

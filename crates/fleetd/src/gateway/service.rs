@@ -17,10 +17,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::{EngineHandle, GatewayOutcome, PeerRefusal, PeerSpawn};
 use crate::members::{SpawnRequest, Spawner};
-use crate::store::InboxStore;
 use crate::store::gateway_link::{
     Deliver, Disposition, Inbound, Link, LinkConfig, LinkError, Published,
 };
+use crate::store::{InboxStore, StoreError};
 
 /// How long a nacked publish waits before it is tried again.
 const NACK_RETRY: Duration = Duration::from_secs(1);
@@ -211,6 +211,24 @@ fn deliver(
                             Ok(_) => Disposition::Taken,
                             Err(_) => Disposition::Later("the engine has stopped".to_owned()),
                         },
+                        // It breaks this inbox's limits (`inbox.maxMessageBytes`): no retry can
+                        // store it, so it is refused for good — dead-lettered, counted and told to
+                        // the lead — rather than redelivered forever (attack G11).
+                        Err(StoreError::Refused(e)) => {
+                            let why = format!(
+                                "a reply from member {} for ticket {} that this gateway's inbox cannot store ({e})",
+                                message.target,
+                                message.ticket.map(|t| t.to_string()).unwrap_or_default(),
+                            );
+                            let refusal = PeerRefusal {
+                                from: inbound.user_id,
+                                reason: "unstorable",
+                                why: why.clone(),
+                                parked: true,
+                            };
+                            let _ = engine.gateway_refused(refusal).await;
+                            Disposition::Refused(why)
+                        }
                         Err(e) => Disposition::Later(format!("cannot store a reply: {e}")),
                     }
                 }

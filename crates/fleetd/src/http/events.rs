@@ -21,7 +21,7 @@ use axum::extract::{ConnectInfo, Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use fleetd_core::access::{ToolClass, authorize};
+use fleetd_core::access::ToolClass;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{ApiError, App, caller};
@@ -61,7 +61,7 @@ pub(super) async fn latency(
     headers: HeaderMap,
 ) -> Response {
     let caller = caller(&app, &conn, &headers).await;
-    if let Err(e) = authorize(&caller.role, ToolClass::Observe, "GET /events/latency") {
+    if let Err(e) = caller.authorize(ToolClass::Observe, "GET /events/latency") {
         return ApiError::tool(e).into_response();
     }
     axum::Json(app.fleet.engine.latency()).into_response()
@@ -94,7 +94,7 @@ pub(super) async fn stream(
         }
     };
     let caller = caller(&app, &conn, &headers).await;
-    if let Err(e) = authorize(&caller.role, ToolClass::Observe, "GET /events") {
+    if let Err(e) = caller.authorize(ToolClass::Observe, "GET /events") {
         return ApiError::tool(e).into_response();
     }
     let last = headers

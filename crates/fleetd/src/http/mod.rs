@@ -18,6 +18,7 @@
 
 mod dashboard;
 mod events;
+mod leads;
 mod rest;
 pub mod serve;
 
@@ -30,7 +31,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use fleetd_core::access::{ToolClass, authorize};
+use fleetd_core::access::ToolClass;
 use serde_json::json;
 
 use crate::health::{HealthStatus, Probe};
@@ -73,6 +74,7 @@ pub fn router(
         .route("/dashboard/login", post(dashboard::login))
         .route("/dashboard/session", get(dashboard::session))
         .route("/dashboard/logout", post(dashboard::logout))
+        .route("/leads/admit", post(leads::admit))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/events", get(events::stream))
@@ -275,7 +277,7 @@ async fn metrics(
     headers: HeaderMap,
 ) -> Response {
     let caller = caller(&app, &conn, &headers).await;
-    if let Err(e) = authorize(&caller.role, ToolClass::Public, "GET /metrics") {
+    if let Err(e) = caller.authorize(ToolClass::Public, "GET /metrics") {
         return ApiError::tool(e).into_response();
     }
     (
@@ -305,6 +307,15 @@ impl ApiError {
         }
     }
 
+    /// The engine stopped (the daemon is going down): retry against the next one.
+    fn engine_gone() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "engine_gone",
+            "fleetd is stopping; try again once it is back",
+        )
+    }
+
     /// A tool's refusal, with the status its code calls for. The one mapping from tool error
     /// codes to HTTP statuses.
     fn tool(e: crate::mcp::ToolError) -> Self {
@@ -331,6 +342,7 @@ impl ApiError {
             | "not_a_member"
             | "anonymous_caller"
             | "unregistered_pane"
+            | "stray_pane"
             | "shared_daemon"
             | "not_your_ticket"
             | "not_your_member"

@@ -5,7 +5,7 @@
 use axum::Json;
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use fleetd_core::access::{ToolClass, authorize};
+use fleetd_core::access::ToolClass;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -144,7 +144,9 @@ pub(super) async fn drain(
 ) -> ApiResult {
     // The ack's class first, so a caller who may read but not remove learns nothing.
     let caller = caller(&app, &conn, &headers).await;
-    authorize(&caller.role, ToolClass::Orchestration, "drain").map_err(ApiError::tool)?;
+    caller
+        .authorize(ToolClass::Orchestration, "drain")
+        .map_err(ApiError::tool)?;
     let Query(query) = query
         .map_err(|e| bad_query(&e, "POST /sessions/{target}/replies/drain", "only `limit`"))?;
     let mut polled = crate::mcp::tools::call(
@@ -286,7 +288,9 @@ pub(super) async fn questions(
     headers: HeaderMap,
 ) -> ApiResult {
     let caller = caller(&app, &conn, &headers).await;
-    authorize(&caller.role, ToolClass::Observe, "GET /questions").map_err(ApiError::tool)?;
+    caller
+        .authorize(ToolClass::Observe, "GET /questions")
+        .map_err(ApiError::tool)?;
     let open = app
         .fleet
         .engine
@@ -352,7 +356,9 @@ pub(super) async fn tickets(
     let Query(query) = query.map_err(|e| bad_query(&e, "GET /tickets", "only `target`"))?;
     let caller = caller(&app, &conn, &headers).await;
     // Every member's tickets: leads and the operator (a delegating member polls its own).
-    authorize(&caller.role, ToolClass::Observe, "GET /tickets").map_err(ApiError::tool)?;
+    caller
+        .authorize(ToolClass::Observe, "GET /tickets")
+        .map_err(ApiError::tool)?;
     let gone = |e| ApiError::tool(crate::mcp::tools::gone(e));
     let targets = match query.target {
         Some(name) => {

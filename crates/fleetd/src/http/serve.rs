@@ -19,7 +19,7 @@ use axum::Router;
 use axum::extract::ConnectInfo;
 use fleetd_core::access::Door;
 use http_body_util::BodyExt as _;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
@@ -243,15 +243,27 @@ impl Connection {
             let (admission, activity) = (Arc::clone(&admission), Arc::clone(&activity));
             hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
                 request.extensions_mut().insert(ConnectInfo(info.clone()));
-                let in_flight = InFlight::start(&admission, &activity);
-                let response = in_flight
-                    .as_ref()
-                    .map(|_| hyper::service::Service::call(&tower, request));
+                // A request is in flight once it has fully arrived, head and body: until then
+                // the header timer runs and the gate may close the connection to make room, so
+                // a head with a large Content-Length and no body holds nothing (attack C2).
+                let in_flight = InFlight::new(&admission, &activity);
+                let arrived = !request.body().is_end_stream() || in_flight.start();
+                let request = request.map(|body| {
+                    axum::body::Body::new(Arriving {
+                        body,
+                        in_flight: Arc::clone(&in_flight),
+                    })
+                });
+                let response = arrived.then(|| hyper::service::Service::call(&tower, request));
                 async move {
-                    let (Some(response), Some(in_flight)) = (response, in_flight) else {
+                    let Some(response) = response else {
                         return Ok(closing());
                     };
                     let response = response.await?;
+                    // Answered (perhaps before reading the body): in flight while it is written.
+                    if !in_flight.start() {
+                        return Ok(closing());
+                    }
                     Ok::<_, std::convert::Infallible>(response.map(|body| {
                         // The request counts as in flight until its body is written or
                         // dropped, so a long or streamed answer is never timed out.
@@ -304,24 +316,73 @@ impl Connection {
     }
 }
 
-/// A request in flight on a connection: neither its gate slot nor its timers count it idle.
+/// A request on a connection, in flight once it has fully arrived: from then on neither its gate
+/// slot nor its timers count the connection idle, until its answer is written or dropped.
 struct InFlight {
     admission: Arc<Admission>,
     activity: Arc<Activity>,
+    started: std::sync::atomic::AtomicBool,
 }
 
 impl InFlight {
-    /// `None` when the gate has already closed the connection to make room: its request must
-    /// not run (the connection is about to be dropped, and a reply could be lost with it).
-    fn start(admission: &Arc<Admission>, activity: &Arc<Activity>) -> Option<Self> {
-        if !admission.request_started() {
-            return None;
-        }
-        activity.request_started();
-        Some(Self {
+    fn new(admission: &Arc<Admission>, activity: &Arc<Activity>) -> Arc<Self> {
+        Arc::new(Self {
             admission: Arc::clone(admission),
             activity: Arc::clone(activity),
+            started: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Marks it in flight (once); false when the gate has already closed the connection to make
+    /// room: its request must not run (the connection is about to be dropped, and a reply could
+    /// be lost with it).
+    fn start(&self) -> bool {
+        if self.started.load(Ordering::Acquire) {
+            return true;
+        }
+        if !self.admission.request_started() {
+            return false;
+        }
+        self.activity.request_started();
+        self.started.store(true, Ordering::Release);
+        true
+    }
+}
+
+/// A request body on its way: its end puts the request in flight.
+struct Arriving {
+    body: Incoming,
+    in_flight: Arc<InFlight>,
+}
+
+impl hyper::body::Body for Arriving {
+    type Data = hyper::body::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+        let ended = match &polled {
+            std::task::Poll::Ready(None) => true,
+            std::task::Poll::Ready(Some(Ok(_))) => self.body.is_end_stream(),
+            _ => false,
+        };
+        if ended && !self.in_flight.start() {
+            return std::task::Poll::Ready(Some(Err(
+                "the connection was closed to make room".into()
+            )));
+        }
+        polled.map(|frame| frame.map(|f| f.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -347,8 +408,10 @@ fn closing() -> hyper::Response<axum::body::Body> {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.admission.request_finished();
-        self.activity.request_finished();
+        if self.started.load(Ordering::Acquire) {
+            self.admission.request_finished();
+            self.activity.request_finished();
+        }
     }
 }
 
@@ -390,7 +453,11 @@ mod tests {
                     "done"
                 }),
             )
-            .route("/fast", get(|| async { "fast" }));
+            .route("/fast", get(|| async { "fast" }))
+            .route(
+                "/upload",
+                axum::routing::post(|body: String| async move { body.len().to_string() }),
+            );
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let stop = CancellationToken::new();
@@ -491,6 +558,52 @@ mod tests {
         assert!(text.starts_with("HTTP/1.1 200"), "{text}");
         stop.cancel();
         drop(busy);
+    }
+
+    #[tokio::test]
+    async fn a_request_whose_body_never_comes_holds_no_slot_and_times_out_like_a_head() {
+        // Attack C2: a complete head with a large Content-Length and no body.
+        const STALLED: &[u8] =
+            b"POST /upload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\nabc";
+        let (addr, stop) = door(
+            "connections: {max: 1, idleTimeoutMs: 60000, headerReadTimeoutMs: 300}\n",
+            0,
+            Arc::default(),
+        )
+        .await;
+        let mut stalled = TcpStream::connect(addr).await.expect("connect");
+        stalled.write_all(STALLED).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // It holds the only slot, but it is still arriving: a newcomer closes it and gets in.
+        let mut fast = TcpStream::connect(addr).await.expect("connect");
+        fast.write_all(b"GET /fast HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("send");
+        let text = read_to_close(&mut fast).await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        let closed = read_to_close(&mut stalled).await;
+        assert!(!closed.contains("200 OK"), "never answered: {closed}");
+        // Alone, it is closed by the header timer; a body that does come is served.
+        let mut stalled = TcpStream::connect(addr).await.expect("connect");
+        stalled.write_all(STALLED).await.expect("send");
+        let started = tokio::time::Instant::now();
+        let closed = read_to_close(&mut stalled).await;
+        assert!(!closed.contains("200 OK"), "{closed}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "closed by the timer"
+        );
+        let mut whole = TcpStream::connect(addr).await.expect("connect");
+        whole
+            .write_all(b"POST /upload HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello")
+            .await
+            .expect("send");
+        let text = read_to_close(&mut whole).await;
+        assert!(
+            text.starts_with("HTTP/1.1 200") && text.ends_with('5'),
+            "{text}"
+        );
+        stop.cancel();
     }
 
     #[tokio::test]

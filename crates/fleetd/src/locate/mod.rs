@@ -112,6 +112,16 @@ pub struct CallerPane {
     pub shell_pid: u32,
     /// The pane's workspace label (herdr) or session name (tmux), when the listing said.
     pub workspace_label: Option<String>,
+    /// When the pane's process started, in [`platform::ProcStat::start_time`]'s unit: the
+    /// pane's birth, which the lead rule compares with when members were here.
+    pub started: u64,
+}
+
+impl CallerPane {
+    /// How long ago the pane was born (`None`: the clock could not be read).
+    pub fn age(&self) -> Option<std::time::Duration> {
+        platform::age_of(self.started).ok()
+    }
 }
 
 /// Who a caller is, as far as the kernel and the multiplexer say.
@@ -458,6 +468,13 @@ impl Locator {
             member_env: hints.fleetd_target,
             via_daemon: daemon,
         })
+    }
+
+    /// Pane `pane` as a listing read now has it, when it exists: what the operator names when
+    /// admitting a pane as a lead.
+    pub async fn pane(&self, pane: &QualifiedPaneId) -> Result<Option<CallerPane>, LocateError> {
+        let map = self.panes.read_now().await?;
+        Ok(map.pane(pane))
     }
 
     /// Whether `pane` still holds incarnation `terminal`, as far as the pane map says (a gone

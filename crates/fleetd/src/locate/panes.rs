@@ -72,8 +72,23 @@ impl PaneMap {
                     terminal: entry.terminal.clone(),
                     shell_pid: stat.pid,
                     workspace_label: entry.workspace_label.clone(),
+                    started: entry.start_time,
                 })
         })
+    }
+
+    /// Pane `pane` as this reading has it (its live incarnation), if it is in it.
+    pub(super) fn pane(&self, pane: &QualifiedPaneId) -> Option<CallerPane> {
+        self.by_shell
+            .iter()
+            .find(|(_, entry)| entry.pane == *pane)
+            .map(|(pid, entry)| CallerPane {
+                pane: entry.pane.clone(),
+                terminal: entry.terminal.clone(),
+                shell_pid: *pid,
+                workspace_label: entry.workspace_label.clone(),
+                started: entry.start_time,
+            })
     }
 
     /// Whether a miss of `chain` (the caller first, then its ancestors) in this reading is
@@ -229,6 +244,11 @@ impl Panes {
     /// Waits for a reading whose listing was asked for at `since` or later: the one a refresh
     /// running now produces if it started in time, or one this call makes. Only one refresh
     /// runs at a time; callers queued behind it take its answer when it is recent enough.
+    /// A reading asked for now (or one already under way that began after now).
+    pub(super) async fn read_now(&self) -> Result<Arc<PaneMap>, LocateError> {
+        self.read_since(Instant::now()).await
+    }
+
     async fn read_since(&self, since: Instant) -> Result<Arc<PaneMap>, LocateError> {
         let _turn = self.refreshing.lock().await;
         let map = self.snapshot();

@@ -139,6 +139,20 @@ pub struct FleetMcp {
     fleet: Arc<Fleet>,
     /// The connection of a unix-socket session, known before any request (the stdio shim).
     fixed_conn: Option<ConnInfo>,
+    /// That session's slot in the connection gate: busy while a tool call or a task poll is
+    /// under way, idle (so closable to make room) otherwise.
+    session: Option<Arc<crate::conn::Admission>>,
+}
+
+/// A request under way on a stdio shim session: the session is not idle until it ends.
+struct Busy(Option<Arc<crate::conn::Admission>>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        if let Some(admission) = &self.0 {
+            admission.request_finished();
+        }
+    }
 }
 
 /// A JSON-RPC error line (id `null`: it answers no particular request) for a stdio session the
@@ -164,14 +178,33 @@ impl FleetMcp {
         Self {
             fleet,
             fixed_conn: None,
+            session: None,
         }
     }
 
-    /// A server for one unix-socket connection (the stdio shim's).
-    pub fn for_connection(fleet: Arc<Fleet>, conn: ConnInfo) -> Self {
+    /// A server for one unix-socket connection (the stdio shim's), holding `session`, its slot
+    /// in the connection gate.
+    pub fn for_connection(
+        fleet: Arc<Fleet>,
+        conn: ConnInfo,
+        session: Arc<crate::conn::Admission>,
+    ) -> Self {
         Self {
             fleet,
             fixed_conn: Some(conn),
+            session: Some(session),
+        }
+    }
+
+    /// Marks a request under way on this session (nothing for HTTP, whose door does it); an
+    /// error when the gate has just closed the session to make room.
+    fn busy(&self) -> Result<Busy, ErrorData> {
+        match &self.session {
+            Some(admission) if !admission.request_started() => Err(ErrorData::internal_error(
+                "this session was closed to make room for another connection; reconnect",
+                None,
+            )),
+            session => Ok(Busy(session.clone())),
         }
     }
 
@@ -309,6 +342,7 @@ impl ServerHandler for FleetMcp {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let _busy = self.busy()?;
         let caller = self.caller(&context).await;
         identity::note_presence(&self.fleet, &caller).await;
         let name = request.name.to_string();
@@ -343,6 +377,7 @@ impl ServerHandler for FleetMcp {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
+        let _busy = self.busy()?;
         let caller = self.caller(&context).await;
         wake::get(&self.fleet, &caller, &request.task_id, &context.ct)
             .await

@@ -82,6 +82,7 @@ fn lead() -> Caller {
         pane: None,
         unregistered: None,
         via_daemon: None,
+        stray: None,
         cancel: tokio_util::sync::CancellationToken::new(),
     }
 }
@@ -359,8 +360,10 @@ async fn an_agent_that_connects_before_its_member_is_registered_counts_as_presen
             terminal: fleetd_core::TerminalId::new("t-open1").expect("terminal"),
             shell_pid: 1,
             workspace_label: None,
+            started: 0,
         }),
         via_daemon: None,
+        stray: None,
         cancel: tokio_util::sync::CancellationToken::new(),
     };
     crate::identity::note_presence(&fleet, &early).await;

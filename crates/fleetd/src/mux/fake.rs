@@ -66,6 +66,8 @@ struct Inner {
     open_fails: bool,
     /// Panes opened so far (numbers the next one).
     opened: usize,
+    /// While true, `close_pane` closes nothing (a pane slow to go, or one that refuses).
+    closes_held: bool,
 }
 
 /// The fake. Cheap to clone; clones share state.
@@ -111,6 +113,11 @@ impl FakeMux {
     /// Holds every `open_pane` (true) until released (false): a slow multiplexer.
     pub(crate) fn hold_opens(&self, hold: bool) {
         self.hold_opens.send_replace(hold);
+    }
+
+    /// While `hold` is true, `close_pane` answers success and closes nothing.
+    pub(crate) fn hold_closes(&self, hold: bool) {
+        self.lock().closes_held = hold;
     }
 
     /// Makes `open_pane` fail transiently (or work again).
@@ -399,7 +406,9 @@ impl Multiplexer for FakeMux {
     }
 
     fn close_pane<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
-        self.close(pane.as_str());
+        if !self.lock().closes_held {
+            self.close(pane.as_str());
+        }
         ready(Ok(()))
     }
 

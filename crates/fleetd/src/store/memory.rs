@@ -28,6 +28,8 @@ struct State {
     writes_fail: bool,
     /// How long each state commit takes (a test's slow disk).
     state_commit_delay: std::time::Duration,
+    /// How many more state loads fail (a test's unreadable store).
+    loads_fail: u32,
 }
 
 impl MemoryStore {
@@ -40,6 +42,7 @@ impl MemoryStore {
                 records: BTreeMap::new(),
                 writes_fail: false,
                 state_commit_delay: std::time::Duration::ZERO,
+                loads_fail: 0,
             })),
             limits,
         }
@@ -54,6 +57,11 @@ impl MemoryStore {
     /// work again (`false`): the fault a test of "the store could not take it" needs.
     pub fn set_writes_fail(&self, fails: bool) {
         self.state().writes_fail = fails;
+    }
+
+    /// Makes the next `count` state loads fail, as a store that cannot be read.
+    pub fn fail_loads(&self, count: u32) {
+        self.state().loads_fail = count;
     }
 
     /// Makes every later state commit take `delay` before it lands (inbox writes stay quick):
@@ -178,8 +186,15 @@ impl InboxStore for MemoryStore {
 impl StateStore for MemoryStore {
     fn load_state(&self) -> StoreFuture<'_, Vec<StateRecord>> {
         Box::pin(async move {
-            Ok(self
-                .state()
+            let mut state = self.state();
+            if state.loads_fail > 0 {
+                state.loads_fail -= 1;
+                return Err(StoreError::Backend {
+                    op: "read the fleet state",
+                    source: Arc::new(std::io::Error::other("scripted: database is locked")),
+                });
+            }
+            Ok(state
                 .records
                 .iter()
                 .map(|((kind, key), value)| StateRecord {

@@ -16,14 +16,49 @@ impl Engine {
         io: &mut Vec<Io>,
         replies: &mut Vec<Deferred>,
     ) {
+        // The fleet state cannot be written and too much waits for it already: no new work is
+        // taken (a task, a spawn) until it is, so what is held stays bounded (review M1).
+        let backlog = self.backlog.load(std::sync::atomic::Ordering::Acquire);
+        if backlog >= super::HELD_BOUND {
+            let refusal = || {
+                Refusal::new(
+                    "store_unavailable",
+                    format!(
+                        "fleetd cannot write its fleet state (see its log) and {backlog} changes already wait for it: no new task or spawn is taken until they are written; retry shortly"
+                    ),
+                )
+            };
+            match command {
+                Command::Submit { reply, .. } => {
+                    let _ = reply.send(Err(refusal()));
+                    return;
+                }
+                Command::Reserve { reply, .. } => {
+                    let _ = reply.send(Err(refusal()));
+                    return;
+                }
+                command => return self.command_taken(command, now, io, replies),
+            }
+        }
+        self.command_taken(command, now, io, replies);
+    }
+
+    fn command_taken(
+        &mut self,
+        command: Command,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+        replies: &mut Vec<Deferred>,
+    ) {
         let s = &mut self.state;
         match command {
-            Command::MemberAt {
+            Command::Standing {
                 pane,
                 terminal,
+                age,
                 reply,
             } => {
-                let _ = reply.send(s.member_at(&pane, &terminal));
+                let _ = reply.send(s.standing(&pane, &terminal, age, now));
             }
             Command::Presence { target } => s.presence(&target, now, io),
             Command::PaneSeen { pane, terminal } => s.pane_seen(pane, terminal, now, io),

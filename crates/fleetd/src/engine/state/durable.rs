@@ -51,6 +51,8 @@ pub(super) struct Dirty {
     pub(super) spawns: BTreeSet<String>,
     /// Wakes (MCP tasks), by id.
     pub(super) wakes: BTreeSet<String>,
+    /// The lead rule's busy spans.
+    pub(super) busy: bool,
 }
 
 /// A ticket as kept on disk.
@@ -112,6 +114,8 @@ pub(in crate::engine) struct Restored {
     spawns: Vec<(String, String)>,
     /// Wakes (id, JSON value).
     wakes: Vec<(String, String)>,
+    /// The lead rule's busy spans (JSON value).
+    busy: Option<String>,
 }
 
 impl Restored {
@@ -155,6 +159,10 @@ impl Restored {
                     out.spawns.push((record.key.clone(), record.value.clone()));
                     Ok(())
                 }
+                super::standing::BUSY => {
+                    out.busy = Some(record.value.clone());
+                    Ok(())
+                }
                 super::wakes::WAKE => {
                     out.wakes.push((record.key.clone(), record.value.clone()));
                     Ok(())
@@ -193,6 +201,7 @@ impl Restored {
             && self.outbox.is_empty()
             && self.spawns.is_empty()
             && self.wakes.is_empty()
+            && self.busy.is_none()
     }
 }
 
@@ -319,6 +328,9 @@ impl State {
             }
         }
         ops.extend(dirty.wakes.into_iter().filter_map(|id| self.wake_op(id)));
+        if dirty.busy {
+            ops.extend(self.busy_op());
+        }
         for key in dirty.spawns {
             match self.spawn_record(&key) {
                 Some(Ok(value)) => ops.push(StateOp::Put(StateRecord {
@@ -353,7 +365,7 @@ impl State {
         );
         for (target, info) in kept.worktrees {
             // Released before the restart, its worktree not yet settled: settle it now.
-            self.settle_worktree(&target, info, io);
+            self.settle_worktree(&target, info, None, io);
         }
         let mut outbox = kept.outbox;
         outbox.sort_by_key(|(seq, _)| *seq);
@@ -368,6 +380,9 @@ impl State {
         }
         for (id, value) in kept.wakes {
             self.restore_wake(id, &value);
+        }
+        if let Some(value) = kept.busy {
+            self.restore_busy(&value);
         }
         for (id, row) in kept.leads {
             io.push(Io::Watch {

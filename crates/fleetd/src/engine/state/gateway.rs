@@ -388,15 +388,33 @@ impl State {
                 let member = Target::local(body.member.as_str())
                     .ok()
                     .filter(|t| self.members.contains_key(t));
-                let Some(member) = member else {
-                    let event = TicketEvent::Cancelled(format!(
+                // No such member, or its queue is full (`limits.maxQueuedTasks` holds for every
+                // sender, so another gateway cannot lock this host's own lead out): the ticket
+                // ends at once, saying why, and nothing is queued.
+                let unqueued = match &member {
+                    None => Some(format!(
                         "no member {} on gateway {}",
                         body.member,
                         self.me_name()
-                    ));
+                    )),
+                    Some(m) => {
+                        let queued = self.injector.queued(m);
+                        let max = self.limits.max_queued_tasks;
+                        (u64::try_from(queued).unwrap_or(u64::MAX) >= max).then(|| {
+                            format!(
+                                "queue_full: {} on gateway {} already has {queued} tasks waiting to be typed, the most allowed there (limits.maxQueuedTasks = {max}); send it again once it has worked through them",
+                                body.member,
+                                self.me_name()
+                            )
+                        })
+                    }
+                };
+                let Some(member) = member.filter(|_| unqueued.is_none()) else {
+                    let why = unqueued.unwrap_or_default();
+                    tracing::info!(member = %body.member, from = %src, "a task from another gateway ended unqueued");
                     let reply = TicketBody {
                         ticket: body.ticket,
-                        event,
+                        event: TicketEvent::Cancelled(why),
                     };
                     self.send_out(
                         &src,

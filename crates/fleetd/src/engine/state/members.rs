@@ -476,7 +476,12 @@ impl State {
         // so its lead is nudged about them; `inbox_depth` drops it once the inbox is empty.
         // (A worktree's notice may come too: it settles first.)
         if let Some(info) = worktree {
-            self.settle_worktree(target, info, io);
+            self.settle_worktree(
+                target,
+                info,
+                Some((member.pane.clone(), member.terminal.clone())),
+                io,
+            );
         } else if open.is_empty()
             && !notified
             && self.raw_depth.get(target).copied().unwrap_or(0) == 0

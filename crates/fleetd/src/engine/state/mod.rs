@@ -22,6 +22,7 @@ mod push;
 mod questions;
 mod refusals;
 mod remote;
+mod standing;
 mod wakes;
 mod worktrees;
 
@@ -36,6 +37,7 @@ pub(in crate::engine) use push::push_config;
 pub use refusals::PeerRefusal;
 #[cfg(test)]
 pub(in crate::engine) use refusals::REFUSAL_WINDOW;
+pub use standing::Standing;
 #[cfg(test)]
 pub(in crate::engine) use wakes::WAKE_GRACE;
 
@@ -125,11 +127,14 @@ pub(super) enum Io {
     /// A released member's worktree: removed with its branch when it holds nothing new, else
     /// kept (and its lead told). `orphan`: one a spawn cut short by a restart left, which no
     /// member claims (`worktree::reclaim`: a branch made for a directory that never came to be
-    /// goes too).
+    /// goes too). `after_close`: the member's pane incarnation, closed and seen gone before
+    /// anything is judged (a member still running could commit between the reading and the
+    /// delete).
     SettleWorktree {
         target: Target,
         info: crate::worktree::WorktreeInfo,
         orphan: bool,
+        after_close: Option<(QualifiedPaneId, TerminalId)>,
     },
     /// Hand outbox record `seq` to the gateway forwarder (in order, never in a task of its own).
     Forward {
@@ -142,6 +147,9 @@ pub(super) enum Io {
         target: Target,
         msg_id: fleetd_core::MsgId,
     },
+    /// Remove an older fleetd's member registry (`members.json`): only after the batch that
+    /// carried its members is committed (review M5), so a crash in between imports it again.
+    RemoveLegacyRegistry(std::path::PathBuf),
 }
 
 impl Io {
@@ -284,6 +292,10 @@ pub(super) struct State {
     /// again after it was taken (its ack lost with the link): a copy must neither open a
     /// question again nor be refused as something never asked.
     answered: BTreeMap<String, Timestamp>,
+    /// When members were here (durable): the lead rule's spans (`standing`).
+    busy: standing::Busy,
+    /// Stray pane incarnations already warned about (cleared past a bound).
+    strays_told: std::collections::HashSet<(QualifiedPaneId, TerminalId)>,
 }
 
 /// How many not-yet-member pane incarnations are remembered as having spoken MCP. Only the
@@ -365,6 +377,8 @@ impl State {
             served_spawns: BTreeMap::new(),
             refusals: refusals::Refusals::default(),
             answered: BTreeMap::new(),
+            busy: standing::Busy::default(),
+            strays_told: std::collections::HashSet::new(),
         }
     }
 

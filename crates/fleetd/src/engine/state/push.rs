@@ -217,7 +217,8 @@ impl State {
             .filter(|(id, _)| !self.is_member_lead(id))
             .map(|(id, l)| (id.clone(), l.terminal.clone()))
             .collect();
-        for change in self.lead_tabs.scanned(&panes, &callers, now) {
+        let spoke = self.seen.iter().cloned().collect();
+        for change in self.lead_tabs.scanned(&panes, &callers, &spoke, now) {
             match change {
                 ScanChange::Gone { lead } => self.lead_gone(&lead, now, io),
                 ScanChange::Resolved {

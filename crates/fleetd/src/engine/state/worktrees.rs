@@ -8,7 +8,7 @@
 //! work itself is `crate::worktree`'s, run by `effects`.
 
 use fleetd_core::push::PushInput;
-use fleetd_core::{MessageKind, Target};
+use fleetd_core::{MessageKind, QualifiedPaneId, Target, TerminalId};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -61,12 +61,13 @@ impl State {
         }
     }
 
-    /// `target` was released with a worktree: settled now, and kept on disk as pending until it
-    /// is.
+    /// `target` was released with a worktree: settled once its pane (`pane`, when it had one
+    /// that may still run) is closed and seen gone, and kept on disk as pending until it is.
     pub(super) fn settle_worktree(
         &mut self,
         target: &Target,
         info: WorktreeInfo,
+        pane: Option<(QualifiedPaneId, TerminalId)>,
         io: &mut Vec<Io>,
     ) {
         self.pending_worktrees.insert(target.clone(), info.clone());
@@ -75,6 +76,7 @@ impl State {
             target: target.clone(),
             info,
             orphan: false,
+            after_close: pane,
         });
     }
 
@@ -140,6 +142,7 @@ impl State {
                 target: target.clone(),
                 info: spawn.info.clone(),
                 orphan: true,
+                after_close: None,
             });
             self.spawn_worktrees.insert(target, spawn);
         }
@@ -181,6 +184,11 @@ impl State {
                 tracing::info!(%target, %path, orphan, "a worktree to settle was gone already");
                 None
             }
+            Ok(Settled::BranchMoved) => Some(format!(
+                "[fleet] {whose} worktree {path} held nothing new and was removed, but its branch {branch} moved while fleetd settled it, so the branch is kept: review it (`git -C {} log {}..{branch}`), then `git branch -D {branch}`",
+                info.repo.display(),
+                info.base_name,
+            )),
             Ok(Settled::Kept(state)) => Some(format!(
                 "[fleet] {whose} worktree is kept: {path} on branch {branch} holds {}. Review it (`git -C {path} status`, `git -C {} log {}..{branch}`), merge what you want, then `git worktree remove {path}` and `git branch -D {branch}`",
                 state.describe(&info.base_name),

@@ -26,7 +26,7 @@
 mod linux;
 #[cfg(target_os = "linux")]
 pub use linux::{
-    Fds, children, client_socket, pids, read_cmdline, read_cwd, read_env_hints, read_stat,
+    Fds, age_of, children, client_socket, pids, read_cmdline, read_cwd, read_env_hints, read_stat,
     start_clock_now,
 };
 

@@ -17,7 +17,7 @@ mod stop;
 use std::future::Future;
 
 use fleetd_core::Target;
-use fleetd_core::access::{ToolClass, authorize};
+use fleetd_core::access::ToolClass;
 use rmcp::handler::server::common::schema_for_type;
 use rmcp::model::Tool;
 use rmcp::schemars::JsonSchema;
@@ -124,7 +124,9 @@ async fn run<T: FleetTool>(
     args: Value,
 ) -> Result<ToolOutput, ToolError> {
     let outcome = async {
-        authorize(&caller.role, T::class_of(&args), T::NAME).map_err(|e| caller.explain(e))?;
+        caller
+            .authorize(T::class_of(&args), T::NAME)
+            .map_err(|e| caller.explain(e))?;
         // Its call proves the replies its earlier waits returned reached it (review M3). A
         // `fleet_ack` settles them after acknowledging, so the ids it names answer acked=true.
         let holder = caller.holder();

@@ -90,6 +90,7 @@ pub(super) fn caller(role: Role) -> Caller {
         pane: None,
         unregistered: None,
         via_daemon: None,
+        stray: None,
         cancel: tokio_util::sync::CancellationToken::new(),
     }
 }

@@ -11,7 +11,7 @@ mod diag;
 mod proc;
 
 pub use proc::{
-    Fds, children, pids, read_cmdline, read_cwd, read_env_hints, read_stat, start_clock_now,
+    Fds, age_of, children, pids, read_cmdline, read_cwd, read_env_hints, read_stat, start_clock_now,
 };
 
 /// The client side of an accepted loopback connection, its inode and owner: an exact netlink

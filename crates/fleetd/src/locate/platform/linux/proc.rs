@@ -39,6 +39,15 @@ pub fn start_clock_now() -> io::Result<u64> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad /proc/uptime"))
 }
 
+/// How long ago a process that started at `start_time` ([`ProcStat::start_time`]) started.
+pub fn age_of(start_time: u64) -> io::Result<std::time::Duration> {
+    let ticks = start_clock_now()?.saturating_sub(start_time);
+    let hz = procfs::ticks_per_second().max(1);
+    Ok(std::time::Duration::from_millis(
+        ticks.saturating_mul(1000) / hz,
+    ))
+}
+
 /// `secs.hundredths ...` in clock ticks of `hz` per second.
 fn parse_uptime(text: &str, hz: u64) -> Option<u64> {
     let first = text.split_whitespace().next()?;
