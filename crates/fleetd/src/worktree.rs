@@ -146,7 +146,7 @@ pub async fn make(info: &WorktreeInfo) -> Result<(), String> {
     let (repo, branch) = (&info.repo, info.branch.as_str());
     // Taken since the plan (by a concurrent spawn, or by hand): refused before git makes
     // anything, so whatever holds the name is never taken back as ours below.
-    if info.path.exists() {
+    if exists(&info.path).await {
         return Err(format!(
             "{} appeared since the spawn chose it: retry the spawn",
             info.path.display()
@@ -158,7 +158,8 @@ pub async fn make(info: &WorktreeInfo) -> Result<(), String> {
         ));
     }
     if let Some(parent) = info.path.parent() {
-        std::fs::create_dir_all(parent)
+        tokio::fs::create_dir_all(parent)
+            .await
             .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
     }
     let path_arg = info.path.to_string_lossy().into_owned();
@@ -182,7 +183,7 @@ pub async fn make(info: &WorktreeInfo) -> Result<(), String> {
 pub async fn abandon(info: &WorktreeInfo) {
     let (repo, branch) = (&info.repo, info.branch.as_str());
     let path_arg = info.path.to_string_lossy().into_owned();
-    if info.path.exists()
+    if exists(&info.path).await
         && registered_on(repo, &info.path, branch).await
         && let Err(e) = git(repo, &["worktree", "remove", "--force", &path_arg]).await
     {
@@ -196,8 +197,13 @@ pub async fn abandon(info: &WorktreeInfo) {
     }
     // Only an empty directory of ours goes (`remove_dir` leaves anything else).
     if let Some(parent) = info.path.parent() {
-        let _ = std::fs::remove_dir(parent);
+        let _ = tokio::fs::remove_dir(parent).await;
     }
+}
+
+/// Whether `path` exists, asked off the runtime's threads.
+async fn exists(path: &Path) -> bool {
+    tokio::fs::try_exists(path).await.unwrap_or(false)
 }
 
 /// The repository `dir` is in, as its main checkout: the directory holding the common git
@@ -222,7 +228,7 @@ async fn main_checkout(dir: &Path) -> Result<PathBuf, String> {
 /// before the main checkout was resolved, which named a delegating member's removed worktree)
 /// — the main checkout its own directory belongs to.
 async fn admin_dir(info: &WorktreeInfo) -> PathBuf {
-    if info.repo.exists() {
+    if exists(&info.repo).await {
         return info.repo.clone();
     }
     match main_checkout(&info.path).await {
@@ -236,18 +242,24 @@ async fn registered_on(repo: &Path, path: &Path, branch: &str) -> bool {
     let Ok(list) = git(repo, &["worktree", "list", "--porcelain"]).await else {
         return false;
     };
-    // Compared as real paths: git may list the directory through another spelling of it.
-    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-    let want_path = real(path);
+    // Compared as real paths: git may list the directory through another spelling of it
+    // (resolved off the runtime's threads).
+    let path = path.to_path_buf();
     let want_branch = format!("branch refs/heads/{branch}");
-    list.split("\n\n").any(|entry| {
-        let mut lines = entry.lines();
-        lines
-            .next()
-            .and_then(|l| l.strip_prefix("worktree "))
-            .is_some_and(|p| real(Path::new(p)) == want_path)
-            && lines.any(|l| l == want_branch)
+    tokio::task::spawn_blocking(move || {
+        let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let want_path = real(&path);
+        list.split("\n\n").any(|entry| {
+            let mut lines = entry.lines();
+            lines
+                .next()
+                .and_then(|l| l.strip_prefix("worktree "))
+                .is_some_and(|p| real(Path::new(p)) == want_path)
+                && lines.any(|l| l == want_branch)
+        })
     })
+    .await
+    .unwrap_or(false)
 }
 
 /// Whether `repo` has a branch `name`.
@@ -309,7 +321,7 @@ pub enum Settled {
 /// Never removes uncommitted work (`git worktree remove` without `--force` refuses it too).
 pub async fn settle(info: &WorktreeInfo) -> Result<Settled, String> {
     let repo = admin_dir(info).await;
-    if !info.path.exists() {
+    if !exists(&info.path).await {
         let _ = git(&repo, &["worktree", "prune"]).await;
         return Ok(Settled::Missing);
     }

@@ -874,6 +874,40 @@ async fn while_the_state_cannot_be_written_what_waits_is_bounded_and_new_work_re
     assert!(sent.is_ok(), "{sent:?}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_question_or_answer_that_cannot_be_written_says_so() {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let disk = Disk::new();
+    let engine = disk.start(&fake);
+    engine
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    settle().await;
+    // Review M6: a full disk. The member hears its question is not kept yet, not an id it
+    // would wait on while a restart forgets the question.
+    disk.store.set_writes_fail(true);
+    let asked = engine
+        .ask_question(t("ann"), "which environment?".to_owned())
+        .await
+        .expect("engine");
+    let refusal = asked.expect_err("refused");
+    assert_eq!(refusal.code, "store_unavailable");
+    assert!(refusal.message.contains("is held"), "{}", refusal.message);
+    disk.store.set_writes_fail(false);
+    sleep(Duration::from_secs(2)).await; // the held question is written with the next commit
+    let id = engine.questions(None).await.expect("engine")[0]
+        .question_id
+        .clone();
+    disk.store.set_writes_fail(true);
+    let answered = engine
+        .answer(None, id, "staging".to_owned())
+        .await
+        .expect("engine");
+    assert_eq!(answered.err().map(|r| r.code), Some("store_unavailable"));
+}
+
 /// What the pane `pane` (incarnation `t-<pane>`) is to `engine`, born `born_ago` before now.
 async fn standing(engine: &EngineHandle, pane: &str, born_ago: u64) -> super::Standing {
     engine

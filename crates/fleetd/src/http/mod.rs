@@ -11,7 +11,10 @@
 //!   refused (unix-socket requests carry no meaningful `Host`; no browser can send them).
 //! - A state-changing request (anything but GET/HEAD/OPTIONS), or a read of the event stream
 //!   (`/events`), whose `Origin` is not this very `Host` is refused: a cross-site form, `fetch`
-//!   or `EventSource` from any web page.
+//!   or `EventSource` from any web page. A request without `Origin` goes on: current browsers
+//!   send it on every cross-site state change, and the dashboard's cookie is `SameSite=Strict`
+//!   and checked against `Sec-Fetch-Site`; a browser old enough to send neither is not
+//!   defended against here.
 //! - A presented bearer token that is wrong is refused from anywhere; a peer that is not on
 //!   this machine must present the right one, or the session cookie of a signed-in dashboard
 //!   (everything but `/healthz` and the dashboard's page and sign-in, see `dashboard`).

@@ -114,8 +114,10 @@ impl Engine {
                 reply,
             } => {
                 let asked = s.ask(target, question, now, io);
-                replies.push(Box::new(move |_| {
-                    let _ = reply.send(asked);
+                replies.push(Box::new(move |stored| {
+                    let _ = reply.send(held(stored, asked, |(id, _)| {
+                        format!("question {id} is held and reaches your lead once it is written")
+                    }));
                 }));
             }
             Command::Answer {
@@ -129,8 +131,10 @@ impl Engine {
                     None => Ok(()),
                 };
                 let answered = reach.and_then(|()| s.answer(&question_id, answer, now, io));
-                replies.push(Box::new(move |_| {
-                    let _ = reply.send(answered);
+                replies.push(Box::new(move |stored| {
+                    let _ = reply.send(held(stored, answered, |_| {
+                        "the answer is held and reaches the member once it is written".to_owned()
+                    }));
                 }));
             }
             Command::Reach {
@@ -184,6 +188,9 @@ impl Engine {
                 cause,
                 reply,
             } => {
+                // A release goes ahead whatever the commit said: its pane is closed either way,
+                // and a restart that still finds the member adopts it, sees its pane gone and
+                // releases it again (cause `gone`).
                 let released = s.release(&target, &cause, now, io);
                 replies.push(Box::new(move |_| {
                     let _ = reply.send(released);
@@ -300,5 +307,26 @@ impl Engine {
             }
             Event::LeadsScanned(panes) => self.state.leads_scanned(panes, now, io),
         }
+    }
+}
+
+/// A state change's answer once its commit is done: as decided when it was written; when the
+/// commit failed, `store_unavailable` saying what is held (`held_what`) — it is written with the
+/// next commit that succeeds, unless fleetd restarts first — so the caller neither believes it
+/// kept nor does it twice.
+fn held<T>(
+    stored: Result<(), crate::store::StoreError>,
+    outcome: Result<T, Refusal>,
+    held_what: impl FnOnce(&T) -> String,
+) -> Result<T, Refusal> {
+    match (stored, outcome) {
+        (Ok(()), outcome) | (Err(_), outcome @ Err(_)) => outcome,
+        (Err(e), Ok(kept)) => Err(Refusal::new(
+            "store_unavailable",
+            format!(
+                "fleetd failed to {e}: {} (retried every second; a restart before then forgets it). Do not do it again",
+                held_what(&kept)
+            ),
+        )),
     }
 }

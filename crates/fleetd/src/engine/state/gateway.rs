@@ -113,10 +113,18 @@ impl State {
     }
 
     /// Queues `body` for gateway `dst`: an outbox record in this input's batch, forwarded after
-    /// the commit.
-    pub(super) fn send_out(&mut self, dst: &GatewayName, kind: Kind, body: serde_json::Value) {
+    /// the commit. A body that does not encode (a bug) is logged and not sent, rather than sent
+    /// as `null` for the peer to refuse.
+    pub(super) fn send_out(&mut self, dst: &GatewayName, kind: Kind, body: impl serde::Serialize) {
         let Some(gw) = &self.gateway else {
             return;
+        };
+        let body = match serde_json::to_value(body) {
+            Ok(body) => body,
+            Err(e) => {
+                tracing::error!(kind = kind.as_str(), %dst, error = %e, "cannot encode a message for another gateway; it is not sent");
+                return;
+            }
         };
         let envelope = Envelope {
             v: PROTOCOL,
@@ -225,11 +233,7 @@ impl State {
             task,
             by: format!("{sender}@{me}"),
         };
-        self.send_out(
-            &dst,
-            Kind::Task,
-            serde_json::to_value(body).unwrap_or_default(),
-        );
+        self.send_out(&dst, Kind::Task, body);
         Ok(ticket)
     }
 
@@ -262,11 +266,7 @@ impl State {
             ticket,
             question: text.to_owned(),
         };
-        self.send_out(
-            &owner,
-            Kind::Question,
-            serde_json::to_value(body).unwrap_or_default(),
-        );
+        self.send_out(&owner, Kind::Question, body);
         Some(owner)
     }
 
@@ -276,11 +276,7 @@ impl State {
             question_id: id.to_owned(),
             answer,
         };
-        self.send_out(
-            peer,
-            Kind::Answer,
-            serde_json::to_value(body).unwrap_or_default(),
-        );
+        self.send_out(peer, Kind::Answer, body);
     }
 
     /// A ticket here owned by another gateway changed: tell it (replies travel as replies).
@@ -296,11 +292,7 @@ impl State {
                 ticket,
                 event: event.clone(),
             };
-            self.send_out(
-                &owner,
-                Kind::Ticket,
-                serde_json::to_value(body).unwrap_or_default(),
-            );
+            self.send_out(&owner, Kind::Ticket, body);
         }
     }
 
@@ -317,11 +309,7 @@ impl State {
         let mut forwarded = message.clone();
         forwarded.target = message.target.at(gw.me.as_str());
         let body = ReplyBody { message: forwarded };
-        self.send_out(
-            &owner,
-            Kind::Reply,
-            serde_json::to_value(body).unwrap_or_default(),
-        );
+        self.send_out(&owner, Kind::Reply, body);
         io.push(Io::AckLocal {
             target: message.target.clone(),
             msg_id: message.msg_id,
@@ -416,11 +404,7 @@ impl State {
                         ticket: body.ticket,
                         event: TicketEvent::Cancelled(why),
                     };
-                    self.send_out(
-                        &src,
-                        Kind::Ticket,
-                        serde_json::to_value(reply).unwrap_or_default(),
-                    );
+                    self.send_out(&src, Kind::Ticket, reply);
                     return GatewayOutcome::Taken;
                 };
                 self.tickets.open_at(body.ticket, member.clone(), now);

@@ -508,6 +508,7 @@ impl State {
             self.waiters.remove(&ticket);
             self.sent_by.remove(&ticket);
             self.typed.remove(&ticket);
+            self.remote_owner.remove(&ticket);
             self.forget_wakes(ticket);
             if self.handed.contains_key(&ticket) {
                 self.unhand(ticket, now, io);

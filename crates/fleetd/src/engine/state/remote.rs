@@ -138,11 +138,7 @@ impl State {
             },
         );
         self.dirty.spawns.insert(spawn_key(true, &req));
-        self.send_out(
-            &dst,
-            Kind::Spawn,
-            serde_json::to_value(body).unwrap_or_default(),
-        );
+        self.send_out(&dst, Kind::Spawn, body);
         tracing::debug!(%req, %dst, at = %now, "spawn asked of another gateway");
         Ok((req, rx))
     }
@@ -203,11 +199,7 @@ impl State {
             }),
             ..SpawnedBody::default()
         };
-        self.send_out(
-            src,
-            Kind::Spawned,
-            serde_json::to_value(answer).unwrap_or_default(),
-        );
+        self.send_out(src, Kind::Spawned, answer);
         GatewayOutcome::Taken
     }
 
@@ -240,11 +232,7 @@ impl State {
                 ..SpawnedBody::default()
             },
         };
-        self.send_out(
-            &src,
-            Kind::Spawned,
-            serde_json::to_value(body).unwrap_or_default(),
-        );
+        self.send_out(&src, Kind::Spawned, body);
     }
 
     /// What gateway `src` made of a spawn this gateway asked for.
