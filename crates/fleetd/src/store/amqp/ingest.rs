@@ -28,7 +28,7 @@ use lapin::{Channel, message::Delivery};
 
 use fleetd_core::{Message, MsgId, Target};
 
-use super::session::{Failure, Session, declare, is_precondition_failed};
+use super::session::{Failure, Session, answer, declare, is_precondition_failed, within};
 use super::{Inner, queue_name};
 use crate::store::{PublishOutcome, StoreError};
 
@@ -51,15 +51,13 @@ const DELIVERY_WAIT: Duration = Duration::from_secs(2);
 /// Whether `target`'s inbox queue exists on the broker (a passive declare on a channel of its
 /// own: a missing queue closes that channel, nothing else).
 pub(super) async fn exists(session: &Session, target: &Target) -> Result<bool, Failure> {
-    let channel = session.connection.create_channel().await?;
+    let channel = answer("channel.open", session.connection.create_channel()).await?;
     let options = QueueDeclareOptions {
         passive: true,
         ..QueueDeclareOptions::default()
     };
-    let found = match channel
-        .queue_declare(queue_name(target).into(), options, FieldTable::default())
-        .await
-    {
+    let declared = channel.queue_declare(queue_name(target).into(), options, FieldTable::default());
+    let found = match within("queue.declare", declared).await? {
         Ok(_) => true,
         Err(err) if super::session::is_not_found(&err) => return Ok(false),
         Err(err) => return Err(err.into()),
@@ -72,7 +70,7 @@ pub(super) async fn exists(session: &Session, target: &Target) -> Result<bool, F
 /// queue; a channel the broker closed already needs nothing.
 async fn close(channel: &Channel) {
     if channel.status().connected()
-        && let Err(err) = channel.close(200, "ingest done".into()).await
+        && let Err(err) = answer("channel.close", channel.close(200, "ingest done".into())).await
     {
         tracing::debug!(error = %err, "closing an ingest channel failed");
     }
@@ -149,7 +147,7 @@ impl Inner {
             return Ok(0);
         }
         self.ensure(session, target).await?;
-        let channel = session.connection.create_channel().await?;
+        let channel = answer("channel.open", session.connection.create_channel()).await?;
         // Every step counts first (a passive declare), so an empty queue costs no consumer.
         let result = self.pull(session, &channel, target, Queue::Current).await;
         close(&channel).await;
@@ -162,8 +160,8 @@ impl Inner {
         if session.is_ready(target) {
             return Ok(());
         }
-        let channel = session.connection.create_channel().await?;
-        let declared = declare(&channel, target).await;
+        let channel = answer("channel.open", session.connection.create_channel()).await?;
+        let declared = within("queue.declare", declare(&channel, target)).await?;
         close(&channel).await;
         match declared {
             Ok(()) => {}
@@ -182,15 +180,14 @@ impl Inner {
             %queue,
             "the queue was declared by an older fleetd (no delivery limit or dead-letter queue); moving its messages into the local inbox and declaring it again"
         );
-        let channel = session.connection.create_channel().await?;
+        let channel = answer("channel.open", session.connection.create_channel()).await?;
         let result = async {
             let old = Queue::Old {
                 publisher: &session.publisher,
             };
             let moved = self.pull(session, &channel, target, old).await?;
-            let deleted = channel
-                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                .await?;
+            let delete = channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default());
+            let deleted = answer("queue.delete", delete).await?;
             if deleted > 0 {
                 tracing::error!(
                     %queue,
@@ -198,7 +195,7 @@ impl Inner {
                     "messages arrived in the old queue between its last read and its deletion and were deleted with it: a publisher outside this fleetd uses the queue"
                 );
             }
-            declare(&channel, target).await?;
+            answer("queue.declare", declare(&channel, target)).await?;
             Ok::<_, Failure>(moved)
         }
         .await;
@@ -259,9 +256,9 @@ impl Inner {
                 // messages, as many `basic.get`s cost no more.
                 let mut batch: Vec<Delivery> = Vec::with_capacity(usize::from(want));
                 for _ in 0..want {
-                    let got = channel
-                        .basic_get(name.as_str().into(), BasicGetOptions { no_ack: false })
-                        .await?;
+                    let get =
+                        channel.basic_get(name.as_str().into(), BasicGetOptions { no_ack: false });
+                    let got = answer("basic.get", get).await?;
                     match got {
                         Some(got) => batch.push(got.delivery),
                         None => break,
@@ -274,17 +271,15 @@ impl Inner {
                 }
                 continue;
             }
-            channel
-                .basic_qos(want, BasicQosOptions { global: false })
-                .await?;
-            let mut consumer = channel
-                .basic_consume(
-                    name.as_str().into(),
-                    "".into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await?;
+            let qos = channel.basic_qos(want, BasicQosOptions { global: false });
+            answer("basic.qos", qos).await?;
+            let consume = channel.basic_consume(
+                name.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            );
+            let mut consumer = answer("basic.consume", consume).await?;
             let mut batch: Vec<Delivery> = Vec::with_capacity(usize::from(want));
             while batch.len() < usize::from(want) {
                 let next = std::future::poll_fn(|cx| Pin::new(&mut consumer).poll_next(cx));
@@ -295,9 +290,8 @@ impl Inner {
                     Ok(None) | Err(_) => break,
                 }
             }
-            channel
-                .basic_cancel(consumer.tag(), BasicCancelOptions::default())
-                .await?;
+            let cancel = channel.basic_cancel(consumer.tag(), BasicCancelOptions::default());
+            answer("basic.cancel", cancel).await?;
             let short = batch.len() < usize::from(want);
             fresh += self.settle(channel, target, Queue::Current, batch).await?;
             if short {
@@ -334,9 +328,9 @@ impl Inner {
             let mut batch: Vec<Delivery> = Vec::new();
             let (mut bytes, mut last) = (0, false);
             while batch.len() < INGEST_BATCH && bytes < INGEST_BATCH_BYTES {
-                let got = channel
-                    .basic_get(name.as_str().into(), BasicGetOptions { no_ack: false })
-                    .await?;
+                let get =
+                    channel.basic_get(name.as_str().into(), BasicGetOptions { no_ack: false });
+                let got = answer("basic.get", get).await?;
                 let Some(got) = got else {
                     last = true;
                     break;
@@ -364,10 +358,9 @@ impl Inner {
             passive: true,
             ..QueueDeclareOptions::default()
         };
-        match channel
-            .queue_declare(queue_name(target).into(), options, FieldTable::default())
-            .await
-        {
+        let declared =
+            channel.queue_declare(queue_name(target).into(), options, FieldTable::default());
+        match within("queue.declare", declared).await? {
             Ok(queue) => Ok(queue.message_count()),
             Err(err) if super::session::is_not_found(&err) => {
                 session.set_ready(target, false);
@@ -429,7 +422,7 @@ impl Inner {
                 // parked), and earlier steps were settled whole: one ack with `multiple` covers
                 // exactly the committed ones.
                 let multiple = BasicAckOptions { multiple: true };
-                channel.basic_ack(last, multiple).await?;
+                answer("basic.ack", channel.basic_ack(last, multiple)).await?;
                 Ok(fresh)
             }
             (None, None) => Ok(fresh),
@@ -437,7 +430,11 @@ impl Inner {
                 // Some stay unacked (the closing of the channel returns them): ack the
                 // committed ones one by one.
                 for tag in committed {
-                    channel.basic_ack(tag, BasicAckOptions::default()).await?;
+                    answer(
+                        "basic.ack",
+                        channel.basic_ack(tag, BasicAckOptions::default()),
+                    )
+                    .await?;
                 }
                 Err(Failure::Fatal(err))
             }
@@ -459,29 +456,26 @@ impl Inner {
         let dead = super::dead_letter_queue_name(target);
         match queue {
             Queue::Current => {
-                channel
-                    .basic_reject(delivery.delivery_tag, BasicRejectOptions { requeue: false })
-                    .await?;
+                let reject = channel
+                    .basic_reject(delivery.delivery_tag, BasicRejectOptions { requeue: false });
+                answer("basic.reject", reject).await?;
             }
             Queue::Old { publisher } => {
-                let confirm = publisher
-                    .basic_publish(
-                        "".into(),
-                        dead.as_str().into(),
-                        BasicPublishOptions::default(),
-                        &delivery.data,
-                        delivery.properties.clone(),
-                    )
-                    .await?
-                    .await?;
+                let publish = publisher.basic_publish(
+                    "".into(),
+                    dead.as_str().into(),
+                    BasicPublishOptions::default(),
+                    &delivery.data,
+                    delivery.properties.clone(),
+                );
+                let confirm = answer("basic.publish", async { publish.await?.await }).await?;
                 if !confirm.is_ack() {
                     return Err(Failure::Transient(format!(
                         "the broker did not confirm a copy into {dead}"
                     )));
                 }
-                channel
-                    .basic_ack(delivery.delivery_tag, BasicAckOptions::default())
-                    .await?;
+                let ack = channel.basic_ack(delivery.delivery_tag, BasicAckOptions::default());
+                answer("basic.ack", ack).await?;
             }
         }
         metrics::counter!("fleetd_amqp_dead_lettered_total", "reason" => why.as_str()).increment(1);

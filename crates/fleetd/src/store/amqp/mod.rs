@@ -480,7 +480,11 @@ impl InboxStore for AmqpStore {
             }
             let session = self.inner.session.lock().await.take();
             if let Some(session) = session
-                && let Err(err) = session.connection.close(200, "fleetd closing".into()).await
+                && let Err(err) = session::answer(
+                    "connection.close",
+                    session.connection.close(200, "fleetd closing".into()),
+                )
+                .await
             {
                 tracing::debug!(error = %err, "closing the AMQP connection failed");
             }

@@ -26,6 +26,35 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Longest wait for the TCP + AMQP handshake of one connection attempt.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Longest wait for the broker's answer to one command. lapin can leave a command pending for
+/// ever when the connection dies under it (amqp-rs/lapin#409; seen here as an ingest that held
+/// its target's lock after a cut connection, so the store's close never ended): past this the
+/// session counts as lost, like any connection failure, and is replaced. Generous, so a quorum
+/// queue's command during a cluster node's failover is not cut short.
+pub(super) const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `op`'s own result, or a transient failure naming `what` when the broker did not answer
+/// within [`ANSWER_TIMEOUT`].
+pub(super) async fn within<T>(
+    what: &str,
+    op: impl std::future::Future<Output = T>,
+) -> Result<T, Failure> {
+    tokio::time::timeout(ANSWER_TIMEOUT, op).await.map_err(|_| {
+        Failure::Transient(format!(
+            "the broker did not answer {what} within {} s",
+            ANSWER_TIMEOUT.as_secs()
+        ))
+    })
+}
+
+/// A lapin command's result within [`ANSWER_TIMEOUT`], its error classified.
+pub(super) async fn answer<T>(
+    what: &str,
+    op: impl std::future::Future<Output = Result<T, lapin::Error>>,
+) -> Result<T, Failure> {
+    Ok(within(what, op).await??)
+}
+
 /// `x-delivery-limit` of every inbox queue: after this many failed deliveries (returned by a
 /// dropped connection, or, before RabbitMQ 4.3, by a consumer timeout) the broker dead-letters a
 /// message instead of delivering it again. 20 is RabbitMQ 4.x's default, stated explicitly so
@@ -137,10 +166,12 @@ impl Session {
         let connection = tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, props))
             .await
             .map_err(|_| Failure::Transient("the connection attempt timed out".to_owned()))??;
-        let publisher = connection.create_channel().await?;
-        publisher
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
+        let publisher = answer("channel.open", connection.create_channel()).await?;
+        answer(
+            "confirm.select",
+            publisher.confirm_select(ConfirmSelectOptions::default()),
+        )
+        .await?;
         Ok(Self {
             generation,
             connection,
@@ -231,17 +262,14 @@ pub(super) async fn publish_once(
         mandatory: true,
         ..BasicPublishOptions::default()
     };
-    let confirm = session
-        .publisher
-        .basic_publish(
-            "".into(),
-            queue_name(&message.target).into(),
-            options,
-            body,
-            properties,
-        )
-        .await?
-        .await?;
+    let publish = session.publisher.basic_publish(
+        "".into(),
+        queue_name(&message.target).into(),
+        options,
+        body,
+        properties,
+    );
+    let confirm = answer("basic.publish", async { publish.await?.await }).await?;
     match confirm {
         Confirmation::Ack(None) => Ok(()),
         Confirmation::Ack(Some(_returned)) => {
