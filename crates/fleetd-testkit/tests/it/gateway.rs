@@ -466,15 +466,38 @@ fn e2e_gateway_a_lead_spawns_on_another_host_delegates_and_answers_a_question_ac
             .is_some_and(|m| m.iter().any(|m| m["target"] == "rem")),
         "b runs rem: {on_b}"
     );
-    // b's presence: its members and profiles in a's lists.
-    fleetd_testkit::wait_until("rem@b in a's fleet_list", patience, || {
-        let list =
-            fleetd_testkit::rig::structured_ok(&a.lead("fleet_list", &serde_json::json!({})));
+    // Read your own writes: the member a just spawned is in a's fleet_list at once, not after
+    // b's next presence broadcast.
+    let list = fleetd_testkit::rig::structured_ok(&a.lead("fleet_list", &serde_json::json!({})));
+    assert!(
         list["members"].as_array().is_some_and(|m| {
             m.iter()
                 .any(|m| m["target"] == rem.as_str() && m["gateway"] == b_name.as_str())
-        })
-    });
+        }),
+        "rem@b in a's fleet_list at once: {list}"
+    );
+    // A gateway nobody runs (a typo) is refused naming the known ones; nothing is queued.
+    for (tool, args) in [
+        (
+            "fleet_send",
+            serde_json::json!({ "target": "rem@zed", "task": "x", "wait": false }),
+        ),
+        (
+            "fleet_spawn",
+            serde_json::json!({ "profile": "sim", "gateway": "zed" }),
+        ),
+    ] {
+        let refused = a.lead(tool, &args);
+        assert_eq!(
+            fleetd_testkit::rig::error_code(&refused),
+            "unknown_gateway",
+            "{tool}: {refused}"
+        );
+        assert!(
+            refused.to_string().contains(&format!("known: {b_name}")),
+            "{tool}: {refused}"
+        );
+    }
     let joined = events.until("rem@b's member.spawned on a's stream", |e| {
         e.event == "member.spawned" && e.data["target"] == rem.as_str()
     });

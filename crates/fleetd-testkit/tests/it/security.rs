@@ -837,6 +837,63 @@ fn e2e_security_state_is_owner_only_and_a_loose_one_is_tightened() {
 /// key works once; the cookie it buys is `HttpOnly` and `SameSite=Strict`, counts only from
 /// fleetd's own page, and stops counting at sign-out; a forged one is nothing.
 #[test]
+fn e2e_security_guessing_the_dashboard_token_is_slowed_down_per_address() {
+    let Some((rig, _)) = rig_with_mail("") else {
+        return;
+    };
+    let addr = rig.daemon.addr;
+    let login = |token: &str| {
+        http::request(
+            addr,
+            "POST",
+            "/dashboard/login",
+            Some(&format!(r#"{{"token":"{token}"}}"#)),
+        )
+        .expect("login answers")
+    };
+    // Review L5: five typos are free; the sixth wrong guess makes this address wait.
+    for n in 1..=6 {
+        let wrong = login(&format!("guess-{n}"));
+        assert_eq!(
+            (wrong.status, wrong.error_code().as_str()),
+            (401, "bad_credential"),
+            "guess {n}: {}",
+            wrong.body
+        );
+    }
+    // While it waits, even the right token is not heard, and no session is opened.
+    let refused = login(TOKEN);
+    assert_eq!(
+        (refused.status, refused.error_code().as_str()),
+        (429, "too_many_sign_ins"),
+        "{}",
+        refused.body
+    );
+    assert!(refused.headers("set-cookie").is_empty(), "{}", refused.head);
+    let wait: u64 = refused
+        .headers("retry-after")
+        .first()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("a Retry-After header: {}", refused.head));
+    assert!((1..=60).contains(&wait), "{wait}");
+    // The operator's own socket is another address: it is not held up.
+    let operator = rig.daemon.operator();
+    let key = http::request(&operator, "POST", "/dashboard/keys", None)
+        .expect("a key")
+        .json()["key"]
+        .as_str()
+        .expect("key")
+        .to_owned();
+    assert!(!key.is_empty());
+    // After the wait the right token signs in, and the count starts again.
+    fleetd_testkit::agents::rig::pause(Duration::from_millis(wait * 1000 + 200));
+    let signed = login(TOKEN);
+    assert_eq!(signed.status, 200, "{}", signed.body);
+    let typo = login("typo");
+    assert_eq!(typo.error_code(), "bad_credential", "{}", typo.body);
+}
+
+#[test]
 fn e2e_security_dashboard_sign_in_and_operator_routes_are_the_operators_alone() {
     let Some((rig, id)) = rig_with_mail("") else {
         return;

@@ -131,6 +131,48 @@ impl Peers {
         Ok(())
     }
 
+    /// A member gateway `gw` just answered it spawned: shown in `fleet_list` at once (read your
+    /// own writes), not only after `gw`'s next broadcast, which then replaces this entry. The
+    /// answer came through the broker, so `gw` counts as heard from now.
+    pub fn spawned(&self, gw: &str, member: PeerMember, interval_secs: u64) {
+        if self.me.as_ref().is_some_and(|me| me.as_str() == gw) {
+            return;
+        }
+        let mut heard = lock(&self.heard);
+        let entry = heard.entry(gw.to_owned()).or_insert_with(|| Heard {
+            inventory: Inventory {
+                v: PROTOCOL,
+                src: gw.to_owned(),
+                seq: 0,
+                interval_secs,
+                members: Vec::new(),
+                profiles: Vec::new(),
+            },
+            at: Instant::now(),
+        });
+        if !entry
+            .inventory
+            .members
+            .iter()
+            .any(|m| m.name == member.name)
+        {
+            entry.inventory.members.push(member);
+        }
+        drop(heard);
+        self.taken.notify_one();
+    }
+
+    /// How gateway `gw` was last heard from: `None` when never (since this daemon started),
+    /// else whether it is silent past three of its intervals, and how many seconds ago.
+    pub fn heard_from(&self, gw: &str) -> Option<(bool, u64)> {
+        lock(&self.heard).get(gw).map(staleness)
+    }
+
+    /// Every gateway heard from since this daemon started.
+    pub fn heard(&self) -> Vec<String> {
+        lock(&self.heard).keys().cloned().collect()
+    }
+
     /// The sink the broker link hands presence broadcasts to.
     pub fn sink(&self) -> PresenceSink {
         let peers = self.clone();

@@ -44,6 +44,15 @@ const MAX_KEYS: usize = 16;
 const MAX_SESSIONS: usize = 64;
 /// The session cookie's name.
 pub(super) const COOKIE: &str = "fleetd_session";
+/// Wrong sign-ins a peer address may make before it must wait (review L5): enough for typos.
+const FREE_FAILURES: u32 = 5;
+/// The wait after the first wrong sign-in past [`FREE_FAILURES`]; it doubles with each further
+/// one, up to [`MOST_WAIT`].
+const FIRST_WAIT: Duration = Duration::from_secs(1);
+/// The longest a peer waits between two sign-in attempts.
+const MOST_WAIT: Duration = Duration::from_secs(60);
+/// Peer addresses whose wrong sign-ins are remembered; the stalest is forgotten past this.
+const MAX_PEERS: usize = 256;
 
 const INDEX: &str = include_str!("dashboard/index.html");
 const SCRIPT: &str = include_str!("dashboard/app.js");
@@ -65,6 +74,9 @@ pub(super) struct Sessions {
 struct Held {
     keys: Vec<(String, Instant)>,
     sessions: Vec<(String, Instant)>,
+    /// Per peer address (`None`: the unix socket): wrong sign-ins in a row, and until when the
+    /// next attempt is refused unheard.
+    failures: std::collections::HashMap<Option<std::net::IpAddr>, (u32, Instant)>,
 }
 
 impl Sessions {
@@ -122,6 +134,45 @@ impl Sessions {
         self.held()
             .sessions
             .retain(|(id, _)| !constant_time_eq(id.as_bytes(), given.as_bytes()));
+    }
+
+    /// How long `peer` must still wait before its next sign-in attempt is heard.
+    fn must_wait(&self, peer: Option<std::net::IpAddr>) -> Option<Duration> {
+        let now = Instant::now();
+        self.held()
+            .failures
+            .get(&peer)
+            .map(|(_, until)| until.saturating_duration_since(now))
+            .filter(|wait| !wait.is_zero())
+    }
+
+    /// Counts a sign-in by `peer`: a success forgets its failures; a failure past
+    /// [`FREE_FAILURES`] makes it wait, twice as long each time.
+    fn attempted(&self, peer: Option<std::net::IpAddr>, ok: bool) {
+        let mut held = self.held();
+        if ok {
+            held.failures.remove(&peer);
+            return;
+        }
+        let now = Instant::now();
+        if !held.failures.contains_key(&peer) && held.failures.len() >= MAX_PEERS {
+            let stalest = held
+                .failures
+                .iter()
+                .min_by_key(|(_, (_, until))| *until)
+                .map(|(peer, _)| *peer);
+            if let Some(stalest) = stalest {
+                held.failures.remove(&stalest);
+            }
+        }
+        let entry = held.failures.entry(peer).or_insert((0, now));
+        entry.0 = entry.0.saturating_add(1);
+        if let Some(over) = entry.0.checked_sub(FREE_FAILURES + 1) {
+            let wait = FIRST_WAIT
+                .saturating_mul(1u32.checked_shl(over.min(16)).unwrap_or(u32::MAX))
+                .min(MOST_WAIT);
+            entry.1 = now + wait;
+        }
     }
 
     /// Whether `given` is a live session.
@@ -251,8 +302,27 @@ pub(super) struct Login {
 /// `POST /dashboard/login`: trades a key or the token for a session cookie.
 pub(super) async fn login(
     State(app): State<App>,
+    ConnectInfo(conn): ConnectInfo<ConnInfo>,
     body: Result<Json<Login>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
+    let peer = match conn.endpoint {
+        crate::identity::Endpoint::Tcp { peer, .. } => Some(peer.ip()),
+        crate::identity::Endpoint::Unix { .. } => None,
+    };
+    if let Some(wait) = app.sessions.must_wait(peer) {
+        // Not even checked: a guesser learns nothing until the wait is over (review L5).
+        let secs = wait.as_secs().max(1);
+        let mut refused = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_sign_ins",
+            format!("too many wrong sign-ins from this address: try again in {secs} s"),
+        )
+        .into_response();
+        refused
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        return refused;
+    }
     let Ok(Json(login)) = body else {
         return ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -273,6 +343,7 @@ pub(super) async fn login(
             .into_response();
         }
     };
+    app.sessions.attempted(peer, ok);
     if !ok {
         tracing::info!("a dashboard sign-in was refused");
         let message = if login.key.is_some() {

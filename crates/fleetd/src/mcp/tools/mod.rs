@@ -185,6 +185,47 @@ pub(crate) async fn within_reach(
     }
 }
 
+/// Whether gateway `gw` (a target's, or a spawn's) is one this fleetd knows: itself, one of
+/// `gateway.peers`, or one heard from since it started (a presence broadcast, a spawn's answer).
+/// An unknown one (a typo such as `zed`) is refused, naming the known ones; a known one that is
+/// not heard from lately gets a note to pass on: the request waits on the broker for it.
+pub(crate) fn gateway_known(fleet: &Fleet, gw: &str) -> Result<Option<String>, ToolError> {
+    let config = fleet.config.current();
+    let Some(me) = config.gateway.as_ref() else {
+        return Ok(None); // no gateway here: the engine refuses it as `no_gateway`
+    };
+    if me.name.as_str() == gw {
+        return Ok(None);
+    }
+    match fleet.peers.heard_from(gw) {
+        Some((false, _)) => Ok(None),
+        Some((true, ago)) => Ok(Some(format!(
+            "gateway {gw} has not been heard from for {ago} s: the request waits on the broker and goes through once it is back"
+        ))),
+        None if me.peers.contains_key(gw) => Ok(Some(format!(
+            "gateway {gw} has not been heard from since this fleetd started: the request waits on the broker and goes through once it is back"
+        ))),
+        None => {
+            let mut known: Vec<String> = me.peers.keys().cloned().collect();
+            known.extend(fleet.peers.heard());
+            known.sort();
+            known.dedup();
+            let known = if known.is_empty() {
+                "none yet".to_owned()
+            } else {
+                known.join(", ")
+            };
+            Err(ToolError::new(
+                "unknown_gateway",
+                format!(
+                    "no gateway named {gw} is known here (known: {known}; this one is {}): check the name. A gateway is known from `gateway.peers` or once its first presence broadcast arrives, within {} s of its start",
+                    me.name, me.presence_interval_secs
+                ),
+            ))
+        }
+    }
+}
+
 /// The member the caller is, when it is one.
 pub(crate) fn member_of(caller: &Caller) -> Option<Target> {
     match &caller.role {

@@ -81,6 +81,10 @@ pub(crate) async fn delegate(
     args: Args,
 ) -> Result<ToolOutput, ToolError> {
     let target = target(&args.target)?;
+    let offline = match target.gateway() {
+        Some(gw) => super::gateway_known(fleet, gw)?,
+        None => None,
+    };
     let max = usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
     if args.task.len() > max {
         return Err(ToolError::new(
@@ -108,10 +112,14 @@ pub(crate) async fn delegate(
     };
     let ticket = submitted.map_err(gone)??;
     if !args.wait.unwrap_or(true) {
-        return output(
-            json!({ "ticket": ticket, "status": "queued" }),
-            format!("ticket {ticket} queued for {target}; fleet_poll(ticket) reads the reply"),
-        );
+        let mut value = json!({ "ticket": ticket, "status": "queued" });
+        let mut summary =
+            format!("ticket {ticket} queued for {target}; fleet_poll(ticket) reads the reply");
+        if let Some(note) = &offline {
+            value["gatewayNote"] = json!(note);
+            summary = format!("{summary}. {note}");
+        }
+        return output(value, summary);
     }
     let secs = args.timeout_secs.unwrap_or(120).min(MAX_WAIT_SECS);
     // A reply the waiter is handed and does not return (this request fails, times out, or is
@@ -146,13 +154,16 @@ pub(crate) async fn delegate(
                 TicketAnswer::Live(view) => view.state,
                 _ => TicketState::Queued,
             };
-            output(
-                json!({ "ticket": ticket, "status": state }),
-                format!(
-                    "ticket {ticket} still {}; the reply will land in the inbox",
-                    state.as_str()
-                ),
-            )
+            let mut value = json!({ "ticket": ticket, "status": state });
+            let mut summary = format!(
+                "ticket {ticket} still {}; the reply will land in the inbox",
+                state.as_str()
+            );
+            if let Some(note) = &offline {
+                value["gatewayNote"] = json!(note);
+                summary = format!("{summary}. {note}");
+            }
+            output(value, summary)
         }
     }
 }

@@ -105,6 +105,7 @@ async fn remote(
             "`cwd` is a directory on this host: a member on another gateway starts in its profile's directory there",
         ));
     }
+    let offline = super::gateway_known(fleet, &gateway)?;
     let (req, answer) = fleet
         .engine
         .spawn_remote(crate::engine::SpawnRemote {
@@ -129,14 +130,44 @@ async fn remote(
     let spawned = match spawned {
         Ok(Ok(outcome)) => outcome?,
         _ => {
-            return output(
-                json!({ "spawn": "requested", "gateway": gateway, "request": req }),
-                format!(
-                    "gateway {gateway} has not answered spawn request {req} yet; the member's readiness will arrive as a notice in its inbox"
-                ),
+            let mut value = json!({ "spawn": "requested", "gateway": gateway, "request": req });
+            let mut summary = format!(
+                "gateway {gateway} has not answered spawn request {req} yet; the member's readiness will arrive as a notice in its inbox"
             );
+            if let Some(note) = offline {
+                value["gatewayNote"] = json!(note);
+                summary = format!("{summary}. {note}");
+            }
+            return output(value, summary);
         }
     };
+    // Read your own writes: the new member is in this host's fleet_list at once.
+    let interval = fleet
+        .config
+        .current()
+        .gateway
+        .as_ref()
+        .map_or(10, |g| g.presence_interval_secs);
+    fleet.peers.spawned(
+        &gateway,
+        crate::gateway::presence::PeerMember {
+            name: spawned.target.member_name().to_owned(),
+            profile: spawned.profile.clone(),
+            status: if spawned.ticket.is_some() {
+                "working"
+            } else {
+                "idle"
+            }
+            .to_owned(),
+            pane: spawned
+                .pane
+                .strip_prefix(&format!("{gateway}/"))
+                .unwrap_or(&spawned.pane)
+                .to_owned(),
+            open_tickets: usize::from(spawned.ticket.is_some()),
+        },
+        interval,
+    );
     let mut value = json!({
         "target": spawned.target,
         "paneId": spawned.pane,

@@ -472,3 +472,71 @@ async fn a_question_beyond_max_open_questions_is_refused_naming_the_cap_and_its_
         .await
         .expect("an answered question frees a place");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_gateway_nobody_runs_is_refused_naming_the_known_ones_and_a_silent_known_one_is_noted() {
+    let mut s = setup(
+        "gateway:\n  name: a\n  broker:\n    urls: [amqp://rmq:5672/fleet]\n    passwordSecret: gw\n  peers:\n    c:\n      allow: [send]\nsecrets:\n  gw:\n    file: /run/gw\n",
+    );
+    s.fleet.peers = crate::gateway::presence::Peers::new(
+        fleetd_core::gateway::GatewayName::new("a".to_owned()).expect("name"),
+    );
+    // b answered a spawn: heard from, and its member listed at once.
+    s.fleet.peers.spawned(
+        "b",
+        crate::gateway::presence::PeerMember {
+            name: "rem".to_owned(),
+            profile: "sim".to_owned(),
+            status: "idle".to_owned(),
+            pane: "w1:p2".to_owned(),
+            open_tickets: 0,
+        },
+        10,
+    );
+    assert!(
+        s.fleet
+            .peers
+            .members()
+            .iter()
+            .any(|m| m["target"] == "rem@b" && m["stale"] == false),
+        "{:?}",
+        s.fleet.peers.members()
+    );
+    // A typo: refused before anything is queued, naming the gateways that exist.
+    let (code, message) = call(
+        &s.fleet,
+        "fleet_send",
+        json!({ "target": "ann@zed", "task": "work", "wait": false }),
+    )
+    .await
+    .expect_err("unknown gateway");
+    assert_eq!(code, "unknown_gateway");
+    assert!(message.contains("known: b, c"), "{message}");
+    assert!(message.contains("this one is a"), "{message}");
+    let (code, _) = call(
+        &s.fleet,
+        "fleet_spawn",
+        json!({ "profile": "sim", "gateway": "zed" }),
+    )
+    .await
+    .expect_err("unknown gateway");
+    assert_eq!(code, "unknown_gateway");
+    // Known: itself and a live peer pass silently; a configured peer never heard from, and one
+    // silent past three of its beats, pass with a note.
+    assert_eq!(super::gateway_known(&s.fleet, "a").ok(), Some(None));
+    assert_eq!(super::gateway_known(&s.fleet, "b").ok(), Some(None));
+    let note = super::gateway_known(&s.fleet, "c")
+        .ok()
+        .flatten()
+        .expect("a note");
+    assert!(
+        note.contains("not been heard from since this fleetd started"),
+        "{note}"
+    );
+    tokio::time::advance(std::time::Duration::from_secs(31)).await;
+    let note = super::gateway_known(&s.fleet, "b")
+        .ok()
+        .flatten()
+        .expect("a note");
+    assert!(note.contains("not been heard from for 31 s"), "{note}");
+}
