@@ -1,5 +1,5 @@
-//! The running gateway: the broker link (`store::gateway_link`), the forwarder that publishes the
-//! engine's outbox records in order and tells the engine each one the broker confirmed, and the
+//! The running gateway: the broker link (`store::gateway_link`), the forwarder (`forward`) that
+//! publishes the engine's outbox records in order, and the
 //! consumer's side — each delivery from another gateway checked (`fleetd_core::gateway::accept`:
 //! an envelope, from whom the broker vouched for; one that is not is refused to the dead-letter
 //! queue and reported to the engine, which counts it and tells the lead) and handed to the
@@ -9,24 +9,15 @@
 //! run by the spawn service on a task of its own; the engine sends back what it came to.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use fleetd_core::gateway::{Envelope, GatewayName, Kind, accept};
+use fleetd_core::gateway::{Envelope, GatewayName, accept};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{EngineHandle, GatewayOutcome, PeerRefusal, PeerSpawn};
 use crate::members::{SpawnRequest, Spawner};
-use crate::store::gateway_link::{
-    Deliver, Disposition, Inbound, Link, LinkConfig, LinkError, Published,
-};
+use crate::store::gateway_link::{Deliver, Disposition, Inbound, Link, LinkConfig};
 use crate::store::{InboxStore, StoreError};
-
-/// How long a nacked publish waits before it is tried again.
-const NACK_RETRY: Duration = Duration::from_secs(1);
-/// How often the outbox is counted again while the forwarder waits for the link: the gauge and
-/// the alarm follow what piles up behind the record it holds.
-const RECOUNT: Duration = Duration::from_millis(250);
 
 /// Starts the link and the forwarder; they run until `stop`.
 pub fn start(
@@ -40,7 +31,11 @@ pub fn start(
 ) -> Link {
     let me = config.me.clone();
     let link = Link::new(config);
-    tokio::spawn(forward(link.clone(), engine.clone(), outbox, stop.clone()));
+    let outlet = super::forward::LinkOutlet {
+        link: link.clone(),
+        engine: engine.clone(),
+    };
+    tokio::spawn(super::forward::forward(outlet, outbox, stop.clone()));
     super::presence::broadcast(
         link.clone(),
         engine.clone(),
@@ -74,90 +69,6 @@ fn spawn_for_peer(engine: EngineHandle, spawner: &Spawner, request: PeerSpawn) {
         };
         let _ = engine.peer_spawned(request.req, outcome).await;
     });
-}
-
-/// How long an answer the broker could not route (its gateway's queue is missing) is parked
-/// before it is tried again.
-const PARKED_RETRY: Duration = Duration::from_secs(5);
-
-/// Whether a message the broker cannot route fails where it was sent (a request the caller is
-/// told about: no such gateway), rather than waiting for the destination's queue to be back (an
-/// answer about something that gateway asked for, which must not be lost).
-fn fails_when_unroutable(kind: Kind) -> bool {
-    matches!(kind, Kind::Task | Kind::Spawn | Kind::Stop)
-}
-
-/// Publishes each outbox record as it comes, retrying it (never skipping it) until the broker
-/// confirms it. A request the broker cannot route (no such gateway) fails; an answer it cannot
-/// route is parked (it stays in the outbox) and tried again every few seconds, after the
-/// records behind it, until that gateway's queue is back.
-async fn forward(
-    link: Link,
-    engine: EngineHandle,
-    mut outbox: mpsc::UnboundedReceiver<(u64, Box<Envelope>)>,
-    stop: CancellationToken,
-) {
-    let mut parked: std::collections::VecDeque<(tokio::time::Instant, u64, Box<Envelope>)> =
-        std::collections::VecDeque::new();
-    loop {
-        let due = parked.front().map(|(at, _, _)| *at);
-        let next = tokio::select! {
-            next = outbox.recv() => next,
-            () = async {
-                match due {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            } => parked.pop_front().map(|(_, seq, envelope)| (seq, envelope)),
-            () = stop.cancelled() => return,
-        };
-        let Some((seq, envelope)) = next else {
-            return;
-        };
-        loop {
-            // This record, those queued behind it, and the parked ones: counted again while it
-            // waits, since what the engine sends meanwhile queues up behind it (the alarm).
-            link.set_outbox(1 + (outbox.len() + parked.len()) as u64);
-            tokio::select! {
-                () = link.until_up() => {}
-                () = tokio::time::sleep(RECOUNT) => continue,
-                () = stop.cancelled() => return,
-            }
-            match link.publish(&envelope).await {
-                Ok(Published::Unroutable) if !fails_when_unroutable(envelope.kind) => {
-                    metrics::counter!("fleetd_gateway_forwarded_total", "outcome" => "parked")
-                        .increment(1);
-                    tracing::warn!(seq, dst = %envelope.dst, kind = envelope.kind.as_str(), "the broker has no queue for that gateway now; the message is kept and tried again");
-                    parked.push_back((tokio::time::Instant::now() + PARKED_RETRY, seq, envelope));
-                    break;
-                }
-                Ok(published) => {
-                    metrics::counter!(
-                        "fleetd_gateway_forwarded_total",
-                        "kind" => envelope.kind.as_str(),
-                        "outcome" => match published {
-                            Published::Confirmed => "confirmed",
-                            Published::Unroutable => "unroutable",
-                        }
-                    )
-                    .increment(1);
-                    let _ = engine
-                        .forwarded(seq, published == Published::Unroutable)
-                        .await;
-                    link.set_outbox((outbox.len() + parked.len()) as u64);
-                    break;
-                }
-                Err(LinkError::Down(why)) => {
-                    tracing::debug!(seq, reason = %why, "gateway forward waits for the link");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(LinkError::Nacked(why)) => {
-                    tracing::warn!(seq, reason = %why, "the broker nacked a gateway message; trying again");
-                    tokio::time::sleep(NACK_RETRY).await;
-                }
-            }
-        }
-    }
 }
 
 /// The consumer's side: whether each delivery is an envelope from whom it claims (else it is
