@@ -292,6 +292,7 @@ impl Daemon {
                     me: gw.name.clone(),
                     peers: gw.peers.clone(),
                     forward,
+                    outbox_max: usize::try_from(gw.outbox_max).unwrap_or(usize::MAX),
                 };
                 Some((parts, link, outbox))
             }

@@ -17,6 +17,7 @@ const DEFAULT_PRESENCE_SECS: u64 = 10;
 const MAX_PRESENCE_SECS: u64 = 300;
 const DEFAULT_OUTBOX_ALARM: u64 = 1000;
 const MAX_OUTBOX_ALARM: u64 = 10_000_000;
+const DEFAULT_OUTBOX_MAX: u64 = 100_000;
 
 pub(super) fn gateway(
     judge: &Judge<'_>,
@@ -156,9 +157,29 @@ pub(super) fn gateway(
         DEFAULT_OUTBOX_ALARM,
         MAX_OUTBOX_ALARM,
     )?;
+    let outbox_max = match raw.value.outbox_max.clone() {
+        Some(max) if max.value < outbox_alarm => {
+            return Err(judge.at(
+                "gateway.outboxMax",
+                &max,
+                format!(
+                    "{} is below gateway.outboxAlarm ({outbox_alarm}): the alarm must come before the refusals; raise outboxMax or lower outboxAlarm",
+                    max.value
+                ),
+            ));
+        }
+        max => bounded(
+            judge,
+            "gateway.outboxMax",
+            max,
+            DEFAULT_OUTBOX_MAX.max(outbox_alarm),
+            MAX_OUTBOX_ALARM,
+        )?,
+    };
     Ok(Some(Gateway {
         presence_interval_secs,
         outbox_alarm,
+        outbox_max,
         name,
         broker: GatewayBroker {
             urls: urls.into_iter().map(|u| u.value).collect(),

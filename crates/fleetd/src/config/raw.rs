@@ -50,6 +50,7 @@ pub(crate) struct RawGateway {
     pub(crate) peers: Option<BTreeMap<String, At<RawPeer>>>,
     pub(crate) presence_interval_secs: Option<At<u64>>,
     pub(crate) outbox_alarm: Option<At<u64>>,
+    pub(crate) outbox_max: Option<At<u64>>,
 }
 
 /// `gateway.broker:`.

@@ -413,3 +413,21 @@ fn gateway_broker_user_must_be_the_gateway_name() {
         ],
     );
 }
+
+#[test]
+fn gateway_outbox_max_defaults_above_the_alarm_and_may_not_be_below_it() {
+    let base = gateway_with("amqp://rmq:5672/fleet", "");
+    let config = parse(&base).expect("valid");
+    let gw = config.gateway.expect("gateway");
+    assert_eq!((gw.outbox_alarm, gw.outbox_max), (1000, 100_000));
+    let high = base.replace("  name: a\n", "  name: a\n  outboxAlarm: 200000\n");
+    let gw = parse(&high).expect("valid").gateway.expect("gateway");
+    assert_eq!(gw.outbox_max, 200_000, "never below the alarm by default");
+    let low = base.replace(
+        "  name: a\n",
+        "  name: a\n  outboxAlarm: 50\n  outboxMax: 10\n",
+    );
+    let err = parse(&low).expect_err("below the alarm").to_string();
+    assert!(err.contains("gateway.outboxMax"), "{err}");
+    assert!(err.contains("below gateway.outboxAlarm (50)"), "{err}");
+}

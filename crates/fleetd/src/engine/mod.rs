@@ -816,4 +816,8 @@ pub struct GatewayParts {
     pub peers: std::collections::BTreeMap<String, Vec<crate::config::PeerRight>>,
     /// Where outbox records go, in order, once committed: the forwarder.
     pub forward: tokio::sync::mpsc::UnboundedSender<(u64, Box<fleetd_core::gateway::Envelope>)>,
+    /// `gateway.outboxMax`: records in the outbox at which new requests to other gateways are
+    /// refused. The channel to the forwarder carries each record once, so it holds no more
+    /// than the outbox does.
+    pub outbox_max: usize,
 }

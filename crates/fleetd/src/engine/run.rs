@@ -160,6 +160,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
     state.set_gateway(parts.gateway.as_ref().map(|g| super::state::GatewayState {
         me: g.me.clone(),
         peers: g.peers.clone(),
+        outbox_max: g.outbox_max,
     }));
     let events = parts.mux.events();
     let lagged = parts.mux.lagged();

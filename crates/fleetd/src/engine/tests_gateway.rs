@@ -71,6 +71,7 @@ fn gateway_rig_with(
             me: GatewayName::new("a").expect("name"),
             peers,
             forward,
+            outbox_max: 3,
         }),
     });
     Rig {
@@ -444,4 +445,77 @@ async fn tasks_from_another_gateway_obey_max_queued_tasks_like_local_ones() {
         matches!(&local, Err(r) if r.code == "queue_full"),
         "{local:?}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn new_requests_to_other_gateways_are_refused_at_the_outbox_bound_and_answers_still_go() {
+    let fake = FakeMux::new();
+    let store = Arc::new(MemoryStore::new(MessageLimits {
+        max_message_bytes: 1 << 20,
+    }));
+    let peers = [("b".to_owned(), vec![crate::config::PeerRight::Send])].into();
+    let mut rig = gateway_rig_with(&fake, &store, "", peers);
+    let alice = Target::new("alice@b").expect("target");
+    // Review L1: the broker takes nothing (the forwarder never confirms), so the outbox grows;
+    // at its bound (3 here) a new task or spawn for another gateway is refused, and nothing of
+    // it is recorded.
+    for n in 1..=3 {
+        rig.engine
+            .submit(None, alice.clone(), format!("job {n}"))
+            .await
+            .expect("engine")
+            .expect("room in the outbox");
+    }
+    let refused = rig
+        .engine
+        .submit(None, alice.clone(), "job 4".to_owned())
+        .await
+        .expect("engine")
+        .expect_err("the outbox is full");
+    assert_eq!(refused.code, "gateway_backlog");
+    assert!(
+        refused.message.contains("gateway.outboxMax = 3"),
+        "{}",
+        refused.message
+    );
+    let spawn = rig
+        .engine
+        .spawn_remote(super::SpawnRemote {
+            gateway: "b".to_owned(),
+            profile: "sim".to_owned(),
+            name: None,
+            task: None,
+            lead: None,
+            by: None,
+        })
+        .await
+        .expect("engine");
+    assert_eq!(spawn.err().map(|r| r.code), Some("gateway_backlog"));
+    sleep(Duration::from_millis(50)).await;
+    let mut kinds = Vec::new();
+    while let Ok((_, envelope)) = rig.outbox.try_recv() {
+        kinds.push(envelope.kind);
+    }
+    assert_eq!(
+        kinds,
+        [Kind::Task; 3],
+        "the refused ones left nothing in the outbox"
+    );
+    // An answer owed to another gateway still goes in past the bound: b's task for a member
+    // this host does not have ends at once, and its ticket's end goes back to b.
+    let taken = rig
+        .engine
+        .gateway_in(envelope(
+            Kind::Task,
+            serde_json::json!({
+                "ticket": "01a23300-0000-7000-8000-00000000b0ff",
+                "member": "nobody", "task": "x", "by": "lead",
+            }),
+        ))
+        .await
+        .expect("engine");
+    assert_eq!(taken, Ok(GatewayOutcome::Taken));
+    sleep(Duration::from_millis(50)).await;
+    let (_, answer) = rig.outbox.try_recv().expect("the answer is in the outbox");
+    assert_eq!(answer.kind, Kind::Ticket);
 }

@@ -335,7 +335,7 @@ impl ApiError {
             }
             // A cap (`limits:`, the delegation tree's width): the same request succeeds once the
             // member catches up or a member goes.
-            "queue_full" | "too_many_questions" | "too_many_members" => {
+            "queue_full" | "too_many_questions" | "too_many_members" | "gateway_backlog" => {
                 StatusCode::TOO_MANY_REQUESTS
             }
             "name_taken" => StatusCode::CONFLICT,

@@ -32,6 +32,8 @@ pub(in crate::engine) struct GatewayState {
     pub(in crate::engine) me: GatewayName,
     /// What each other gateway may ask of this one.
     pub(in crate::engine) peers: std::collections::BTreeMap<String, Vec<PeerRight>>,
+    /// Records in the outbox at which new requests to other gateways are refused (review L1).
+    pub(in crate::engine) outbox_max: usize,
 }
 
 /// What became of a delivery from another gateway.
@@ -200,6 +202,7 @@ impl State {
             ));
         };
         let me = gw.me.clone();
+        self.outbox_room()?;
         let Some(dst) = target.gateway().and_then(|g| GatewayName::new(g).ok()) else {
             return Err(fleetd_core::access::Refusal::new(
                 "invalid_target",
@@ -235,6 +238,23 @@ impl State {
         };
         self.send_out(&dst, Kind::Task, body);
         Ok(ticket)
+    }
+
+    /// Room in the outbox for a new request to another gateway (a task, a spawn): none at
+    /// `gateway.outboxMax` records (review L1), so a long broker outage does not grow memory
+    /// and the state file without end. Answers owed to other gateways, and stops, always go in.
+    pub(super) fn outbox_room(&self) -> Result<(), fleetd_core::access::Refusal> {
+        let max = self.gateway.as_ref().map_or(usize::MAX, |g| g.outbox_max);
+        if self.outbox.len() < max {
+            return Ok(());
+        }
+        Err(fleetd_core::access::Refusal::new(
+            "gateway_backlog",
+            format!(
+                "{} messages wait in this gateway's outbox for the broker (gateway.outboxMax = {max}): new tasks and spawns for other gateways are refused until it takes some; replies and answers still go. /healthz says why the broker is not taking them",
+                self.outbox.len()
+            ),
+        ))
     }
 
     /// A stop of a member on another host: sent there; its tickets end as it reports.

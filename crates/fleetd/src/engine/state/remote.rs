@@ -105,6 +105,7 @@ impl State {
             ));
         };
         let me = gw.me.clone();
+        self.outbox_room()?;
         let dst = GatewayName::new(request.gateway.clone())
             .map_err(|e| Refusal::new("invalid_gateway", format!("{:?}: {e}", request.gateway)))?;
         if let Some(name) = &request.name {
