@@ -711,6 +711,61 @@ mod tests {
         assert_eq!(count, 63);
     }
 
+    #[test]
+    fn one_failing_write_fails_alone_and_its_batch_commits() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inbox.db");
+        let conn = schema::open_writer(&path).expect("open writer");
+        // A statement SQLite refuses on its own (as it would a body past its length limit).
+        conn.execute_batch(
+            "CREATE TRIGGER refuse BEFORE INSERT ON messages WHEN NEW.body = 'poison'
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .expect("trigger");
+        let (ops, rx) = mpsc::channel(writer::WRITE_QUEUE_CAPACITY);
+        let mut answers = Vec::new();
+        for n in 0..3 {
+            let mut m = message("fran", n);
+            if n == 1 {
+                m.text = "poison".to_owned();
+            }
+            let (reply, answer) = oneshot::channel();
+            ops.try_send(Op::Publish { message: m, reply })
+                .expect("queue has room");
+            answers.push(answer);
+        }
+        drop(ops);
+        let stats = writer::Stats::default();
+        writer::run(conn, rx, &stats, None);
+        // Review L9: one transaction, and only the refused write is refused.
+        assert_eq!(stats.commits.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let answers: Vec<_> = answers
+            .into_iter()
+            .map(|a| a.blocking_recv().expect("answered"))
+            .collect();
+        assert!(
+            matches!(answers[0], Ok(PublishOutcome::Stored)),
+            "{answers:?}"
+        );
+        assert!(answers[1].is_err(), "{answers:?}");
+        assert!(
+            matches!(answers[2], Ok(PublishOutcome::Stored)),
+            "{answers:?}"
+        );
+        assert!(stats.last_failure.lock().expect("lock").is_none());
+        assert_eq!(stats.depths().get("fran"), Some(&2));
+        let reader = schema::open_reader(&path).expect("open reader");
+        let bodies: Vec<String> = reader
+            .prepare("SELECT body FROM messages ORDER BY seq")
+            .expect("prepare")
+            .query_map([], |row| row.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert!(!bodies.contains(&"poison".to_owned()), "{bodies:?}");
+        assert_eq!(bodies.len(), 2);
+    }
+
     #[tokio::test]
     async fn the_wal_is_checkpointed_beside_the_writer() {
         let dir = tempfile::tempdir().expect("tempdir");

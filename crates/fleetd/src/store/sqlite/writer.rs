@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use rusqlite::{Connection, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, TransactionBehavior, params};
 use tokio::sync::{mpsc, oneshot};
 
 use fleetd_core::{Message, MsgId, Target};
@@ -166,9 +166,29 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, stats: &Stats) {
             .last_failure
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let real = |op: &Op| !matches!(op, Op::Probe { .. });
         match &result {
-            Ok(_) => *last = None,
-            Err(err) if batch.iter().any(|op| !matches!(op, Op::Probe { .. })) => {
+            // A write that committed says the file takes writes; failures of single
+            // operations among them are theirs alone (answered to their callers).
+            Ok(outcomes)
+                if batch
+                    .iter()
+                    .zip(outcomes)
+                    .any(|(op, o)| o.is_ok() && !matches!(op, Op::Probe { heavy: false, .. })) =>
+            {
+                *last = None;
+            }
+            Ok(outcomes) => {
+                if let Some(Err(err)) = batch
+                    .iter()
+                    .zip(outcomes)
+                    .find(|(op, o)| real(op) && o.is_err())
+                    .map(|(_, o)| o)
+                {
+                    *last = Some(err.clone());
+                }
+            }
+            Err(err) if batch.iter().any(real) => {
                 *last = Some(err.clone());
             }
             Err(_) => {}
@@ -180,7 +200,10 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, stats: &Stats) {
             stats.ops.fetch_add(batch.len() as u64, Ordering::Relaxed);
             count_depths(stats, batch, &outcomes);
             for (op, outcome) in batch.drain(..).zip(outcomes) {
-                reply(op, Ok(outcome));
+                if let Err(err) = &outcome {
+                    tracing::error!(error = %err, "an inbox write failed; the rest of its batch committed");
+                }
+                reply(op, outcome);
             }
         }
         Err(err) => {
@@ -193,15 +216,15 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, stats: &Stats) {
 }
 
 /// Moves the committed depths by what a committed batch stored and removed.
-fn count_depths(stats: &Stats, batch: &[Op], outcomes: &[Outcome]) {
+fn count_depths(stats: &Stats, batch: &[Op], outcomes: &[Result<Outcome, StoreError>]) {
     let mut depths = stats.depths();
     for (op, outcome) in batch.iter().zip(outcomes) {
         let (target, added, removed) = match (op, outcome) {
-            (Op::Publish { message, .. }, Outcome::Published(PublishOutcome::Stored)) => {
+            (Op::Publish { message, .. }, Ok(Outcome::Published(PublishOutcome::Stored))) => {
                 (&message.target, 1, 0)
             }
-            (Op::Ack { target, .. }, Outcome::Acked(true)) => (target, 0, 1),
-            (Op::Drain { target, .. }, Outcome::Drained(messages)) if !messages.is_empty() => {
+            (Op::Ack { target, .. }, Ok(Outcome::Acked(true))) => (target, 0, 1),
+            (Op::Drain { target, .. }, Ok(Outcome::Drained(messages))) if !messages.is_empty() => {
                 (target, 0, messages.len() as u64)
             }
             _ => continue,
@@ -235,42 +258,37 @@ pub(crate) fn count_pending(
 }
 
 /// Runs the whole batch in one IMMEDIATE transaction and commits it (one fsync in WAL mode).
-fn apply(conn: &mut Connection, batch: &[Op]) -> Result<Vec<Outcome>, StoreError> {
+/// Each operation runs in a savepoint of its own (review L9): one that fails (a body past
+/// SQLite's length limit, say) is rolled back and answered with its error alone, and its
+/// neighbours commit. Only a failure that ends the transaction itself (SQLite rolls it back on
+/// some I/O and full-disk errors) or a failed commit fails the whole batch.
+fn apply(
+    conn: &mut Connection,
+    batch: &[Op],
+) -> Result<Vec<Result<Outcome, StoreError>>, StoreError> {
     let fail = |err| StoreError::backend("write to the embedded inbox", err);
-    let tx = conn
+    let mut tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(fail)?;
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut acked_any = false;
     for op in batch {
-        let outcome = match op {
-            Op::Publish { message, .. } => Outcome::Published(insert(&tx, message).map_err(fail)?),
-            Op::Ack { target, msg_id, .. } => {
-                let acked = remove(&tx, target, *msg_id).map_err(fail)?;
-                acked_any |= acked;
-                Outcome::Acked(acked)
+        let savepoint = tx.savepoint().map_err(fail)?;
+        let outcome = apply_one(&savepoint, op);
+        match &outcome {
+            Ok(_) => savepoint.commit().map_err(fail)?,
+            Err(err) => {
+                drop(savepoint); // rolled back
+                if tx.is_autocommit() {
+                    // SQLite ended the transaction itself: nothing of the batch holds.
+                    return Err(err.clone());
+                }
             }
-            Op::Drain { target, .. } => {
-                let drained = drain(&tx, target)?;
-                acked_any |= !drained.is_empty();
-                Outcome::Drained(drained)
-            }
-            Op::Probe { heavy, .. } => {
-                let size = if *heavy { HEAVY_PROBE_BYTES } else { 1 };
-                tx.execute(
-                    // Text, like every fleet_state value (the engine skips this kind).
-                    "INSERT INTO fleet_state (kind, key, value)
-                     VALUES ('health', 'probe', substr(hex(zeroblob(?1)), 1, ?1))
-                     ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value",
-                    [size],
-                )
-                .map_err(fail)?;
-                Outcome::Probed
-            }
-            Op::State { ops, .. } => {
-                apply_state(&tx, ops).map_err(fail)?;
-                Outcome::StateApplied
-            }
+        }
+        acked_any |= match &outcome {
+            Ok(Outcome::Acked(acked)) => *acked,
+            Ok(Outcome::Drained(drained)) => !drained.is_empty(),
+            _ => false,
         };
         outcomes.push(outcome);
     }
@@ -282,7 +300,35 @@ fn apply(conn: &mut Connection, batch: &[Op]) -> Result<Vec<Outcome>, StoreError
     Ok(outcomes)
 }
 
-fn insert(tx: &Transaction<'_>, message: &Message) -> rusqlite::Result<PublishOutcome> {
+/// One operation of a batch, inside its savepoint.
+fn apply_one(conn: &Connection, op: &Op) -> Result<Outcome, StoreError> {
+    let fail = |err| StoreError::backend("write to the embedded inbox", err);
+    Ok(match op {
+        Op::Publish { message, .. } => Outcome::Published(insert(conn, message).map_err(fail)?),
+        Op::Ack { target, msg_id, .. } => {
+            Outcome::Acked(remove(conn, target, *msg_id).map_err(fail)?)
+        }
+        Op::Drain { target, .. } => Outcome::Drained(drain(conn, target)?),
+        Op::Probe { heavy, .. } => {
+            let size = if *heavy { HEAVY_PROBE_BYTES } else { 1 };
+            conn.execute(
+                // Text, like every fleet_state value (the engine skips this kind).
+                "INSERT INTO fleet_state (kind, key, value)
+                 VALUES ('health', 'probe', substr(hex(zeroblob(?1)), 1, ?1))
+                 ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value",
+                [size],
+            )
+            .map_err(fail)?;
+            Outcome::Probed
+        }
+        Op::State { ops, .. } => {
+            apply_state(conn, ops).map_err(fail)?;
+            Outcome::StateApplied
+        }
+    })
+}
+
+fn insert(tx: &Connection, message: &Message) -> rusqlite::Result<PublishOutcome> {
     // One statement: skip ids acknowledged recently, and ids already pending (the UNIQUE key).
     let inserted = tx
         .prepare_cached(
@@ -307,7 +353,7 @@ fn insert(tx: &Transaction<'_>, message: &Message) -> rusqlite::Result<PublishOu
     })
 }
 
-fn remove(tx: &Transaction<'_>, target: &Target, msg_id: MsgId) -> rusqlite::Result<bool> {
+fn remove(tx: &Connection, target: &Target, msg_id: MsgId) -> rusqlite::Result<bool> {
     let id = msg_id.to_string();
     let deleted = tx
         .prepare_cached("DELETE FROM messages WHERE msg_id = ?1 AND target = ?2")?
@@ -320,7 +366,7 @@ fn remove(tx: &Transaction<'_>, target: &Target, msg_id: MsgId) -> rusqlite::Res
     Ok(true)
 }
 
-fn drain(tx: &Transaction<'_>, target: &Target) -> Result<Vec<Message>, StoreError> {
+fn drain(tx: &Connection, target: &Target) -> Result<Vec<Message>, StoreError> {
     let fail = |err| StoreError::backend("drain the embedded inbox", err);
     let messages = super::select_pending(tx, target, i64::MAX)?;
     for message in &messages {
@@ -329,7 +375,7 @@ fn drain(tx: &Transaction<'_>, target: &Target) -> Result<Vec<Message>, StoreErr
     Ok(messages)
 }
 
-fn apply_state(tx: &Transaction<'_>, ops: &[StateOp]) -> rusqlite::Result<()> {
+fn apply_state(tx: &Connection, ops: &[StateOp]) -> rusqlite::Result<()> {
     for op in ops {
         match op {
             StateOp::Put(r) => {
@@ -349,7 +395,7 @@ fn apply_state(tx: &Transaction<'_>, ops: &[StateOp]) -> rusqlite::Result<()> {
 }
 
 /// Keeps the newest [`DEDUP_WINDOW`] acknowledged ids; older ones may be forgotten.
-fn prune_acked(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+fn prune_acked(tx: &Connection) -> rusqlite::Result<()> {
     let window = i64::try_from(DEDUP_WINDOW).unwrap_or(i64::MAX);
     tx.prepare_cached("DELETE FROM acked WHERE seq <= (SELECT max(seq) FROM acked) - ?1")?
         .execute([window])?;
