@@ -335,16 +335,37 @@ impl State {
     }
 
     /// Tells the injector, for every delegating member whose answer changed, whether it has
-    /// delegated work outstanding. Run after every input.
+    /// delegated work outstanding. Run after every input, so it costs one pass over the open
+    /// tickets and the questions whatever the number of delegating members (review L4), and
+    /// nothing when none delegates.
     pub(in crate::engine) fn settle_delegation(&mut self, now: Timestamp, io: &mut Vec<Io>) {
         let leads: Vec<(Target, LeadId)> = self
             .leads
             .keys()
             .filter_map(|id| self.member_of_lead(id).map(|t| (t, id.clone())))
             .collect();
+        if leads.is_empty() {
+            return;
+        }
+        let senders: std::collections::HashSet<&str> = self
+            .sent_by
+            .iter()
+            .filter(|(ticket, _)| {
+                matches!(self.tickets.get_at(**ticket, now),
+                    fleetd_core::TicketLookup::Live(r) if !r.state.is_terminal())
+            })
+            .map(|(_, by)| by.as_str())
+            .collect();
+        let asking: std::collections::HashSet<&Target> =
+            self.questions.values().map(|q| &q.target).collect();
         let mut changed = Vec::new();
         for (member, id) in leads {
-            let outstanding = self.outstanding(&member, &id, now);
+            let outstanding = senders.contains(member.to_string().as_str())
+                || self.children_of(&id).iter().any(|c| {
+                    self.raw_depth.get(c).copied().unwrap_or(0) > 0
+                        || self.depth_pending.contains(c)
+                        || asking.contains(c)
+                });
             if self.delegating.contains(&member) != outstanding {
                 changed.push((member, outstanding));
             }
@@ -365,22 +386,6 @@ impl State {
             );
             self.injector_effects(effects, now, io);
         }
-    }
-
-    /// Tickets `member` sent still open, or its members' replies or questions unread.
-    fn outstanding(&self, member: &Target, id: &LeadId, now: Timestamp) -> bool {
-        let name = member.to_string();
-        let sent_open = self.sent_by.iter().any(|(ticket, by)| {
-            *by == name
-                && matches!(self.tickets.get_at(*ticket, now),
-                    fleetd_core::TicketLookup::Live(r) if !r.state.is_terminal())
-        });
-        sent_open
-            || self.children_of(id).iter().any(|c| {
-                self.raw_depth.get(c).copied().unwrap_or(0) > 0
-                    || self.depth_pending.contains(c)
-                    || self.questions.values().any(|q| q.target == *c)
-            })
     }
 
     /// `gone` was a delegating member: its members now report to its own lead (the primary
