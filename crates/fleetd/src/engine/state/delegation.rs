@@ -348,10 +348,11 @@ impl State {
             return;
         }
         let senders: std::collections::HashSet<&str> = self
+            .tickets
             .sent_by
             .iter()
             .filter(|(ticket, _)| {
-                matches!(self.tickets.get_at(**ticket, now),
+                matches!(self.tickets.book.get_at(**ticket, now),
                     fleetd_core::TicketLookup::Live(r) if !r.state.is_terminal())
             })
             .map(|(_, by)| by.as_str())
@@ -426,7 +427,7 @@ impl State {
                 self.push_effects(effects, now, io);
             }
             let name = gone.to_string();
-            for by in self.sent_by.values_mut().filter(|by| **by == name) {
+            for by in self.tickets.sent_by.values_mut().filter(|by| **by == name) {
                 match &heir_by {
                     Some(heir) => by.clone_from(heir),
                     None => *by = "operator".to_owned(),

@@ -17,6 +17,7 @@ impl State {
     /// it (a long task is referred to, not typed whole).
     pub(super) fn injection_text(&self, ticket: Ticket) -> String {
         let task = self
+            .tickets
             .tasks
             .get(&ticket)
             .map(String::as_str)
@@ -94,17 +95,19 @@ impl State {
             self.push_effects(effects, now, io);
         }
         let ticket = Ticket::from_uuid(self.ids.new_id());
-        self.tickets.open_at(ticket, target.clone(), now);
-        self.emit_ticket(ticket, now);
-        self.ticket_gauges();
-        self.tasks.insert(ticket, task);
-        if let Some(by) = by
+        let sender = by
             .map(|m| m.to_string())
-            .or_else(|| lead.map(|l| Self::lead_id(l).0))
-        {
-            self.sent_by.insert(ticket, by);
-        }
-        self.dirty.tickets.insert(ticket);
+            .or_else(|| lead.map(|l| Self::lead_id(l).0));
+        self.open_ticket(
+            super::tickets::Opening {
+                ticket,
+                target: target.clone(),
+                task,
+                sender,
+                owner: None,
+            },
+            now,
+        );
         let effects = self
             .injector
             .handle_at(InjectorInput::Enqueue { target, ticket }, now);
@@ -118,22 +121,22 @@ impl State {
         reply: oneshot::Sender<Settled>,
         now: Timestamp,
     ) {
-        match self.tickets.get_at(ticket, now) {
+        match self.tickets.book.get_at(ticket, now) {
             TicketLookup::Live(r) if r.state.is_terminal() => {
                 let _ = reply.send(Settled {
                     state: r.state,
-                    reply: self.replies.get(&ticket).cloned(),
+                    reply: self.tickets.replies.get(&ticket).cloned(),
                 });
             }
-            TicketLookup::Live(_) => self.waiters.entry(ticket).or_default().push(reply),
+            TicketLookup::Live(_) => self.tickets.waiters.entry(ticket).or_default().push(reply),
             // Unknown or expired: the sender is dropped; the waiter reads that as "no answer".
             _ => {}
         }
     }
 
     pub(in crate::engine) fn ticket(&self, ticket: Ticket, now: Timestamp) -> TicketAnswer {
-        match self.tickets.get_at(ticket, now) {
-            TicketLookup::Live(r) => TicketAnswer::Live(view(r, self.sent_by.get(&ticket))),
+        match self.tickets.book.get_at(ticket, now) {
+            TicketLookup::Live(r) => TicketAnswer::Live(view(r, self.tickets.sent_by.get(&ticket))),
             TicketLookup::Expired => TicketAnswer::Expired,
             TicketLookup::Unknown => TicketAnswer::Unknown,
         }
@@ -144,10 +147,10 @@ impl State {
         ticket: Ticket,
         now: Timestamp,
     ) -> Option<(Target, String)> {
-        let TicketLookup::Live(r) = self.tickets.get_at(ticket, now) else {
+        let TicketLookup::Live(r) = self.tickets.book.get_at(ticket, now) else {
             return None;
         };
-        Some((r.target.clone(), self.tasks.get(&ticket)?.clone()))
+        Some((r.target.clone(), self.tickets.tasks.get(&ticket)?.clone()))
     }
 
     pub(in crate::engine) fn current_ticket(&self, target: &Target) -> Option<Ticket> {
@@ -190,7 +193,7 @@ impl State {
                 self.injector_effects(effects, now, io);
             }
             let msg_id = message.msg_id;
-            self.replies.insert(ticket, message);
+            self.tickets.replies.insert(ticket, message);
             if self.apply(ticket, event, now) {
                 if self.settle(ticket, now) {
                     delivered = Delivered::Waiter;
@@ -211,7 +214,7 @@ impl State {
 
     /// Sets the `fleetd_tickets{state}` gauges from the book.
     pub(super) fn ticket_gauges(&self) {
-        let counts = self.tickets.count_by_state();
+        let counts = self.tickets.book.count_by_state();
         for state in fleetd_core::TicketState::ALL {
             #[expect(
                 clippy::cast_precision_loss,
@@ -225,7 +228,7 @@ impl State {
     /// Applies a ticket event; true when it changed the ticket.
     pub(super) fn apply(&mut self, ticket: Ticket, event: TicketEvent, now: Timestamp) -> bool {
         if event == TicketEvent::Delivered
-            && let TicketLookup::Live(r) = self.tickets.get_at(ticket, now)
+            && let TicketLookup::Live(r) = self.tickets.book.get_at(ticket, now)
         {
             let waited = now.duration_since(r.created_at).as_secs_f64();
             metrics::histogram!("fleetd_delivery_seconds").record(waited.max(0.0));
@@ -243,7 +246,7 @@ impl State {
 
     /// Emits `ticket`'s current state.
     pub(super) fn emit_ticket(&mut self, ticket: Ticket, now: Timestamp) {
-        if let TicketLookup::Live(r) = self.tickets.get_at(ticket, now) {
+        if let TicketLookup::Live(r) = self.tickets.book.get_at(ticket, now) {
             let event = FleetEvent::TicketState {
                 ticket: ticket.to_string(),
                 target: r.target.to_string(),
@@ -261,7 +264,7 @@ impl State {
         event: TicketEvent,
         now: Timestamp,
     ) -> bool {
-        match self.tickets.apply_at(ticket, event, now) {
+        match self.tickets.book.apply_at(ticket, event, now) {
             Ok(_) => true,
             Err(refusal) => {
                 tracing::debug!(%refusal, "ticket event ignored");
@@ -272,7 +275,7 @@ impl State {
 
     /// Hands a settled ticket to its waiters; true when at least one was still listening.
     pub(super) fn settle(&mut self, ticket: Ticket, now: Timestamp) -> bool {
-        let TicketLookup::Live(record) = self.tickets.get_at(ticket, now) else {
+        let TicketLookup::Live(record) = self.tickets.book.get_at(ticket, now) else {
             return false;
         };
         if !record.state.is_terminal() {
@@ -280,10 +283,10 @@ impl State {
         }
         let settled = Settled {
             state: record.state,
-            reply: self.replies.get(&ticket).cloned(),
+            reply: self.tickets.replies.get(&ticket).cloned(),
         };
         let mut taken = false;
-        for waiter in self.waiters.remove(&ticket).unwrap_or_default() {
+        for waiter in self.tickets.waiters.remove(&ticket).unwrap_or_default() {
             taken |= waiter.send(settled.clone()).is_ok();
         }
         taken
@@ -291,9 +294,10 @@ impl State {
 
     pub(in crate::engine) fn recent(&self, target: &Target) -> Vec<TicketView> {
         self.tickets
+            .book
             .recent_for(target, 10)
             .into_iter()
-            .map(|r| view(r, self.sent_by.get(&r.ticket)))
+            .map(|r| view(r, self.tickets.sent_by.get(&r.ticket)))
             .collect()
     }
 
@@ -317,7 +321,7 @@ impl State {
         // keeps it in flight): it is untyped again, and a restart may type it.
         if outcome == TypeOutcome::Failed
             && self.injector.current(target) != Some(ticket)
-            && self.typed.remove(&ticket)
+            && self.tickets.typed.remove(&ticket)
         {
             self.dirty.tickets.insert(ticket);
         }
@@ -375,7 +379,7 @@ impl State {
                     };
                     let text = self.injection_text(ticket);
                     // Durable before it is typed: after a restart it is never typed again.
-                    if self.typed.insert(ticket) {
+                    if self.tickets.typed.insert(ticket) {
                         self.dirty.tickets.insert(ticket);
                     }
                     io.push(Io::Type {
@@ -416,7 +420,7 @@ impl State {
                         let settled_waiter = self.settle(ticket, now);
                         if stalled
                             && !settled_waiter
-                            && let TicketLookup::Live(r) = self.tickets.get_at(ticket, now)
+                            && let TicketLookup::Live(r) = self.tickets.book.get_at(ticket, now)
                         {
                             io.push(Io::Notice {
                                 target: r.target.clone(),

@@ -59,20 +59,20 @@ pub(super) struct Dirty {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct TicketRow {
-    record: TicketRecord,
+    pub(super) record: TicketRecord,
     /// The task text, until the ticket is pruned.
     #[serde(default)]
-    task: Option<String>,
+    pub(super) task: Option<String>,
     /// Who sent it: a lead's id, or a delegating member's name.
     #[serde(default)]
-    by: Option<String>,
+    pub(super) by: Option<String>,
     /// Its task was handed to the multiplexer at least once: after a restart it is never typed
     /// again (it may have arrived).
     #[serde(default)]
-    typed: bool,
+    pub(super) typed: bool,
     /// The gateway whose lead sent it, for a ticket of a member here that another gateway owns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    owner: Option<fleetd_core::gateway::GatewayName>,
+    pub(super) owner: Option<fleetd_core::gateway::GatewayName>,
 }
 
 /// An open question as kept on disk.
@@ -253,20 +253,11 @@ impl State {
             }
         }
         for ticket in dirty.tickets {
-            match self.tickets.record(ticket) {
-                Some(record) => {
-                    let row = TicketRow {
-                        record: record.clone(),
-                        task: self.tasks.get(&ticket).cloned(),
-                        by: self.sent_by.get(&ticket).cloned(),
-                        typed: self.typed.contains(&ticket),
-                        owner: self.remote_owner.get(&ticket).cloned(),
-                    };
-                    ops.extend(put(TICKET, ticket.to_string(), &row));
-                }
+            match self.tickets.row(ticket) {
+                Some(row) => ops.extend(put(TICKET, ticket.to_string(), &row)),
                 None => {
                     ops.push(delete(TICKET, ticket.to_string()));
-                    if let Some(at) = self.tickets.pruned_at(ticket) {
+                    if let Some(at) = self.tickets.book.pruned_at(ticket) {
                         ops.extend(put(PRUNED, ticket.to_string(), &at));
                     }
                 }
@@ -411,7 +402,7 @@ impl State {
             self.restore_ticket(row, now, io);
         }
         for (ticket, at) in kept.pruned {
-            self.tickets.restore_pruned(ticket, at);
+            self.tickets.book.restore_pruned(ticket, at);
         }
         self.answered.extend(kept.answered);
         for (id, row) in kept.questions {
@@ -448,6 +439,7 @@ impl State {
         for target in self.members.keys() {
             let tickets: BTreeSet<Ticket> = self
                 .tickets
+                .book
                 .open_for(target)
                 .iter()
                 .map(|r| r.ticket)
@@ -518,19 +510,8 @@ impl State {
         let ticket = row.record.ticket;
         let target = row.record.target.clone();
         let state = row.record.state;
-        self.tickets.restore(row.record);
-        if let Some(task) = row.task {
-            self.tasks.insert(ticket, task);
-        }
-        if let Some(by) = row.by {
-            self.sent_by.insert(ticket, by);
-        }
-        if row.typed {
-            self.typed.insert(ticket);
-        }
-        if let Some(owner) = row.owner {
-            self.remote_owner.insert(ticket, owner);
-        }
+        let typed = row.typed;
+        self.tickets.restore(row);
         if state.is_terminal() || target.gateway().is_some() {
             // (A ticket for a member on another host moves as that host reports.)
             return;
@@ -541,7 +522,7 @@ impl State {
             return;
         }
         match state {
-            TicketState::Queued if !row.typed => {
+            TicketState::Queued if !typed => {
                 let effects = self
                     .injector
                     .handle_at(InjectorInput::Enqueue { target, ticket }, now);

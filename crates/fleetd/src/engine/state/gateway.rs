@@ -210,16 +210,20 @@ impl State {
             ));
         };
         let ticket = Ticket::from_uuid(self.ids.new_id());
-        self.tickets.open_at(ticket, target.clone(), now);
-        self.emit_ticket(ticket, now);
-        self.ticket_gauges();
-        self.tasks.insert(ticket, task.clone());
         let sender = by
             .map(|m| m.to_string())
             .or_else(|| lead.map(|l| Self::lead_id(l).0))
             .unwrap_or_else(|| "operator".to_owned());
-        self.sent_by.insert(ticket, sender.clone());
-        self.dirty.tickets.insert(ticket);
+        self.open_ticket(
+            super::tickets::Opening {
+                ticket,
+                target: target.clone(),
+                task: task.clone(),
+                sender: Some(sender.clone()),
+                owner: None,
+            },
+            now,
+        );
         if let Some(lead) = lead {
             let effects = self.push.handle_at(
                 PushInput::Bound {
@@ -279,7 +283,7 @@ impl State {
         text: &str,
     ) -> Option<GatewayName> {
         let ticket = self.injector.current(target)?;
-        let owner = self.remote_owner.get(&ticket).cloned()?;
+        let owner = self.tickets.remote_owner.get(&ticket).cloned()?;
         let body = QuestionBody {
             question_id: id.to_owned(),
             member: target.member_name().to_owned(),
@@ -307,7 +311,7 @@ impl State {
         ) {
             return;
         }
-        if let Some(owner) = self.remote_owner.get(&ticket).cloned() {
+        if let Some(owner) = self.tickets.remote_owner.get(&ticket).cloned() {
             let body = TicketBody {
                 ticket,
                 event: event.clone(),
@@ -322,8 +326,10 @@ impl State {
         let Some(ticket) = message.ticket else {
             return false;
         };
-        let (Some(owner), Some(gw)) = (self.remote_owner.get(&ticket).cloned(), &self.gateway)
-        else {
+        let (Some(owner), Some(gw)) = (
+            self.tickets.remote_owner.get(&ticket).cloned(),
+            &self.gateway,
+        ) else {
             return false;
         };
         let mut forwarded = message.clone();
@@ -388,8 +394,8 @@ impl State {
                         "a task without its ticket, member or text",
                     );
                 };
-                if self.tickets.record(body.ticket).is_some()
-                    || self.tickets.pruned_at(body.ticket).is_some()
+                if self.tickets.book.record(body.ticket).is_some()
+                    || self.tickets.book.pruned_at(body.ticket).is_some()
                 {
                     return GatewayOutcome::Taken; // a copy of one already taken
                 }
@@ -427,13 +433,16 @@ impl State {
                     self.send_out(&src, Kind::Ticket, reply);
                     return GatewayOutcome::Taken;
                 };
-                self.tickets.open_at(body.ticket, member.clone(), now);
-                self.remote_owner.insert(body.ticket, src);
-                self.emit_ticket(body.ticket, now);
-                self.ticket_gauges();
-                self.tasks.insert(body.ticket, body.task);
-                self.sent_by.insert(body.ticket, body.by);
-                self.dirty.tickets.insert(body.ticket);
+                self.open_ticket(
+                    super::tickets::Opening {
+                        ticket: body.ticket,
+                        target: member.clone(),
+                        task: body.task,
+                        sender: Some(body.by),
+                        owner: Some(src),
+                    },
+                    now,
+                );
                 let effects = self.injector.handle_at(
                     InjectorInput::Enqueue {
                         target: member,
@@ -584,7 +593,7 @@ impl State {
             };
         };
         if !self.sent_there(body.ticket, src)
-            || self.tickets.record(body.ticket).map(|r| &r.target) != Some(&target)
+            || self.tickets.book.record(body.ticket).map(|r| &r.target) != Some(&target)
         {
             return GatewayOutcome::Refused {
                 reason: reason::NEVER_SENT,
@@ -648,9 +657,10 @@ impl State {
 
     /// Whether `ticket` is this gateway's, for a member on gateway `gw`.
     fn sent_there(&self, ticket: Ticket, gw: &GatewayName) -> bool {
-        match self.tickets.record(ticket) {
+        match self.tickets.book.record(ticket) {
             Some(r) => {
-                r.target.gateway() == Some(gw.as_str()) && !self.remote_owner.contains_key(&ticket)
+                r.target.gateway() == Some(gw.as_str())
+                    && !self.tickets.remote_owner.contains_key(&ticket)
             }
             None => false,
         }

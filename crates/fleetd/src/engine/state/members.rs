@@ -218,6 +218,7 @@ impl State {
             queued: self.injector.queued(target),
             open_tickets: self
                 .tickets
+                .book
                 .open_for(target)
                 .iter()
                 .map(|r| r.ticket)
@@ -437,6 +438,7 @@ impl State {
         });
         let open: Vec<Ticket> = self
             .tickets
+            .book
             .open_for(target)
             .iter()
             .map(|r| r.ticket)

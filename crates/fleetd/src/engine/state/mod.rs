@@ -6,9 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use fleetd_core::injector::{Injector, InjectorInput};
 use fleetd_core::push::{LeadActivity, LeadId, PushInput, PushLoop};
-use fleetd_core::{
-    AgentStatus, Message, MessageKind, QualifiedPaneId, Target, TerminalId, Ticket, TicketBook,
-};
+use fleetd_core::{AgentStatus, MessageKind, QualifiedPaneId, Target, TerminalId, Ticket};
 use jiff::{SignedDuration, Timestamp};
 use tokio::sync::oneshot;
 
@@ -23,6 +21,7 @@ mod questions;
 mod refusals;
 mod remote;
 mod standing;
+mod tickets;
 mod wakes;
 mod worktrees;
 
@@ -42,7 +41,7 @@ pub use standing::Standing;
 pub(in crate::engine) use wakes::WAKE_GRACE;
 
 use super::leads::LeadTabs;
-use super::{NewMember, Readiness, Settled, TicketView};
+use super::{NewMember, Readiness, TicketView};
 
 /// I/O the engine wants done; `run` spawns a task per request and reports back as an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,10 +219,8 @@ pub(super) struct State {
     /// Spawns waiting for a member to become ready.
     ready_waiters: BTreeMap<Target, Vec<oneshot::Sender<Readiness>>>,
     by_pane: HashMap<QualifiedPaneId, Target>,
-    tickets: TicketBook,
-    tasks: HashMap<Ticket, String>,
-    replies: HashMap<Ticket, Message>,
-    waiters: HashMap<Ticket, Vec<oneshot::Sender<Settled>>>,
+    /// Every ticket and its side data (task, sender, owner, typed, reply, waiters).
+    tickets: tickets::Tickets,
     injector: Injector,
     push: PushLoop,
     questions: BTreeMap<String, Question>,
@@ -231,10 +228,6 @@ pub(super) struct State {
     lead_tabs: LeadTabs,
     /// Every registered member as it was added (its durable record).
     registry: BTreeMap<Target, NewMember>,
-    /// Who sent each ticket: a lead's id, or a delegating member's name.
-    sent_by: HashMap<Ticket, String>,
-    /// Tickets whose task was handed to the multiplexer at least once.
-    typed: std::collections::HashSet<Ticket>,
     /// Keys changed since the last durable batch.
     dirty: durable::Dirty,
     /// Where ticket and question ids come from (the clock seam).
@@ -278,8 +271,6 @@ pub(super) struct State {
     outbox_seq: u64,
     /// Outbox records to hand the forwarder after this input's commit.
     to_forward: Vec<u64>,
-    /// Tickets of members here that another gateway owns (its lead sent the task).
-    remote_owner: HashMap<Ticket, fleetd_core::gateway::GatewayName>,
     /// Spawns this gateway asked other gateways for, until answered (durable).
     asked_spawns: BTreeMap<String, remote::Asked>,
     /// Spawns other gateways asked of this one (durable, kept a while after they finish).
@@ -333,10 +324,7 @@ impl State {
             reserved: BTreeMap::new(),
             ready_waiters: BTreeMap::new(),
             by_pane: HashMap::new(),
-            tickets: TicketBook::new(ttl),
-            tasks: HashMap::new(),
-            replies: HashMap::new(),
-            waiters: HashMap::new(),
+            tickets: tickets::Tickets::new(ttl),
             injector: Injector::new(grace),
             push,
             questions: BTreeMap::new(),
@@ -345,8 +333,6 @@ impl State {
             rewatch: BTreeMap::new(),
             backends_down: BTreeMap::new(),
             registry: BTreeMap::new(),
-            sent_by: HashMap::new(),
-            typed: std::collections::HashSet::new(),
             dirty: durable::Dirty::default(),
             ids,
             handed: HashMap::new(),
@@ -372,7 +358,6 @@ impl State {
             outbox: BTreeMap::new(),
             outbox_seq: 0,
             to_forward: Vec::new(),
-            remote_owner: HashMap::new(),
             asked_spawns: BTreeMap::new(),
             served_spawns: BTreeMap::new(),
             refusals: refusals::Refusals::default(),
@@ -413,7 +398,7 @@ impl State {
         [
             self.injector.next_wake(),
             self.push.next_wake(),
-            self.tickets.next_expiry(),
+            self.tickets.book.next_expiry(),
             self.lead_tabs.next_scan(!self.leads.is_empty()),
             self.rewatch.values().min().copied(),
             self.reservations_expire(),
@@ -487,6 +472,16 @@ impl State {
         }
     }
 
+    /// Opens a ticket (its record and side data, in [`tickets::Tickets::open`]), tells the
+    /// event stream and the gauges, and marks it for the next durable batch.
+    fn open_ticket(&mut self, opening: tickets::Opening, now: Timestamp) {
+        let ticket = opening.ticket;
+        self.tickets.open(opening, now);
+        self.emit_ticket(ticket, now);
+        self.ticket_gauges();
+        self.dirty.tickets.insert(ticket);
+    }
+
     /// Time passed: deadlines, retention, the idle reaper.
     pub(super) fn tick(&mut self, now: Timestamp, io: &mut Vec<Io>) {
         let effects = self.injector.handle_at(InjectorInput::Tick, now);
@@ -503,12 +498,6 @@ impl State {
             self.ticket_gauges();
         }
         for ticket in pruned {
-            self.tasks.remove(&ticket);
-            self.replies.remove(&ticket);
-            self.waiters.remove(&ticket);
-            self.sent_by.remove(&ticket);
-            self.typed.remove(&ticket);
-            self.remote_owner.remove(&ticket);
             self.forget_wakes(ticket);
             if self.handed.contains_key(&ticket) {
                 self.unhand(ticket, now, io);

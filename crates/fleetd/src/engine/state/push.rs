@@ -152,6 +152,7 @@ impl State {
         io: &mut Vec<Io>,
     ) {
         self.tickets
+            .book
             .set_ttl(SignedDuration::from_secs(saturating_i64(
                 config.tickets.ttl_after_finish_secs,
             )));

@@ -64,7 +64,7 @@ impl State {
         owner: String,
         now: Timestamp,
     ) -> Result<String, Refusal> {
-        let TicketLookup::Live(record) = self.tickets.get_at(ticket, now) else {
+        let TicketLookup::Live(record) = self.tickets.book.get_at(ticket, now) else {
             return Err(Refusal::new(
                 "unknown_ticket",
                 format!("ticket {ticket} is unknown or expired: nothing to wait for"),
@@ -85,7 +85,7 @@ impl State {
         // A reply already in the inbox and not handed: this wake carries it from now on.
         if settled
             && !self.handed.contains_key(&ticket)
-            && let Some(reply) = self.replies.get(&ticket)
+            && let Some(reply) = self.tickets.replies.get(&ticket)
         {
             let msg_id = reply.msg_id;
             self.hand(ticket, target, msg_id, now);
@@ -99,7 +99,7 @@ impl State {
 
     /// Tells the event stream what became of `ticket`'s wake.
     fn emit_wake(&mut self, ticket: Ticket, state: &str, now: Timestamp) {
-        if let TicketLookup::Live(r) = self.tickets.get_at(ticket, now) {
+        if let TicketLookup::Live(r) = self.tickets.book.get_at(ticket, now) {
             let target = r.target.to_string();
             self.emit(crate::events::FleetEvent::TicketWake {
                 ticket: ticket.to_string(),
@@ -117,7 +117,7 @@ impl State {
         now: Timestamp,
     ) -> Option<WakeView> {
         let wake = self.wakes.get(id).filter(|w| w.owner == owner)?;
-        let (target, state) = match self.tickets.get_at(wake.ticket, now) {
+        let (target, state) = match self.tickets.book.get_at(wake.ticket, now) {
             TicketLookup::Live(r) => (Some(r.target.clone()), Some(r.state)),
             _ => (None, None),
         };
@@ -128,7 +128,7 @@ impl State {
             ticket: wake.ticket,
             target,
             state,
-            reply: self.replies.get(&wake.ticket).cloned(),
+            reply: self.tickets.replies.get(&wake.ticket).cloned(),
             question,
             created_at: wake.created_at,
             cancelled: wake.cancelled,
@@ -197,7 +197,7 @@ impl State {
         id: &str,
         now: Timestamp,
     ) -> bool {
-        let tickets = &self.tickets;
+        let tickets = &self.tickets.book;
         let Some(wake) = self.wakes.values_mut().find(|w| {
             w.live()
                 && w.question.is_none()
