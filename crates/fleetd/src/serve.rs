@@ -373,6 +373,7 @@ impl Daemon {
                 inbox,
                 spawner,
                 peers,
+                calls: crate::conn::MemberCalls::default(),
             },
             link,
         ))

@@ -554,3 +554,52 @@ fn e2e_the_listener_asks_for_a_deep_backlog() {
     println!("listen backlog {backlog} (net.core.somaxconn {somaxconn})");
     assert_eq!(backlog, somaxconn.min(4_096), "{text}");
 }
+
+#[test]
+fn e2e_a_member_cannot_hold_every_slot_with_calls_under_way() {
+    // Attack C2's second half: calls in flight are never closed to make room, so a member
+    // keeping many waiting `fleet_ask`s open could lock everyone out. Its share is
+    // `connections.perMember`; the lead and `/healthz` get in meanwhile.
+    let mut fleet = HerdrFleet::start(&format!("{}  perMember: 3\n", config(12, 12, 0, 60_000)))
+        .expect("the fleet starts");
+    fleet.wait_healthy();
+    fleet.spawn("ctl", "ann", 1, 1).expect("a member");
+    let mut member = fleet.control.accept().expect("the member connects back");
+    let asking = std::thread::spawn(move || {
+        let calls = (0..4)
+            .map(|n| {
+                (
+                    "fleet_ask".to_owned(),
+                    json!({ "question": format!("which way, {n}?"), "waitSecs": 8 }),
+                )
+            })
+            .collect();
+        member.call_many(calls, 4).expect("the member's calls")
+    });
+    // Three questions wait (their calls under way); the lead reads them while they do.
+    wait_until("three questions open", Duration::from_secs(30), || {
+        let polled = fleet
+            .lead
+            .call("fleet_poll", json!({ "target": "ann0" }))
+            .expect("the lead polls");
+        let page = structured("fleet_poll", &polled.result).expect("fleet_poll answers");
+        page["questions"].as_array().map_or(0, Vec::len) == 3
+    });
+    let health = http::get(fleet.daemon.addr, "/healthz").expect("/healthz answers");
+    assert!(health.error_code().is_empty(), "{health:?}");
+    let answers = asking.join().expect("the asking thread");
+    let refused: Vec<String> = answers
+        .iter()
+        .filter_map(|a| a.as_ref().ok())
+        .filter(|t| t.result["isError"] == true)
+        .map(|t| t.result["structuredContent"]["code"].to_string())
+        .collect();
+    assert_eq!(refused, ["\"too_many_calls\""], "{answers:#?}");
+    let message = answers
+        .iter()
+        .filter_map(|a| a.as_ref().ok())
+        .find(|t| t.result["isError"] == true)
+        .map(|t| t.result["structuredContent"]["message"].to_string())
+        .unwrap_or_default();
+    assert!(message.contains("connections.perMember = 3"), "{message}");
+}

@@ -53,10 +53,18 @@ pub(super) fn connections(
             ));
         }
     };
+    let per_member = bounded(
+        judge,
+        "connections.perMember",
+        raw.per_member,
+        (max / 4).max(1),
+        max,
+    )?;
     Ok(Connections {
         max,
         per_uid,
         owner_reserve,
+        per_member,
         header_read_timeout_ms: bounded(
             judge,
             "connections.headerReadTimeoutMs",

@@ -435,6 +435,9 @@ pub struct Connections {
     /// Connections only the daemon's own user (its leads, members and operator) may take: other
     /// users together hold at most `max - ownerReserve`.
     pub owner_reserve: u64,
+    /// Most calls one member may have under way at once, over every door (a call in flight
+    /// holds its connection, which is then never closed to make room).
+    pub per_member: u64,
     /// How long an HTTP connection may take to send a request head, counted from its first byte.
     pub header_read_timeout_ms: u64,
     /// How long an HTTP connection may sit with no request in flight and no byte received.

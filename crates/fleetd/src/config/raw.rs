@@ -167,6 +167,7 @@ pub(crate) struct RawLimits {
 pub(crate) struct RawConnections {
     pub(crate) max: Option<At<u64>>,
     pub(crate) per_uid: Option<At<u64>>,
+    pub(crate) per_member: Option<At<u64>>,
     pub(crate) owner_reserve: Option<At<u64>>,
     pub(crate) header_read_timeout_ms: Option<At<u64>>,
     pub(crate) idle_timeout_ms: Option<At<u64>>,

@@ -57,6 +57,7 @@ fn empty_file_gives_every_default() {
             max: 2048,
             per_uid: 64,
             owner_reserve: 512,
+            per_member: 512,
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
         }

@@ -1,14 +1,17 @@
 //! Connection limits for every door (SPEC §9, issue 15): the open-file limit raised at start,
 //! the admission gate (`gate`: a cap over all doors, a reserve for the daemon's own user, a cap
-//! per other user, an idle connection closed to make room), and each connection's
+//! per other user, an idle connection closed to make room), each member's share of the calls
+//! under way (`calls`), and each connection's
 //! header-read and idle timers (`watchdog`). The doors themselves (`http::serve`, `shim`) ask
 //! these; this module knows no protocol and words no refusal.
 
+pub mod calls;
 pub mod gate;
 pub mod watchdog;
 
 use std::net::SocketAddr;
 
+pub use calls::{CallSlot, MemberCalls};
 pub use gate::{Admission, Caps, Gate, Peer, Refusal};
 pub use watchdog::{Activity, Expired, Timeouts, Tracked};
 

@@ -335,9 +335,8 @@ impl ApiError {
             }
             // A cap (`limits:`, the delegation tree's width): the same request succeeds once the
             // member catches up or a member goes.
-            "queue_full" | "too_many_questions" | "too_many_members" | "gateway_backlog" => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            "queue_full" | "too_many_questions" | "too_many_members" | "gateway_backlog"
+            | "too_many_calls" => StatusCode::TOO_MANY_REQUESTS,
             "name_taken" => StatusCode::CONFLICT,
             // Who may do what, the delegation tree's shape included: asking again changes
             // nothing, so never a 503 (which tells a client to retry).

@@ -109,6 +109,8 @@ pub struct Fleet {
     pub spawner: crate::members::Spawner,
     /// Other gateways' members and profiles as their presence said (empty on one host).
     pub peers: crate::gateway::presence::Peers,
+    /// Each member's calls under way (`connections.perMember`).
+    pub calls: crate::conn::MemberCalls,
 }
 
 impl Fleet {

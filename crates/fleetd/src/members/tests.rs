@@ -72,6 +72,7 @@ fn setup() -> Setup {
         inbox,
         spawner,
         peers: crate::gateway::presence::Peers::default(),
+        calls: crate::conn::MemberCalls::default(),
     };
     Setup { fleet, fake }
 }

@@ -127,6 +127,22 @@ async fn run<T: FleetTool>(
         caller
             .authorize(T::class_of(&args), T::NAME)
             .map_err(|e| caller.explain(e))?;
+        // A member's share of the calls under way (attack C2), held until this call ends.
+        let _slot = match &caller.role {
+            fleetd_core::access::Role::Member { target, .. } => {
+                let cap = fleet.config.current().connections.per_member;
+                let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+                Some(fleet.calls.take(target, cap).ok_or_else(|| {
+                    ToolError::new(
+                        "too_many_calls",
+                        format!(
+                            "member {target} has {cap} calls under way already, the most one member may (connections.perMember = {cap}): wait for one to end (a fleet_ask or a waiting fleet_send ends when it is answered or times out)"
+                        ),
+                    )
+                })?)
+            }
+            _ => None,
+        };
         // Its call proves the replies its earlier waits returned reached it (review M3). A
         // `fleet_ack` settles them after acknowledging, so the ids it names answer acked=true.
         let holder = caller.holder();

@@ -75,6 +75,7 @@ pub(super) fn setup(yaml: &str) -> Setup {
         inbox,
         spawner,
         peers: crate::gateway::presence::Peers::default(),
+        calls: crate::conn::MemberCalls::default(),
     };
     Setup {
         fleet,
@@ -539,4 +540,70 @@ async fn a_gateway_nobody_runs_is_refused_naming_the_known_ones_and_a_silent_kno
         .flatten()
         .expect("a note");
     assert!(note.contains("not been heard from for 31 s"), "{note}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_past_its_share_of_calls_under_way_is_refused_and_others_are_not() {
+    let s = setup("connections:\n  max: 16\n  perMember: 2\n");
+    add_ann(&s.fleet).await;
+    // Attack C2: ann holds two waiting calls (questions nobody answers yet).
+    let waiting: Vec<_> = (0..2)
+        .map(|n| {
+            let fleet = s.fleet.clone();
+            tokio::spawn(async move {
+                call_as(
+                    &fleet,
+                    &as_ann(),
+                    "fleet_ask",
+                    json!({ "question": format!("q{n}?"), "waitSecs": 30 }),
+                )
+                .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(s.fleet.calls.under_way(&ann()), 2);
+    let (code, message) = ask(&s.fleet, "a third?").await.expect_err("past its share");
+    assert_eq!(code, "too_many_calls");
+    assert!(message.contains("connections.perMember = 2"), "{message}");
+    // The lead (here the operator) is not held up, and answers one question.
+    let questions = call(&s.fleet, "fleet_poll", json!({ "target": "ann" }))
+        .await
+        .expect("the lead polls");
+    let id = questions["questions"][0]["questionId"]
+        .as_str()
+        .expect("a question")
+        .to_owned();
+    call(
+        &s.fleet,
+        "fleet_answer",
+        json!({ "questionId": id, "answer": "yes" }),
+    )
+    .await
+    .expect("answered");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(
+        s.fleet.calls.under_way(&ann()),
+        1,
+        "the answered call ended"
+    );
+    call_as(
+        &s.fleet,
+        &as_ann(),
+        "fleet_reply",
+        json!({ "text": "done" }),
+    )
+    .await
+    .map(|_| ())
+    .or_else(|(code, _)| {
+        if code == "too_many_calls" {
+            Err(code)
+        } else {
+            Ok(())
+        }
+    })
+    .expect("a place is free again");
+    for call in waiting {
+        call.abort();
+    }
 }
