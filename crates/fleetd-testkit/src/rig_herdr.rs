@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::daemon::{Daemon, write_config};
+use crate::fake_herdr::HerdrVersion;
 use crate::fake_herdr::process::FakeHerdrProcess;
 use crate::{bin_path, wait_until};
 
@@ -34,40 +35,50 @@ pub fn sim_profile(name: &str, work_ms: u32) -> String {
 impl HerdrRig {
     /// Starts fake-herdr and fleetd on it with `extra` config appended.
     pub fn start(extra: &str) -> Self {
-        Self::start_with(extra, false, &[])
+        Self::start_with(extra, false, &[], None)
+    }
+
+    /// Like [`HerdrRig::start`] with fake-herdr behaving as herdr `herdr` (0.8.2 or 0.9).
+    pub fn start_as(extra: &str, herdr: HerdrVersion) -> Self {
+        Self::start_with(extra, false, &[], Some(herdr))
     }
 
     /// Like [`HerdrRig::start`] with new panes running `shell` (a path) instead of `/bin/sh`.
     pub fn start_with_shell(extra: &str, shell: &str) -> Self {
-        Self::start_with(extra, false, &["--shell", shell])
+        Self::start_with(extra, false, &["--shell", shell], None)
     }
 
     /// Like [`HerdrRig::start`] with every pane `rows` rows tall (as when a tall client is
     /// attached to herdr).
     pub fn start_with_rows(extra: &str, rows: u16) -> Self {
         let rows = rows.to_string();
-        Self::start_with(extra, false, &["--rows", &rows])
+        Self::start_with(extra, false, &["--rows", &rows], None)
     }
 
     /// Like [`HerdrRig::start`] with fake-herdr writing each agent status it reports to
     /// `status_log` (`--status-log`), when it reports it.
     pub fn start_with_status_log(extra: &str, status_log: &std::path::Path) -> Self {
         let path = status_log.display().to_string();
-        Self::start_with(extra, false, &["--status-log", &path])
+        Self::start_with(extra, false, &["--status-log", &path], None)
     }
 
     /// Like [`HerdrRig::start`] with a second fake-herdr for members (`memberHerdrSocket`):
     /// both number their panes from `w1:p1`, so pane ids collide and only the daemon-qualified
     /// form (`lead:` / `member:`) tells them apart.
     pub fn start_two(extra: &str) -> Self {
-        Self::start_with(extra, true, &[])
+        Self::start_with(extra, true, &[], None)
     }
 
-    fn start_with(extra: &str, two: bool, fake_args: &[&str]) -> Self {
+    /// `herdr`: the herdr the fake behaves as (`None`: `FAKE_HERDR_VERSION`, else 0.8.2).
+    fn start_with(extra: &str, two: bool, fake_args: &[&str], herdr: Option<HerdrVersion>) -> Self {
         let home = tempfile::tempdir().expect("tempdir");
         let socket = home.path().join("herdr.sock");
-        let herdr = FakeHerdrProcess::start_with_args(&bin_path("fake-herdr"), &socket, fake_args)
-            .expect("fake-herdr starts");
+        let binary = bin_path("fake-herdr");
+        let herdr = match herdr {
+            Some(version) => FakeHerdrProcess::start_as(&binary, &socket, version, fake_args),
+            None => FakeHerdrProcess::start_with_args(&binary, &socket, fake_args),
+        }
+        .expect("fake-herdr starts");
         let mut config = format!(
             "multiplexer: herdr\nherdrSocket: {}\nmembersWorkspace: fleet\nlog:\n  level: fleetd=debug,info\n{extra}",
             socket.display()

@@ -1,6 +1,7 @@
-//! fake-herdr's agent methods that wait or launch: `agent.prompt` (paste, Enter scheduled 300 ms
-//! later, answered at once or after the optional wait with herdr's 5 s `agent_prompt_stalled`
-//! rule, which starts at the paste), `agent.wait`, and
+//! fake-herdr's agent methods that wait or launch: `agent.prompt` (paste, Enter 300 ms later —
+//! on 0.8 scheduled and answered at once or after the optional wait with herdr's 5 s
+//! `agent_prompt_stalled` rule, which starts at the paste; on 0.9 answered, or waited on, only
+//! once the Enter is written, see `version`), `agent.wait`, and
 //! `agent.start` (the canonical executable typed into an idle shell pane, as herdr does: which
 //! program runs is whatever `kind` resolves to on that shell's PATH). No socket code.
 
@@ -74,14 +75,34 @@ pub(super) async fn prompt(server: &Server, p: &Value, late_ms: Option<u64>) -> 
     pane.write(&paste_bytes(&pane, &text))
         .await
         .map_err(|e| ("agent_prompt_failed", e.to_string()))?;
-    // herdr schedules the Enter and answers at once (v0.8.2 src/app/api/agents.rs:121-130,
-    // `send_bytes_after(enter, AGENT_PROMPT_SUBMIT_DELAY)`, src/terminal/runtime.rs:461): the
-    // answer does not wait for the Enter, and a failed Enter is nobody's answer.
-    let enter = Arc::clone(&pane);
-    tokio::spawn(async move {
+    let lose_enter = {
+        let mut faults = super::lock(&server.faults);
+        let hit = faults.enter_fails > 0;
+        faults.enter_fails = faults.enter_fails.saturating_sub(u32::from(hit));
+        hit
+    };
+    if server.opts.herdr.prompt_answers_after_enter() {
+        // 0.9 (as modelled in `version`): the answer comes after the Enter, and a failed Enter
+        // is answered, after the text was typed.
         tokio::time::sleep(PROMPT_ENTER_DELAY).await;
-        let _ = enter.write(b"\r").await;
-    });
+        let written = if lose_enter {
+            Err("the Enter could not be written (injected fault)".to_owned())
+        } else {
+            pane.write(b"\r").await.map_err(|e| e.to_string())
+        };
+        written.map_err(|e| ("agent_prompt_failed", e))?;
+    } else {
+        // herdr schedules the Enter and answers at once (v0.8.2 src/app/api/agents.rs:121-130,
+        // `send_bytes_after(enter, AGENT_PROMPT_SUBMIT_DELAY)`, src/terminal/runtime.rs:461): the
+        // answer does not wait for the Enter, and a failed Enter is nobody's answer.
+        let enter = Arc::clone(&pane);
+        tokio::spawn(async move {
+            tokio::time::sleep(PROMPT_ENTER_DELAY).await;
+            if !lose_enter {
+                let _ = enter.write(b"\r").await;
+            }
+        });
+    }
     let wait = p.get("wait").filter(|w| w.is_object());
     if let Some(ms) = late_ms {
         tokio::time::sleep(Duration::from_millis(ms)).await;

@@ -85,8 +85,7 @@ pub(super) async fn dispatch(server: &Arc<Server>, req: Request) -> String {
     let p = &req.params;
     let outcome: Outcome = match req.method.as_str() {
         "ping" => Ok(json!({ "type": "pong", "version": server.opts.version,
-            "protocol": server.opts.protocol,
-            "capabilities": { "live_handoff": false, "detached_server_daemon": true } })),
+            "protocol": server.opts.protocol, "capabilities": server.opts.herdr.capabilities() })),
         "server.stop" => {
             server.server_stop();
             tokio::spawn(async {
@@ -100,6 +99,7 @@ pub(super) async fn dispatch(server: &Arc<Server>, req: Request) -> String {
             Ok(json!({ "type": "workspace_list", "workspaces": workspaces(server) }))
         }
         "workspace.create" => workspace_create(server, p),
+        "workspace.close" => super::version::workspace_close(server, p),
         "workspace.get" => str_param(p, "workspace_id").and_then(|id| {
             workspaces(server)
                 .into_iter()
@@ -164,7 +164,8 @@ pub(super) async fn dispatch(server: &Arc<Server>, req: Request) -> String {
             }
             outcome
         }
-        "pane.read" => pane_param(server, p, "pane_id").and_then(|pane| read(&pane, p)),
+        "pane.read" => pane_param(server, p, "pane_id")
+            .and_then(|pane| read(&pane, p, server.opts.herdr.recent_counts_output_only())),
         "layout.apply" => layout_apply(server, p),
         "agent.list" => {
             let agents: Vec<Value> = live_panes(server)
@@ -617,7 +618,9 @@ async fn pane_input(server: &Server, p: &Value) -> Outcome {
     write_or_fail(&pane, &bytes).await
 }
 
-fn read(pane: &PaneRt, p: &Value) -> Outcome {
+/// `pane.read`; `output_only`: `recent` counts its lines after trailing blank rows are trimmed
+/// (0.9, see `version`).
+fn read(pane: &PaneRt, p: &Value, output_only: bool) -> Outcome {
     let source = p.get("source").and_then(Value::as_str).unwrap_or("");
     let recent = match source {
         "recent" | "recent_unwrapped" => true,
@@ -633,7 +636,7 @@ fn read(pane: &PaneRt, p: &Value) -> Outcome {
         .get("lines")
         .and_then(Value::as_u64)
         .and_then(|n| usize::try_from(n).ok());
-    let text = pane.read(recent, lines);
+    let text = pane.read(recent, lines, output_only);
     Ok(json!({ "type": "pane_read", "read": {
         "pane_id": pane.identity.pane_id, "workspace_id": pane.identity.workspace_id,
         "tab_id": pane.identity.tab_id, "source": source, "format": "text", "text": text,

@@ -1,4 +1,5 @@
-//! fake-herdr: a herdr protocol-20 server for tests and the demo. NDJSON on a unix socket, one
+//! fake-herdr: a herdr server for tests and the demo, behaving as herdr 0.8.2 (protocol 20, the
+//! default) or 0.9 (protocol 22; see `version` for what differs and what it is modelled on). NDJSON on a unix socket, one
 //! request per connection, `params` required, herdr's result `type` tags and error codes, lifecycle
 //! subscription replay, real PTY panes (so `/proc` identity works) with herdr-style agent detection
 //! (see `pane`), and fault injection over a separate control socket. It is a test double: it must
@@ -21,6 +22,13 @@
 //! - `{"fault":"restart","down_ms":M}` — like a herdr restart: subscriptions drop, the socket is
 //!   gone for M ms, every pane comes back with the same pane id, a new terminal id and a fresh
 //!   shell, and the event ring is empty;
+//! - `{"fault":"enter_fails","count":N}` — the Enter of the next N `agent.prompt` requests is
+//!   not written: on 0.8 silently (herdr schedules it after answering), on 0.9 answered
+//!   `agent_prompt_failed` after the text was typed;
+//! - `{"fault":"events_lost","ms":M,"linger_ms":L}` (0.9 only) — every subscription open now
+//!   drops its events for M ms, then gets `events_lost` and is closed L ms later (default 0);
+//! - `{"fault":"group","workspace_id":ID}` — puts a workspace in a (worktree) group, which a 0.9
+//!   `workspace.close` refuses without `close_group: true`;
 //! - `{"fault":"clear"}` — no faults.
 
 use std::path::{Path, PathBuf};
@@ -39,9 +47,11 @@ mod pane;
 pub mod process;
 mod state;
 mod subscribe;
+pub mod version;
 
 use pane::{PaneHost, PaneIdentity, PaneRt, PaneSpec};
 use state::{EventHub, Topology};
+pub use version::HerdrVersion;
 
 /// The protocol number `ping` reports by default.
 pub const PROTOCOL: u32 = 20;
@@ -65,6 +75,8 @@ pub struct Options {
     pub version: String,
     /// Protocol reported by `ping`.
     pub protocol: u32,
+    /// Which herdr's behaviour to show (see `version`).
+    pub herdr: HerdrVersion,
     /// Rows of every pane's screen.
     pub rows: u16,
     /// Where to append a line for each agent status event once it is written to a
@@ -83,9 +95,18 @@ impl Options {
             shell: "/bin/sh".to_owned(),
             version: VERSION.to_owned(),
             protocol: PROTOCOL,
+            herdr: HerdrVersion::V0_8,
             rows: pane::ROWS,
             status_log: None,
         }
+    }
+
+    /// Behaves as `herdr`, reporting its version and protocol.
+    pub fn with_herdr(mut self, herdr: HerdrVersion) -> Self {
+        self.herdr = herdr;
+        self.version = herdr.version().to_owned();
+        self.protocol = herdr.protocol();
+        self
     }
 
     /// The control socket path in effect.
@@ -106,6 +127,17 @@ struct Faults {
     /// Input requests still to answer late, and how late.
     input_timeout: u32,
     input_timeout_ms: u64,
+    /// `agent.prompt` Enters still to lose.
+    enter_fails: u32,
+}
+
+/// The `events_lost` fault: subscriptions open before `epoch` was bumped drop their events until
+/// `until`, then end with `events_lost`, their connection closed `linger_ms` later.
+#[derive(Debug, Default)]
+struct Loss {
+    epoch: u64,
+    until: Option<tokio::time::Instant>,
+    linger_ms: u64,
 }
 
 /// A running fake-herdr server (in this process).
@@ -115,6 +147,7 @@ pub struct Server {
     topo: Mutex<Topology>,
     hub: Mutex<EventHub>,
     faults: Mutex<Faults>,
+    loss: Mutex<Loss>,
     /// Bumped by every restart; subscriptions of an older generation end.
     generation: AtomicU64,
     restart: tokio::sync::Notify,
@@ -126,8 +159,21 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Runs a fake-herdr until the process ends (or `server.stop`).
-pub async fn serve(opts: Options) -> anyhow::Result<()> {
+/// Runs a fake-herdr until the process ends (or `server.stop`). `FAKE_HERDR_VERSION` (see
+/// [`version::ENV`]), when set, picks the herdr to behave as (the `fake-herdr` binary's way of
+/// choosing it): its version and protocol are reported unless `opts` already names others.
+pub async fn serve(mut opts: Options) -> anyhow::Result<()> {
+    if let Some(herdr) = std::env::var(version::ENV).ok().filter(|v| !v.is_empty()) {
+        let herdr: HerdrVersion = herdr.parse().map_err(anyhow::Error::msg)?;
+        let (version, protocol) = (opts.version.clone(), opts.protocol);
+        opts = opts.with_herdr(herdr);
+        if version != VERSION {
+            opts.version = version;
+        }
+        if protocol != PROTOCOL {
+            opts.protocol = protocol;
+        }
+    }
     let server = Server::new(opts);
     server.run().await
 }
@@ -140,6 +186,7 @@ impl Server {
             topo: Mutex::new(Topology::default()),
             hub: Mutex::new(EventHub::default()),
             faults: Mutex::new(Faults::default()),
+            loss: Mutex::new(Loss::default()),
             generation: AtomicU64::new(0),
             restart: tokio::sync::Notify::new(),
             restart_down_ms: AtomicU64::new(0),
@@ -282,6 +329,19 @@ impl Server {
             Some("input_timeout") => {
                 faults.input_timeout = count();
                 faults.input_timeout_ms = v.get("ms").and_then(Value::as_u64).unwrap_or(0);
+            }
+            Some("enter_fails") => faults.enter_fails = count(),
+            Some("events_lost") if self.opts.herdr.has_events_lost() => {
+                let ms = v.get("ms").and_then(Value::as_u64).unwrap_or(0);
+                let mut loss = lock(&self.loss);
+                loss.epoch += 1;
+                loss.until = Some(tokio::time::Instant::now() + Duration::from_millis(ms));
+                loss.linger_ms = v.get("linger_ms").and_then(Value::as_u64).unwrap_or(0);
+            }
+            Some("events_lost") => return Err("herdr 0.8 has no events_lost".to_owned()),
+            Some("group") => {
+                let id = v.get("workspace_id").and_then(Value::as_str).unwrap_or("");
+                version::group(self, id)?;
             }
             Some("clear") => *faults = Faults::default(),
             Some("restart") => {

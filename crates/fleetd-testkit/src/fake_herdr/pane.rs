@@ -319,8 +319,9 @@ impl PaneRt {
     /// blank rows are trimmed (src/pane/terminal.rs:2727-2739, 2693, 3284-3298) — so a tall
     /// pane with short output answers "" for a small `lines`. `visible`: the screen's rows
     /// trimmed, then the last `lines` (terminal.rs:2510-2527; src/app/api_helpers.rs:143-158).
-    /// Rows are right-trimmed; non-empty text ends with a newline.
-    pub(crate) fn read(&self, recent: bool, lines: Option<usize>) -> String {
+    /// Rows are right-trimmed; non-empty text ends with a newline. `output_only` (herdr 0.9 as
+    /// modelled in `version`): `recent` trims the blank rows first, then counts its `lines`.
+    pub(crate) fn read(&self, recent: bool, lines: Option<usize>, output_only: bool) -> String {
         let screen = lock(&self.screen);
         let rows: Vec<String> = screen
             .parser
@@ -331,6 +332,11 @@ impl PaneRt {
         let mut all: Vec<String> = if recent {
             let mut all: Vec<String> = screen.parser.callbacks().history.iter().cloned().collect();
             all.extend(rows);
+            if output_only {
+                while all.last().is_some_and(String::is_empty) {
+                    all.pop();
+                }
+            }
             // herdr's default and cap for the recent sources (api_helpers.rs:109-141).
             let keep = lines.unwrap_or(80).min(1000).min(all.len());
             all.split_off(all.len() - keep)

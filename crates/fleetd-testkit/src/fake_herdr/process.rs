@@ -40,6 +40,18 @@ impl FakeHerdrProcess {
         Self::spawn(binary, socket, args, &[])
     }
 
+    /// Like [`FakeHerdrProcess::start_with_args`], behaving as herdr `herdr` (0.8.2 or 0.9,
+    /// set with `FAKE_HERDR_VERSION`, whatever the test's own environment says).
+    pub fn start_as(
+        binary: &Path,
+        socket: &Path,
+        herdr: super::HerdrVersion,
+        args: &[&str],
+    ) -> anyhow::Result<Self> {
+        let env = [(super::version::ENV.to_owned(), herdr.arg().to_owned())];
+        Self::spawn(binary, socket, args, &env)
+    }
+
     /// Like [`FakeHerdrProcess::start`] with `env` added: every pane's shell inherits it (a
     /// user's herdr runs with the user's HOME and PATH).
     pub fn start_with_env(

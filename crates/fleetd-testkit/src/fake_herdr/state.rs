@@ -35,6 +35,8 @@ pub(crate) struct Workspace {
     pub(crate) next_tab: u64,
     pub(crate) next_pane: u64,
     pub(crate) tabs: Vec<Tab>,
+    /// Belongs to a (worktree) group: a 0.9 `workspace.close` needs `close_group`.
+    pub(crate) grouped: bool,
 }
 
 /// A tab.
@@ -68,6 +70,7 @@ impl Topology {
             next_tab: 0,
             next_pane: 0,
             tabs: Vec::new(),
+            grouped: false,
         });
         self.workspaces.len() - 1
     }

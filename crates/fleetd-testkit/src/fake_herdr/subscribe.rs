@@ -1,6 +1,7 @@
 //! fake-herdr's `events.subscribe`: lifecycle subscriptions that replay the event ring from
-//! sequence 0, per-pane `pane.agent_status_changed` (with herdr's initial event when a status
-//! filter already matches), and herdr's rule that any inbound byte or EOF ends the stream.
+//! sequence 0 (0.8) or start at the live edge (0.9), per-pane `pane.agent_status_changed` (with
+//! herdr's initial event when a status filter already matches), herdr's rule that any inbound
+//! byte or EOF ends the stream, and 0.9's `events_lost` end of a stream (see `version`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,9 +96,14 @@ pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: Un
                 initial,
             });
         } else if let Some(lifecycle) = lifecycle_kind(&kind) {
+            let last = if server.opts.herdr.lifecycle_from_live_edge() {
+                lock(&server.hub).current()
+            } else {
+                0
+            };
             subs.push(Sub::Lifecycle {
                 kind: lifecycle,
-                last: 0,
+                last,
             });
         } else {
             let line = error(
@@ -119,6 +125,9 @@ pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: Un
     }
     let (mut read, mut write) = stream.into_split();
     let mut probe = [0u8; 1];
+    // An `events_lost` fault after this point ends this subscription.
+    let loss_epoch = lock(&server.loss).epoch;
+    let mut dropped = 0usize;
     loop {
         if server.generation.load(std::sync::atomic::Ordering::SeqCst) != generation {
             return;
@@ -168,6 +177,32 @@ pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: Un
                         }
                     }
                 }
+            }
+        }
+        let (epoch, until, linger_ms) = {
+            let loss = lock(&server.loss);
+            (loss.epoch, loss.until, loss.linger_ms)
+        };
+        if epoch > loss_epoch {
+            dropped += out.lines().count();
+            out.clear();
+            reported.clear();
+            if until.is_none_or(|u| tokio::time::Instant::now() >= u) {
+                let lost = json!({ "event": "events_lost",
+                    "data": { "type": "events_lost", "dropped": dropped } });
+                if write
+                    .write_all(format!("{lost}\n").as_bytes())
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                // The subscription is over: closed once the linger is up, or the client goes.
+                tokio::select! {
+                    _ = read.read(&mut probe) => {}
+                    () = tokio::time::sleep(Duration::from_millis(linger_ms)) => {}
+                }
+                return;
             }
         }
         if !out.is_empty() && write.write_all(out.as_bytes()).await.is_err() {

@@ -17,6 +17,7 @@ mod events;
 mod faults;
 mod gateway;
 mod gateway_cluster;
+mod herdr_versions;
 mod install;
 mod locate;
 mod members;

@@ -3,9 +3,11 @@
 //! lead is nudged only after its turn, a closed delegating lead's mail goes to the primary, a
 //! herdr restart between reply and nudge loses nothing — the nudge reaches the agent started again
 //! in the primary tab — and a nudge herdr typed but answered with `timeout` is typed only once.
+//! The late-reply nudge runs against herdr 0.8.2 and herdr 0.9 alike.
 
 use std::time::Duration;
 
+use fleetd_testkit::fake_herdr::HerdrVersion;
 use fleetd_testkit::rig_herdr::{HerdrRig, sim_profile};
 use fleetd_testkit::{http, wait_until};
 use serde_json::json;
@@ -13,11 +15,15 @@ use serde_json::json;
 /// A rig whose primary tab is the first lead tab (`w1:t1`), with members `slow` (2.5 s turns)
 /// and `slower` (8 s).
 fn rig() -> HerdrRig {
-    HerdrRig::start(&format!(
+    HerdrRig::start(&rig_config())
+}
+
+fn rig_config() -> String {
+    format!(
         "primary:\n  tab: w1:t1\n  pushReminders: 3\n  pushBackoffMs: 1000\n  pushBackoffMaxMs: 2000\nprofiles:\n{}{}",
         sim_profile("slow", 2500),
         sim_profile("slower", 8000)
-    ))
+    )
 }
 
 fn nudge(target: &str) -> String {
@@ -91,9 +97,10 @@ fn lead_busy_when_nia_replies(rig: &HerdrRig) -> String {
     lead
 }
 
-#[test]
-fn e2e_herdr_late_reply_nudges_the_idle_lead() {
-    let rig = rig();
+/// A member spawned, a task delivered, its late reply nudging the idle lead — on herdr 0.8.2
+/// and on herdr 0.9 (protocol 22, which fleetd knows: no warning about a newer protocol).
+fn late_reply_nudges_the_idle_lead(version: HerdrVersion) {
+    let mut rig = HerdrRig::start_as(&rig_config(), version);
     let (_, lead) = rig.agent_lead("boss");
     spawn(&rig, &lead, "slow", "nia");
     send(&rig, &lead, "nia", 1);
@@ -106,6 +113,26 @@ fn e2e_herdr_late_reply_nudges_the_idle_lead() {
         !rig.history(&lead).contains("sim-agent did: job"),
         "no payload"
     );
+    let protocol_warnings: Vec<&String> = rig
+        .daemon
+        .logs_so_far()
+        .iter()
+        .filter(|l| l.contains("newer protocol"))
+        .collect();
+    assert!(
+        protocol_warnings.is_empty(),
+        "{version:?}: {protocol_warnings:#?}"
+    );
+}
+
+#[test]
+fn e2e_herdr_late_reply_nudges_the_idle_lead() {
+    late_reply_nudges_the_idle_lead(HerdrVersion::V0_8);
+}
+
+#[test]
+fn e2e_herdr_0_9_late_reply_nudges_the_idle_lead() {
+    late_reply_nudges_the_idle_lead(HerdrVersion::V0_9);
 }
 
 #[test]

@@ -1,11 +1,12 @@
-//! The herdr backend (socket protocol 20): a `Multiplexer` over herdr's NDJSON unix socket, one
+//! The herdr backend (socket protocols 20 to 22: herdr 0.8 and 0.9): a `Multiplexer` over herdr's NDJSON unix socket, one
 //! request per connection with a per-call timeout, a `ping` protocol gate, prompt submission
 //! (reporting whether herdr saw the turn start), and per-pane status subscriptions. Only this
 //! module (with `wire` and `watch`) knows herdr's wire format; it must not decide fleetd policy:
 //! it retries nothing and presses no Enter of its own (the core's injector does, once).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use fleetd_core::{AgentStatus, PaneId, TabId, TerminalId, WorkspaceId};
@@ -17,9 +18,12 @@ use crate::mux::{
     ServerInfo, SubmitPath, Submitted, TabInfo,
 };
 
+mod config;
 mod open;
 mod watch;
 pub mod wire;
+
+pub use config::HerdrConfig;
 
 use wire::{WirePane, WireProcessInfo, WireRead, WireTab, WireWorkspace, check_type, field};
 
@@ -49,53 +53,6 @@ pub const KNOWN_AGENT_KINDS: &[&str] = &[
     "maki",
 ];
 
-/// How to reach one herdr daemon.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HerdrConfig {
-    /// The JSON API socket (`herdr.sock`).
-    pub socket: PathBuf,
-    /// Bound on one ordinary call. herdr answers within its own 5 s app timeout, so the default
-    /// of 8 s only fires when the server is wedged.
-    pub call_timeout: Duration,
-    /// How long `agent.prompt` may wait for the agent to reach `working` (herdr's `timeout_ms`).
-    /// herdr itself reports `agent_prompt_stalled` after 5 s without a state change.
-    pub prompt_wait: Duration,
-}
-
-impl HerdrConfig {
-    /// A config for `socket` with default timeouts.
-    pub fn new(socket: impl Into<PathBuf>) -> Self {
-        Self {
-            socket: socket.into(),
-            call_timeout: Duration::from_secs(8),
-            prompt_wait: Duration::from_secs(15),
-        }
-    }
-
-    /// Finds the socket the way herdr does: `HERDR_SOCKET_PATH`, else the named session
-    /// `HERDR_SESSION` (`default` meaning none), else `<config>/herdr.sock` where `<config>` is
-    /// `$XDG_CONFIG_HOME/herdr` or `~/.config/herdr`. `env` looks a variable up (pass
-    /// `|k| std::env::var(k).ok()` in the daemon; tests pass a map). `None` when no home is known.
-    pub fn discover_socket(env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
-        let non_empty = |k: &str| env(k).filter(|v| !v.is_empty());
-        if let Some(path) = non_empty("HERDR_SOCKET_PATH") {
-            return Some(PathBuf::from(path));
-        }
-        let config = match non_empty("XDG_CONFIG_HOME") {
-            Some(xdg) => PathBuf::from(xdg).join("herdr"),
-            None => PathBuf::from(non_empty("HOME")?)
-                .join(".config")
-                .join("herdr"),
-        };
-        match non_empty("HERDR_SESSION") {
-            Some(session) if session != "default" => {
-                Some(config.join("sessions").join(session).join("herdr.sock"))
-            }
-            _ => Some(config.join("herdr.sock")),
-        }
-    }
-}
-
 /// Whether the pane runs an agent herdr knows (then it takes `agent.*` calls; other panes take
 /// `pane.send_input`).
 fn runs_known_agent(info: &PaneInfo) -> bool {
@@ -114,6 +71,8 @@ pub struct Herdr {
 struct Inner {
     config: HerdrConfig,
     watches: watch::Watches,
+    /// The protocol the server answered the last `ping` with; 0 until one was answered.
+    protocol: AtomicU32,
 }
 
 impl Herdr {
@@ -124,12 +83,13 @@ impl Herdr {
             inner: Arc::new(Inner {
                 config,
                 watches: watch::Watches::new(events),
+                protocol: AtomicU32::new(0),
             }),
         }
     }
 
     /// A client that has checked the server's protocol with `ping`: older than 20 is refused,
-    /// newer is accepted with a warning.
+    /// 20 to 22 (herdr 0.8 and 0.9) are accepted, newer ones with a warning.
     pub async fn connect(config: HerdrConfig) -> Result<(Self, ServerInfo), MuxError> {
         let herdr = Self::new(config);
         let info = herdr.check_protocol().await?;
@@ -138,7 +98,7 @@ impl Herdr {
 
     /// Pings the server and applies the protocol gate.
     pub async fn check_protocol(&self) -> Result<ServerInfo, MuxError> {
-        let info = self.ping_inner().await?;
+        let (info, capabilities) = self.ping_wire().await?;
         let protocol = info.protocol.unwrap_or(0);
         if protocol < wire::PROTOCOL {
             return Err(MuxError::Protocol(format!(
@@ -148,11 +108,12 @@ impl Herdr {
                 wire::PROTOCOL
             )));
         }
-        if protocol > wire::PROTOCOL {
+        tracing::debug!(version = %info.version, protocol, ?capabilities, "herdr capabilities");
+        if protocol > wire::NEWEST_PROTOCOL {
             tracing::warn!(
                 version = %info.version,
                 protocol,
-                expected = wire::PROTOCOL,
+                newest_known = wire::NEWEST_PROTOCOL,
                 socket = %self.socket().display(),
                 "herdr speaks a newer protocol than fleetd was built for; continuing"
             );
@@ -219,18 +180,32 @@ impl Herdr {
                     .map_err(|e| MuxError::uncertain(method, e))?;
                 Ok(result)
             }
-            Ok(Err(body)) => Err(body.into_input_error(method, what)),
+            Ok(Err(body)) => Err(body.into_input_error(method, what, self.protocol())),
             Err(no_answer) => Err(no_answer.into_input_error()),
         }
     }
 
+    /// The server's protocol as last answered to `ping` (`None` before any).
+    fn protocol(&self) -> Option<u32> {
+        Some(self.inner.protocol.load(Ordering::Relaxed)).filter(|p| *p > 0)
+    }
+
     async fn ping_inner(&self) -> Result<ServerInfo, MuxError> {
+        self.ping_wire().await.map(|(info, _)| info)
+    }
+
+    /// `ping`, remembering the protocol (herdr may be upgraded under a running fleetd: a live
+    /// handoff keeps the socket), with the capabilities read loosely.
+    async fn ping_wire(&self) -> Result<(ServerInfo, wire::Capabilities), MuxError> {
         let result = self.request("ping", json!({}), &["pong"], "server").await?;
-        Ok(ServerInfo {
+        let protocol: u32 = field("ping", &result, "protocol")?;
+        self.inner.protocol.store(protocol, Ordering::Relaxed);
+        let info = ServerInfo {
             backend: BackendKind::Herdr,
             version: field("ping", &result, "version")?,
-            protocol: Some(field("ping", &result, "protocol")?),
-        })
+            protocol: Some(protocol),
+        };
+        Ok((info, wire::Capabilities::read(result.get("capabilities"))))
     }
 
     async fn pane_inner(&self, pane: &PaneId) -> Result<PaneInfo, MuxError> {
@@ -327,7 +302,10 @@ impl Herdr {
     /// `working` (up to `prompt_wait`; its 5 s stall rule answers an agent never seen working,
     /// a turn quicker than its screen detection). A nudge does not wait: herdr types the prompt
     /// and schedules the Enter 300 ms later (v0.8.2 src/app/api/agents.rs:121-130), and the
-    /// lead's next nudge must not queue behind a stall (the ~3 s slow nudge round).
+    /// lead's next nudge must not queue behind a stall (the ~3 s slow nudge round). herdr 0.9
+    /// (protocol 22) answers only once that Enter was sent: the same call, the same outcome, a
+    /// 300 ms later answer; an error it answers for the Enter is uncertain (the text is typed).
+    /// Either way herdr presses the one Enter, so nothing here presses another.
     async fn submit_inner(
         &self,
         pane: &PaneId,
@@ -389,7 +367,9 @@ impl Herdr {
     /// screen's blank rows below the output before it trims them (v0.8.2
     /// src/pane/terminal.rs:2727-2739, 3284-3298): asked for 40 rows of a 120-row pane holding
     /// ten lines, it answers "". So fleetd asks for [`READ_SLACK_ROWS`] more rows (herdr caps a
-    /// read at 1000) and keeps the last `lines` itself.
+    /// read at 1000) and keeps the last `lines` itself. herdr 0.9's `recent` reads include the
+    /// on-screen output (issue 34): more rows than asked for are then just more output, and
+    /// keeping the last `lines` is right with either.
     async fn read_tail_inner(&self, pane: &PaneId, lines: u32) -> Result<String, MuxError> {
         let asked = lines.saturating_add(READ_SLACK_ROWS).min(READ_MAX_ROWS);
         let result = self
@@ -580,6 +560,8 @@ impl Multiplexer for Herdr {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     #[test]

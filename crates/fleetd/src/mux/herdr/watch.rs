@@ -1,6 +1,11 @@
 //! Per-pane herdr status watches: one read-only `events.subscribe` connection per watched pane,
 //! de-duplication of replayed and repeated statuses against a `pane.get` snapshot, and reconnect
-//! with backoff after EOF (server restart, live handoff). Never writes on a subscription socket.
+//! with backoff after EOF (server restart, live handoff). herdr 0.9 ends a subscription that lost
+//! events with `events_lost` (fleetd issue 34): the watch drops that connection at once,
+//! resubscribes and reads the pane again (resync), whether or not herdr has closed it yet.
+//! Subscribing comes before that reading, as always: 0.9's lifecycle subscriptions start at the
+//! live edge, so a change between the two still arrives as an event.
+//! Never writes on a subscription socket.
 //! Every reading of a watched pane comes from its one task, so they reach the event stream in
 //! order; a poke (watching it again) makes the task read the pane and publish at once.
 //!
@@ -110,6 +115,9 @@ enum SessionEnd {
     Gone,
     /// The connection broke: reconnect.
     Lost(String),
+    /// herdr ended the subscription because it lost events (`dropped`, when it said how many):
+    /// resubscribe and resync.
+    EventsLost(Option<u64>),
 }
 
 struct Watcher {
@@ -127,7 +135,12 @@ struct Watcher {
 impl Watcher {
     async fn run(mut self) {
         let mut backoff = BACKOFF_START;
+        // Whether the last session too ended with lost events, moments after it began: then the
+        // next resync backs off like a reconnect, so a server that keeps losing them is not
+        // hammered.
+        let mut lost_before = false;
         loop {
+            let began = tokio::time::Instant::now();
             let (established, end) = self.session().await;
             match end {
                 SessionEnd::Gone => {
@@ -135,7 +148,16 @@ impl Watcher {
                     return;
                 }
                 SessionEnd::Lost(reason) => {
+                    lost_before = false;
                     tracing::debug!(pane = %self.pane, %reason, "herdr status subscription lost; reconnecting");
+                }
+                SessionEnd::EventsLost(dropped) => {
+                    tracing::info!(pane = %self.pane, ?dropped, "herdr lost status events; resubscribing and reading the pane again");
+                    let again = std::mem::replace(&mut lost_before, true);
+                    if !again || began.elapsed() > BACKOFF_MAX {
+                        backoff = BACKOFF_START;
+                        continue;
+                    }
                 }
             }
             if established {
@@ -273,6 +295,14 @@ impl Watcher {
                 tracing::debug!(pane = %self.pane, "ignoring undecodable herdr event line");
                 continue;
             };
+            if event.event == wire::EVENTS_LOST {
+                // About no pane: the subscription is over, whatever it was watching.
+                let dropped = event
+                    .data
+                    .get("dropped")
+                    .and_then(serde_json::Value::as_u64);
+                return SessionEnd::EventsLost(dropped);
+            }
             let about_us =
                 event.data.get("pane_id").and_then(|v| v.as_str()) == Some(self.pane.as_str());
             if !about_us {

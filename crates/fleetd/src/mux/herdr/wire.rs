@@ -1,4 +1,4 @@
-//! herdr's wire format (protocol 20): request framing, result and event shapes, error-code
+//! herdr's wire format (protocols 20 to 22: herdr 0.8 and 0.9): request framing, result and event shapes, error-code
 //! classification, and the one-request-per-connection call. The only place that knows herdr's
 //! JSON; it must not decide policy (what to retry, what "gone" means for a binding).
 
@@ -13,8 +13,22 @@ use tokio::net::UnixStream;
 
 use crate::mux::MuxError;
 
-/// The socket protocol this client speaks.
+/// The oldest socket protocol this client speaks (herdr 0.8).
 pub const PROTOCOL: u32 = 20;
+
+/// The newest socket protocol this client knows (herdr 0.9, fleetd issue 34). Newer ones are
+/// spoken too, with a warning.
+pub const NEWEST_PROTOCOL: u32 = 22;
+
+/// The first protocol whose `agent.prompt` answers only after its Enter was sent (herdr 0.9,
+/// issue 34); older ones answer right after the paste, with the Enter still scheduled (herdr
+/// v0.8.2 src/app/api/agents.rs:123-130).
+pub const PROMPT_AFTER_ENTER: u32 = 22;
+
+/// The event with which herdr 0.9 ends a subscription that lost events (issue 34): nothing more
+/// comes on that connection, and the client resubscribes and reads the state again. Not in the
+/// protocol-20 schema, so not in [`EVENTS_USED`].
+pub const EVENTS_LOST: &str = "events_lost";
 
 /// Largest response line accepted. `pane.list` for hundreds of panes is ~100 KiB; `pane.read`
 /// is bounded by the lines asked for. 16 MiB leaves room without letting a broken server exhaust
@@ -79,6 +93,12 @@ const UNCERTAIN_INPUT_CODES: &[&str] = &["timeout"];
 /// same probe (wait.rs:197), so which one it was cannot be told.
 const UNCERTAIN_PROMPT_CODES: &[&str] = &["server_unavailable", "internal_error"];
 
+/// What `agent.prompt` may answer after typing on a server that answers after its Enter
+/// ([`PROMPT_AFTER_ENTER`]): a failed Enter comes after the text was pasted. herdr 0.8.2 answers
+/// `agent_prompt_failed` only when the text itself could not be written (agents.rs:123-125);
+/// herdr 0.9 is assumed to answer the same code for the Enter.
+const UNCERTAIN_AFTER_ENTER_CODES: &[&str] = &["agent_prompt_failed"];
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// An error reply from herdr, before classification.
@@ -91,10 +111,13 @@ pub(crate) struct ErrorBody {
 impl ErrorBody {
     /// Maps herdr's code, answered to a request that types into a pane (`op`), onto fleetd's
     /// split: the codes herdr may answer after typing are uncertain, the rest as for any call.
-    pub(crate) fn into_input_error(self, op: &str, what: &str) -> MuxError {
+    /// `protocol`: the server's, when known (unknown counts as the newest).
+    pub(crate) fn into_input_error(self, op: &str, what: &str, protocol: Option<u32>) -> MuxError {
         let code = self.code.as_str();
+        let after_enter = protocol.is_none_or(|p| p >= PROMPT_AFTER_ENTER);
         let after_typing = UNCERTAIN_INPUT_CODES.contains(&code)
-            || (op == "agent.prompt" && UNCERTAIN_PROMPT_CODES.contains(&code));
+            || (op == "agent.prompt" && UNCERTAIN_PROMPT_CODES.contains(&code))
+            || (op == "agent.prompt" && after_enter && UNCERTAIN_AFTER_ENTER_CODES.contains(&code));
         if after_typing {
             MuxError::Uncertain {
                 op: op.to_owned(),
@@ -288,6 +311,36 @@ pub(crate) async fn call(
     })
 }
 
+/// The `capabilities` of `ping`, read loosely: herdr adds fields from release to release
+/// (0.9 did, issue 34), so unknown fields are ignored, and a field of another type than expected,
+/// or no object at all, reads as "not offered" instead of failing the ping.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// herdr can hand its sessions over to a new binary (`server.live_handoff`).
+    pub live_handoff: bool,
+    /// herdr ends a subscription that lost events with [`EVENTS_LOST`] (0.9).
+    pub events_lost: bool,
+    /// `workspace.close` takes `close_group` (0.9; fleetd closes no workspace).
+    pub close_group: bool,
+}
+
+impl Capabilities {
+    /// Reads `ping`'s `capabilities` value (`None`: absent).
+    pub fn read(value: Option<&Value>) -> Self {
+        let flag = |name: &str| {
+            value
+                .and_then(|v| v.get(name))
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+        };
+        Self {
+            live_handoff: flag("live_handoff"),
+            events_lost: flag("events_lost"),
+            close_group: flag("close_group"),
+        }
+    }
+}
+
 /// `PaneInfo` as herdr sends it (fields fleetd reads; unknown fields are ignored).
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct WirePane {
@@ -410,7 +463,7 @@ mod tests {
             code: code.to_owned(),
             message: "m".to_owned(),
         };
-        let input = |code: &str, op: &str| body(code).into_input_error(op, "pane w1:p1");
+        let input = |code: &str, op: &str| body(code).into_input_error(op, "pane w1:p1", Some(20));
         for (code, op) in [
             ("timeout", "agent.prompt"),
             ("server_unavailable", "agent.prompt"),
@@ -426,6 +479,19 @@ mod tests {
             input("agent_not_ready", "agent.prompt"),
             MuxError::Rejected { .. }
         ));
+        // herdr 0.8 answers agent_prompt_failed before typing; 0.9 (protocol 22) may answer it
+        // for the Enter, after the text.
+        let failed = |protocol| {
+            body("agent_prompt_failed").into_input_error("agent.prompt", "pane w1:p1", protocol)
+        };
+        assert!(matches!(failed(Some(20)), MuxError::Rejected { .. }));
+        assert!(failed(Some(22)).is_uncertain());
+        assert!(failed(None).is_uncertain(), "unknown counts as newest");
+        assert!(
+            !body("agent_prompt_failed")
+                .into_input_error("pane.send_input", "pane w1:p1", Some(22))
+                .is_uncertain()
+        );
         // Gone stays gone; uncertain is never not-found.
         assert!(input("agent_not_found", "agent.prompt").is_not_found());
         assert!(input("pane_not_found", "pane.send_input").is_not_found());
@@ -476,6 +542,29 @@ mod tests {
         let mut long: &[u8] = b"0123456789\n";
         let mut reader = BufReader::new(&mut long);
         assert!(read_line_limited(&mut reader, 5).await.is_err());
+    }
+
+    #[test]
+    fn capabilities_are_read_loosely() {
+        let v08 = json!({ "live_handoff": true, "detached_server_daemon": true });
+        assert_eq!(
+            Capabilities::read(Some(&v08)),
+            Capabilities {
+                live_handoff: true,
+                ..Capabilities::default()
+            }
+        );
+        let v09 = json!({ "live_handoff": false, "events_lost": true, "close_group": true,
+                          "something_new": { "nested": [1, 2] } });
+        let caps = Capabilities::read(Some(&v09));
+        assert!(caps.events_lost && caps.close_group && !caps.live_handoff);
+        let odd = json!({ "events_lost": "yes", "close_group": { "v": 1 } });
+        assert_eq!(Capabilities::read(Some(&odd)), Capabilities::default());
+        assert_eq!(
+            Capabilities::read(Some(&json!([1]))),
+            Capabilities::default()
+        );
+        assert_eq!(Capabilities::read(None), Capabilities::default());
     }
 
     #[test]
