@@ -106,8 +106,8 @@ pub(super) async fn forward<O: Outlet>(
                     outlet.set_outbox(waiting(&outbox, &held));
                     continue;
                 }
-                let counted = 1 + waiting(&outbox, &held);
-                match publish(&outlet, seq, &envelope, counted, &stop).await {
+                let besides = waiting(&outbox, &held) - outbox.len() as u64;
+                match publish(&outlet, seq, &envelope, (&outbox, besides), &stop).await {
                     Step::Done => {}
                     Step::Parked => {
                         held.insert(envelope.dst.to_string(), Held {
@@ -127,8 +127,9 @@ pub(super) async fn forward<O: Outlet>(
                 let Some((dst, _)) = due else { continue };
                 let Some(mut parked) = held.remove(&dst) else { continue };
                 while let Some((seq, envelope)) = parked.records.pop_front() {
-                    let counted = 1 + (parked.records.len() as u64) + waiting(&outbox, &held);
-                    match publish(&outlet, seq, &envelope, counted, &stop).await {
+                    let besides = parked.records.len() as u64 + waiting(&outbox, &held)
+                        - outbox.len() as u64;
+                    match publish(&outlet, seq, &envelope, (&outbox, besides), &stop).await {
                         Step::Done => {}
                         Step::Parked => {
                             parked.records.push_front((seq, envelope));
@@ -156,16 +157,18 @@ enum Step {
     Stopped,
 }
 
-/// Publishes one record until the broker gives its word; `counted` is what waits meanwhile.
+/// Publishes one record until the broker gives its word. What waits meanwhile is counted again
+/// each round (the gauge and the alarm follow what the engine sends behind it): this record,
+/// the outbox channel's records and `besides` (those held for parked gateways).
 async fn publish<O: Outlet>(
     outlet: &O,
     seq: u64,
     envelope: &Envelope,
-    counted: u64,
+    (outbox, besides): (&mpsc::UnboundedReceiver<Record>, u64),
     stop: &CancellationToken,
 ) -> Step {
     loop {
-        outlet.set_outbox(counted);
+        outlet.set_outbox(1 + outbox.len() as u64 + besides);
         tokio::select! {
             () = outlet.until_up() => {}
             () = tokio::time::sleep(RECOUNT) => continue,
@@ -214,15 +217,22 @@ mod tests {
     use super::*;
 
     /// A broker where gateway `gone`'s queue is missing until `back` is set; it records the
-    /// (seq, dst) of every record it took, in order.
+    /// (seq, dst) of every record it took, in order, and the last outbox count it was told.
+    /// The link is up unless `down` is set.
     #[derive(Clone, Default)]
     struct Script {
         back: Arc<std::sync::atomic::AtomicBool>,
+        down: Arc<std::sync::atomic::AtomicBool>,
         taken: Arc<Mutex<Vec<(u64, String)>>>,
+        waiting: Arc<std::sync::atomic::AtomicU64>,
     }
 
     impl Outlet for Script {
-        async fn until_up(&self) {}
+        async fn until_up(&self) {
+            while self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
 
         async fn publish(&self, envelope: &Envelope) -> Result<Published, LinkError> {
             let missing = envelope.dst.as_str() == "gone"
@@ -237,7 +247,10 @@ mod tests {
             Ok(Published::Confirmed)
         }
 
-        fn set_outbox(&self, _waiting: u64) {}
+        fn set_outbox(&self, waiting: u64) {
+            self.waiting
+                .store(waiting, std::sync::atomic::Ordering::SeqCst);
+        }
 
         async fn forwarded(&self, _seq: u64, _unroutable: bool) {}
     }
@@ -304,6 +317,32 @@ mod tests {
         script.back.store(true, std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(PARKED_RETRY).await;
         assert_eq!(script.taken()[3..], gone(&[4, 5]));
+        stop.cancel();
+        task.await.expect("the forwarder ends");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_the_link_is_down_the_count_follows_what_queues_up_behind() {
+        let script = Script::default();
+        script.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(forward(script.clone(), rx, stop.clone()));
+        // The first record waits for the link; the engine sends three more behind it. The
+        // gauge (and the outbox alarm) must see all four, not the one held.
+        tx.send(record(1, "other", Kind::Task)).expect("send");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        for seq in 2..=4 {
+            tx.send(record(seq, "other", Kind::Task)).expect("send");
+        }
+        tokio::time::sleep(RECOUNT * 2).await;
+        assert_eq!(script.waiting.load(std::sync::atomic::Ordering::SeqCst), 4);
+        script
+            .down
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(script.taken().len(), 4);
+        assert_eq!(script.waiting.load(std::sync::atomic::Ordering::SeqCst), 0);
         stop.cancel();
         task.await.expect("the forwarder ends");
     }
