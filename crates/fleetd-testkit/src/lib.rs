@@ -101,6 +101,14 @@ pub fn require_tmux() -> Service {
     )
 }
 
+/// A free loopback port (bound and released: the daemon takes it a moment later).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
 /// Polls `cond` every 20 ms until it holds or `timeout` passes; panics naming `what` on timeout.
 /// Tests wait for conditions with this, never with a bare sleep.
 #[expect(

@@ -52,7 +52,12 @@ impl Rig {
         Self::start_on(extra, "127.0.0.1:0")
     }
 
-    /// Like [`Rig::start`], with fleetd listening on `listen`.
+    /// Like [`Rig::start`], with fleetd listening on `listen` (port 0: a free port, picked
+    /// before fleetd starts).
+    ///
+    /// The lead window opens before fleetd does: tmux before 3.7 crashes when a window opens
+    /// while a control client attaches, and fleetd attaches its control clients as it starts
+    /// (fleetd keeps its own changes away from them; the rig's tmux commands it cannot see).
     pub fn start_on(extra: &str, listen: &str) -> Self {
         let tmux = TmuxServer::start().expect("private tmux server");
         let home = tempfile::tempdir().expect("tempdir");
@@ -61,8 +66,11 @@ impl Rig {
             tmux.socket().display()
         );
         write_config(home.path(), &config);
-        let daemon = Daemon::start_on(home.path(), listen, &[]);
-        let url = format!("FLEETD_URL=http://{}", daemon.addr);
+        let listen = match listen.strip_suffix(":0") {
+            Some(host) => format!("{host}:{}", crate::free_port()),
+            None => listen.to_owned(),
+        };
+        let url = format!("FLEETD_URL=http://{listen}");
         let out = tmux
             .run(&[
                 "new-window",
@@ -83,6 +91,7 @@ impl Rig {
             "lead window: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        let daemon = Daemon::start_on(home.path(), &listen, &[]);
         Self {
             tmux,
             daemon,

@@ -44,14 +44,6 @@ pub struct AgentRig {
     previous_logs: Vec<String>,
 }
 
-/// A free loopback port (bound and released: fleetd takes it a moment later).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 impl AgentRig {
     /// Starts the user's tmux, both models and fleetd with `profiles` (a YAML block of profile
     /// entries, indented two spaces, or empty; `{work}` stands for the lead's working
@@ -103,7 +95,7 @@ impl AgentRig {
             std::os::unix::fs::PermissionsExt::from_mode(0o600),
         )
         .expect("chmod");
-        let port = free_port();
+        let port = crate::free_port();
         let listen = format!("127.0.0.1:{port}");
         let profiles = if profiles.is_empty() {
             String::new()

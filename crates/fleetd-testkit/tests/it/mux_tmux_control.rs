@@ -1,7 +1,8 @@
 //! Integration tests: the tmux backend's persistent control-mode client against real tmux on
 //! private `-S` sockets — the hot paths spawn no `tmux` process while it is up, a command that
 //! got no answer may have typed, and the backend recovers when its session or its whole server
-//! is killed (by `kill-server` and by SIGKILL) and tmux comes back.
+//! is killed (by `kill-server` and by SIGKILL) and tmux comes back, and nothing changes in tmux
+//! while a control client attaches (tmux before 3.7 crashes on it).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -169,6 +170,79 @@ async fn hot_paths_run_no_tmux_process_while_the_control_client_is_up() {
     };
     assert_eq!(attaches("no-output"), 1, "{after:#?}");
     assert_eq!(attaches("-t =fleet"), 1, "{after:#?}");
+}
+
+/// A tmux whose control clients (`-C`) start 1.5 s late, writing `start <ms> <args>` to `log`
+/// when asked and `exec <ms> <args>` when they start (milliseconds since the epoch).
+fn slow_attaching_tmux(dir: &Path, log: &Path) -> PathBuf {
+    let wrapper = dir.join("tmux-slow-attach");
+    write_script(
+        &wrapper,
+        &format!(
+            "#!/bin/sh
+case \" $* \" in\n*\" -C \"*) echo \"start $(date +%s%3N) $*\" >> '{log}'; sleep 1.5; echo \"exec $(date +%s%3N) $*\" >> '{log}';;\nesac\nexec {tmux} \"$@\"\n",
+            log = log.display(),
+            tmux = real_tmux()
+        ),
+    );
+    wrapper
+}
+
+/// The milliseconds since the epoch of `log`'s line of `kind` for an attach to `session`.
+fn attach_time(log: &Path, kind: &str, session: &str) -> Option<u128> {
+    invocations(log).iter().find_map(|line| {
+        let rest = line.strip_prefix(kind)?.trim_start();
+        let (ms, args) = rest.split_once(' ')?;
+        args.contains(&format!("-t ={session}"))
+            .then(|| ms.parse().ok())
+            .flatten()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_changes_in_tmux_while_a_control_client_attaches() {
+    // tmux before 3.7 segfaults when it notifies a control client still identifying itself —
+    // here a session created while the watch's event client attaches (fleetd's AttachGate).
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let server = TmuxServer::start().expect("tmux");
+    let log = server.dir().join("attaches.log");
+    let mut config = server.backend_config();
+    config.program = slow_attaching_tmux(server.dir(), &log);
+    let tmux = Tmux::new(config);
+    let pane = tmux
+        .open_pane(open("fleet", &["cat"]))
+        .await
+        .expect("open")
+        .pane;
+    tmux.watch(&pane).await.expect("watch");
+    eventually("the event client's tmux to be asked for", async || {
+        attach_time(&log, "start", "fleet")
+    })
+    .await;
+    tmux.open_pane(open("other", &["cat"]))
+        .await
+        .expect("open a pane in a new session");
+    // Read with `date`, as the wrapper reads its times.
+    let out = std::process::Command::new("date")
+        .arg("+%s%3N")
+        .output()
+        .expect("date");
+    let created: u128 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("date prints milliseconds");
+    let attaching = eventually("the event client's tmux to start", async || {
+        attach_time(&log, "exec", "fleet")
+    })
+    .await;
+    assert!(
+        created >= attaching,
+        "the session was created {} ms before the event client's tmux even started: {:#?}",
+        attaching - created,
+        invocations(&log)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -141,6 +141,8 @@ struct Inner {
     events: broadcast::Sender<PaneEvent>,
     /// The control client commands go over.
     commands: run::CommandSlot,
+    /// Keeps fleetd's changes to tmux away from its control clients' attaches.
+    gate: run::AttachGate,
 }
 
 impl Drop for Inner {
@@ -193,6 +195,7 @@ impl Tmux {
                 watches: Mutex::new(watch::Watches::default()),
                 events,
                 commands: run::CommandSlot::default(),
+                gate: run::AttachGate::default(),
             }),
         }
     }

@@ -7,6 +7,10 @@
 //! user's umask), a server whose control mode fails, or `TmuxConfig::control_mode` off. A command
 //! that never reached the control client runs as a process instead; one that reached it and got
 //! no answer is never run again (it may have typed).
+//!
+//! No command that changes anything runs while a control client attaches ([`AttachGate`]): tmux
+//! before 3.7 crashes — the whole server, every pane of the user's — when it notifies a control
+//! client that is half identified.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +46,21 @@ impl RunFailure {
         }
     }
 }
+
+/// Keeps fleetd's own changes to tmux away from its control clients' attaches.
+///
+/// tmux marks a control client `CLIENT_CONTROL` on its identify flags but builds its control
+/// state only on the last identify message (tmux 3.3a `server-client.c:2984`, `control_start`);
+/// a notification in between — a session or window created or closed, a paste buffer set or
+/// deleted — reaches it with no state and segfaults the server (`control-notify.c:26` checks
+/// only the flag; `control.c:414` dereferences the state). The identify messages carrying file
+/// descriptors go in separate writes, so on a busy machine the server runs other clients'
+/// commands between them: fleetd's event client attaching while it opened a member's session
+/// killed the tmux server. Fixed in tmux 3.7 (commit e5a2a25, tmux issue 4980). Attaches take
+/// the gate alone, until tmux has answered the attach (the client is then fully identified);
+/// every command that may notify shares it.
+#[derive(Debug, Default)]
+pub(super) struct AttachGate(tokio::sync::RwLock<()>);
 
 /// The command connection: the live control client, or when to try one again.
 #[derive(Debug, Default)]
@@ -94,8 +113,7 @@ impl Tmux {
         if slot.retry_at.is_some_and(|at| now < at) {
             return None;
         }
-        let cmd = self.base_command(&config.program);
-        match control::connect(cmd, None, false, config.call_timeout).await {
+        match self.attach(None, false).await {
             Ok(conn) => {
                 slot.generation += 1;
                 tracing::debug!(generation = slot.generation, "tmux control client attached");
@@ -110,6 +128,15 @@ impl Tmux {
                 None
             }
         }
+    }
+
+    /// Starts a control client (attached to `session` when given, with pane output when
+    /// `output`), no change of fleetd's to tmux running meanwhile ([`AttachGate`]).
+    pub(super) async fn attach(&self, session: Option<&str>, output: bool) -> Result<Conn, String> {
+        let config = &self.inner.config;
+        let cmd = self.base_command(&config.program);
+        let _alone = self.inner.gate.0.write().await;
+        control::connect(cmd, session, output, config.call_timeout).await
     }
 
     /// Runs `tmux <socket args> <args>` and returns stdout; `what` names the looked-up object for
@@ -134,7 +161,14 @@ impl Tmux {
     /// [`Tmux::run`], saying on failure whether the command may have been carried out.
     pub(super) async fn exec(&self, args: &[String], what: &str) -> Result<String, RunFailure> {
         let op = format!("tmux {}", args.first().map_or("", String::as_str));
-        if let Some(conn) = self.command_conn().await {
+        let conn = self.command_conn().await;
+        // Taken after the command client is up: its own attach takes the gate alone.
+        let _shared = if reads_only(args) {
+            None
+        } else {
+            Some(self.inner.gate.0.read().await)
+        };
+        if let Some(conn) = conn {
             let Some(line) = control::command_line(args) else {
                 return Err(RunFailure {
                     error: MuxError::Rejected {

@@ -32,7 +32,7 @@ use tokio::sync::{Notify, broadcast};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use super::control::{self, Conn, Notification};
+use super::control::{Conn, Notification};
 use super::{Inner, RawPane, Tmux};
 use crate::mux::PaneEvent;
 
@@ -226,9 +226,8 @@ impl Tmux {
         };
         let mut covered = true;
         for session in missing {
-            let cmd = self.base_command(&config.program);
             let target = format!("={session}");
-            match control::connect(cmd, Some(&target), true, config.call_timeout).await {
+            match self.attach(Some(&target), true).await {
                 Ok(conn) => {
                     let conn = Arc::new(conn);
                     let mut watches = self.watches();
