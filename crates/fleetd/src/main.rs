@@ -11,7 +11,7 @@ use fleetd::cli::{
 };
 use fleetd::client::Request;
 use fleetd::config::{Config, Environment, Overrides};
-use fleetd::install::{ClaudePaths, McpServer, Outcome};
+use fleetd::ops::install::{ClaudePaths, McpServer, Outcome};
 use fleetd::reload::ReloadSource;
 
 fn main() -> ExitCode {
@@ -219,7 +219,7 @@ fn install_codex(
     env: &Environment,
     args: &InstallCodexArgs,
 ) -> anyhow::Result<()> {
-    use fleetd::install::codex::{CodexPaths, install_codex, merge_config};
+    use fleetd::ops::install::codex::{CodexPaths, install_codex, merge_config};
     let server = mcp_server(config_path, env, args.stdio)?;
     let codex_home = match std::env::var_os("CODEX_HOME").filter(|v| !v.is_empty()) {
         Some(dir) => std::path::PathBuf::from(dir),
@@ -237,14 +237,14 @@ fn install_codex(
         print!(
             "# add to {}:\n{}",
             paths.memory.display(),
-            fleetd::install::CHARTER
+            fleetd::ops::install::CHARTER
         );
         return Ok(());
     }
     report(install_codex(&paths, &server)?);
     println!(
         "restart Codex to connect it to fleetd as `{}`",
-        fleetd::install::SERVER_NAME
+        fleetd::ops::install::SERVER_NAME
     );
     Ok(())
 }
@@ -275,7 +275,7 @@ fn install_claude(
         };
     if args.print {
         let entry =
-            serde_json::json!({ "mcpServers": { fleetd::install::SERVER_NAME: server.entry() } });
+            serde_json::json!({ "mcpServers": { fleetd::ops::install::SERVER_NAME: server.entry() } });
         println!(
             "# merge into {}:\n{}\n",
             paths.mcp_config.display(),
@@ -284,17 +284,17 @@ fn install_claude(
         print!(
             "# add to {}:\n{}\n",
             paths.memory.display(),
-            fleetd::install::CHARTER
+            fleetd::ops::install::CHARTER
         );
-        let settings = fleetd::install::merge_settings(&paths.settings, None, paths.project)?
+        let settings = fleetd::ops::install::merge_settings(&paths.settings, None, paths.project)?
             .unwrap_or_default();
         print!("# merge into {}:\n{settings}", paths.settings.display());
         return Ok(());
     }
-    report(fleetd::install::install_claude(&paths, &server)?);
+    report(fleetd::ops::install::install_claude(&paths, &server)?);
     println!(
         "restart Claude Code (or run /mcp) to connect it to fleetd as `{}`",
-        fleetd::install::SERVER_NAME
+        fleetd::ops::install::SERVER_NAME
     );
     Ok(())
 }
@@ -318,7 +318,7 @@ fn serve(
     args: &ServeArgs,
 ) -> anyhow::Result<()> {
     // Nothing the daemon creates is readable by other users: inbox, member registry, sockets.
-    fleetd::state::restrict_umask();
+    fleetd::state_dir::restrict_umask();
     let overrides = Overrides {
         listen: args.listen,
         log_format: args.log_format,
@@ -330,13 +330,13 @@ fn serve(
         "--listen {} is not loopback: set `apiToken` in the config to listen there",
         config.listen
     );
-    fleetd::logging::init(config.log.format, &config.log.level);
+    fleetd::ops::logging::init(config.log.format, &config.log.level);
     // Before any socket: a soft limit of 1024 would stop accepts long before connections.max.
     fleetd::conn::raise_open_file_limit();
     // Under systemd (Type=notify) READY=1 goes out once the store is open and the listener
     // bound, STOPPING=1 when a signal starts the shutdown.
     let notifier =
-        fleetd::notify::Notifier::from_socket_var(std::env::var_os("NOTIFY_SOCKET").as_deref());
+        fleetd::ops::readiness::Notifier::from_socket_var(std::env::var_os("NOTIFY_SOCKET").as_deref());
     let runtime = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
     runtime.block_on(async move {
         let mut daemon = fleetd::serve::Daemon::open(config).await?;

@@ -107,7 +107,7 @@ impl Reloader {
                     crate::members::log_secret_names(&new);
                     self.publisher.publish(new);
                     if let Some(level) = level {
-                        crate::logging::set_level(&level);
+                        crate::ops::logging::set_level(&level);
                     }
                     Outcome::Applied(diff)
                 }

@@ -44,10 +44,10 @@ impl Daemon {
     /// reports it — but a herdr that answers with a too-old protocol is.
     pub async fn open(config: Config) -> anyhow::Result<Self> {
         // The metrics recorder goes in first, so nothing recorded from here on is lost.
-        crate::telemetry::describe();
+        crate::ops::telemetry::describe();
         // Owner-only before anything is written there (and tightened when an older fleetd
         // left it looser).
-        crate::state::private_dir(&config.state_dir).with_context(|| {
+        crate::state_dir::private_dir(&config.state_dir).with_context(|| {
             format!(
                 "failed to prepare the state directory {}",
                 config.state_dir.display()
@@ -57,7 +57,7 @@ impl Daemon {
             for suffix in ["", "-wal", "-shm", ".lock"] {
                 let mut name = path.as_os_str().to_owned();
                 name.push(suffix);
-                crate::state::tighten(std::path::Path::new(&name), crate::state::FILE_MODE)
+                crate::state_dir::tighten(std::path::Path::new(&name), crate::state_dir::FILE_MODE)
                     .with_context(|| format!("failed to check {}", path.display()))?;
             }
         }
@@ -205,19 +205,19 @@ impl Daemon {
             });
         }
         ready();
-        let parts = crate::http::serve::DoorParts {
+        let parts = crate::http::listen::DoorParts {
             router: app,
             gate,
             config: self.live_config(),
         };
         tokio::join!(
-            crate::http::serve::serve(
-                crate::http::serve::Listener::Tcp(listener),
+            crate::http::listen::serve(
+                crate::http::listen::Listener::Tcp(listener),
                 parts.clone(),
                 stop.clone(),
             ),
-            crate::http::serve::serve(
-                crate::http::serve::Listener::Operator(operator),
+            crate::http::listen::serve(
+                crate::http::listen::Listener::Operator(operator),
                 parts,
                 stop.clone(),
             ),
@@ -454,7 +454,7 @@ async fn open_mux(config: &Config) -> anyhow::Result<(MuxRouter, Vec<(MuxDaemon,
         let _ = std::fs::remove_dir_all(&launch_dir);
         let tmux: Arc<dyn Multiplexer> = Arc::new(Tmux::new(TmuxConfig {
             launch_dir: Some(launch_dir),
-            server_umask: crate::state::user_umask(),
+            server_umask: crate::state_dir::user_umask(),
             ..TmuxConfig::new(socket)
         }));
         return Ok((

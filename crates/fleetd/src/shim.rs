@@ -49,7 +49,7 @@ pub fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
     let listener = UnixListener::bind(path)?;
     std::fs::set_permissions(
         path,
-        std::fs::Permissions::from_mode(crate::state::FILE_MODE),
+        std::fs::Permissions::from_mode(crate::state_dir::FILE_MODE),
     )?;
     Ok(listener)
 }
@@ -66,7 +66,7 @@ pub async fn listen(
     fleet: Arc<Fleet>,
     gate: Arc<crate::conn::Gate>,
 ) -> std::io::Result<ShimListener> {
-    crate::state::private_dir(state_dir)?;
+    crate::state_dir::private_dir(state_dir)?;
     let path = socket_path(state_dir);
     let listener = bind_private(&path)?;
     let task = tokio::spawn(async move {
@@ -87,7 +87,7 @@ pub async fn listen(
                 let admission = match gate.admit(peer, caps) {
                     Ok(admission) => Arc::new(admission),
                     Err(refusal) => {
-                        crate::telemetry::connection_closed(refusal.code());
+                        crate::ops::telemetry::connection_closed(refusal.code());
                         tracing::warn!(
                             reason = refusal.code(),
                             "refusing a stdio shim session: {}",
@@ -100,7 +100,7 @@ pub async fn listen(
                         return;
                     }
                 };
-                crate::telemetry::connections_open(gate.open());
+                crate::ops::telemetry::connections_open(gate.open());
                 let conn = ConnInfo::unix(Door::Shim, cred);
                 let server = FleetMcp::for_connection(fleet, conn, Arc::clone(&admission));
                 // Idle until its handshake is done too: a session that never finishes it holds
@@ -109,9 +109,9 @@ pub async fn listen(
                     served = server.serve(stream) => served,
                     () = admission.evicted() => {
                         tracing::debug!("closing a stdio shim session that never finished its handshake to make room");
-                        crate::telemetry::connection_closed("evicted");
+                        crate::ops::telemetry::connection_closed("evicted");
                         drop(admission);
-                        crate::telemetry::connections_open(gate.open());
+                        crate::ops::telemetry::connections_open(gate.open());
                         return;
                     }
                 };
@@ -124,7 +124,7 @@ pub async fn listen(
                                 // Idle (no tool call or task poll under way): closed to make
                                 // room; the relay reconnects when its agent next calls.
                                 tracing::debug!("closing an idle stdio shim session to make room");
-                                crate::telemetry::connection_closed("evicted");
+                                crate::ops::telemetry::connection_closed("evicted");
                                 stop.cancel();
                             }
                         }
@@ -132,7 +132,7 @@ pub async fn listen(
                     Err(e) => tracing::debug!(error = %e, "shim session ended during start"),
                 }
                 drop(admission);
-                crate::telemetry::connections_open(gate.open());
+                crate::ops::telemetry::connections_open(gate.open());
             });
         }
     });

@@ -230,7 +230,7 @@ async fn amqp_store_dead_letters_what_it_cannot_decode() {
     if require_rabbitmq() == Service::Skip {
         return;
     }
-    fleetd::telemetry::describe();
+    fleetd::ops::telemetry::describe();
     let run = format!("d{:08x}", fastrand::u32(..));
     let target = Target::new(format!("{run}-poisoned")).expect("valid");
     let other = Target::new(format!("{run}-other")).expect("valid");
@@ -273,7 +273,7 @@ async fn amqp_store_dead_letters_what_it_cannot_decode() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(parked, 2, "both poison messages wait in {dead}");
-    let scrape = fleetd::telemetry::handle().render();
+    let scrape = fleetd::ops::telemetry::handle().render();
     for reason in ["undecodable", "wrong_target"] {
         let line = format!("fleetd_amqp_dead_lettered_total{{reason=\"{reason}\"}} 1");
         assert!(scrape.contains(&line), "{line} in:\n{scrape}");

@@ -68,7 +68,7 @@ fn no_test_is_ignored() {
 /// naming what a port must supply (ARCHITECTURE.md, "Platforms").
 const PLATFORM_SEAMS: &[&str] = &[
     "crates/fleetd/src/locate/platform/",
-    "crates/fleetd/src/notify.rs",
+    "crates/fleetd/src/ops/readiness.rs",
 ];
 
 /// Code (not comments) that works on Linux alone, or picks a platform: `/proc` paths, the
@@ -131,7 +131,7 @@ fn platform_specific_code_stays_behind_its_seams() {
         bad.join("\n")
     );
     // The scan itself: a seam's own code is what it would flag.
-    let seam = std::fs::read_to_string(root.join("crates/fleetd/src/notify.rs")).expect("notify");
+    let seam = std::fs::read_to_string(root.join("crates/fleetd/src/ops/readiness.rs")).expect("readiness");
     assert!(
         !platform_specific_lines(&seam).is_empty(),
         "the patterns still match the code they exist to find"
@@ -340,9 +340,9 @@ fn no_file_is_far_over_the_house_size() {
 /// ARCHITECTURE.md invariant under "Configuration defaults").
 const ENV_READERS: &[(&str, &str)] = &[
     ("config/mod.rs", "config::Environment, read once in main"),
-    ("logging.rs", "FLEETD_LOG, when the subscriber is built"),
+    ("ops/logging.rs", "FLEETD_LOG, when the subscriber is built"),
     ("main.rs", "NOTIFY_SOCKET, at start"),
-    ("notify.rs", "NOTIFY_SOCKET, at start"),
+    ("ops/readiness.rs", "NOTIFY_SOCKET, at start"),
     ("secrets.rs", "secret values, when a secret is resolved"),
     (
         "mux/tmux/launch.rs",

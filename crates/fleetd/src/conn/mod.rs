@@ -2,7 +2,7 @@
 //! the admission gate (`gate`: a cap over all doors, a reserve for the daemon's own user, a cap
 //! per other user, an idle connection closed to make room), each member's share of the calls
 //! under way (`calls`), and each connection's
-//! header-read and idle timers (`watchdog`). The doors themselves (`http::serve`, `shim`) ask
+//! header-read and idle timers (`watchdog`). The doors themselves (`http::listen`, `shim`) ask
 //! these; this module knows no protocol and words no refusal.
 
 pub mod calls;

@@ -10,7 +10,7 @@ use fleetd_core::push::InjectOutcome;
 use fleetd_core::{Message, MessageKind, MsgId, QualifiedPaneId, Target, Ticket};
 use tokio::sync::mpsc;
 
-use super::leads::ScanPane;
+use super::lead_tabs::ScanPane;
 use super::run::{Event, Msg};
 use super::state::Io;
 use crate::clock::SharedClock;

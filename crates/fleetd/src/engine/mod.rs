@@ -6,9 +6,9 @@
 //! store call runs in a spawned task that reports back as an [`Event`].
 
 mod effects;
-mod leads;
+mod lead_tabs;
 mod registry;
-mod remote;
+mod gateway_handle;
 mod run;
 mod state;
 #[cfg(test)]
@@ -32,7 +32,7 @@ use crate::clock::SharedClock;
 use crate::mux::MuxRouter;
 use crate::store::InboxStore;
 
-pub use remote::{PeerSpawn, RemoteSpawned, SpawnAnswer, SpawnRemote};
+pub use gateway_handle::{PeerSpawn, RemoteSpawned, SpawnAnswer, SpawnRemote};
 pub use run::spawn;
 pub use state::{Delegator, GatewayOutcome, PeerRefusal, Standing};
 pub use wake::WakeView;

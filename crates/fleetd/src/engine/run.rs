@@ -16,7 +16,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::effects::Effects;
-use super::leads::{LeadTabs, ScanPane};
+use super::lead_tabs::{LeadTabs, ScanPane};
 use super::state::{Io, Restored, State, push_config};
 use super::{Command, ENGINE_QUEUE, EngineHandle, EngineParts};
 

@@ -20,10 +20,10 @@
 //!   (everything but `/healthz` and the dashboard's page and sign-in, see `dashboard`).
 
 mod dashboard;
-mod events;
-mod leads;
+mod admit;
+mod event_stream;
 mod rest;
-pub mod serve;
+pub mod listen;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -77,11 +77,11 @@ pub fn router(
         .route("/dashboard/login", post(dashboard::login))
         .route("/dashboard/session", get(dashboard::session))
         .route("/dashboard/logout", post(dashboard::logout))
-        .route("/leads/admit", post(leads::admit))
+        .route("/leads/admit", post(admit::admit))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .route("/events", get(events::stream))
-        .route("/events/latency", get(events::latency))
+        .route("/events", get(event_stream::stream))
+        .route("/events/latency", get(event_stream::latency))
         .route("/sessions", get(rest::sessions))
         .route("/sessions/{target}", get(rest::session))
         .route("/sessions/{target}/replies", get(rest::replies))
@@ -288,7 +288,7 @@ async fn metrics(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::telemetry::render(),
+        crate::ops::telemetry::render(),
     )
         .into_response()
 }

@@ -202,13 +202,13 @@ mod tests {
             value(&args, "mcp_servers.fleet.tool_timeout_sec"),
             Some("3700")
         );
-        assert!(crate::install::codex::fleet_server_is_stdio(
+        assert!(crate::ops::install::codex::fleet_server_is_stdio(
             "[mcp_servers.fleet]\ncommand = \"fleetd\"\nargs = [\"mcp\"]\n"
         ));
-        assert!(!crate::install::codex::fleet_server_is_stdio(
+        assert!(!crate::ops::install::codex::fleet_server_is_stdio(
             "[mcp_servers.fleet]\nurl = \"http://127.0.0.1:7797/mcp\"\n"
         ));
-        assert!(!crate::install::codex::fleet_server_is_stdio("not toml ["));
+        assert!(!crate::ops::install::codex::fleet_server_is_stdio("not toml ["));
     }
 
     #[test]

@@ -481,5 +481,5 @@ async fn codex_fleet_over_stdio(profile: &Profile, codex_home: &std::path::Path)
         .map_or_else(|| codex_home.to_owned(), std::path::PathBuf::from);
     tokio::fs::read_to_string(home.join("config.toml"))
         .await
-        .is_ok_and(|text| crate::install::codex::fleet_server_is_stdio(&text))
+        .is_ok_and(|text| crate::ops::install::codex::fleet_server_is_stdio(&text))
 }

@@ -16,7 +16,7 @@ use tokio::sync::broadcast;
 pub(crate) mod fake;
 pub mod herdr;
 pub mod router;
-pub(crate) mod status;
+pub(crate) mod screen_status;
 pub mod tmux;
 
 pub use router::{MuxRouter, RoutedEvent, RoutedPane, RoutedTab};

@@ -34,7 +34,7 @@ impl StateLock {
             .write(true)
             .create(true)
             .truncate(false)
-            .mode(crate::state::FILE_MODE)
+            .mode(crate::state_dir::FILE_MODE)
             .open(&path)
             .map_err(|err| StoreError::backend("create the inbox lock file", err))?;
         match file.try_lock() {

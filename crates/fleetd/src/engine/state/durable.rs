@@ -47,7 +47,7 @@ pub(super) struct Dirty {
     /// Worktrees spawns are making.
     pub(super) spawn_worktrees: BTreeSet<Target>,
     pub(super) outbox: BTreeSet<u64>,
-    /// Spawns across gateways (`remote::spawn_key`).
+    /// Spawns across gateways (`remote_spawns::spawn_key`).
     pub(super) spawns: BTreeSet<String>,
     /// Wakes (MCP tasks), by id.
     pub(super) wakes: BTreeSet<String>,

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::super::LeadRef;
-use super::refusals::{PeerRefusal, reason};
+use super::gateway_refusals::{PeerRefusal, reason};
 use super::{Io, State};
 use crate::config::PeerRight;
 use crate::events::FleetEvent;

@@ -14,12 +14,12 @@ mod delegation;
 mod delivery;
 mod durable;
 mod gateway;
-mod handed;
+mod handed_replies;
 mod members;
 mod push;
 mod questions;
-mod refusals;
-mod remote;
+mod gateway_refusals;
+mod remote_spawns;
 mod standing;
 mod tickets;
 mod wakes;
@@ -31,16 +31,16 @@ pub(in crate::engine) use durable::Restored;
 pub use gateway::GatewayOutcome;
 pub(in crate::engine) use gateway::GatewayState;
 #[cfg(test)]
-pub(in crate::engine) use handed::HANDED_TTL;
+pub(in crate::engine) use handed_replies::HANDED_TTL;
 pub(in crate::engine) use push::push_config;
-pub use refusals::PeerRefusal;
+pub use gateway_refusals::PeerRefusal;
 #[cfg(test)]
-pub(in crate::engine) use refusals::REFUSAL_WINDOW;
+pub(in crate::engine) use gateway_refusals::REFUSAL_WINDOW;
 pub use standing::Standing;
 #[cfg(test)]
 pub(in crate::engine) use wakes::WAKE_GRACE;
 
-use super::leads::LeadTabs;
+use super::lead_tabs::LeadTabs;
 use super::{NewMember, Readiness, TicketView};
 
 /// I/O the engine wants done; `run` spawns a task per request and reports back as an event.
@@ -233,7 +233,7 @@ pub(super) struct State {
     /// Where ticket and question ids come from (the clock seam).
     ids: crate::clock::SharedClock,
     /// Replies given to a waiter and not yet acknowledged, by ticket.
-    handed: HashMap<Ticket, handed::Handed>,
+    handed: HashMap<Ticket, handed_replies::Handed>,
     /// Tickets watched for their callers through MCP tasks, by task id (durable).
     wakes: HashMap<String, wakes::Wake>,
     /// Each inbox's depth as last read.
@@ -272,11 +272,11 @@ pub(super) struct State {
     /// Outbox records to hand the forwarder after this input's commit.
     to_forward: Vec<u64>,
     /// Spawns this gateway asked other gateways for, until answered (durable).
-    asked_spawns: BTreeMap<String, remote::Asked>,
+    asked_spawns: BTreeMap<String, remote_spawns::Asked>,
     /// Spawns other gateways asked of this one (durable, kept a while after they finish).
-    served_spawns: BTreeMap<String, remote::Served>,
+    served_spawns: BTreeMap<String, remote_spawns::Served>,
     /// Other gateways' refused messages, folded per sender and reason into bounded incidents.
-    refusals: refusals::Refusals,
+    refusals: gateway_refusals::Refusals,
     /// What other gateways sent that is done with here, with when (durable, kept for
     /// [`ANSWERED_TTL`], keyed by [`gateway::done_key`]): their members' questions answered
     /// here, and their answers to this gateway's spawn requests. The broker may deliver one
@@ -360,7 +360,7 @@ impl State {
             to_forward: Vec::new(),
             asked_spawns: BTreeMap::new(),
             served_spawns: BTreeMap::new(),
-            refusals: refusals::Refusals::default(),
+            refusals: gateway_refusals::Refusals::default(),
             answered: BTreeMap::new(),
             busy: standing::Busy::default(),
             strays_told: std::collections::HashSet::new(),

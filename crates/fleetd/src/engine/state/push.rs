@@ -7,7 +7,7 @@ use fleetd_core::{QualifiedPaneId, Target};
 use jiff::{SignedDuration, Timestamp};
 
 use super::super::LeadRef;
-use super::super::leads::{LeadTabs, ScanChange, ScanPane};
+use super::super::lead_tabs::{LeadTabs, ScanChange, ScanPane};
 use super::{Io, Lead, REWATCH_AFTER, State};
 
 impl State {
@@ -248,9 +248,9 @@ impl State {
     ) {
         // A series per inbox that exists: a member's, or a gone member's still holding mail.
         if pending == 0 && !self.members.contains_key(&target) {
-            crate::telemetry::forget_inbox_depth(target.as_str());
+            crate::ops::telemetry::forget_inbox_depth(target.as_str());
         } else {
-            crate::telemetry::set_inbox_depth(target.as_str(), pending);
+            crate::ops::telemetry::set_inbox_depth(target.as_str(), pending);
         }
         self.depth_pending.remove(&target);
         if pending == 0 && !self.members.contains_key(&target) {

@@ -398,7 +398,7 @@ impl Herdr {
             return Ok((info, None));
         }
         let title = info.title.clone().unwrap_or_default();
-        if crate::mux::status::has_spinner(&title) {
+        if crate::mux::screen_status::has_spinner(&title) {
             return Ok((info, Some(AgentStatus::Working)));
         }
         let process = self.process_wire(pane).await?;
@@ -407,7 +407,7 @@ impl Herdr {
             .first()
             .map(|p| p.name.clone())
             .unwrap_or_default();
-        let screen = if crate::mux::status::SHELLS.contains(&command.as_str()) {
+        let screen = if crate::mux::screen_status::SHELLS.contains(&command.as_str()) {
             None
         } else {
             let result = self
@@ -420,7 +420,7 @@ impl Herdr {
                 .await?;
             Some(field::<WireRead>("pane.read", &result, "read")?.text)
         };
-        let (_, status) = crate::mux::status::derive_status(&title, &command, screen.as_deref());
+        let (_, status) = crate::mux::screen_status::derive_status(&title, &command, screen.as_deref());
         Ok((info, Some(status)))
     }
 

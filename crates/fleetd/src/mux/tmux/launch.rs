@@ -67,14 +67,14 @@ fn write_launch_file(
         text.push_str(&shell_quote_argv(std::slice::from_ref(value)));
         text.push('\n');
     }
-    crate::state::private_dir(dir).map_err(failed)?;
+    crate::state_dir::private_dir(dir).map_err(failed)?;
     // A fresh name opened with `create_new` in the owner-only directory: nothing can be there
     // before us, and nobody else can look in.
     let path = dir.join(format!("env-{}", uuid::Uuid::now_v7().simple()));
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(crate::state::FILE_MODE)
+        .mode(crate::state_dir::FILE_MODE)
         .open(&path)
         .map_err(failed)?;
     file.write_all(text.as_bytes()).map_err(failed)?;

@@ -43,13 +43,13 @@ use crate::mux::{
     ProcessInfo, ServerInfo, SplitDirection, SubmitPath, Submitted, TabInfo,
 };
 
-use crate::mux::status::SHELLS;
+use crate::mux::screen_status::SHELLS;
 /// Field separator in `-F` formats (a control character no id or name contains).
-pub use crate::mux::status::derive_status;
+pub use crate::mux::screen_status::derive_status;
 
 mod control;
 mod launch;
-mod run;
+mod commands;
 mod watch;
 
 const SEP: char = '\u{1f}';
@@ -140,9 +140,9 @@ struct Inner {
     watches: Mutex<watch::Watches>,
     events: broadcast::Sender<PaneEvent>,
     /// The control client commands go over.
-    commands: run::CommandSlot,
+    commands: commands::CommandSlot,
     /// Keeps fleetd's changes to tmux away from its control clients' attaches.
-    gate: run::AttachGate,
+    gate: commands::AttachGate,
 }
 
 impl Drop for Inner {
@@ -194,8 +194,8 @@ impl Tmux {
                 inherited: launch::inherited_env(),
                 watches: Mutex::new(watch::Watches::default()),
                 events,
-                commands: run::CommandSlot::default(),
-                gate: run::AttachGate::default(),
+                commands: commands::CommandSlot::default(),
+                gate: commands::AttachGate::default(),
             }),
         }
     }

@@ -286,7 +286,7 @@ impl Tmux {
         raw: &RawPane,
         screen: Option<String>,
     ) -> Result<(TerminalId, AgentStatus), crate::mux::MuxError> {
-        let needs_screen = crate::mux::status::needs_screen(&raw.title, &raw.command);
+        let needs_screen = crate::mux::screen_status::needs_screen(&raw.title, &raw.command);
         let screen = match (needs_screen, screen) {
             (false, _) => None,
             (true, Some(kept)) => Some(kept),

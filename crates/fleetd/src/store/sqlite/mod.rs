@@ -83,7 +83,7 @@ impl SqliteStore {
                 .write(true)
                 .create(true)
                 .truncate(false)
-                .mode(crate::state::FILE_MODE)
+                .mode(crate::state_dir::FILE_MODE)
                 .open(&path)
                 .map_err(|err| StoreError::backend("create the inbox file", err))?;
         }

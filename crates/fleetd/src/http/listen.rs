@@ -169,7 +169,7 @@ impl Connection {
         let limits = self.parts.config.current().connections;
         let admitted = self.parts.gate.admit(peer, Caps::of(&limits));
         drop(lookup);
-        crate::telemetry::connections_open(self.parts.gate.open());
+        crate::ops::telemetry::connections_open(self.parts.gate.open());
         let gate = Arc::clone(&self.parts.gate);
         match (admitted, stream) {
             (Err(refusal), Stream::Tcp(s, _)) => self.refuse(s, refusal, peer).await,
@@ -181,7 +181,7 @@ impl Connection {
                 self.serve(s, info, admission, Timeouts::of(&limits)).await;
             }
         }
-        crate::telemetry::connections_open(gate.open());
+        crate::ops::telemetry::connections_open(gate.open());
     }
 
     /// Answers a refused connection with a `503` naming the cap, then closes it.
@@ -189,7 +189,7 @@ impl Connection {
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {
-        crate::telemetry::connection_closed(refusal.code());
+        crate::ops::telemetry::connection_closed(refusal.code());
         let n = self.refusals.count.fetch_add(1, Ordering::Relaxed) + 1;
         if n == 1 || n.is_multiple_of(1000) {
             tracing::warn!(
@@ -291,11 +291,11 @@ impl Connection {
             }
             expired = activity.expired(timeouts) => {
                 tracing::debug!(reason = expired.as_str(), "closing an HTTP connection");
-                crate::telemetry::connection_closed(expired.as_str());
+                crate::ops::telemetry::connection_closed(expired.as_str());
             }
             () = admission.evicted() => {
                 tracing::debug!("closing the longest-idle HTTP connection to make room");
-                crate::telemetry::connection_closed("evicted");
+                crate::ops::telemetry::connection_closed("evicted");
             }
             () = self.stop.cancelled() => {
                 // An idle connection closes at once; a request in flight is finished. The

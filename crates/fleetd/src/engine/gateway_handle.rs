@@ -1,7 +1,7 @@
 //! The engine's side of the gateway (SPEC §12), as its handle offers them: deliveries from
 //! other gateways and the broker's confirms of the outbox, stops and spawns across gateways (a
 //! lead's `fleet_spawn` on another gateway, and what the spawn service made of a request another
-//! gateway sent here). What they do to the state is `state::remote`'s and `state::gateway`'s.
+//! gateway sent here). What they do to the state is `state::remote_spawns`'s and `state::gateway`'s.
 
 use fleetd_core::Target;
 use fleetd_core::Ticket;

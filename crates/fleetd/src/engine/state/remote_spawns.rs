@@ -154,7 +154,7 @@ impl State {
     ) -> GatewayOutcome {
         let Ok(body) = serde_json::from_value::<SpawnBody>(body) else {
             return GatewayOutcome::Refused {
-                reason: super::refusals::reason::MALFORMED,
+                reason: super::gateway_refusals::reason::MALFORMED,
                 why: "a spawn request without its id or profile".to_owned(),
             };
         };
@@ -187,7 +187,7 @@ impl State {
     ) -> GatewayOutcome {
         let Ok(body) = serde_json::from_value::<SpawnBody>(body) else {
             return GatewayOutcome::Refused {
-                reason: super::refusals::reason::MALFORMED,
+                reason: super::gateway_refusals::reason::MALFORMED,
                 why: "a spawn request without its id or profile".to_owned(),
             };
         };
@@ -246,7 +246,7 @@ impl State {
     ) -> GatewayOutcome {
         let Ok(body) = serde_json::from_value::<SpawnedBody>(body) else {
             return GatewayOutcome::Refused {
-                reason: super::refusals::reason::MALFORMED,
+                reason: super::gateway_refusals::reason::MALFORMED,
                 why: "a spawn result without its request id".to_owned(),
             };
         };
@@ -260,7 +260,7 @@ impl State {
                 return GatewayOutcome::Taken; // a copy of the answer taken before
             }
             return GatewayOutcome::Refused {
-                reason: super::refusals::reason::NEVER_SENT,
+                reason: super::gateway_refusals::reason::NEVER_SENT,
                 why: format!(
                     "a spawn result for request {}, which was never sent to gateway {src}",
                     body.req
