@@ -274,8 +274,7 @@ fn install_claude(
             )?),
         };
     if args.print {
-        let entry =
-            serde_json::json!({ "mcpServers": { fleetd::ops::install::SERVER_NAME: server.entry() } });
+        let entry = serde_json::json!({ "mcpServers": { fleetd::ops::install::SERVER_NAME: server.entry() } });
         println!(
             "# merge into {}:\n{}\n",
             paths.mcp_config.display(),
@@ -335,8 +334,9 @@ fn serve(
     fleetd::conn::raise_open_file_limit();
     // Under systemd (Type=notify) READY=1 goes out once the store is open and the listener
     // bound, STOPPING=1 when a signal starts the shutdown.
-    let notifier =
-        fleetd::ops::readiness::Notifier::from_socket_var(std::env::var_os("NOTIFY_SOCKET").as_deref());
+    let notifier = fleetd::ops::readiness::Notifier::from_socket_var(
+        std::env::var_os("NOTIFY_SOCKET").as_deref(),
+    );
     let runtime = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
     runtime.block_on(async move {
         let mut daemon = fleetd::serve::Daemon::open(config).await?;

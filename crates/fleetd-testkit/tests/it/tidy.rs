@@ -131,7 +131,8 @@ fn platform_specific_code_stays_behind_its_seams() {
         bad.join("\n")
     );
     // The scan itself: a seam's own code is what it would flag.
-    let seam = std::fs::read_to_string(root.join("crates/fleetd/src/ops/readiness.rs")).expect("readiness");
+    let seam = std::fs::read_to_string(root.join("crates/fleetd/src/ops/readiness.rs"))
+        .expect("readiness");
     assert!(
         !platform_specific_lines(&seam).is_empty(),
         "the patterns still match the code they exist to find"

@@ -6,9 +6,9 @@
 //! store call runs in a spawned task that reports back as an [`Event`].
 
 mod effects;
+mod gateway_handle;
 mod lead_tabs;
 mod registry;
-mod gateway_handle;
 mod run;
 mod state;
 #[cfg(test)]

@@ -19,11 +19,11 @@
 //!   this machine must present the right one, or the session cookie of a signed-in dashboard
 //!   (everything but `/healthz` and the dashboard's page and sign-in, see `dashboard`).
 
-mod dashboard;
 mod admit;
+mod dashboard;
 mod event_stream;
-mod rest;
 pub mod listen;
+mod rest;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -208,7 +208,9 @@ mod tests {
         assert!(!crate::ops::install::codex::fleet_server_is_stdio(
             "[mcp_servers.fleet]\nurl = \"http://127.0.0.1:7797/mcp\"\n"
         ));
-        assert!(!crate::ops::install::codex::fleet_server_is_stdio("not toml ["));
+        assert!(!crate::ops::install::codex::fleet_server_is_stdio(
+            "not toml ["
+        ));
     }
 
     #[test]

@@ -14,11 +14,11 @@ mod delegation;
 mod delivery;
 mod durable;
 mod gateway;
+mod gateway_refusals;
 mod handed_replies;
 mod members;
 mod push;
 mod questions;
-mod gateway_refusals;
 mod remote_spawns;
 mod standing;
 mod tickets;
@@ -30,12 +30,12 @@ pub(in crate::engine) use delegation::TreeLimits;
 pub(in crate::engine) use durable::Restored;
 pub use gateway::GatewayOutcome;
 pub(in crate::engine) use gateway::GatewayState;
-#[cfg(test)]
-pub(in crate::engine) use handed_replies::HANDED_TTL;
-pub(in crate::engine) use push::push_config;
 pub use gateway_refusals::PeerRefusal;
 #[cfg(test)]
 pub(in crate::engine) use gateway_refusals::REFUSAL_WINDOW;
+#[cfg(test)]
+pub(in crate::engine) use handed_replies::HANDED_TTL;
+pub(in crate::engine) use push::push_config;
 pub use standing::Standing;
 #[cfg(test)]
 pub(in crate::engine) use wakes::WAKE_GRACE;

@@ -420,7 +420,8 @@ impl Herdr {
                 .await?;
             Some(field::<WireRead>("pane.read", &result, "read")?.text)
         };
-        let (_, status) = crate::mux::screen_status::derive_status(&title, &command, screen.as_deref());
+        let (_, status) =
+            crate::mux::screen_status::derive_status(&title, &command, screen.as_deref());
         Ok((info, Some(status)))
     }
 

@@ -47,9 +47,9 @@ use crate::mux::screen_status::SHELLS;
 /// Field separator in `-F` formats (a control character no id or name contains).
 pub use crate::mux::screen_status::derive_status;
 
+mod commands;
 mod control;
 mod launch;
-mod commands;
 mod watch;
 
 const SEP: char = '\u{1f}';

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value, json};
 
 /// The charter block, byte for byte as `docs/charter.md`, markers included.
-pub const CHARTER: &str = include_str!("../../../../docs/charter.md");
+pub const CHARTER: &str = include_str!("../../../../../docs/charter.md");
 /// The line that opens the charter block in CLAUDE.md.
 pub const CHARTER_START: &str = "<!-- fleetd:charter:start -->";
 /// The line that closes it.
