@@ -1,6 +1,6 @@
 //! The inbox as the tools use it: the store, plus what the engine must hear of each change, so
-//! an acknowledgement can never forget to tell it (review L2), and the rule for replies handed to
-//! a waiting `fleet_send` (review M3): such a reply is not acknowledged when the waiter returns
+//! an acknowledgement can never forget to tell it, and the rule for replies handed to
+//! a waiting `fleet_send`: such a reply is not acknowledged when the waiter returns
 //! it, but by the caller's next call (or its `fleet_ack`), and a waiter that fails or is dropped
 //! before returning it gives it back to be nudged about. Reads go to the store directly.
 

@@ -1,6 +1,6 @@
 //! Injector tests: scripted inputs at given times, checked against the effects transcript, and a
 //! property test for SPEC §13.7 (a task is never typed twice unless its typing wrote nothing) and
-//! review M6 (one Enter retry per delivery).
+//! one Enter retry per delivery.
 
 use proptest::prelude::*;
 
@@ -440,7 +440,7 @@ fn a_reply_verifies_delivery_even_when_working_was_never_seen() {
 #[test]
 fn a_status_blip_before_the_task_was_submitted_is_not_its_turn() {
     // Codex's start-up spinner read busy after the task was typed, then at rest, while the text
-    // still sat in its composer (issue 40 #2): no fallback, Enter once more, and the task's
+    // still sat in its composer: no fallback, Enter once more, and the task's
     // real turn is the one that counts.
     let not_submitted = InjectorInput::NotSubmitted {
         target: target("a"),

@@ -269,7 +269,7 @@ pub struct Gateway {
     /// the log warns (a link down too long, or a peer's queue full).
     pub outbox_alarm: u64,
     /// Messages waiting in the outbox at which new requests to other gateways (tasks, spawns,
-    /// stops) are refused (`gateway_backlog`) until the broker takes some (review L1). Answers
+    /// stops) are refused (`gateway_backlog`) until the broker takes some. Answers
     /// owed to other gateways are never refused.
     pub outbox_max: u64,
 }

@@ -1,4 +1,4 @@
-//! Connection limits for every door (SPEC §9, issue 15): the open-file limit raised at start,
+//! Connection limits for every door (SPEC §9): the open-file limit raised at start,
 //! the admission gate (`gate`: a cap over all doors, a reserve for the daemon's own user, a cap
 //! per other user, an idle connection closed to make room), each member's share of the calls
 //! under way (`calls`), and each connection's

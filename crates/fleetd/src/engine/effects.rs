@@ -141,7 +141,7 @@ impl Effects {
             } => {
                 tracing::debug!(member = %target, %ticket, %pane, "typing a task");
                 let submitted = self.mux.submit(&pane, &text).await;
-                // herdr saw the member reach working: the turn started (review M6).
+                // herdr saw the member reach working: the turn started.
                 let started = submitted.as_ref().is_ok_and(|s| s.started == Some(true));
                 let result = submitted.map(|_| ());
                 match &result {
@@ -425,7 +425,7 @@ impl Effects {
     }
 
     /// Starts watching a pane, or has its watch publish the current status again: the reading
-    /// comes on the pane's own event stream, in order with its other events (review M5).
+    /// comes on the pane's own event stream, in order with its other events.
     async fn watch(&self, pane: QualifiedPaneId) {
         if let Err(e) = self.mux.watch(&pane).await {
             tracing::warn!(%pane, error = %e, "cannot watch pane status; will retry");
@@ -527,7 +527,7 @@ fn scan_panes(mux: &MuxRouter, panes: Vec<crate::mux::RoutedPane>) -> Vec<ScanPa
 /// TUIs that take text arriving with its Enter as a paste (Claude Code, Codex; the pane's
 /// command `claude`, `codex` or `node`) when fleetd pasted and pressed Enter itself (tmux).
 /// herdr's `agent.prompt` waits for the turn on its own and answers `agent_prompt_stalled`
-/// when none starts; no bare Enter follows that (issue 16 item 7). Never for a pane showing a
+/// when none starts; no bare Enter follows that. Never for a pane showing a
 /// dialog, where an Enter would answer it.
 async fn nudge(
     mux: &MuxRouter,

@@ -396,7 +396,7 @@ impl Engine {
         mut reloads: tokio::sync::watch::Receiver<Arc<crate::config::Config>>,
     ) {
         let Some((kept, legacy)) = self.load().await else {
-            // The kept state cannot be read: never start an empty fleet over it (review M4).
+            // The kept state cannot be read: never start an empty fleet over it.
             // The engine stops, so the daemon exits non-zero and its service manager retries.
             return;
         };
@@ -423,7 +423,7 @@ impl Engine {
                 },
                 () = tokio::time::sleep(sleep) => Input::Tick,
             };
-            // The time each input is handled at, read after waiting for it (review M1).
+            // The time each input is handled at, read after waiting for it.
             let now = self.parts.clock.now();
             let mut io = Vec::new();
             let mut replies = Vec::new();

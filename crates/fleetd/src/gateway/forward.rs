@@ -1,7 +1,7 @@
 //! The gateway's forwarder: publishes the engine's outbox records in order and tells the engine
 //! each one the broker confirmed. A request the broker cannot route (no such gateway) fails where
 //! it was sent; an answer it cannot route (that gateway's queue is missing for now) is parked and
-//! tried again every few seconds. Order holds per destination (review M8): once a record for a
+//! tried again every few seconds. Order holds per destination: once a record for a
 //! gateway is parked, every later record for that gateway waits behind it, so a ticket's
 //! `delivered` never reaches its owner after the reply it preceded. Other gateways' records go
 //! on meanwhile. Knows the link only through [`Outlet`], so the ordering is tested without a

@@ -44,7 +44,7 @@ const MAX_KEYS: usize = 16;
 const MAX_SESSIONS: usize = 64;
 /// The session cookie's name.
 pub(super) const COOKIE: &str = "fleetd_session";
-/// Wrong sign-ins a peer address may make before it must wait (review L5): enough for typos.
+/// Wrong sign-ins a peer address may make before it must wait: enough for typos.
 const FREE_FAILURES: u32 = 5;
 /// The wait after the first wrong sign-in past [`FREE_FAILURES`]; it doubles with each further
 /// one, up to [`MOST_WAIT`].
@@ -310,7 +310,7 @@ pub(super) async fn login(
         crate::identity::Endpoint::Unix { .. } => None,
     };
     if let Some(wait) = app.sessions.must_wait(peer) {
-        // Not even checked: a guesser learns nothing until the wait is over (review L5).
+        // Not even checked: a guesser learns nothing until the wait is over.
         let secs = wait.as_secs().max(1);
         let mut refused = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,

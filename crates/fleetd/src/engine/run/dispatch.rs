@@ -17,7 +17,7 @@ impl Engine {
         replies: &mut Vec<Deferred>,
     ) {
         // The fleet state cannot be written and too much waits for it already: no new work is
-        // taken (a task, a spawn) until it is, so what is held stays bounded (review M1).
+        // taken (a task, a spawn) until it is, so what is held stays bounded.
         let backlog = self.backlog.load(std::sync::atomic::Ordering::Acquire);
         if backlog >= super::HELD_BOUND {
             let refusal = || {
@@ -279,7 +279,7 @@ impl Engine {
                     Some(message) => {
                         self.state.reply_stored(message, now, io);
                     }
-                    // The tail could not be stored: the ticket still ends (review M7).
+                    // The tail could not be stored: the ticket still ends.
                     None => self.state.turn_ended_unrecorded(ticket, now),
                 }
                 self.state.fallback_recorded(target, now, io);

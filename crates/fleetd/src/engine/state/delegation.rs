@@ -336,7 +336,7 @@ impl State {
 
     /// Tells the injector, for every delegating member whose answer changed, whether it has
     /// delegated work outstanding. Run after every input, so it costs one pass over the open
-    /// tickets and the questions whatever the number of delegating members (review L4), and
+    /// tickets and the questions whatever the number of delegating members, and
     /// nothing when none delegates.
     pub(in crate::engine) fn settle_delegation(&mut self, now: Timestamp, io: &mut Vec<Io>) {
         let leads: Vec<(Target, LeadId)> = self

@@ -350,7 +350,7 @@ impl State {
     }
 
     /// The turn a fallback was to be recorded for was not the task's: its text still waits in
-    /// the member's input (issue 40 #2). Enter once more, verified again.
+    /// the member's input. Enter once more, verified again.
     pub(in crate::engine) fn not_submitted(
         &mut self,
         target: Target,

@@ -32,7 +32,7 @@ pub(in crate::engine) struct GatewayState {
     pub(in crate::engine) me: GatewayName,
     /// What each other gateway may ask of this one.
     pub(in crate::engine) peers: std::collections::BTreeMap<String, Vec<PeerRight>>,
-    /// Records in the outbox at which new requests to other gateways are refused (review L1).
+    /// Records in the outbox at which new requests to other gateways are refused.
     pub(in crate::engine) outbox_max: usize,
 }
 
@@ -245,7 +245,7 @@ impl State {
     }
 
     /// Room in the outbox for a new request to another gateway (a task, a spawn): none at
-    /// `gateway.outboxMax` records (review L1), so a long broker outage does not grow memory
+    /// `gateway.outboxMax` records, so a long broker outage does not grow memory
     /// and the state file without end. Answers owed to other gateways, and stops, always go in.
     pub(super) fn outbox_room(&self) -> Result<(), fleetd_core::access::Refusal> {
         let max = self.gateway.as_ref().map_or(usize::MAX, |g| g.outbox_max);

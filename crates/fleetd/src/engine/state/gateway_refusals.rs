@@ -1,5 +1,5 @@
-//! Refusals of what other gateways send, as incidents to this gateway's lead (issue 20: "poison
-//! messages go to the dead-letter queue with a log line and an incident to the lead"). Each
+//! Refusals of what other gateways send, as incidents to this gateway's lead: a poison
+//! message goes to the dead-letter queue with a log line and an incident to the lead. Each
 //! refusal is counted (`fleetd_gateway_refused_total{reason}`) and raises a notice in the inbox
 //! of this gateway's own target `gateway@<me>`, which no delegation binds, so the push loop
 //! nudges the primary lead about it. Bounded: the first refusal of a sender for a reason is a

@@ -1,8 +1,8 @@
-//! Replies handed to a waiting `fleet_send` (review M3). Such a reply stays in the inbox until
+//! Replies handed to a waiting `fleet_send`. Such a reply stays in the inbox until
 //! it is known to have reached the caller: the caller's next call (or its `fleet_ack`)
 //! acknowledges it; a waiter that failed or was dropped gives it back, and it is nudged about
 //! like any other mail. While it is handed, the push loop does not count it (the caller is
-//! receiving it; a nudge about it would be noise) — but never for good (review M2): a holder
+//! receiving it; a nudge about it would be noise) — but never for good: a holder
 //! that is gone (its lead pane closed), a ticket pruned, or [`HANDED_TTL`] without the holder's
 //! next call gives the reply back to the nudge.
 

@@ -147,7 +147,7 @@ pub(super) enum Io {
         msg_id: fleetd_core::MsgId,
     },
     /// Remove an older fleetd's member registry (`members.json`): only after the batch that
-    /// carried its members is committed (review M5), so a crash in between imports it again.
+    /// carried its members is committed, so a crash in between imports it again.
     RemoveLegacyRegistry(std::path::PathBuf),
 }
 

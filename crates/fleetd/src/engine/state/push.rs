@@ -89,7 +89,7 @@ impl State {
             tracing::info!(%lead, "lead gone");
             self.dirty.leads.insert(lead.clone());
         }
-        // What its waits returned and it never called again to take is mail again (review M2).
+        // What its waits returned and it never called again to take is mail again.
         self.unhand_stale(Some(&lead.0), now, io);
         for (target, member) in &mut self.members {
             if member.lead.as_ref() == Some(lead) {

@@ -1,4 +1,4 @@
-//! The one owner of every ticket and its side data (review M7): the record in `TicketBook`,
+//! The one owner of every ticket and its side data: the record in `TicketBook`,
 //! and beside it the task text, who sent it, the gateway that owns it when another gateway's
 //! lead sent it, whether its task was typed, its reply and its waiters. A ticket is opened
 //! here in one place and pruned here whole, so the maps cannot drift; the durable row is made
@@ -161,8 +161,8 @@ mod tests {
             restored.remote_owner.get(&ticket).map(|g| g.as_str()),
             Some("b")
         );
-        // Finished and past its retention: gone from every map at once (review M7: the owner
-        // and the handed replies were left behind before).
+        // Finished and past its retention: gone from every map at once, its owner
+        // and its handed replies too.
         tickets
             .book
             .apply_at(ticket, TicketEvent::MemberGone("stopped".to_owned()), now)

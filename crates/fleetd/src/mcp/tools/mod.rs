@@ -143,7 +143,7 @@ async fn run<T: FleetTool>(
             }
             _ => None,
         };
-        // Its call proves the replies its earlier waits returned reached it (review M3). A
+        // Its call proves the replies its earlier waits returned reached it. A
         // `fleet_ack` settles them after acknowledging, so the ids it names answer acked=true.
         let holder = caller.holder();
         let settle_after = T::NAME == ack::Ack::NAME;

@@ -100,7 +100,7 @@ async fn by_ticket(fleet: &Fleet, caller: &Caller, text: &str) -> Result<ToolOut
     } = &caller.role
     {
         // A member reads its own task (the pointer for a task too long to type); a delegating
-        // member reads the tickets it sent, like a lead (review M14).
+        // member reads the tickets it sent, like a lead.
         let sent_it = *allow_delegation
             && matches!(&answer, TicketAnswer::Live(view) if view.sent_by.as_deref() == Some(target.as_str()));
         if !sent_it {

@@ -123,7 +123,7 @@ pub(crate) async fn delegate(
     }
     let secs = args.timeout_secs.unwrap_or(120).min(MAX_WAIT_SECS);
     // A reply the waiter is handed and does not return (this request fails, times out, or is
-    // dropped) goes back to be nudged about (review M3).
+    // dropped) goes back to be nudged about.
     let guard = fleet.inbox.hand_guard(ticket);
     let waiter = fleet.engine.wait(ticket).await.map_err(gone)?;
     let settled = tokio::select! {

@@ -1,4 +1,4 @@
-//! A delegating member's reach (issue 19), through `tools::call` as the MCP and REST doors call
+//! A delegating member's reach, through `tools::call` as the MCP and REST doors call
 //! it: `fleet_stop`, `fleet_ack`, `fleet_answer` and `fleet_poll{target}` act only on members of
 //! its subtree (those whose chain of delegating leads includes it), and refuse any other with
 //! `not_your_member`, changing nothing; the operator keeps its full powers.

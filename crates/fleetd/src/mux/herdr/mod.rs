@@ -368,7 +368,7 @@ impl Herdr {
     /// src/pane/terminal.rs:2727-2739, 3284-3298): asked for 40 rows of a 120-row pane holding
     /// ten lines, it answers "". So fleetd asks for [`READ_SLACK_ROWS`] more rows (herdr caps a
     /// read at 1000) and keeps the last `lines` itself. herdr 0.9's `recent` reads include the
-    /// on-screen output (issue 34): more rows than asked for are then just more output, and
+    /// on-screen output: more rows than asked for are then just more output, and
     /// keeping the last `lines` is right with either.
     async fn read_tail_inner(&self, pane: &PaneId, lines: u32) -> Result<String, MuxError> {
         let asked = lines.saturating_add(READ_SLACK_ROWS).min(READ_MAX_ROWS);

@@ -1,7 +1,7 @@
 //! Per-pane herdr status watches: one read-only `events.subscribe` connection per watched pane,
 //! de-duplication of replayed and repeated statuses against a `pane.get` snapshot, and reconnect
 //! with backoff after EOF (server restart, live handoff). herdr 0.9 ends a subscription that lost
-//! events with `events_lost` (fleetd issue 34): the watch drops that connection at once,
+//! events with `events_lost`: the watch drops that connection at once,
 //! resubscribes and reads the pane again (resync), whether or not herdr has closed it yet.
 //! Subscribing comes before that reading, as always: 0.9's lifecycle subscriptions start at the
 //! live edge, so a change between the two still arrives as an event.

@@ -16,16 +16,16 @@ use crate::mux::MuxError;
 /// The oldest socket protocol this client speaks (herdr 0.8).
 pub const PROTOCOL: u32 = 20;
 
-/// The newest socket protocol this client knows (herdr 0.9, fleetd issue 34). Newer ones are
+/// The newest socket protocol this client knows (herdr 0.9). Newer ones are
 /// spoken too, with a warning.
 pub const NEWEST_PROTOCOL: u32 = 22;
 
-/// The first protocol whose `agent.prompt` answers only after its Enter was sent (herdr 0.9,
-/// issue 34); older ones answer right after the paste, with the Enter still scheduled (herdr
+/// The first protocol whose `agent.prompt` answers only after its Enter was sent (herdr
+/// 0.9); older ones answer right after the paste, with the Enter still scheduled (herdr
 /// v0.8.2 src/app/api/agents.rs:123-130).
 pub const PROMPT_AFTER_ENTER: u32 = 22;
 
-/// The event with which herdr 0.9 ends a subscription that lost events (issue 34): nothing more
+/// The event with which herdr 0.9 ends a subscription that lost events: nothing more
 /// comes on that connection, and the client resubscribes and reads the state again. Not in the
 /// protocol-20 schema, so not in [`EVENTS_USED`].
 pub const EVENTS_LOST: &str = "events_lost";
@@ -312,7 +312,7 @@ pub(crate) async fn call(
 }
 
 /// The `capabilities` of `ping`, read loosely: herdr adds fields from release to release
-/// (0.9 did, issue 34), so unknown fields are ignored, and a field of another type than expected,
+/// (0.9 did), so unknown fields are ignored, and a field of another type than expected,
 /// or no object at all, reads as "not offered" instead of failing the ping.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Capabilities {

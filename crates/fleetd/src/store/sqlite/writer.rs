@@ -258,7 +258,7 @@ pub(crate) fn count_pending(
 }
 
 /// Runs the whole batch in one IMMEDIATE transaction and commits it (one fsync in WAL mode).
-/// Each operation runs in a savepoint of its own (review L9): one that fails (a body past
+/// Each operation runs in a savepoint of its own: one that fails (a body past
 /// SQLite's length limit, say) is rolled back and answered with its error alone, and its
 /// neighbours commit. Only a failure that ends the transaction itself (SQLite rolls it back on
 /// some I/O and full-disk errors) or a failed commit fails the whole batch.
