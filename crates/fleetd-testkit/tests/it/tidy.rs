@@ -428,7 +428,7 @@ fn only_the_inbox_facade_takes_mail_out_of_the_store() {
 /// Programs the daemon names to run, and the one module that runs each (ARCHITECTURE.md: each
 /// external technology is known by exactly one module). tmux is run by its configured path,
 /// from `mux::tmux` only.
-const PROGRAM_RUNNERS: &[(&str, &[&str])] = &[("git", &["worktree.rs"])];
+const PROGRAM_RUNNERS: &[(&str, &[&str])] = &[("git", &["worktree.rs", "worktree/tests.rs"])];
 
 #[test]
 fn only_the_worktree_module_runs_git() {

@@ -12,7 +12,6 @@
 //! checked against what this one sent there and what `gateway.peers` allows.
 
 use fleetd_core::gateway::{Envelope, GatewayName, Kind, PROTOCOL};
-use fleetd_core::injector::InjectorInput;
 use fleetd_core::push::PushInput;
 use fleetd_core::{Message, Target, Ticket, TicketEvent};
 use jiff::Timestamp;
@@ -20,10 +19,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::super::LeadRef;
-use super::gateway_refusals::{PeerRefusal, reason};
+use super::gateway_refusals::PeerRefusal;
 use super::{Io, State};
 use crate::config::PeerRight;
-use crate::events::FleetEvent;
 
 /// This gateway, as the engine needs it.
 #[derive(Debug, Clone)]
@@ -62,50 +60,50 @@ pub enum GatewayOutcome {
 /// A task's body.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct TaskBody {
-    ticket: Ticket,
-    member: String,
-    task: String,
+pub(super) struct TaskBody {
+    pub(super) ticket: Ticket,
+    pub(super) member: String,
+    pub(super) task: String,
     /// Who sent it, as the sending gateway names it (`L@a`): for `fleet_status` only.
-    by: String,
+    pub(super) by: String,
 }
 
 /// A ticket event's body.
 #[derive(Debug, Serialize, Deserialize)]
-struct TicketBody {
-    ticket: Ticket,
-    event: TicketEvent,
+pub(super) struct TicketBody {
+    pub(super) ticket: Ticket,
+    pub(super) event: TicketEvent,
 }
 
 /// A reply's body.
 #[derive(Debug, Serialize, Deserialize)]
-struct ReplyBody {
-    message: Message,
+pub(super) struct ReplyBody {
+    pub(super) message: Message,
 }
 
 /// A question's body: a member's question about a task the receiver's lead sent.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct QuestionBody {
-    question_id: String,
-    member: String,
-    ticket: Ticket,
-    question: String,
+pub(super) struct QuestionBody {
+    pub(super) question_id: String,
+    pub(super) member: String,
+    pub(super) ticket: Ticket,
+    pub(super) question: String,
 }
 
 /// An answer's body.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct AnswerBody {
-    question_id: String,
-    answer: String,
+pub(super) struct AnswerBody {
+    pub(super) question_id: String,
+    pub(super) answer: String,
 }
 
 /// A stop's body.
 #[derive(Debug, Serialize, Deserialize)]
-struct StopBody {
-    member: String,
-    cause: String,
+pub(super) struct StopBody {
+    pub(super) member: String,
+    pub(super) cause: String,
 }
 
 impl State {
@@ -366,275 +364,6 @@ impl State {
         outcome
     }
 
-    fn take_in(&mut self, envelope: Envelope, now: Timestamp, io: &mut Vec<Io>) -> GatewayOutcome {
-        let src = envelope.src.clone();
-        let allowed = |right: PeerRight, s: &Self| {
-            s.gateway
-                .as_ref()
-                .and_then(|g| g.peers.get(src.as_str()))
-                .is_some_and(|rights| rights.contains(&right))
-        };
-        let refuse = |reason: &'static str, why: &str| GatewayOutcome::Refused {
-            reason,
-            why: why.to_owned(),
-        };
-        match envelope.kind {
-            Kind::Task => {
-                if !allowed(PeerRight::Send, self) {
-                    return refuse(
-                        reason::NOT_ALLOWED,
-                        &format!(
-                            "gateway {src} may not send tasks here (gateway.peers.{src}.allow has no `send`)"
-                        ),
-                    );
-                }
-                let Ok(body) = serde_json::from_value::<TaskBody>(envelope.body) else {
-                    return refuse(
-                        reason::MALFORMED,
-                        "a task without its ticket, member or text",
-                    );
-                };
-                if self.tickets.book.record(body.ticket).is_some()
-                    || self.tickets.book.pruned_at(body.ticket).is_some()
-                {
-                    return GatewayOutcome::Taken; // a copy of one already taken
-                }
-                let member = Target::local(body.member.as_str())
-                    .ok()
-                    .filter(|t| self.members.contains_key(t));
-                // No such member, or its queue is full (`limits.maxQueuedTasks` holds for every
-                // sender, so another gateway cannot lock this host's own lead out): the ticket
-                // ends at once, saying why, and nothing is queued.
-                let unqueued = match &member {
-                    None => Some(format!(
-                        "no member {} on gateway {}",
-                        body.member,
-                        self.me_name()
-                    )),
-                    Some(m) => {
-                        let queued = self.injector.queued(m);
-                        let max = self.limits.max_queued_tasks;
-                        (u64::try_from(queued).unwrap_or(u64::MAX) >= max).then(|| {
-                            format!(
-                                "queue_full: {} on gateway {} already has {queued} tasks waiting to be typed, the most allowed there (limits.maxQueuedTasks = {max}); send it again once it has worked through them",
-                                body.member,
-                                self.me_name()
-                            )
-                        })
-                    }
-                };
-                let Some(member) = member.filter(|_| unqueued.is_none()) else {
-                    let why = unqueued.unwrap_or_default();
-                    tracing::info!(member = %body.member, from = %src, "a task from another gateway ended unqueued");
-                    let reply = TicketBody {
-                        ticket: body.ticket,
-                        event: TicketEvent::Cancelled(why),
-                    };
-                    self.send_out(&src, Kind::Ticket, reply);
-                    return GatewayOutcome::Taken;
-                };
-                self.open_ticket(
-                    super::tickets::Opening {
-                        ticket: body.ticket,
-                        target: member.clone(),
-                        task: body.task,
-                        sender: Some(body.by),
-                        owner: Some(src),
-                    },
-                    now,
-                );
-                let effects = self.injector.handle_at(
-                    InjectorInput::Enqueue {
-                        target: member,
-                        ticket: body.ticket,
-                    },
-                    now,
-                );
-                self.injector_effects(effects, now, io);
-                GatewayOutcome::Taken
-            }
-            Kind::Ticket => {
-                let Ok(body) = serde_json::from_value::<TicketBody>(envelope.body) else {
-                    return refuse(
-                        reason::MALFORMED,
-                        "a ticket event without its ticket or event",
-                    );
-                };
-                if !self.sent_there(body.ticket, &src) {
-                    return refuse(
-                        reason::NEVER_SENT,
-                        &format!("ticket {} was never sent to gateway {src}", body.ticket),
-                    );
-                }
-                self.apply(body.ticket, body.event, now);
-                self.settle(body.ticket, now);
-                GatewayOutcome::Taken
-            }
-            Kind::Reply => {
-                let Ok(body) = serde_json::from_value::<ReplyBody>(envelope.body) else {
-                    return refuse(reason::MALFORMED, "a reply without its message");
-                };
-                let Some(ticket) = body.message.ticket else {
-                    return refuse(reason::MALFORMED, "a reply for no ticket");
-                };
-                if !self.sent_there(ticket, &src)
-                    || body.message.target.gateway() != Some(src.as_str())
-                {
-                    return refuse(
-                        reason::NEVER_SENT,
-                        &format!(
-                            "a reply for ticket {ticket}, which was never sent to gateway {src}"
-                        ),
-                    );
-                }
-                GatewayOutcome::PublishReply(Box::new(body.message))
-            }
-            Kind::Stop => {
-                if !allowed(PeerRight::Stop, self) {
-                    return refuse(
-                        reason::NOT_ALLOWED,
-                        &format!(
-                            "gateway {src} may not stop members here (gateway.peers.{src}.allow has no `stop`)"
-                        ),
-                    );
-                }
-                let Ok(body) = serde_json::from_value::<StopBody>(envelope.body) else {
-                    return refuse(reason::MALFORMED, "a stop without its member");
-                };
-                if let Ok(member) = Target::local(body.member.as_str()) {
-                    let cause = format!("{} (by gateway {src})", body.cause);
-                    if let Some(pane) = self.release(&member, &cause, now, io) {
-                        io.push(Io::Close { pane });
-                    }
-                }
-                GatewayOutcome::Taken
-            }
-            Kind::Question => self.question_in(&src, envelope.body, now, io),
-            Kind::Answer => {
-                let Ok(body) = serde_json::from_value::<AnswerBody>(envelope.body) else {
-                    return refuse(
-                        reason::MALFORMED,
-                        "an answer without its question id or text",
-                    );
-                };
-                let asked_there = self
-                    .questions
-                    .get(&body.question_id)
-                    .is_some_and(|q| q.target.gateway().is_none() && q.peer.as_ref() == Some(&src));
-                if !asked_there && !allowed(PeerRight::Answer, self) {
-                    // Answered already (a copy), or never asked there: either way nothing to do
-                    // unless it is one this gateway knows, which it would have found.
-                    if self.questions.contains_key(&body.question_id) {
-                        return refuse(
-                            reason::NOT_ALLOWED,
-                            &format!(
-                                "question {} was not asked of gateway {src} (gateway.peers.{src}.allow has no `answer`)",
-                                body.question_id
-                            ),
-                        );
-                    }
-                    return GatewayOutcome::Taken;
-                }
-                if !self.questions.contains_key(&body.question_id) {
-                    return GatewayOutcome::Taken; // answered already: a copy
-                }
-                match self.answer(&body.question_id, body.answer, now, io) {
-                    Ok(_) => GatewayOutcome::Taken,
-                    Err(refusal) => refuse(reason::UNDELIVERABLE, &refusal.message),
-                }
-            }
-            Kind::Spawn => {
-                if !allowed(PeerRight::Spawn, self) {
-                    // Answered with the reason, so the asking call does not wait in vain; a
-                    // refusal all the same, so counted and an incident here too.
-                    let why = format!(
-                        "gateway {src} may not spawn members on gateway {} (gateway.peers.{src}.allow has no `spawn` there)",
-                        self.me_name()
-                    );
-                    let outcome = self.spawn_refused(&src, envelope.body, &why);
-                    if outcome == GatewayOutcome::Taken {
-                        let refused = PeerRefusal {
-                            from: Some(src.to_string()),
-                            reason: reason::NOT_ALLOWED,
-                            why,
-                            parked: false,
-                        };
-                        self.gateway_refused(refused, now, io);
-                    }
-                    return outcome;
-                }
-                self.spawn_in(&src, envelope.body, now)
-            }
-            Kind::Spawned => self.spawned_in(&src, envelope.body, now, io),
-        }
-    }
-
-    /// A question of a member on gateway `src` about a task this gateway's lead sent it: kept
-    /// here under the member's `name@src` until a lead answers it, and nudged about like a
-    /// local member's.
-    fn question_in(
-        &mut self,
-        src: &GatewayName,
-        body: serde_json::Value,
-        now: Timestamp,
-        io: &mut Vec<Io>,
-    ) -> GatewayOutcome {
-        let Ok(body) = serde_json::from_value::<QuestionBody>(body) else {
-            return GatewayOutcome::Refused {
-                reason: reason::MALFORMED,
-                why: "a question without its id, member, ticket or text".to_owned(),
-            };
-        };
-        let Ok(target) = Target::local(body.member.as_str()).map(|t| t.at(src.as_str())) else {
-            // Not quoted: the name is whatever the body held.
-            return GatewayOutcome::Refused {
-                reason: reason::MALFORMED,
-                why: "a question whose member is not a member name".to_owned(),
-            };
-        };
-        if !self.sent_there(body.ticket, src)
-            || self.tickets.book.record(body.ticket).map(|r| &r.target) != Some(&target)
-        {
-            return GatewayOutcome::Refused {
-                reason: reason::NEVER_SENT,
-                why: format!(
-                    "a question about ticket {}, which was never sent to {target}",
-                    body.ticket
-                ),
-            };
-        }
-        if self.questions.contains_key(&body.question_id)
-            || self
-                .answered
-                .contains_key(&done_key("question", &body.question_id, src))
-        {
-            return GatewayOutcome::Taken; // a copy of one already taken (or answered)
-        }
-        self.emit(FleetEvent::QuestionOpened {
-            question_id: body.question_id.clone(),
-            target: target.to_string(),
-        });
-        self.dirty.questions.insert(body.question_id.clone());
-        self.questions.insert(
-            body.question_id.clone(),
-            super::Question {
-                target: target.clone(),
-                text: body.question,
-                waiter: None,
-                peer: Some(src.clone()),
-            },
-        );
-        let effects = self.push.handle_at(
-            PushInput::QuestionOpened {
-                target,
-                question_id: body.question_id,
-            },
-            now,
-        );
-        self.push_effects(effects, now, io);
-        GatewayOutcome::Taken
-    }
-
     /// Remembers (durably) that what `key` names is done with here.
     pub(super) fn done_with(&mut self, key: String, now: Timestamp) {
         self.dirty.answered.insert(key.clone());
@@ -656,7 +385,7 @@ impl State {
     }
 
     /// Whether `ticket` is this gateway's, for a member on gateway `gw`.
-    fn sent_there(&self, ticket: Ticket, gw: &GatewayName) -> bool {
+    pub(super) fn sent_there(&self, ticket: Ticket, gw: &GatewayName) -> bool {
         match self.tickets.book.record(ticket) {
             Some(r) => {
                 r.target.gateway() == Some(gw.as_str())

@@ -14,6 +14,7 @@ mod delegation;
 mod delivery;
 mod durable;
 mod gateway;
+mod gateway_inbound;
 mod gateway_refusals;
 mod handed_replies;
 mod members;
