@@ -19,17 +19,21 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleetd_core::gateway::{EXCHANGE, Envelope, GatewayName, PRESENCE_EXCHANGE, routing_key};
+use fleetd_core::gateway::{EXCHANGE, GatewayName};
 use futures_util::StreamExt as _;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
-    ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions,
+    ExchangeDeclareOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{Connection, ConnectionProperties};
 use tokio_util::sync::CancellationToken;
 
 pub use super::tls::{LinkTls, TlsError};
+
+mod publish;
+
+use publish::{Publisher, confirm_channel};
 
 /// Longest wait for one connection attempt (TCP + AMQP handshake).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -308,27 +312,6 @@ impl Link {
         }
     }
 
-    /// Puts a new publishing channel on `old`'s connection in place of `old` (unless the link
-    /// has moved on), and closes `old`; a connection that cannot open one is lost.
-    async fn renew(&self, old: &Publisher) {
-        let channel = match confirm_channel(&old.connection).await {
-            Ok(channel) => channel,
-            Err(why) => return self.kick(old.generation, &why),
-        };
-        // The channel no longer used: the one replaced, or the new one when the link has moved
-        // on meanwhile.
-        let unused = {
-            let mut slot = lock(&self.inner.publisher);
-            match slot.as_mut() {
-                Some(current) if current.generation == old.generation => {
-                    std::mem::replace(&mut current.channel, channel)
-                }
-                _ => channel,
-            }
-        };
-        let _ = unused.close(200, "a new channel after a nack".into()).await;
-    }
-
     /// Connects to `url`, checks the topology is there, and starts consuming.
     async fn connect(&self, url: &str) -> Result<Session, String> {
         let config = &self.inner.config;
@@ -474,121 +457,6 @@ impl Link {
         }
         "the broker cancelled the consumer".to_owned()
     }
-
-    /// Broadcasts this gateway's presence `body` to every gateway (soft state: no confirm is
-    /// waited for, and it expires on the broker after a minute). `false` when the link is down.
-    pub async fn publish_presence(&self, body: &[u8]) -> bool {
-        let Some(Publisher { channel, .. }) = lock(&self.inner.publisher).clone() else {
-            return false;
-        };
-        let props = BasicProperties::default()
-            .with_type("presence".into())
-            .with_user_id(self.inner.config.user.as_str().into())
-            .with_content_type("application/json".into())
-            .with_expiration(PRESENCE_EXPIRATION_MS.into());
-        channel
-            .basic_publish(
-                PRESENCE_EXCHANGE.into(),
-                "".into(),
-                BasicPublishOptions::default(),
-                body,
-                props,
-            )
-            .await
-            .is_ok()
-    }
-
-    /// Publishes `envelope` to its destination and waits for the broker's confirm.
-    ///
-    /// A nack puts a new publishing channel in place for the next try. RabbitMQ 3.10 nacked
-    /// every publish of a channel to a quorum queue for as long as the channel lived when the
-    /// channel's first publish to that queue came while the queue's leader was being elected
-    /// again (its node killed): a new channel on the same connection was acked at once (measured
-    /// with a three-node cluster, `tests/it/gateway_cluster.rs`). Any other nack (a full queue)
-    /// costs a channel per try, nothing more.
-    pub async fn publish(&self, envelope: &Envelope) -> Result<Published, LinkError> {
-        let Some(publisher) = lock(&self.inner.publisher).clone() else {
-            return Err(LinkError::Down(
-                self.down().unwrap_or_else(|| "not connected".to_owned()),
-            ));
-        };
-        let key = routing_key(&envelope.dst, &envelope.src, envelope.kind);
-        let body = serde_json::to_vec(envelope).map_err(|e| LinkError::Nacked(e.to_string()))?;
-        let props = BasicProperties::default()
-            .with_message_id(envelope.msg_id.as_str().into())
-            .with_type(envelope.kind.as_str().into())
-            .with_user_id(self.inner.config.user.as_str().into())
-            .with_content_type("application/json".into())
-            .with_delivery_mode(2);
-        let generation = publisher.generation;
-        let down = |e: lapin::Error| {
-            let why = e.to_string();
-            self.kick(generation, &why);
-            LinkError::Down(why)
-        };
-        let confirm = publisher
-            .channel
-            .basic_publish(
-                EXCHANGE.into(),
-                key.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                &body,
-                props,
-            )
-            .await
-            .map_err(down)?;
-        let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
-            .await
-            .map_err(|_| {
-                let why = format!(
-                    "no confirm from the broker within {}s",
-                    CONFIRM_TIMEOUT.as_secs()
-                );
-                self.kick(generation, &why);
-                LinkError::Down(why)
-            })?
-            .map_err(down)?;
-        match confirmation {
-            Confirmation::Ack(None) => Ok(Published::Confirmed),
-            Confirmation::Ack(Some(_)) => Ok(Published::Unroutable),
-            Confirmation::Nack(_) => {
-                self.renew(&publisher).await;
-                Err(LinkError::Nacked(format!(
-                    "{} to {}",
-                    envelope.kind.as_str(),
-                    envelope.dst
-                )))
-            }
-            Confirmation::NotRequested => Err(LinkError::Down("confirms are off".to_owned())),
-        }
-    }
-}
-
-/// The publishing side of the live connection.
-#[derive(Clone)]
-struct Publisher {
-    /// The connection's generation.
-    generation: u64,
-    /// A confirm-mode channel.
-    channel: Channel,
-    /// The connection, for a new channel after a nack.
-    connection: Arc<Connection>,
-}
-
-/// A new confirm-mode channel on `connection`.
-async fn confirm_channel(connection: &Connection) -> Result<Channel, String> {
-    let channel = connection
-        .create_channel()
-        .await
-        .map_err(|e| e.to_string())?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(channel)
 }
 
 /// A live connection: its consumers, its event stream, and its generation.
