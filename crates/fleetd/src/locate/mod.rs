@@ -29,7 +29,6 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,6 +37,7 @@ use tokio::net::UnixStream;
 
 use crate::mux::{MuxError, MuxRouter, PaneEvent};
 
+mod counts;
 mod lanes;
 mod panes;
 pub mod platform;
@@ -45,6 +45,9 @@ pub mod process;
 
 use panes::{PaneMap, Panes};
 use process::FoundBy;
+
+use counts::Counters;
+pub use counts::SearchCounts;
 
 /// How many recent callers are tried first in an fd scan.
 const RECENT_CALLERS: usize = 32;
@@ -180,49 +183,6 @@ impl Default for LocatorConfig {
         Self {
             pane_ttl: Duration::from_secs(5),
             miss_refresh: Duration::from_millis(250),
-        }
-    }
-}
-
-/// How the socket holders of new TCP callers were found, counted since the locator was made:
-/// the benchmark prints it, and tests check which step answered.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SearchCounts {
-    /// Found among the pids tried first (the socket's previous holder, recent callers).
-    pub first: u64,
-    /// Found in a known pane's process tree.
-    pub pane_tree: u64,
-    /// Found only by the full scan.
-    pub full_scan: u64,
-    /// Found nowhere (the connection closed, or its holder's fds are unreadable).
-    pub not_found: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    first: AtomicU64,
-    pane_tree: AtomicU64,
-    full_scan: AtomicU64,
-    not_found: AtomicU64,
-}
-
-impl Counters {
-    fn count(&self, found: Option<FoundBy>) {
-        let slot = match found {
-            Some(FoundBy::First) => &self.first,
-            Some(FoundBy::PaneTree { .. }) => &self.pane_tree,
-            Some(FoundBy::FullScan) => &self.full_scan,
-            None => &self.not_found,
-        };
-        slot.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn read(&self) -> SearchCounts {
-        SearchCounts {
-            first: self.first.load(Ordering::Relaxed),
-            pane_tree: self.pane_tree.load(Ordering::Relaxed),
-            full_scan: self.full_scan.load(Ordering::Relaxed),
-            not_found: self.not_found.load(Ordering::Relaxed),
         }
     }
 }
@@ -599,19 +559,4 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_loopback_peers_are_traced() {
-        let addr = |s: &str| s.parse::<SocketAddr>().expect("addr");
-        assert!(is_loopback(&addr("127.0.0.1:4000")));
-        assert!(is_loopback(&addr("[::1]:4000")));
-        assert!(
-            is_loopback(&addr("[::ffff:127.0.0.1]:4000")),
-            "IPv4-mapped loopback"
-        );
-        assert!(!is_loopback(&addr("192.0.2.1:4000")));
-        assert!(!is_loopback(&addr("[::ffff:192.0.2.1]:4000")));
-    }
-}
+mod tests;
