@@ -7,6 +7,7 @@ mod delegation;
 mod diff;
 mod gateway;
 mod live;
+mod profiles;
 mod raw;
 mod validate;
 
@@ -18,8 +19,8 @@ use serde::Serialize;
 
 pub use diff::{Change, ConfigDiff, KeyClass};
 pub use live::{Live, Publisher, channel};
+pub use profiles::{is_env_name, is_known_agent};
 pub use raw::{LogFormat, MultiplexerChoice, StoreKind};
-pub use validate::{is_env_name, is_known_agent};
 
 /// Default listener (SPEC §10).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7797";
