@@ -11,8 +11,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::Server;
-use super::api::{Outcome, agent_info, agent_target, find_pane, opt_str, paste_bytes, str_param};
+use super::api::{Outcome, agent_target, find_pane, opt_str, paste_bytes, str_param};
 use super::pane::PaneRt;
+use super::shapes::agent_info;
 
 /// How long herdr lets a prompt go without any state change before `agent_prompt_stalled`.
 const PROMPT_EFFECT_MS: u64 = 5_000;

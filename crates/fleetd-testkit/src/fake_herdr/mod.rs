@@ -45,6 +45,7 @@ mod api;
 mod detect;
 mod pane;
 pub mod process;
+mod shapes;
 mod state;
 mod subscribe;
 pub mod version;
