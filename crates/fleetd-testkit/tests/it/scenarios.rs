@@ -9,8 +9,8 @@
 //! | §2 identity from the connection, never from arguments | bridge::e2e_identity_is_decided_by_the_connection |
 //! | §2 a member cannot act as lead or as another member | bridge::e2e_a_member_can_act_neither_as_lead_nor_as_another_member |
 //! | §2 stdio shim, identity via SO_PEERCRED | bridge::e2e_stdio_shim_relays_to_the_daemon_with_connection_identity |
-//! | §2 roles by ancestry: a member's split pane / new window is nobody | security::e2e_security_panes_a_member_opens_are_nobody |
-//! | §2 roles by ancestry: setsid child, orphan after stop | security::e2e_security_member_children_outside_its_pane_are_anonymous |
+//! | §2 roles by ancestry: a member's split pane / new window is nobody | security::members::e2e_security_panes_a_member_opens_are_nobody |
+//! | §2 roles by ancestry: setsid child, orphan after stop | security::members::e2e_security_member_children_outside_its_pane_are_anonymous |
 //! | §2 roles by ancestry on herdr | security_herdr::e2e_herdr_security_a_pane_a_member_opens_is_nobody_and_its_escaped_child_anonymous |
 //! | §2 another uid is anonymous unless it has the token | security::e2e_security_another_uid_is_anonymous_unless_it_has_the_token |
 //! | §2 operator: the CLI on the daemon's socket | client::e2e_cli_sends_reads_and_acknowledges |
@@ -44,7 +44,7 @@
 //! | §6 herdr restart: bindings re-resolved | push_herdr::e2e_herdr_restart_between_reply_and_nudge_loses_nothing |
 //! | §6 primary.tab pinning and the lead-tab scanner | push::e2e_closing_the_delegating_lead_sends_the_next_nudge_to_the_primary |
 //! | §7 backend env on members only | members::e2e_backend_credentials_reach_the_member_only_and_are_never_shown |
-//! | §13.5 secrets: no argv, no tmux session env, redacted texts | security::e2e_security_backend_secrets_reach_only_their_members |
+//! | §13.5 secrets: no argv, no tmux session env, redacted texts | security::members::e2e_security_backend_secrets_reach_only_their_members |
 //! | §13.5 secrets on herdr: per-pane env only | security_herdr::e2e_herdr_security_backend_secrets_reach_only_their_member |
 //! | §7 release on process exit | members::e2e_a_member_whose_process_dies_is_released_as_exited |
 //! | §7 names: free and taken | members::e2e_spawn_picks_a_free_name_and_refuses_a_taken_one |
@@ -54,8 +54,8 @@
 //! | §9 /metrics | metrics::e2e_metrics_parse_and_move_when_tools_are_called |
 //! | §9 /sessions REST | bridge::e2e_rest_sessions_and_replies |
 //! | §9 one policy on every door; Host and Origin | security::e2e_security_rest_and_mcp_follow_one_policy_for_anonymous_callers_and_web_pages |
-//! | §13.4 a member uses no lead door (MCP, REST, CLI) | security::e2e_security_a_member_can_use_no_lead_door |
-//! | §13.9 owner-only state | security::e2e_security_state_is_owner_only_and_a_loose_one_is_tightened |
+//! | §13.4 a member uses no lead door (MCP, REST, CLI) | security::members::e2e_security_a_member_can_use_no_lead_door |
+//! | §13.9 owner-only state | security::operator::e2e_security_state_is_owner_only_and_a_loose_one_is_tightened |
 //! | §15 durable fleet state: kill -9 at random points, restart, nothing lost or repeated | recovery::e2e_recovery_kill_9_at_random_points_loses_and_repeats_nothing |
 //! | §15 an engine panic ends the daemon non-zero | serve::an_engine_panic_makes_the_daemon_exit_non_zero |
 //! | §3 a spawn whose caller is killed midway still finishes | members::e2e_a_spawn_whose_caller_is_killed_midway_still_finishes |

@@ -1,0 +1,389 @@
+//! The herdr backend when things go wrong: a stalled prompt reported with nothing pressed,
+//! transient failures never read as not-found, answers that came too late read as uncertain, a
+//! watch that survives a herdr restart, and an exiting agent's incarnation reported gone.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_prompt_is_reported_and_the_adapter_presses_nothing() {
+    let fx = start_fake(&[]);
+    let log = fx._dir.path().join("sticky.jsonl");
+    let log_arg = log.display().to_string();
+    let mut events = fx.herdr.events();
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude")],
+            sim_agent_command(&[
+                "--script",
+                "silent",
+                "--swallow",
+                "1",
+                "--work-ms",
+                "500",
+                "--log",
+                &log_arg,
+            ]),
+        ))
+        .await
+        .expect("open");
+    fx.herdr.watch(&pane.pane).await.expect("watch");
+    next_event(
+        &mut events,
+        "idle",
+        status_of(&pane.pane, AgentStatus::Idle),
+    )
+    .await;
+    let submitted = fx
+        .herdr
+        .submit(&pane.pane, "swallowed once")
+        .await
+        .expect("submit");
+    // herdr typed it and saw nothing happen within its 5 s: reported, not retried (review M6).
+    assert_eq!(submitted.path, SubmitPath::AgentPrompt);
+    assert_eq!(submitted.started, Some(false), "{submitted:?}");
+    for _ in 0..300 {
+        if logged(&log, "swallowed") > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(logged(&log, "swallowed"), 1, "only herdr's own Enter");
+    assert_eq!(
+        logged(&log, "turn"),
+        0,
+        "the prompt still waits in the composer"
+    );
+    // The caller's one Enter retry gets the turn started.
+    fx.herdr.press_enter(&pane.pane).await.expect("enter");
+    next_event(
+        &mut events,
+        "working after the retry",
+        status_of(&pane.pane, AgentStatus::Working),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_failures_are_never_reported_as_not_found() {
+    let fx = start_fake(&[]);
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude")],
+            sim_agent_command(&["--script", "silent"]),
+        ))
+        .await
+        .expect("open");
+
+    fx.fake
+        .fault(&json!({ "fault": "drop", "count": 3 }))
+        .expect("fault");
+    for err in [
+        fx.herdr.pane(&pane.pane).await.expect_err("dropped"),
+        fx.herdr
+            .list_panes()
+            .await
+            .map(|_| ())
+            .expect_err("dropped"),
+        fx.herdr
+            .process_info(&pane.pane)
+            .await
+            .map(|_| ())
+            .expect_err("dropped"),
+    ] {
+        assert!(err.is_transient() && !err.is_not_found(), "{err}");
+    }
+    fx.herdr
+        .pane(&pane.pane)
+        .await
+        .expect("works again after the drops");
+
+    let mut impatient = HerdrConfig::new(fx.fake.socket());
+    impatient.call_timeout = Duration::from_millis(300);
+    let impatient = Herdr::new(impatient);
+    fx.fake
+        .fault(&json!({ "fault": "delay", "ms": 1500 }))
+        .expect("fault");
+    let err = impatient.pane(&pane.pane).await.expect_err("too slow");
+    assert!(err.is_transient() && !err.is_not_found(), "{err}");
+    fx.fake.fault(&json!({ "fault": "clear" })).expect("fault");
+
+    let gone_socket = Herdr::new(HerdrConfig::new(fx.fake.socket().with_extension("missing")));
+    let err = gone_socket.pane(&pane.pane).await.expect_err("no server");
+    assert!(err.is_transient() && !err.is_not_found(), "{err}");
+
+    // Affirmative answers are not-found.
+    let missing = PaneId::new("w9:p9").expect("id");
+    assert!(
+        fx.herdr
+            .pane(&missing)
+            .await
+            .expect_err("missing")
+            .is_not_found()
+    );
+    wait_tail(&fx.herdr, &pane.pane, "sim-agent ready").await;
+    for _ in 0..100 {
+        if fx
+            .herdr
+            .pane(&pane.pane)
+            .await
+            .expect("pane")
+            .agent
+            .is_some()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fx.fake
+        .fault(&json!({ "fault": "agent_not_found", "count": 1 }))
+        .expect("fault");
+    let err = fx
+        .herdr
+        .submit(&pane.pane, "x")
+        .await
+        .expect_err("agent gone");
+    assert!(err.is_not_found(), "{err}");
+    fx.herdr.close_pane(&pane.pane).await.expect("close");
+    assert!(
+        fx.herdr
+            .pane(&pane.pane)
+            .await
+            .expect_err("closed")
+            .is_not_found()
+    );
+    assert!(
+        fx.herdr
+            .close_pane(&pane.pane)
+            .await
+            .expect_err("closed twice")
+            .is_not_found()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_herdr_typed_then_answered_timeout_is_uncertain() {
+    let fx = start_fake(&[]);
+    let mut events = fx.herdr.events();
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude")],
+            sim_agent_command(&["--script", "silent", "--work-ms", "300"]),
+        ))
+        .await
+        .expect("open");
+    fx.herdr.watch(&pane.pane).await.expect("watch");
+    next_event(
+        &mut events,
+        "idle",
+        status_of(&pane.pane, AgentStatus::Idle),
+    )
+    .await;
+    fx.fake
+        .fault(&json!({ "fault": "input_timeout", "count": 1, "ms": 200 }))
+        .expect("fault");
+    let err = fx
+        .herdr
+        .submit(&pane.pane, "typed before the timeout")
+        .await
+        .expect_err("herdr answered timeout");
+    assert!(err.is_uncertain() && !err.is_not_found(), "{err}");
+    let tail = wait_tail(&fx.herdr, &pane.pane, "turn done").await;
+    assert_eq!(
+        tail.matches("typed before the timeout").count(),
+        1,
+        "{tail}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pane_input_answered_after_the_client_gave_up_is_uncertain() {
+    let fx = start_fake(&[]);
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[],
+            sim_agent_command(&["--script", "silent", "--work-ms", "200"]),
+        ))
+        .await
+        .expect("open");
+    wait_tail(&fx.herdr, &pane.pane, "sim-agent ready").await;
+    let mut impatient = HerdrConfig::new(fx.fake.socket());
+    impatient.call_timeout = Duration::from_millis(500);
+    let impatient = Herdr::new(impatient);
+    // The request line is out and applied; the answer comes after the client stopped waiting.
+    fx.fake
+        .fault(&json!({ "fault": "input_timeout", "count": 2, "ms": 1500 }))
+        .expect("fault");
+    let err = impatient
+        .submit(&pane.pane, "custom task, late ok")
+        .await
+        .expect_err("no answer in time");
+    assert!(err.is_uncertain() && !err.is_not_found(), "{err}");
+    wait_tail(&fx.herdr, &pane.pane, "turn done").await;
+    let err = impatient
+        .press_enter(&pane.pane)
+        .await
+        .expect_err("no answer in time");
+    assert!(err.is_uncertain() && !err.is_not_found(), "{err}");
+    fx.fake.fault(&json!({ "fault": "clear" })).expect("fault");
+
+    // Failures before anything was written are transient: the pane could not be read first
+    // (the connection dropped), or herdr is not there at all.
+    fx.fake
+        .fault(&json!({ "fault": "drop", "count": 1 }))
+        .expect("fault");
+    let err = fx
+        .herdr
+        .submit(&pane.pane, "never typed")
+        .await
+        .expect_err("dropped");
+    assert!(err.is_transient(), "{err}");
+    let gone_socket = Herdr::new(HerdrConfig::new(fx.fake.socket().with_extension("missing")));
+    for err in [
+        gone_socket
+            .submit(&pane.pane, "x")
+            .await
+            .map(|_| ())
+            .expect_err("no server"),
+        gone_socket
+            .press_enter(&pane.pane)
+            .await
+            .expect_err("no server"),
+    ] {
+        assert!(err.is_transient() && !err.is_not_found(), "{err}");
+    }
+    let tail = fx.herdr.read_tail(&pane.pane, 200).await.expect("tail");
+    assert!(!tail.contains("never typed"), "{tail}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watch_survives_a_herdr_restart() {
+    let fx = start_fake(&[]);
+    let mut events = fx.herdr.events();
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude")],
+            sim_agent_command(&["--script", "silent"]),
+        ))
+        .await
+        .expect("open");
+    fx.herdr.watch(&pane.pane).await.expect("watch");
+    next_event(
+        &mut events,
+        "idle",
+        status_of(&pane.pane, AgentStatus::Idle),
+    )
+    .await;
+
+    fx.fake
+        .fault(&json!({ "fault": "restart", "down_ms": 800 }))
+        .expect("restart");
+    let old = pane.terminal.clone();
+    next_event(&mut events, "the old incarnation to end", |e| {
+        matches!(e, PaneEvent::Gone { pane: p, terminal: Some(t) } if *p == pane.pane && *t == old)
+    })
+    .await;
+    let fresh = next_event(&mut events, "the new incarnation", |e| {
+        matches!(e, PaneEvent::StatusChanged { pane: p, terminal, .. } if *p == pane.pane && *terminal != old)
+    })
+    .await;
+    let PaneEvent::StatusChanged {
+        terminal: new_terminal,
+        ..
+    } = fresh
+    else {
+        unreachable!()
+    };
+    let now = fx
+        .herdr
+        .pane(&pane.pane)
+        .await
+        .expect("same pane id after restart");
+    assert_eq!(now.terminal, new_terminal);
+
+    // The restored pane runs a fresh shell; start an agent in it and follow a whole turn on the
+    // re-established subscription.
+    let line = format!(
+        "HERDR_AGENT=claude exec {} --script silent --work-ms 1000",
+        bin_path("sim-agent").display()
+    );
+    let submitted = fx
+        .herdr
+        .submit(&pane.pane, &line)
+        .await
+        .expect("type into the fresh shell");
+    assert_eq!(submitted.path, SubmitPath::PaneInput);
+    next_event(
+        &mut events,
+        "idle on the new terminal",
+        status_of(&pane.pane, AgentStatus::Idle),
+    )
+    .await;
+    fx.herdr
+        .submit(&pane.pane, "after restart")
+        .await
+        .expect("prompt");
+    next_event(
+        &mut events,
+        "working",
+        status_of(&pane.pane, AgentStatus::Working),
+    )
+    .await;
+    next_event(
+        &mut events,
+        "done",
+        status_of(&pane.pane, AgentStatus::Done),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exiting_agent_reports_its_incarnation_gone() {
+    let fx = start_fake(&[]);
+    let mut events = fx.herdr.events();
+    let pane = fx
+        .herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude")],
+            sim_agent_command(&["--script", "exit"]),
+        ))
+        .await
+        .expect("open");
+    fx.herdr.watch(&pane.pane).await.expect("watch");
+    next_event(
+        &mut events,
+        "idle",
+        status_of(&pane.pane, AgentStatus::Idle),
+    )
+    .await;
+    let _ = fx.herdr.submit(&pane.pane, "please exit").await;
+    let terminal: TerminalId = pane.terminal.clone();
+    next_event(&mut events, "gone", |e| {
+        matches!(e, PaneEvent::Gone { pane: p, terminal: Some(t) } if *p == pane.pane && *t == terminal)
+    })
+    .await;
+    assert!(
+        fx.herdr
+            .pane(&pane.pane)
+            .await
+            .expect_err("closed")
+            .is_not_found()
+    );
+    assert!(
+        fx.herdr
+            .watch(&pane.pane)
+            .await
+            .expect_err("gone")
+            .is_not_found()
+    );
+}
