@@ -247,11 +247,15 @@ fn every_scenario_in_the_table_exists() {
     let mut missing = Vec::new();
     for line in table.lines().filter(|l| l.starts_with("//! | §")) {
         let cell = line.rsplit('|').nth(1).unwrap_or_default().trim();
-        let Some((module, test)) = cell.split_once("::") else {
+        let Some((module, test)) = cell.rsplit_once("::") else {
             missing.push(format!("unparsable row: {line}"));
             continue;
         };
-        let source = std::fs::read_to_string(dir.join(format!("{module}.rs"))).unwrap_or_default();
+        // `a::b` is `a/b.rs`, or `a/b/mod.rs` once it became a directory.
+        let module = dir.join(module.replace("::", "/"));
+        let source = std::fs::read_to_string(module.with_extension("rs"))
+            .or_else(|_| std::fs::read_to_string(module.join("mod.rs")))
+            .unwrap_or_default();
         if !source.contains(&format!("fn {test}(")) {
             missing.push(cell.to_owned());
         }
