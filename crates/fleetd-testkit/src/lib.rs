@@ -137,12 +137,11 @@ pub mod proxy;
 
 pub mod fake_herdr;
 pub mod fake_model;
-pub mod flood;
 pub mod http;
+pub mod malformed;
 pub mod recovery;
 pub mod rig;
 pub mod rig_herdr;
 pub mod sim_agent;
-pub mod sse;
 pub mod tls;
 pub mod tmux;

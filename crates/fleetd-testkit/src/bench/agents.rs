@@ -29,7 +29,7 @@ use crate::agents::rig::{AgentRig, pause};
 use crate::agents::turns::{finished, nudges, prompt, read_on_nudge};
 use crate::agents::{Cli, versions};
 use crate::http::Endpoint;
-use crate::sse::SseReader;
+use crate::http::events::SseReader;
 
 const DEFAULT_ROUNDS: usize = 20;
 /// Issue 32's target, for p99.

@@ -5,8 +5,6 @@
 //!
 //! `fleetd-bench bridge [--rounds N]`.
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +22,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 
 use super::{Met, Row};
+use crate::http::mcp::McpClient;
 
 const DEFAULT_ROUNDS: usize = 2000;
 
@@ -260,63 +259,32 @@ async fn list_round_trip(rounds: usize) -> anyhow::Result<Stats> {
     let server = tokio::spawn(fleetd::serve::run(config, listener, async move {
         let _ = stopped.await;
     }));
-    let samples = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<Duration>> {
-        let mut stream = TcpStream::connect(addr)?;
-        stream.set_nodelay(true)?;
-        let mut reader = BufReader::new(stream.try_clone()?);
-        let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"fleet_list","arguments":{}}}"#;
-        let request = format!(
-            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let mut samples = Vec::with_capacity(rounds);
-        // The first call pays the caller lookup; the connection's answer is cached after it.
-        for i in 0..=rounds {
-            let start = std::time::Instant::now();
-            stream.write_all(request.as_bytes())?;
-            let mut length = 0;
-            let mut chunked = false;
-            loop {
-                let mut line = String::new();
-                reader.read_line(&mut line)?;
-                if line == "\r\n" {
-                    break;
-                }
-                let lower = line.to_ascii_lowercase();
-                if let Some(v) = lower.strip_prefix("content-length:") {
-                    length = v.trim().parse()?;
-                }
-                if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
-                    chunked = true;
-                }
-            }
-            let mut buf = Vec::new();
-            if chunked {
-                // rmcp's answer has no length: read the chunks up to the empty one.
-                loop {
-                    let mut size = String::new();
-                    reader.read_line(&mut size)?;
-                    let size = usize::from_str_radix(size.trim(), 16)?;
-                    let mut chunk = vec![0; size + 2];
-                    reader.read_exact(&mut chunk)?;
-                    if size == 0 {
-                        break;
+    // The client on a thread and runtime of its own, as another process's would be: the
+    // round trip is the server's, not the client's wait for a worker of the server's runtime.
+    let client = std::thread::spawn(move || -> anyhow::Result<Vec<Duration>> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(async {
+                let mut client = McpClient::at(addr, "/mcp").kept_alive();
+                let mut samples = Vec::with_capacity(rounds);
+                // The first call pays the caller lookup; the connection's answer is cached.
+                for i in 0..=rounds {
+                    let start = std::time::Instant::now();
+                    let result = client
+                        .call_tool("fleet_list", serde_json::json!({}))
+                        .await?;
+                    anyhow::ensure!(result["isError"] == false, "fleet_list failed: {result}");
+                    if i > 0 {
+                        samples.push(start.elapsed());
                     }
-                    buf.extend_from_slice(&chunk[..size]);
                 }
-            } else {
-                buf.resize(length, 0);
-                reader.read_exact(&mut buf)?;
-            }
-            let text = String::from_utf8_lossy(&buf);
-            anyhow::ensure!(text.contains("\"isError\":false"), "fleet_list failed: {text}");
-            if i > 0 {
-                samples.push(start.elapsed());
-            }
-        }
-        Ok(samples)
-    })
-    .await??;
+                Ok(samples)
+            })
+    });
+    let samples = tokio::task::spawn_blocking(move || client.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("the bench client panicked"))??;
     let _ = stop.send(());
     server.await??;
     Ok(stats(samples))

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use super::pane_client::HerdrFleet;
 use super::{Row, Summary, arg_number, ms, progress};
 use crate::browser::{Browser, require_chromium};
-use crate::sse::SseReader;
+use crate::http::events::SseReader;
 
 const DEFAULT_MEMBERS: usize = 200;
 /// 200 × 50 = 10,000 tasks, each at least one event (under `limits.maxQueuedTasks`, 64).

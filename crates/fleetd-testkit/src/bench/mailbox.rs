@@ -18,9 +18,9 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
-use super::keepalive::{McpConn, structured};
 use super::pane_client::HerdrFleet;
 use super::{Row, Summary, arg_number, progress};
+use crate::http::mcp::{McpConn, structured};
 
 const DEFAULT_ROUNDS: usize = 100;
 /// Rounds run first and not counted (connections, caches, SQLite pages warm up).

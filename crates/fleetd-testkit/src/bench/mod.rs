@@ -8,7 +8,6 @@ pub mod dashboard;
 pub mod footprint;
 pub mod gateway;
 pub mod inbox;
-pub mod keepalive;
 pub mod locate;
 pub mod mailbox;
 pub mod nudge;

@@ -16,9 +16,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde_json::{Value, json};
 
-use super::keepalive::McpConn;
 use crate::daemon::{Daemon, write_config};
 use crate::fake_herdr::process::FakeHerdrProcess;
+use crate::http::mcp::McpConn;
 use crate::{bin_path, wait_until};
 
 /// How long a pane process has to connect back after it was started.
@@ -288,7 +288,7 @@ impl HerdrFleet {
             })
             .collect();
         for answer in self.lead.call_many(calls, parallel)? {
-            super::keepalive::structured("fleet_spawn", &answer?.result)?;
+            crate::http::mcp::structured("fleet_spawn", &answer?.result)?;
         }
         Ok(())
     }

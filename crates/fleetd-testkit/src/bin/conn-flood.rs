@@ -1,13 +1,13 @@
 //! `conn-flood ADDR IDLE SLOW HOLD_MS`: opens IDLE connections that send nothing and SLOW ones
 //! that never finish their request head to fleetd at ADDR, holds them HOLD_MS after the last
 //! connect, and prints one JSON line saying what the server did with each
-//! (`fleetd_testkit::flood::Report`). A test double, run by the connection-limit tests (as
+//! (`fleetd_testkit::malformed::flood::Report`). A test double, run by the connection-limit tests (as
 //! another user too); never used by the daemon.
 
 use std::time::Duration;
 
 use anyhow::Context as _;
-use fleetd_testkit::flood::{Plan, run};
+use fleetd_testkit::malformed::flood::{Plan, run};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();

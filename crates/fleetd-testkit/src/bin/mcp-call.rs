@@ -22,8 +22,7 @@ use std::io::{BufRead as _, Write as _};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use fleetd_testkit::bench::keepalive::McpConn;
-use fleetd_testkit::sim_agent::mcp::McpClient;
+use fleetd_testkit::http::mcp::{McpClient, McpConn};
 use serde_json::{Value, json};
 
 fn main() -> anyhow::Result<()> {
@@ -90,7 +89,7 @@ fn call(tool: &str, arguments: Value) -> Value {
             .enable_all()
             .build()?;
         runtime.block_on(async {
-            let mut client = McpClient::new(&url)?;
+            let mut client = McpClient::new(&url)?.named("mcp-call");
             client.initialize().await?;
             client.call_tool(tool, arguments).await
         })

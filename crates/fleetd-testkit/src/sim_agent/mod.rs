@@ -39,8 +39,9 @@ use anyhow::Context as _;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
+use crate::http::mcp::McpClient;
+
 mod config;
-pub mod mcp;
 
 pub use config::{Action, Config};
 
@@ -91,7 +92,7 @@ async fn connect_chain(depth: u32, addr: &str, tag: &str) -> anyhow::Result<()> 
 struct Agent {
     config: Config,
     turn: usize,
-    mcp: Option<mcp::McpClient>,
+    mcp: Option<McpClient>,
     /// Whether `initialize` succeeded; a failed start-up attempt is retried before a tool call.
     mcp_ready: bool,
     out: tokio::io::Stdout,
@@ -163,7 +164,7 @@ impl Agent {
             }
         }
         if let Some(url) = self.config.fleetd_url.clone() {
-            self.mcp = Some(mcp::McpClient::new(&url)?);
+            self.mcp = Some(McpClient::new(&url)?.named("sim-agent"));
             self.ensure_mcp().await;
         }
         self.title("sim-agent").await;

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use fleetd_testkit::bench::keepalive::structured;
 use fleetd_testkit::bench::pane_client::{HerdrFleet, PaneClient};
-use fleetd_testkit::flood::{self, Outcome, Plan, Report};
+use fleetd_testkit::http::mcp::structured;
+use fleetd_testkit::malformed::flood::{self, Outcome, Plan, Report};
 use fleetd_testkit::{Service, bin_path, http, require, wait_until};
 use serde_json::json;
 
@@ -467,7 +467,7 @@ fn e2e_a_full_gate_refuses_clearly_on_the_shim_and_on_http() {
     use std::os::unix::net::UnixStream;
 
     use fleetd_testkit::daemon::{Daemon, isolated_config, state_dir, write_config};
-    use fleetd_testkit::sse::SseReader;
+    use fleetd_testkit::http::events::SseReader;
     let home = tempfile::tempdir().expect("tempdir");
     write_config(
         home.path(),
@@ -520,10 +520,13 @@ fn e2e_a_full_gate_refuses_clearly_on_the_shim_and_on_http() {
     let message = line["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("too_many_connections"), "{line}");
     assert!(message.contains("connections.max"), "{line}");
-    let answer = http::get(daemon.addr, "/healthz").expect("an answer");
-    assert_eq!(answer.status, 503, "{answer:?}");
-    assert_eq!(answer.error_code(), "too_many_connections", "{answer:?}");
-    assert!(answer.body.contains("connections.max"), "{answer:?}");
+    let answer = fleetd_testkit::malformed::answer_unasked(daemon.addr).expect("an answer");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.contains(r#""error":"too_many_connections""#),
+        "{answer}"
+    );
+    assert!(answer.contains("connections.max"), "{answer}");
     drop(streams);
     wait_until("a slot to free", Duration::from_secs(10), || {
         http::get(daemon.addr, "/healthz").is_ok_and(|r| r.error_code().is_empty())

@@ -5,8 +5,8 @@
 //! users and web pages are in the security suite with every other door.)
 
 use fleetd_testkit::daemon::state_dir;
+use fleetd_testkit::http::events::{SseEvent, SseReader};
 use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
-use fleetd_testkit::sse::{SseEvent, SseReader};
 use fleetd_testkit::{Service, require_tmux};
 use serde_json::json;
 

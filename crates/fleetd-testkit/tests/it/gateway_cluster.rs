@@ -24,8 +24,8 @@ use fleetd_core::gateway::{Envelope, GatewayName, Kind};
 use fleetd_testkit::Service;
 use fleetd_testkit::broker::FleetVhost;
 use fleetd_testkit::cluster::{Cluster, require_rabbitmq_server};
+use fleetd_testkit::http::events::SseReader;
 use fleetd_testkit::rig::Rig;
-use fleetd_testkit::sse::SseReader;
 use jiff::{SignedDuration, Timestamp};
 
 use super::gateway::{reply_counts, send_nowait, start_hosts, ticket_state};

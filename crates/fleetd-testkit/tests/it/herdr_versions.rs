@@ -11,16 +11,14 @@ use std::time::Duration;
 
 use fleetd::mux::herdr::{Herdr, HerdrConfig};
 use fleetd::mux::{Launch, Multiplexer, OpenPane, PaneEvent, PaneInfo, Placement};
-use fleetd_core::{AgentStatus, PaneId};
+use fleetd_core::AgentStatus;
 use fleetd_testkit::fake_herdr::HerdrVersion;
 use fleetd_testkit::fake_herdr::process::FakeHerdrProcess;
 use fleetd_testkit::rig_herdr::{HerdrRig, sim_profile};
 use fleetd_testkit::{bin_path, http, wait_until};
 use serde_json::{Value, json};
-use tokio::sync::broadcast;
 
-/// Generous bound for anything a loaded 2-core machine has to do.
-const PATIENCE: Duration = Duration::from_secs(30);
+use crate::mux_herdr::{next_event, statuses, wait_tail};
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -59,42 +57,6 @@ async fn open_agent(fx: &Fixture, args: &[&str]) -> PaneInfo {
         .expect("open")
 }
 
-async fn next_event(
-    rx: &mut broadcast::Receiver<PaneEvent>,
-    what: &str,
-    mut pred: impl FnMut(&PaneEvent) -> bool,
-) -> PaneEvent {
-    let wait = async {
-        loop {
-            match rx.recv().await {
-                Ok(event) if pred(&event) => return event,
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                Err(broadcast::error::RecvError::Closed) => panic!("event channel closed"),
-            }
-        }
-    };
-    tokio::time::timeout(PATIENCE, wait)
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
-
-fn status_of(pane: &PaneId, want: AgentStatus) -> impl FnMut(&PaneEvent) -> bool + '_ {
-    move |e| matches!(e, PaneEvent::StatusChanged { pane: p, status, .. } if p == pane && *status == want)
-}
-
-/// Reads the pane's tail until it shows `needle`.
-async fn wait_tail(herdr: &Herdr, pane: &PaneId, needle: &str) -> String {
-    let mut last = String::new();
-    for _ in 0..300 {
-        last = herdr.read_tail(pane, 200).await.unwrap_or_default();
-        if last.contains(needle) {
-            return last;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("pane {pane} never showed {needle:?}; last read:\n{last}");
-}
-
 /// A raw call's `result`, or its error object.
 fn raw(fake: &FakeHerdrProcess, method: &str, params: &Value) -> Result<Value, Value> {
     let reply = fake.call(method, params).expect("fake-herdr answers");
@@ -131,12 +93,7 @@ async fn herdr_0_9_events_lost_ends_the_subscription_and_the_watch_resyncs() {
     let mut events = fx.herdr.events();
     let pane = open_agent(&fx, &["--script", "silent", "--work-ms", "20000"]).await;
     fx.herdr.watch(&pane.pane).await.expect("watch");
-    next_event(
-        &mut events,
-        "idle",
-        status_of(&pane.pane, AgentStatus::Idle),
-    )
-    .await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
 
     // The agent starts working while the subscription loses its events.
     fx.fake
@@ -148,12 +105,7 @@ async fn herdr_0_9_events_lost_ends_the_subscription_and_the_watch_resyncs() {
         &json!({ "target": pane.pane.as_str(), "text": "work while events are lost" }),
     )
     .expect("prompted");
-    next_event(
-        &mut events,
-        "working, seen after the lost events",
-        status_of(&pane.pane, AgentStatus::Working),
-    )
-    .await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Working]).await;
 
     // The pane closes while the next subscription loses its events.
     fx.fake
@@ -234,12 +186,7 @@ async fn herdr_0_9_a_prompt_whose_enter_failed_is_uncertain() {
     let mut events = fx.herdr.events();
     let pane = open_agent(&fx, &["--script", "silent", "--work-ms", "300"]).await;
     fx.herdr.watch(&pane.pane).await.expect("watch");
-    next_event(
-        &mut events,
-        "idle",
-        status_of(&pane.pane, AgentStatus::Idle),
-    )
-    .await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     fx.fake
         .fault(&json!({ "fault": "enter_fails", "count": 1 }))
         .expect("fault");
@@ -279,38 +226,22 @@ async fn herdr_a_prompt_and_a_nudge_run_one_turn_each_on_both_versions() {
         )
         .await;
         fx.herdr.watch(&pane.pane).await.expect("watch");
-        next_event(
-            &mut events,
-            "idle",
-            status_of(&pane.pane, AgentStatus::Idle),
-        )
-        .await;
+        statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
         let submitted = fx.herdr.submit(&pane.pane, "first task").await;
         assert_eq!(
             submitted.expect("submit").started,
             Some(true),
             "{version:?}"
         );
-        next_event(
-            &mut events,
-            "done",
-            status_of(&pane.pane, AgentStatus::Done),
-        )
-        .await;
+        statuses(&mut events, &pane.pane, &[AgentStatus::Done]).await;
         fx.herdr
             .nudge(&pane.pane, "then a nudge")
             .await
             .expect("nudge");
-        next_event(
+        statuses(
             &mut events,
-            "the nudge's turn",
-            status_of(&pane.pane, AgentStatus::Working),
-        )
-        .await;
-        next_event(
-            &mut events,
-            "done again",
-            status_of(&pane.pane, AgentStatus::Done),
+            &pane.pane,
+            &[AgentStatus::Working, AgentStatus::Done],
         )
         .await;
         assert_eq!(

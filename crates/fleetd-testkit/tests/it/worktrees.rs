@@ -94,7 +94,7 @@ fn e2e_worktrees_parallel_members_work_on_their_own_branches_and_release_keeps_o
     // The lead works in the repository: members branch from there.
     rig.type_line(LEAD, &format!("cd {}", repo.display()));
     let mut events =
-        fleetd_testkit::sse::SseReader::unix(&state_dir(rig.dir()).join("api.sock"), None)
+        fleetd_testkit::http::events::SseReader::unix(&state_dir(rig.dir()).join("api.sock"), None)
             .expect("the event stream");
     for name in ["ann", "bob", "cy"] {
         rig.spawn("wt", name);

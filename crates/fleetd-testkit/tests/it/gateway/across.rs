@@ -112,7 +112,7 @@ fn e2e_gateway_a_lead_spawns_on_another_host_delegates_and_answers_a_question_ac
     let b_name = hosts.fleet.gateways[1].clone();
     let patience = std::time::Duration::from_secs(90);
     // a's event stream (the dashboard's, `fleetd watch`'s) hears of b's members from presence.
-    let mut events = fleetd_testkit::sse::SseReader::unix(
+    let mut events = fleetd_testkit::http::events::SseReader::unix(
         &fleetd_testkit::daemon::state_dir(a.dir()).join("api.sock"),
         None,
     )

@@ -29,12 +29,7 @@ async fn a_stalled_prompt_is_reported_and_the_adapter_presses_nothing() {
         .await
         .expect("open");
     fx.herdr.watch(&pane.pane).await.expect("watch");
-    next_event(
-        &mut events,
-        "idle",
-        status_of(&pane.pane, AgentStatus::Idle),
-    )
-    .await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     let submitted = fx
         .herdr
         .submit(&pane.pane, "swallowed once")
@@ -57,12 +52,7 @@ async fn a_stalled_prompt_is_reported_and_the_adapter_presses_nothing() {
     );
     // The caller's one Enter retry gets the turn started.
     fx.herdr.press_enter(&pane.pane).await.expect("enter");
-    next_event(
-        &mut events,
-        "working after the retry",
-        status_of(&pane.pane, AgentStatus::Working),
-    )
-    .await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Working]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,12 +168,7 @@ async fn a_prompt_herdr_typed_then_answered_timeout_is_uncertain() {
         .await
         .expect("open");
     fx.herdr.watch(&pane.pane).await.expect("watch");
-    next_event(
-        &mut events,
-        "idle",
-        status_of(&pane.pane, AgentStatus::Idle),
-    )
-    .await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     fx.fake
         .fault(&json!({ "fault": "input_timeout", "count": 1, "ms": 200 }))
         .expect("fault");
@@ -277,12 +262,7 @@ async fn status_watch_survives_a_herdr_restart() {
         .await
         .expect("open");
     fx.herdr.watch(&pane.pane).await.expect("watch");
-    next_event(
-        &mut events,
-        "idle",
-        status_of(&pane.pane, AgentStatus::Idle),
-    )
-    .await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
 
     fx.fake
         .fault(&json!({ "fault": "restart", "down_ms": 800 }))
@@ -322,26 +302,15 @@ async fn status_watch_survives_a_herdr_restart() {
         .await
         .expect("type into the fresh shell");
     assert_eq!(submitted.path, SubmitPath::PaneInput);
-    next_event(
-        &mut events,
-        "idle on the new terminal",
-        status_of(&pane.pane, AgentStatus::Idle),
-    )
-    .await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     fx.herdr
         .submit(&pane.pane, "after restart")
         .await
         .expect("prompt");
-    next_event(
+    statuses(
         &mut events,
-        "working",
-        status_of(&pane.pane, AgentStatus::Working),
-    )
-    .await;
-    next_event(
-        &mut events,
-        "done",
-        status_of(&pane.pane, AgentStatus::Done),
+        &pane.pane,
+        &[AgentStatus::Working, AgentStatus::Done],
     )
     .await;
 }
@@ -360,12 +329,7 @@ async fn exiting_agent_reports_its_incarnation_gone() {
         .await
         .expect("open");
     fx.herdr.watch(&pane.pane).await.expect("watch");
-    next_event(
-        &mut events,
-        "idle",
-        status_of(&pane.pane, AgentStatus::Idle),
-    )
-    .await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     let _ = fx.herdr.submit(&pane.pane, "please exit").await;
     let terminal: TerminalId = pane.terminal.clone();
     next_event(&mut events, "gone", |e| {

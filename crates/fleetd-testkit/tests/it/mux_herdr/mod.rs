@@ -21,7 +21,7 @@ use tokio::sync::broadcast;
 mod failures;
 
 /// Generous bound for anything a loaded 2-core machine has to do.
-const PATIENCE: Duration = Duration::from_secs(30);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -63,7 +63,7 @@ fn member(workspace: &str, env: &[(&str, &str)], command: Vec<String>) -> OpenPa
     }
 }
 
-async fn next_event(
+pub(crate) async fn next_event(
     rx: &mut broadcast::Receiver<PaneEvent>,
     what: &str,
     mut pred: impl FnMut(&PaneEvent) -> bool,
@@ -82,11 +82,27 @@ async fn next_event(
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
-fn status_of<'a>(pane: &'a PaneId, want: AgentStatus) -> impl FnMut(&PaneEvent) -> bool + 'a {
+/// Waits for `pane` to report each of `steps` in turn (other events pass by): a turn's
+/// transcript, e.g. `[Working, Done]`.
+pub(crate) async fn statuses(
+    rx: &mut broadcast::Receiver<PaneEvent>,
+    pane: &PaneId,
+    steps: &[AgentStatus],
+) {
+    for (i, want) in steps.iter().enumerate() {
+        let what = format!("{pane} {want:?} (step {} of {steps:?})", i + 1);
+        next_event(rx, &what, status_of(pane, *want)).await;
+    }
+}
+
+pub(crate) fn status_of<'a>(
+    pane: &'a PaneId,
+    want: AgentStatus,
+) -> impl FnMut(&PaneEvent) -> bool + 'a {
     move |e| matches!(e, PaneEvent::StatusChanged { pane: p, status, .. } if p == pane && *status == want)
 }
 
-async fn wait_tail(herdr: &Herdr, pane: &PaneId, needle: &str) -> String {
+pub(crate) async fn wait_tail(herdr: &Herdr, pane: &PaneId, needle: &str) -> String {
     let mut last = String::new();
     for _ in 0..300 {
         last = herdr.read_tail(pane, 200).await.unwrap_or_default();
@@ -308,12 +324,7 @@ async fn known_agent_turn_streams_working_then_done() {
         .await
         .expect("open");
     fx.herdr.watch(&pane.pane).await.expect("watch");
-    next_event(
-        &mut events,
-        "idle",
-        status_of(&pane.pane, AgentStatus::Idle),
-    )
-    .await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     let submitted = fx
         .herdr
         .submit(&pane.pane, "hello \"fleet\" ✓")
@@ -321,16 +332,10 @@ async fn known_agent_turn_streams_working_then_done() {
         .expect("submit");
     assert_eq!(submitted.path, SubmitPath::AgentPrompt);
     assert_eq!(submitted.started, Some(true));
-    next_event(
+    statuses(
         &mut events,
-        "working",
-        status_of(&pane.pane, AgentStatus::Working),
-    )
-    .await;
-    next_event(
-        &mut events,
-        "done",
-        status_of(&pane.pane, AgentStatus::Done),
+        &pane.pane,
+        &[AgentStatus::Working, AgentStatus::Done],
     )
     .await;
     let tail = wait_tail(&fx.herdr, &pane.pane, "turn done").await;
@@ -466,22 +471,12 @@ async fn sim_agent_replies_and_asks_over_mcp() {
         .await
         .expect("open");
     fx.herdr.watch(&pane.pane).await.expect("watch");
-    next_event(
-        &mut events,
-        "idle",
-        status_of(&pane.pane, AgentStatus::Idle),
-    )
-    .await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     fx.herdr
         .submit(&pane.pane, "task one")
         .await
         .expect("submit");
-    next_event(
-        &mut events,
-        "done",
-        status_of(&pane.pane, AgentStatus::Done),
-    )
-    .await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Done]).await;
     fx.herdr
         .submit(&pane.pane, "task two")
         .await

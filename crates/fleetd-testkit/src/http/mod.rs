@@ -1,11 +1,20 @@
-//! A minimal HTTP/1.1 client for tests: one request per connection, `Connection: close`, over
-//! TCP or the daemon's operator socket.
+//! HTTP for tests, benchmarks and sim-agent, over TCP or the daemon's operator socket: one
+//! client ([`client::Conn`], on hyper), the blocking one-request helpers most tests use, the
+//! `/events` reader ([`events`]) and the MCP client ([`mcp`]). A test that must send bytes no
+//! client would (a flood of unfinished heads) uses [`crate::malformed`], never this.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::os::unix::net::UnixStream;
+pub mod client;
+pub mod events;
+pub mod mcp;
+
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+
+pub use client::{Conn, Request};
+
+/// Bound on one blocking request: long enough for a `fleet_ask` that waits for its answer.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(150);
 
 /// A response: status code and body text.
 #[derive(Debug, Clone)]
@@ -67,7 +76,7 @@ impl From<&Endpoint> for Endpoint {
     }
 }
 
-/// Sends one request and reads the whole response.
+/// Sends one request on a connection of its own and reads the whole response.
 pub fn request(
     to: impl Into<Endpoint>,
     method: &str,
@@ -77,8 +86,10 @@ pub fn request(
     request_with(to, method, path, &[], body)
 }
 
-/// Sends one request with extra `headers` (a `Host` among them replaces the default one:
-/// the address connected to, or `localhost` on the unix socket) and reads the response.
+/// Sends one request with extra `headers` on a connection of its own (`Connection: close`)
+/// and reads the response. A header named in `headers` replaces the default of that name: `Host`
+/// (the address connected to, or `localhost` on the unix socket), `Content-Type` (JSON) and
+/// `Accept` (JSON and event streams).
 pub fn request_with(
     to: impl Into<Endpoint>,
     method: &str,
@@ -87,94 +98,20 @@ pub fn request_with(
     body: Option<&str>,
 ) -> std::io::Result<Response> {
     let to = to.into();
-    let body = body.unwrap_or("");
-    let default_host = match &to {
-        Endpoint::Tcp(addr) => addr.to_string(),
-        Endpoint::Unix(_) => "localhost".to_owned(),
-    };
-    let host = headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("host"))
-        .map_or(default_host.as_str(), |(_, v)| *v);
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers
-        .iter()
-        .filter(|(k, _)| !k.eq_ignore_ascii_case("host"))
-    {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    let raw = match to {
-        Endpoint::Tcp(addr) => {
-            let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-            stream.set_read_timeout(Some(Duration::from_secs(150)))?;
-            exchange(&mut stream, &head, body)?
-        }
-        Endpoint::Unix(path) => {
-            let mut stream = UnixStream::connect(path)?;
-            stream.set_read_timeout(Some(Duration::from_secs(150)))?;
-            exchange(&mut stream, &head, body)?
-        }
-    };
-    Ok(parse(&raw))
-}
-
-fn exchange(stream: &mut (impl Read + Write), head: &str, body: &str) -> std::io::Result<Vec<u8>> {
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body.as_bytes())?;
-    // Up to the end of the stream, or of the body its `Content-Length` announces: some
-    // servers (chromedriver) say `Connection: close` and keep the socket open.
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            return Ok(raw);
-        }
-        raw.extend_from_slice(&buf[..n]);
-        if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n")
-            && let Some(length) = content_length(&raw[..end])
-            && raw.len() >= end + 4 + length
-        {
-            return Ok(raw);
-        }
-    }
-}
-
-/// The `Content-Length` of a response head, when it has one.
-fn content_length(head: &[u8]) -> Option<usize> {
-    String::from_utf8_lossy(head)
-        .lines()
-        .skip(1)
-        .filter_map(|line| line.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.trim().parse().ok())
-}
-
-fn parse(raw: &[u8]) -> Response {
-    let text = String::from_utf8_lossy(raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let body = if chunked {
-        dechunk(rest)
-    } else {
-        rest.to_owned()
-    };
-    Response {
-        status,
+    let mut all = vec![("connection", "close")];
+    all.extend_from_slice(headers);
+    let request = Request {
+        method,
+        path,
+        headers: &all,
         body,
-        head: head.to_owned(),
-    }
+    };
+    client::block(async {
+        let exchange = async { Conn::open(&to).await?.exchange(request).await };
+        tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in time"))?
+    })
 }
 
 /// Sends `GET path`.
@@ -249,19 +186,4 @@ pub fn all_replies(to: impl Into<Endpoint>, target: &str) -> Vec<(String, String
             return all;
         }
     }
-}
-
-fn dechunk(mut rest: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, tail)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || tail.len() < n {
-            break;
-        }
-        out.push_str(&tail[..n]);
-        rest = tail[n..].trim_start_matches("\r\n");
-    }
-    out
 }
