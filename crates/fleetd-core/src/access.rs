@@ -7,6 +7,7 @@
 use serde::Serialize;
 
 use crate::ids::Target;
+pub use crate::refusal::{Code, Refusal};
 
 /// The door a connection came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -158,31 +159,11 @@ pub enum ToolClass {
     Observe,
 }
 
-/// A refusal: a stable code and a sentence saying what to do instead.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
-#[error("{code}: {message}")]
-pub struct Refusal {
-    /// Stable, machine-readable code.
-    pub code: &'static str,
-    /// What happened and what to do next.
-    pub message: String,
-}
-
-impl Refusal {
-    /// A refusal with `code` and `message`.
-    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-        }
-    }
-}
-
 /// Decides whether `role` may perform an operation of `class` named `tool`.
 pub fn authorize(role: &Role, class: ToolClass, tool: &str) -> Result<(), Refusal> {
     match (role, class) {
         (Role::Nobody, _) => Err(Refusal::new(
-            "unregistered_pane",
+            Code::UnregisteredPane,
             format!(
                 "{tool} refused: this connection comes from a pane in the members' workspace that is not a registered member (a pane a member opened, or one left by a released member); members are started with fleet_spawn"
             ),
@@ -190,7 +171,7 @@ pub fn authorize(role: &Role, class: ToolClass, tool: &str) -> Result<(), Refusa
         (_, ToolClass::Public) => Ok(()),
         (Role::Member { .. }, ToolClass::Worker | ToolClass::Ticket) => Ok(()),
         (Role::Member { target, .. }, ToolClass::Observe) => Err(Refusal::new(
-            "not_a_lead",
+            Code::NotALead,
             format!(
                 "{tool} shows the whole fleet and is for leads and the operator; you are member {target}: ask your lead, or read your own sub-members with fleet_list and fleet_status"
             ),
@@ -203,20 +184,20 @@ pub fn authorize(role: &Role, class: ToolClass, tool: &str) -> Result<(), Refusa
             _,
         ) => Ok(()),
         (Role::Member { target, .. }, _) => Err(Refusal::new(
-            "not_a_lead",
+            Code::NotALead,
             format!(
                 "{tool} is a lead's tool and you are member {target}, whose profile does not allow delegation: answer your task with fleet_reply (or ask with fleet_ask) instead"
             ),
         )),
         (Role::Lead | Role::Operator, ToolClass::Worker) => Err(Refusal::new(
-            "not_a_member",
+            Code::NotAMember,
             format!(
                 "{tool} is for members answering a task, and this connection is not from a member's pane: leads read replies with fleet_poll and send work with fleet_send"
             ),
         )),
         (Role::Lead | Role::Operator, _) => Ok(()),
         (Role::Anonymous, _) => Err(Refusal::new(
-            "anonymous_caller",
+            Code::AnonymousCaller,
             format!(
                 "{tool} needs a lead or the operator, and this connection comes from no pane fleetd trusts (no pane, another user, or a member's process that left its pane): call it from the lead's agent pane, use the fleetd CLI as the daemon's user, or present the API token as a bearer token"
             ),
@@ -267,7 +248,7 @@ mod tests {
                     .iter()
                     .map(|c| match authorize(role, *c, "fleet_x") {
                         Ok(()) => "ok",
-                        Err(r) => r.code,
+                        Err(r) => r.code.as_str(),
                     })
                     .collect();
                 format!("{name}: {}", cells.join(" "))

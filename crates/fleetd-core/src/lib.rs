@@ -9,6 +9,7 @@ pub mod injector;
 pub mod message;
 pub mod pane;
 pub mod push;
+pub mod refusal;
 pub mod sanitize;
 pub mod ticket;
 

@@ -6,6 +6,7 @@
 //! cache. It never reads tool arguments or request bodies, and a header only ever matters as the
 //! API token, which never lifts a caller in a pane.
 
+use fleetd_core::refusal::Code;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -151,7 +152,7 @@ impl Caller {
     pub fn explain(&self, refusal: Refusal) -> Refusal {
         if let (Role::Nobody, Some(CallerPane { pane, .. })) = (&self.role, &self.stray) {
             return Refusal::new(
-                "stray_pane",
+                Code::StrayPane,
                 format!(
                     "refused: pane {pane} is outside the members' workspace but was opened while members were running, so fleetd cannot tell it from a pane a member opened (docs/SECURITY.md, \"Who is a lead\"). If it is yours, admit it as a lead: run `fleetd admit {pane}` from a lead's pane or a shell outside the multiplexer"
                 ),
@@ -159,7 +160,7 @@ impl Caller {
         }
         match (&self.role, self.via_daemon) {
             (Role::Anonymous, Some(daemon)) => Refusal::new(
-                "shared_daemon",
+                Code::SharedDaemon,
                 format!(
                     "{} — this call came through Codex's shared app-server daemon (pid {daemon}), which runs the threads of every Codex of this home whichever pane started it, so fleetd cannot tell who is calling: start Codex with `codex --no-daemon` (`fleetd install codex` turns its automatic start off), then stop the daemon with `kill {daemon}`",
                     refusal.message

@@ -45,7 +45,7 @@ impl Daemon {
     pub async fn open(config: Config) -> anyhow::Result<Self> {
         // The metrics recorder goes in first, so nothing recorded from here on is lost.
         crate::ops::telemetry::describe();
-        // Owner-only before anything is written there (and tightened when an older fleetd
+        // Owner-only before anything is written there (and tightened when fleetd's first releases
         // left it looser).
         crate::state_dir::private_dir(&config.state_dir).with_context(|| {
             format!(

@@ -1,6 +1,7 @@
 //! [`EngineHandle`]: what every handler holds to talk to the engine — one method per
 //! [`Command`], each a send and, where there is an answer, its oneshot reply.
 
+use fleetd_core::refusal::Code;
 use std::sync::Arc;
 
 use fleetd_core::access::Refusal;
@@ -81,7 +82,7 @@ pub struct EngineGone;
 impl From<EngineGone> for Refusal {
     /// The engine stopped under a call: the daemon is shutting down.
     fn from(e: EngineGone) -> Self {
-        Refusal::new("shutting_down", format!("{e}; retry once it is back"))
+        Refusal::new(Code::ShuttingDown, format!("{e}; retry once it is back"))
     }
 }
 

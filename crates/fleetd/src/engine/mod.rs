@@ -50,7 +50,7 @@ const ENGINE_QUEUE: usize = 1024;
 pub struct Durable {
     /// The fleet state's store.
     pub store: Arc<dyn crate::store::StateStore>,
-    /// The member registry an older fleetd kept (`<state dir>/members.json`): imported once when
+    /// The legacy member registry (`<state dir>/members.json`): imported once when
     /// the store holds no members, then removed.
     pub legacy_members_file: Option<std::path::PathBuf>,
 }

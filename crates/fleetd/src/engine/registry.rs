@@ -1,4 +1,4 @@
-//! The member registry an older fleetd kept in `<state dir>/members.json` (members now live in
+//! The legacy member registry, `<state dir>/members.json` (members now live in
 //! the durable fleet state): read once at start so its members are re-adopted and written to
 //! the store. Only reads.
 

@@ -477,8 +477,8 @@ impl Engine {
         }
     }
 
-    /// The state kept before a restart (nothing without a durable store), with the members an
-    /// older fleetd kept in `members.json` when the store has none yet, and that file's path
+    /// The state kept before a restart (nothing without a durable store), with the members the
+    /// legacy `members.json` holds when the store has none yet, and that file's path
     /// when it was read (to remove once they are committed). A store that cannot be read is
     /// tried [`LOAD_TRIES`] times, waiting longer each time; `None` when it still cannot be.
     async fn load(&self) -> Option<(Restored, Option<std::path::PathBuf>)> {
@@ -515,7 +515,7 @@ impl Engine {
                 })
                 .await
                 .unwrap_or_default();
-                tracing::info!(members = members.len(), path = %path.display(), "importing the member registry of an older fleetd");
+                tracing::info!(members = members.len(), path = %path.display(), "importing the member registry of fleetd's first releases");
                 Some((kept.with_legacy_members(members), Some(path)))
             }
             None => Some((kept, None)),

@@ -490,7 +490,10 @@ async fn new_requests_to_other_gateways_are_refused_at_the_outbox_bound_and_answ
         })
         .await
         .expect("engine");
-    assert_eq!(spawn.err().map(|r| r.code), Some("gateway_backlog"));
+    assert_eq!(
+        spawn.err().map(|r| r.code.as_str()),
+        Some("gateway_backlog")
+    );
     sleep(Duration::from_millis(50)).await;
     let mut kinds = Vec::new();
     while let Ok((_, envelope)) = rig.outbox.try_recv() {

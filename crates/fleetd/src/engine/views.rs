@@ -1,7 +1,7 @@
 //! What the engine answers with: members, worktrees, tickets and questions as tools show them,
 //! and the outcomes of its calls.
 
-use fleetd_core::{Message, QualifiedPaneId, Target, TerminalId, Ticket, TicketState};
+use fleetd_core::{AgentStatus, Message, QualifiedPaneId, Target, TerminalId, Ticket, TicketState};
 use jiff::Timestamp;
 use serde::Serialize;
 
@@ -19,8 +19,8 @@ pub struct MemberView {
     pub pane_id: QualifiedPaneId,
     /// Its pane's incarnation.
     pub terminal_id: TerminalId,
-    /// `idle`, `working`, `blocked`, `done`, `unknown` (or `gone` once released).
-    pub status: String,
+    /// What its agent is doing, as its pane last showed.
+    pub status: AgentStatus,
     /// Whether its agent has opened an MCP session with fleetd.
     pub connected: bool,
     /// Tasks waiting to be typed into its pane.

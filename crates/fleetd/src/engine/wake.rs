@@ -2,6 +2,7 @@
 //! dispatch. The state they act on is `state::wakes`.
 
 use fleetd_core::access::Refusal;
+use fleetd_core::refusal::Code;
 use fleetd_core::{Message, Target, Ticket, TicketState};
 use jiff::Timestamp;
 use tokio::sync::oneshot;
@@ -110,8 +111,7 @@ pub(super) fn dispatch(
             replies.push(Box::new(move |stored| {
                 let answer = match stored {
                     Ok(()) => armed,
-                    Err(e) => Err(Refusal::new(
-                        "store_unavailable",
+                    Err(e) => Err(Refusal::new(Code::StoreUnavailable,
                         format!("fleetd failed to {e}, so it keeps no task for this ticket: poll it with fleet_poll"),
                     )),
                 };

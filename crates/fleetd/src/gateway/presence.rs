@@ -413,7 +413,7 @@ async fn inventory(
             .map(|m| PeerMember {
                 name: m.target.to_string(),
                 profile: m.profile,
-                status: m.status,
+                status: m.status.as_str().to_owned(),
                 pane: m.pane_id.to_string(),
                 open_tickets: m.open_tickets.len(),
             })

@@ -8,6 +8,7 @@
 //! engine says the effect is committed. A spawn another gateway asks for is acked once the engine has recorded it, then
 //! run by the spawn service on a task of its own; the engine sends back what it came to.
 
+use fleetd_core::refusal::Code;
 use std::sync::Arc;
 
 use fleetd_core::gateway::{Envelope, GatewayName, accept};
@@ -63,7 +64,7 @@ fn spawn_for_peer(engine: EngineHandle, spawner: &Spawner, request: PeerSpawn) {
             Ok(Ok(spawned)) => Ok((spawned.target, spawned.pane.to_string(), spawned.profile)),
             Ok(Err(refusal)) => Err(refusal),
             Err(e) => Err(fleetd_core::access::Refusal::new(
-                "spawn_failed",
+                Code::SpawnFailed,
                 format!("the spawn stopped before it finished ({e})"),
             )),
         };

@@ -319,42 +319,21 @@ impl ApiError {
         )
     }
 
-    /// A tool's refusal, with the status its code calls for. The one mapping from tool error
-    /// codes to HTTP statuses.
+    /// A tool's refusal, with the status its kind calls for: the one mapping from refusals to
+    /// HTTP statuses, checked whole by the compiler.
     fn tool(e: crate::mcp::ToolError) -> Self {
-        let status = match e.code {
-            "unknown_target" | "unknown_ticket" | "unknown_question" | "unknown_pane"
-            | "unknown_profile" | "unknown_backend" | "unknown_gateway" | "unknown_tool" => {
-                StatusCode::NOT_FOUND
-            }
-            "invalid_target" | "empty_task" | "invalid_arguments" | "invalid_msg_id"
-            | "invalid_ticket" | "invalid_pane" | "invalid_name" | "no_name"
-            | "invalid_gateway" | "empty_question" => StatusCode::BAD_REQUEST,
-            "task_too_large" | "answer_too_large" | "question_too_large" | "reply_refused" => {
-                StatusCode::PAYLOAD_TOO_LARGE
-            }
-            // A cap (`limits:`, the delegation tree's width): the same request succeeds once the
-            // member catches up or a member goes.
-            "queue_full" | "too_many_questions" | "too_many_members" | "gateway_backlog"
-            | "too_many_calls" => StatusCode::TOO_MANY_REQUESTS,
-            "name_taken" => StatusCode::CONFLICT,
-            // Who may do what, the delegation tree's shape included: asking again changes
-            // nothing, so never a 503 (which tells a client to retry).
-            "not_a_lead"
-            | "not_a_member"
-            | "anonymous_caller"
-            | "unregistered_pane"
-            | "stray_pane"
-            | "shared_daemon"
-            | "not_your_ticket"
-            | "not_your_member"
-            | "delegation_cycle"
-            | "delegation_too_deep"
-            | "no_gateway" => StatusCode::FORBIDDEN,
-            // fleetd's own trouble (the store, the multiplexer, a spawn, shutting down): retry.
-            _ => StatusCode::SERVICE_UNAVAILABLE,
+        use fleetd_core::refusal::Kind;
+        let status = match e.code.kind() {
+            Kind::NotFound => StatusCode::NOT_FOUND,
+            Kind::Invalid => StatusCode::BAD_REQUEST,
+            Kind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Kind::Cap => StatusCode::TOO_MANY_REQUESTS,
+            Kind::Conflict => StatusCode::CONFLICT,
+            // Asking again changes nothing, so never a 503 (which tells a client to retry).
+            Kind::Forbidden => StatusCode::FORBIDDEN,
+            Kind::Trouble => StatusCode::SERVICE_UNAVAILABLE,
         };
-        Self::new(status, e.code, e.message)
+        Self::new(status, e.code.as_str(), e.message)
     }
 }
 
@@ -380,9 +359,17 @@ async fn not_found() -> ApiError {
 mod tests {
     use super::*;
 
+    /// The status a refusal with code `text` is answered with.
+    fn status(text: &str) -> StatusCode {
+        let code = fleetd_core::refusal::Code::ALL
+            .iter()
+            .find(|c| c.as_str() == text)
+            .unwrap_or_else(|| panic!("no code {text}"));
+        ApiError::tool(crate::mcp::ToolError::new(*code, "x")).status
+    }
+
     #[test]
     fn a_per_member_cap_is_429_and_a_bad_paging_argument_400() {
-        let status = |code| ApiError::tool(crate::mcp::ToolError::new(code, "x")).status;
         assert_eq!(status("queue_full"), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(status("too_many_questions"), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(status("invalid_arguments"), StatusCode::BAD_REQUEST);
@@ -394,7 +381,6 @@ mod tests {
     /// tells a client to retry what will never be allowed. Only fleetd's own trouble is a 503.
     #[test]
     fn only_fleetds_own_trouble_is_a_503() {
-        let status = |code| ApiError::tool(crate::mcp::ToolError::new(code, "x")).status;
         for code in [
             "not_your_member",
             "delegation_cycle",

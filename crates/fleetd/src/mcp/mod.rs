@@ -411,7 +411,7 @@ fn tool_result(
             result
         }
         Err(err) => {
-            tracing::info!(tool = %name, caller = %caller, code = err.code, "tool call refused");
+            tracing::info!(tool = %name, caller = %caller, code = err.code.as_str(), "tool call refused");
             let mut result = CallToolResult::structured_error(serde_json::json!({
                 "code": err.code,
                 "message": err.message,

@@ -2,6 +2,7 @@
 //! profile secrets resolve. Secret values go into the member's environment and the redactor only:
 //! this module never logs or returns one, and puts nothing on a lead.
 
+use fleetd_core::refusal::Code;
 use std::collections::BTreeMap;
 
 use fleetd_core::Target;
@@ -64,7 +65,7 @@ impl MemberEnv<'_> {
         if let Some(name) = &profile.backend {
             let backend = self.config.backends.get(name).ok_or_else(|| {
                 Refusal::new(
-                    "unknown_backend",
+                    Code::UnknownBackend,
                     format!("the profile names backend {name}, which is not configured"),
                 )
             })?;
@@ -73,7 +74,7 @@ impl MemberEnv<'_> {
             if let Some(secret) = &backend.auth_token_secret {
                 let value = Secrets::new(&self.config.secrets, &crate::secrets::process_env)
                     .resolve(secret)
-                    .map_err(|e| Refusal::new("profile_not_ready", e.to_string()))?;
+                    .map_err(|e| Refusal::new(Code::ProfileNotReady, e.to_string()))?;
                 // Redacted from whatever this member sends towards a lead, even after a reload.
                 self.redactor.remember(secret, &value);
                 env.insert(token_var.to_owned(), value.expose().to_owned());

@@ -5,6 +5,7 @@
 //! the name, the pane, the member — when it fails, and when it is cancelled. It must not know
 //! which multiplexer backend runs the pane (the `Launch` says what to run; `mux` decides how).
 
+use fleetd_core::refusal::Code;
 use std::time::Duration;
 
 use fleetd_core::access::Refusal;
@@ -82,7 +83,7 @@ impl Spawner {
         match self.start(request).await {
             Ok(outcome) => outcome,
             Err(e) => Err(Refusal::new(
-                "spawn_failed",
+                Code::SpawnFailed,
                 format!(
                     "the spawn stopped before it finished ({e}); what it had reserved or opened is given back"
                 ),
@@ -100,7 +101,7 @@ impl Spawner {
         let config = self.config.current();
         let Some(profile) = config.profiles.get(&request.profile) else {
             return Err(Refusal::new(
-                "unknown_profile",
+                Code::UnknownProfile,
                 format!(
                     "no profile {:?}: fleet_profiles lists them",
                     request.profile
@@ -144,7 +145,7 @@ impl Spawner {
                 Ok(spawned)
             }
             Err(e) => {
-                tracing::info!(target = %undo.held.target, code = e.code, "spawn failed; undoing it");
+                tracing::info!(target = %undo.held.target, code = e.code.as_str(), "spawn failed; undoing it");
                 // Undone before the answer, so a retry under the same name finds it free.
                 undo.run().await;
                 Err(e)
@@ -226,7 +227,7 @@ impl Saga<'_> {
         tracing::info!(%target, profile = %request.profile, "spawning member");
         let pane = spawner.mux.open_member_pane(open).await.map_err(|e| {
             Refusal::new(
-                "spawn_failed",
+                Code::SpawnFailed,
                 format!("the multiplexer could not open a pane for {target}: {e}"),
             )
         })?;
@@ -296,8 +297,7 @@ async fn plan_worktree(
         .or_else(|| request.origin.clone())
         .or_else(|| profile.cwd.clone())
         .ok_or_else(|| {
-            Refusal::new(
-                "worktree_failed",
+            Refusal::new(Code::WorktreeFailed,
                 format!(
                     "profile {} gives each member a git worktree, but there is no repository to branch from (the caller is in no pane): set profiles.{}.worktree.repo, or pass `cwd`",
                     request.profile, request.profile
@@ -319,7 +319,7 @@ async fn plan_worktree(
 
 /// A worktree that could not be planned or made.
 fn worktree_refusal(target: &Target, e: &str) -> Refusal {
-    Refusal::new("worktree_failed", format!("{target}'s worktree: {e}"))
+    Refusal::new(Code::WorktreeFailed, format!("{target}'s worktree: {e}"))
 }
 
 /// What the pane runs: the profile's own command, or its agent kind started the multiplexer's
@@ -349,7 +349,7 @@ impl Spawner {
         match tokio::time::timeout(READY_TIMEOUT, ready).await {
             Ok(Ok(Readiness::Ready)) => Ok(()),
             Ok(Ok(Readiness::Gone)) => Err(Refusal::new(
-                "spawn_failed",
+                Code::SpawnFailed,
                 format!(
                     "{target}'s pane closed before its agent was ready: check the profile's command"
                 ),
@@ -359,7 +359,7 @@ impl Spawner {
                 let members = self.engine.list().await?;
                 let member = members.iter().find(|m| m.target == *target);
                 Err(Refusal::new(
-                    "agent_not_ready",
+                    Code::AgentNotReady,
                     format!(
                         "{target}'s agent was not ready within {}s (status {}, MCP {}): is fleetd in its MCP config?",
                         READY_TIMEOUT.as_secs(),

@@ -96,7 +96,7 @@ async fn spawn(fleet: &Fleet, args: Value) -> Result<Value, (String, String)> {
     crate::mcp::tools::call(fleet, &lead(), "fleet_spawn", args)
         .await
         .map(|out| out.value)
-        .map_err(|e| (e.code.to_owned(), e.message))
+        .map_err(|e| (e.code.as_str().to_owned(), e.message))
 }
 
 /// Waits (on paused time) until `cond` holds; fails naming `what` after a virtual `within`.
@@ -171,7 +171,10 @@ async fn a_spawn_dropped_while_its_pane_opens_still_completes() {
     sleep(Duration::from_secs(120)).await;
     let members = fleet.engine.list().await.expect("engine");
     let member = members.iter().find(|m| m.target == ann()).expect("ann");
-    assert!(member.connected && member.status == "idle", "{member:?}");
+    assert!(
+        member.connected && member.status == fleetd_core::AgentStatus::Idle,
+        "{member:?}"
+    );
     assert!(fake.has_pane("w9:p1"));
     assert!(!name_free(&fleet.engine, "ann").await, "ann holds its name");
 }

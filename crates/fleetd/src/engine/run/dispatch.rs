@@ -1,6 +1,7 @@
 //! The engine's dispatch: each command and each event, handed to [`State`] with the time it is
 //! handled, the replies that must wait for the durable commit deferred until it.
 
+use fleetd_core::refusal::Code;
 use jiff::Timestamp;
 
 use super::super::Command;
@@ -22,7 +23,7 @@ impl Engine {
         if backlog >= super::HELD_BOUND {
             let refusal = || {
                 Refusal::new(
-                    "store_unavailable",
+                    Code::StoreUnavailable,
                     format!(
                         "fleetd cannot write its fleet state (see its log) and {backlog} changes already wait for it: no new task or spawn is taken until they are written; retry shortly"
                     ),
@@ -81,8 +82,7 @@ impl Engine {
                 replies.push(Box::new(move |stored| {
                     let answer = match stored {
                         Ok(()) => submitted,
-                        Err(e) => Err(Refusal::new(
-                            "store_unavailable",
+                        Err(e) => Err(Refusal::new(Code::StoreUnavailable,
                             match &submitted {
                                 Ok(ticket) => format!(
                                     "fleetd failed to {e}. Ticket {ticket} is held and its task is typed once the state is written (retried every second; a restart before then forgets it): do not send it again, poll the ticket"
@@ -172,8 +172,7 @@ impl Engine {
                 // Answered once durable: the spawn runs `git worktree add` only then.
                 replies.push(Box::new(move |stored| {
                     let _ = reply.send(stored.map_err(|e| {
-                        Refusal::new(
-                            "store_unavailable",
+                        Refusal::new(Code::StoreUnavailable,
                             format!(
                                 "fleetd failed to {e}, so it cannot record the worktree it is about to make: retry shortly"
                             ),
@@ -237,7 +236,7 @@ impl Engine {
                     let _ = reply.send(match stored {
                         Ok(()) => asked,
                         Err(e) => Err(fleetd_core::access::Refusal::new(
-                            "store_failed",
+                            Code::StoreFailed,
                             format!("the spawn request could not be written: {e}"),
                         )),
                     });
@@ -322,7 +321,7 @@ fn held<T>(
     match (stored, outcome) {
         (Ok(()), outcome) | (Err(_), outcome @ Err(_)) => outcome,
         (Err(e), Ok(kept)) => Err(Refusal::new(
-            "store_unavailable",
+            Code::StoreUnavailable,
             format!(
                 "fleetd failed to {e}: {} (retried every second; a restart before then forgets it). Do not do it again",
                 held_what(&kept)

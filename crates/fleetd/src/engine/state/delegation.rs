@@ -20,6 +20,7 @@
 use fleetd_core::access::Refusal;
 use fleetd_core::injector::InjectorInput;
 use fleetd_core::push::{LeadId, PushInput};
+use fleetd_core::refusal::Code;
 use fleetd_core::{MessageKind, Target};
 use jiff::Timestamp;
 
@@ -162,7 +163,7 @@ impl State {
             }
         }
         Err(Refusal::new(
-            "not_your_member",
+            Code::NotYourMember,
             format!(
                 "{tool} refused: {target} is not in your delegation tree. You are member {by}, and a delegating member may act only on its subtree, the members it spawned and theirs (fleet_list shows each member's delegator); ask your lead to act on {target}"
             ),
@@ -188,7 +189,7 @@ impl State {
     fn member_as_lead(&self, by: &Target, action: &str) -> Result<LeadRef, Refusal> {
         let Some(m) = self.members.get(by) else {
             return Err(Refusal::new(
-                "unknown_target",
+                Code::UnknownTarget,
                 format!("member {by} is gone"),
             ));
         };
@@ -196,7 +197,7 @@ impl State {
         let max = self.tree.max_depth;
         if depth >= max {
             return Err(Refusal::new(
-                "delegation_too_deep",
+                Code::DelegationTooDeep,
                 format!(
                     "you are member {by} at depth {depth} of its delegation tree (the lead is 0), and maxDelegationDepth is {max}: you may not {action}; do the work yourself, or reply and let your lead delegate it"
                 ),
@@ -219,7 +220,7 @@ impl State {
         .unwrap_or(u64::MAX);
         if now >= max {
             return Err(Refusal::new(
-                "too_many_members",
+                Code::TooManyMembers,
                 format!(
                     "{who} has {now} members already, the most one lead may have (maxMembersPerLead = {max}): stop one (fleet_stop) or hand the work to one you have"
                 ),
@@ -252,7 +253,7 @@ impl State {
         let lead = self.member_as_lead(by, "hand out tasks")?;
         if self.is_ancestor_or_self(target, by) {
             return Err(Refusal::new(
-                "delegation_cycle",
+                Code::DelegationCycle,
                 format!(
                     "{target} is you or a member above you in your delegation tree: reply to your task with fleet_reply instead of sending it work"
                 ),
@@ -266,7 +267,7 @@ impl State {
             let depth = self.depth_of(by) + 1 + self.height_of(target, 0);
             if depth > self.tree.max_depth {
                 return Err(Refusal::new(
-                    "delegation_too_deep",
+                    Code::DelegationTooDeep,
                     format!(
                         "{target} has members of its own: under you its tree would reach depth {depth}, past maxDelegationDepth ({})",
                         self.tree.max_depth

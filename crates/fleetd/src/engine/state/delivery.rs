@@ -5,6 +5,7 @@ use crate::events::FleetEvent;
 use fleetd_core::access::Refusal;
 use fleetd_core::injector::{InjectorEffect, InjectorInput, TypeOutcome};
 use fleetd_core::push::PushInput;
+use fleetd_core::refusal::Code;
 use fleetd_core::{Message, MessageKind, Target, Ticket, TicketEvent, TicketLookup};
 use jiff::Timestamp;
 use tokio::sync::oneshot;
@@ -45,7 +46,7 @@ impl State {
         let max = self.limits.max_queued_tasks;
         if self.members.contains_key(&target) && u64::try_from(queued).unwrap_or(u64::MAX) >= max {
             return Err(Refusal::new(
-                "queue_full",
+                Code::QueueFull,
                 format!(
                     "{target} already has {queued} tasks waiting to be typed, the most allowed (limits.maxQueuedTasks = {max}): wait for it to work through them (fleet_status shows its tickets), or raise limits.maxQueuedTasks in the config"
                 ),
@@ -75,7 +76,7 @@ impl State {
     ) -> Result<Ticket, Refusal> {
         let Some(member) = self.members.get_mut(&target) else {
             return Err(Refusal::new(
-                "unknown_target",
+                Code::UnknownTarget,
                 format!(
                     "no member named {target}: call fleet_list to see members, or fleet_spawn to start one"
                 ),

@@ -180,7 +180,7 @@ impl Restored {
         out
     }
 
-    /// Members from the registry file of an older fleetd (`members.json`), when the store has
+    /// Members from the legacy registry file (`members.json`), when the store has
     /// none yet: they are re-adopted like any other and written to the store.
     pub(in crate::engine) fn with_legacy_members(mut self, members: Vec<NewMember>) -> Self {
         if self.members.is_empty() {
@@ -485,7 +485,7 @@ impl State {
             },
         );
         self.inspect_worktree(&target, io);
-        // Written again: a member imported from an older fleetd's file reaches the store.
+        // Written again: a member imported from the legacy file reaches the store.
         self.dirty.members.insert(target.clone());
         for input in [
             InjectorInput::MemberAdded {

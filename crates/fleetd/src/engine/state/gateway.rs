@@ -13,6 +13,7 @@
 
 use fleetd_core::gateway::{Envelope, GatewayName, Kind, PROTOCOL};
 use fleetd_core::push::PushInput;
+use fleetd_core::refusal::Code;
 use fleetd_core::{Message, Target, Ticket, TicketEvent};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -193,7 +194,7 @@ impl State {
     ) -> Result<Ticket, fleetd_core::access::Refusal> {
         let Some(gw) = &self.gateway else {
             return Err(fleetd_core::access::Refusal::new(
-                "no_gateway",
+                Code::NoGateway,
                 format!(
                     "{target} is a member on another host, and this fleetd is no gateway: configure `gateway:` (docs/MULTIHOST.md)"
                 ),
@@ -203,7 +204,7 @@ impl State {
         self.outbox_room()?;
         let Some(dst) = target.gateway().and_then(|g| GatewayName::new(g).ok()) else {
             return Err(fleetd_core::access::Refusal::new(
-                "invalid_target",
+                Code::InvalidTarget,
                 format!("{target} names no gateway"),
             ));
         };
@@ -251,7 +252,7 @@ impl State {
             return Ok(());
         }
         Err(fleetd_core::access::Refusal::new(
-            "gateway_backlog",
+            Code::GatewayBacklog,
             format!(
                 "{} messages wait in this gateway's outbox for the broker (gateway.outboxMax = {max}): new tasks and spawns for other gateways are refused until it takes some; replies and answers still go. /healthz says why the broker is not taking them",
                 self.outbox.len()

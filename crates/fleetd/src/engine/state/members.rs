@@ -5,6 +5,7 @@ use crate::events::FleetEvent;
 use fleetd_core::access::Refusal;
 use fleetd_core::injector::{Activity, InjectorInput};
 use fleetd_core::push::PushInput;
+use fleetd_core::refusal::Code;
 use fleetd_core::{
     AgentStatus, MessageKind, QualifiedPaneId, Target, TerminalId, Ticket, TicketEvent,
 };
@@ -213,7 +214,7 @@ impl State {
             backend: m.backend.clone(),
             pane_id: m.pane.clone(),
             terminal_id: m.terminal.clone(),
-            status: m.status.as_str().to_owned(),
+            status: m.status,
             connected: self.injector.presence(target),
             queued: self.injector.queued(target),
             open_tickets: self
@@ -244,11 +245,11 @@ impl State {
         let taken = |t: &Target, s: &Self| s.members.contains_key(t) || s.reserved.contains_key(t);
         let target = match name {
             Some(name) => {
-                let target =
-                    Target::local(name).map_err(|e| Refusal::new("invalid_name", e.to_string()))?;
+                let target = Target::local(name)
+                    .map_err(|e| Refusal::new(Code::InvalidName, e.to_string()))?;
                 if taken(&target, self) {
                     return Err(Refusal::new(
-                        "name_taken",
+                        Code::NameTaken,
                         format!(
                             "a member named {target} exists already: pick another name, or omit `name` to get a free one"
                         ),
@@ -268,7 +269,7 @@ impl State {
                 })
                 .filter_map(|n| Target::new(n).ok())
                 .find(|t| !taken(t, self))
-                .ok_or_else(|| Refusal::new("no_name", "no free member name"))?,
+                .ok_or_else(|| Refusal::new(Code::NoName, "no free member name"))?,
         };
         self.reserved.insert(target.clone(), now);
         if let Some(lead) = &lead {

@@ -147,7 +147,7 @@ pub(super) enum Io {
         target: Target,
         msg_id: fleetd_core::MsgId,
     },
-    /// Remove an older fleetd's member registry (`members.json`): only after the batch that
+    /// Remove the legacy member registry (`members.json`): only after the batch that
     /// carried its members is committed, so a crash in between imports it again.
     RemoveLegacyRegistry(std::path::PathBuf),
 }

@@ -5,6 +5,7 @@ use crate::events::FleetEvent;
 use fleetd_core::Target;
 use fleetd_core::access::Refusal;
 use fleetd_core::push::PushInput;
+use fleetd_core::refusal::Code;
 use jiff::Timestamp;
 use tokio::sync::oneshot;
 
@@ -28,7 +29,7 @@ impl State {
         let max = self.limits.max_open_questions;
         if u64::try_from(open).unwrap_or(u64::MAX) >= max {
             return Err(Refusal::new(
-                "too_many_questions",
+                Code::TooManyQuestions,
                 format!(
                     "{target} already has {open} open questions, the most allowed (limits.maxOpenQuestions = {max}): your lead has not answered them yet; keep working with what you know, or wait for the answers (they arrive as tasks) before asking again"
                 ),
@@ -81,7 +82,7 @@ impl State {
         }
         let Some(mut question) = removed else {
             return Err(Refusal::new(
-                "unknown_question",
+                Code::UnknownQuestion,
                 format!(
                     "no open question {id}: it was answered already or never asked; fleet_poll(target=...) lists open questions"
                 ),

@@ -9,6 +9,7 @@
 use fleetd_core::access::Refusal;
 use fleetd_core::gateway::{GatewayName, Kind};
 use fleetd_core::push::PushInput;
+use fleetd_core::refusal::Code;
 use fleetd_core::{MessageKind, Target};
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -97,7 +98,7 @@ impl State {
     ) -> Result<(String, SpawnAnswer), Refusal> {
         let Some(gw) = &self.gateway else {
             return Err(Refusal::new(
-                "no_gateway",
+                Code::NoGateway,
                 format!(
                     "gateway {} is another host, and this fleetd is no gateway: configure `gateway:` (docs/MULTIHOST.md)",
                     request.gateway
@@ -106,11 +107,12 @@ impl State {
         };
         let me = gw.me.clone();
         self.outbox_room()?;
-        let dst = GatewayName::new(request.gateway.clone())
-            .map_err(|e| Refusal::new("invalid_gateway", format!("{:?}: {e}", request.gateway)))?;
+        let dst = GatewayName::new(request.gateway.clone()).map_err(|e| {
+            Refusal::new(Code::InvalidGateway, format!("{:?}: {e}", request.gateway))
+        })?;
         if let Some(name) = &request.name {
             Target::local(name.as_str())
-                .map_err(|e| Refusal::new("invalid_name", format!("{name:?}: {e}")))?;
+                .map_err(|e| Refusal::new(Code::InvalidName, format!("{name:?}: {e}")))?;
         }
         let req = self.ids.new_id().to_string();
         let sender = request
@@ -227,7 +229,7 @@ impl State {
             Err(refusal) => SpawnedBody {
                 req: req.to_owned(),
                 error: Some(SpawnError {
-                    code: refusal.code.to_owned(),
+                    code: refusal.code.as_str().to_owned(),
                     message: refusal.message,
                 }),
                 ..SpawnedBody::default()
@@ -289,7 +291,7 @@ impl State {
                 |e| (e.code, e.message),
             );
             let refusal = Refusal::new(
-                "remote_spawn_failed",
+                Code::RemoteSpawnFailed,
                 format!(
                     "gateway {src} could not spawn {}: {code}: {message}",
                     asked.profile
@@ -389,7 +391,7 @@ impl State {
         if let Some(mut asked) = self.asked_spawns.remove(&body.req) {
             self.dirty.spawns.insert(spawn_key(true, &body.req));
             let refusal = Refusal::new(
-                "unknown_gateway",
+                Code::UnknownGateway,
                 format!("no gateway {} on the broker", asked.dst),
             );
             self.spawn_answered(&mut asked, None, Err(refusal), io);
@@ -421,8 +423,7 @@ impl State {
                 if !done {
                     self.peer_spawned(
                         req,
-                        Err(Refusal::new(
-                            "spawn_interrupted",
+                        Err(Refusal::new(Code::SpawnInterrupted,
                             "this gateway restarted while the spawn ran; nothing was registered (a pane it had opened may remain): ask again",
                         )),
                     );

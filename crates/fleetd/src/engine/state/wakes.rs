@@ -12,6 +12,7 @@
 
 use fleetd_core::access::Refusal;
 use fleetd_core::push::PushInput;
+use fleetd_core::refusal::Code;
 use fleetd_core::{Target, Ticket};
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -66,7 +67,7 @@ impl State {
     ) -> Result<String, Refusal> {
         let TicketLookup::Live(record) = self.tickets.book.get_at(ticket, now) else {
             return Err(Refusal::new(
-                "unknown_ticket",
+                Code::UnknownTicket,
                 format!("ticket {ticket} is unknown or expired: nothing to wait for"),
             ));
         };
@@ -315,8 +316,7 @@ impl State {
 fn new_wake_id() -> Result<String, Refusal> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| {
-        Refusal::new(
-            "no_randomness",
+        Refusal::new(Code::NoRandomness,
             format!("the system gave no random bytes for a task id ({e}): retry, or call with wait=false"),
         )
     })?;

@@ -12,12 +12,7 @@ async fn a_task_whose_ticket_cannot_be_written_is_not_typed_until_it_is() {
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
     let disk = Disk::new();
-    let engine = disk.start(&fake);
-    engine
-        .add_member(member("ann", "w2:p1", "t-a", None))
-        .await
-        .expect("engine");
-    engine.presence(t("ann")).await.expect("engine");
+    let engine = with_ann(&disk, &fake).await;
     settle().await;
     disk.store.set_writes_fail(true);
     let refused = engine
@@ -56,11 +51,7 @@ async fn a_reply_nudges_its_idle_lead_before_its_tickets_commit_lands() {
         .await
         .expect("engine");
     engine.presence(t("ann")).await.expect("engine");
-    let ticket = engine
-        .submit(None, t("ann"), "job".to_owned())
-        .await
-        .expect("engine")
-        .expect("queued");
+    let ticket = task(&engine, "ann", "job").await;
     settle().await;
     fake.set_status("w2:p1", AgentStatus::Working);
     settle().await;
@@ -398,5 +389,8 @@ async fn a_question_or_answer_that_cannot_be_written_says_so() {
         .answer(None, id, "staging".to_owned())
         .await
         .expect("engine");
-    assert_eq!(answered.err().map(|r| r.code), Some("store_unavailable"));
+    assert_eq!(
+        answered.err().map(|r| r.code.as_str()),
+        Some("store_unavailable")
+    );
 }

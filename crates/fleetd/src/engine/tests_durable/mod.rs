@@ -46,7 +46,7 @@ impl Disk {
         self.start_with(fake, clock, None)
     }
 
-    /// [`Disk::start_on`], importing an older fleetd's `members.json` at `legacy`.
+    /// [`Disk::start_on`], importing the legacy `members.json` at `legacy`.
     fn start_with(
         &self,
         fake: &FakeMux,
@@ -119,6 +119,27 @@ fn ann_reply(ticket: Option<fleetd_core::Ticket>, text: String) -> fleetd_core::
     }
 }
 
+/// An engine on `disk` with member ann (pane `w2:p1`, terminal `t-a`) registered and connected:
+/// where most restart stories begin.
+async fn with_ann(disk: &Disk, fake: &FakeMux) -> EngineHandle {
+    let engine = disk.start(fake);
+    engine
+        .add_member(member("ann", "w2:p1", "t-a", None))
+        .await
+        .expect("engine");
+    engine.presence(t("ann")).await.expect("engine");
+    engine
+}
+
+/// Sends `text` to member `to` as the operator; its ticket.
+async fn task(engine: &EngineHandle, to: &str, text: &str) -> fleetd_core::Ticket {
+    engine
+        .submit(None, t(to), text.to_owned())
+        .await
+        .expect("engine")
+        .expect("queued")
+}
+
 /// Lets spawned effects and the persister run.
 async fn settle() {
     sleep(Duration::from_millis(50)).await;
@@ -146,11 +167,7 @@ async fn members_are_taken_back_and_a_gone_one_is_released_with_its_tickets_fail
         .add_member(member("bo", "w2:p2", "t-b", None))
         .await
         .expect("engine");
-    let ticket = first
-        .submit(None, t("bo"), "a long job".to_owned())
-        .await
-        .expect("engine")
-        .expect("queued");
+    let ticket = task(&first, "bo", "a long job").await;
     drop(first); // as after a kill -9: nothing released, nothing flushed beyond the commits
     settle().await;
     // While fleetd was down, bo's pane got a new occupant.
@@ -184,17 +201,8 @@ async fn a_queued_task_is_typed_exactly_once_across_a_restart() {
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
     let disk = Disk::new();
-    let first = disk.start(&fake);
-    first
-        .add_member(member("ann", "w2:p1", "t-a", None))
-        .await
-        .expect("engine");
-    first.presence(t("ann")).await.expect("engine");
-    let ticket = first
-        .submit(None, t("ann"), "queued while busy".to_owned())
-        .await
-        .expect("engine")
-        .expect("queued");
+    let first = with_ann(&disk, &fake).await;
+    let ticket = task(&first, "ann", "queued while busy").await;
     settle().await;
     assert!(fake.typed().is_empty(), "busy: nothing typed yet");
     drop(first);
@@ -218,18 +226,9 @@ async fn a_typing_that_wrote_nothing_is_typed_after_a_restart() {
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
     let disk = Disk::new();
-    let first = disk.start(&fake);
-    first
-        .add_member(member("ann", "w2:p1", "t-a", None))
-        .await
-        .expect("engine");
-    first.presence(t("ann")).await.expect("engine");
+    let first = with_ann(&disk, &fake).await;
     fake.fault("w2:p1", Some(crate::mux::fake::Fault::TypingRefused));
-    let ticket = first
-        .submit(None, t("ann"), "never reached the pane".to_owned())
-        .await
-        .expect("engine")
-        .expect("queued");
+    let ticket = task(&first, "ann", "never reached the pane").await;
     settle().await;
     assert!(fake.typed().is_empty(), "the socket failed: nothing typed");
     drop(first);
@@ -253,23 +252,10 @@ async fn a_task_in_doubt_that_never_reached_its_pane_is_typed_after_the_restart(
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
     let disk = Disk::new();
-    let first = disk.start(&fake);
-    first
-        .add_member(member("ann", "w2:p1", "t-a", None))
-        .await
-        .expect("engine");
-    first.presence(t("ann")).await.expect("engine");
+    let first = with_ann(&disk, &fake).await;
     fake.fault("w2:p1", Some(crate::mux::fake::Fault::TypingHangs));
-    let ticket = first
-        .submit(None, t("ann"), "lost in the kill".to_owned())
-        .await
-        .expect("engine")
-        .expect("queued");
-    let second_task = first
-        .submit(None, t("ann"), "queued behind it".to_owned())
-        .await
-        .expect("engine")
-        .expect("queued");
+    let ticket = task(&first, "ann", "lost in the kill").await;
+    let second_task = task(&first, "ann", "queued behind it").await;
     settle().await;
     assert!(fake.typed().is_empty(), "the typing call never came back");
     drop(first);
@@ -297,18 +283,9 @@ async fn a_task_in_doubt_that_shows_in_its_pane_is_never_typed_again() {
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
     let disk = Disk::new();
-    let first = disk.start(&fake);
-    first
-        .add_member(member("ann", "w2:p1", "t-a", None))
-        .await
-        .expect("engine");
-    first.presence(t("ann")).await.expect("engine");
+    let first = with_ann(&disk, &fake).await;
     fake.fault("w2:p1", Some(crate::mux::fake::Fault::LostAnswer));
-    let ticket = first
-        .submit(None, t("ann"), "typed, answer lost".to_owned())
-        .await
-        .expect("engine")
-        .expect("queued");
+    let ticket = task(&first, "ann", "typed, answer lost").await;
     settle().await;
     assert_eq!(fake.typed().len(), 1);
     assert_eq!(state_of(&first, ticket).await, Some(TicketState::Queued));
@@ -327,17 +304,8 @@ async fn a_task_typed_before_a_restart_is_never_typed_again_and_its_ticket_ends(
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
     let disk = Disk::new();
-    let first = disk.start(&fake);
-    first
-        .add_member(member("ann", "w2:p1", "t-a", None))
-        .await
-        .expect("engine");
-    first.presence(t("ann")).await.expect("engine");
-    let ticket = first
-        .submit(None, t("ann"), "typed once".to_owned())
-        .await
-        .expect("engine")
-        .expect("queued");
+    let first = with_ann(&disk, &fake).await;
+    let ticket = task(&first, "ann", "typed once").await;
     settle().await;
     assert_eq!(fake.typed().len(), 1);
     // Killed before the member was seen working; it worked and went idle while fleetd was down.
@@ -363,11 +331,7 @@ async fn a_reply_stored_just_before_the_kill_settles_its_ticket_after_the_restar
         .add_member(member("ann", "w2:p1", "t-a", None))
         .await
         .expect("engine");
-    let ticket = first
-        .submit(None, t("ann"), "job".to_owned())
-        .await
-        .expect("engine")
-        .expect("queued");
+    let ticket = task(&first, "ann", "job").await;
     settle().await;
     drop(first);
     settle().await;
@@ -391,11 +355,7 @@ async fn a_reply_behind_pages_of_other_mail_still_settles_its_ticket_after_the_r
         .add_member(member("ann", "w2:p1", "t-a", None))
         .await
         .expect("engine");
-    let ticket = first
-        .submit(None, t("ann"), "job".to_owned())
-        .await
-        .expect("engine")
-        .expect("queued");
+    let ticket = task(&first, "ann", "job").await;
     settle().await;
     drop(first);
     settle().await;
@@ -485,11 +445,7 @@ async fn a_clean_shutdown_keeps_members_and_their_open_tickets() {
         .add_member(member("ann", "w2:p1", "t-a", None))
         .await
         .expect("engine");
-    let ticket = first
-        .submit(None, t("ann"), "job".to_owned())
-        .await
-        .expect("engine")
-        .expect("queued");
+    let ticket = task(&first, "ann", "job").await;
     first.shutdown().await.expect("engine");
     assert!(first.list().await.is_err(), "the engine stopped");
     assert!(

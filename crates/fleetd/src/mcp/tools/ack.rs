@@ -2,6 +2,7 @@
 
 use fleetd_core::MsgId;
 use fleetd_core::access::ToolClass;
+use fleetd_core::refusal::Code;
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
@@ -40,13 +41,15 @@ impl FleetTool for Ack {
             .collect();
         if ids.is_empty() {
             return Err(ToolError::new(
-                "invalid_arguments",
+                Code::InvalidArguments,
                 "give `msgId` or `msgIds` (from fleet_poll)",
             ));
         }
         let msg_ids = ids
             .iter()
-            .map(|id| MsgId::parse(id).map_err(|e| ToolError::new("invalid_msg_id", e.to_string())))
+            .map(|id| {
+                MsgId::parse(id).map_err(|e| ToolError::new(Code::InvalidMsgId, e.to_string()))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let acked = fleet
             .inbox

@@ -1,6 +1,7 @@
 //! `fleet_answer`: answer a member's open question.
 
 use fleetd_core::access::ToolClass;
+use fleetd_core::refusal::Code;
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
@@ -32,7 +33,7 @@ impl FleetTool for Answer {
             usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
         if args.answer.len() > max {
             return Err(ToolError::new(
-                "answer_too_large",
+                Code::AnswerTooLarge,
                 format!("the answer is over {max} bytes (inbox.maxMessageBytes)"),
             ));
         }

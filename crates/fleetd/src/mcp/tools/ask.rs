@@ -1,5 +1,6 @@
 //! `fleet_ask`: a member asks its lead a question and waits for the answer.
 
+use fleetd_core::refusal::Code;
 use std::time::Duration;
 
 use fleetd_core::access::{Role, ToolClass};
@@ -36,16 +37,16 @@ impl FleetTool for Ask {
 
     async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
         let Role::Member { target, .. } = &caller.role else {
-            return Err(ToolError::new("not_a_member", "fleet_ask is for members"));
+            return Err(ToolError::new(Code::NotAMember, "fleet_ask is for members"));
         };
         if args.question.trim().is_empty() {
-            return Err(ToolError::new("empty_question", "the question is empty"));
+            return Err(ToolError::new(Code::EmptyQuestion, "the question is empty"));
         }
         let max =
             usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
         if args.question.len() > max {
             return Err(ToolError::new(
-                "question_too_large",
+                Code::QuestionTooLarge,
                 format!("the question is over {max} bytes"),
             ));
         }
@@ -64,7 +65,7 @@ impl FleetTool for Ask {
         let answer = tokio::select! {
             answer = tokio::time::timeout(Duration::from_secs(secs), answer) => answer,
             () = caller.cancel.cancelled() => {
-                return Err(ToolError::new("cancelled", format!("the request was abandoned; question {id} stays open")));
+                return Err(ToolError::new(Code::Cancelled, format!("the request was abandoned; question {id} stays open")));
             }
         };
         match answer {

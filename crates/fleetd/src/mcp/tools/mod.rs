@@ -14,6 +14,7 @@ pub(crate) mod spawn;
 pub(crate) mod status;
 mod stop;
 
+use fleetd_core::refusal::Code;
 use std::future::Future;
 
 use fleetd_core::Target;
@@ -96,7 +97,7 @@ pub(crate) async fn call(
         other => counted(
             "unknown",
             Err(ToolError::new(
-                "unknown_tool",
+                Code::UnknownTool,
                 format!(
                     "there is no tool {other:?}: fleetd's tools all start with fleet_ (see tools/list)"
                 ),
@@ -112,7 +113,7 @@ fn counted(
 ) -> Result<ToolOutput, ToolError> {
     let code = match &outcome {
         Ok(_) => "ok",
-        Err(e) => e.code,
+        Err(e) => e.code.as_str(),
     };
     metrics::counter!("fleetd_tool_calls_total", "tool" => tool, "outcome" => code).increment(1);
     outcome
@@ -133,8 +134,7 @@ async fn run<T: FleetTool>(
                 let cap = fleet.config.current().connections.per_member;
                 let cap = usize::try_from(cap).unwrap_or(usize::MAX);
                 Some(fleet.calls.take(target, cap).ok_or_else(|| {
-                    ToolError::new(
-                        "too_many_calls",
+                    ToolError::new(Code::TooManyCalls,
                         format!(
                             "member {target} has {cap} calls under way already, the most one member may (connections.perMember = {cap}): wait for one to end (a fleet_ask or a waiting fleet_send ends when it is answered or times out)"
                         ),
@@ -151,8 +151,7 @@ async fn run<T: FleetTool>(
             fleet.inbox.settle_handed(holder).await;
         }
         let args: T::Args = serde_json::from_value(args).map_err(|e| {
-            ToolError::new(
-                "invalid_arguments",
+            ToolError::new(Code::InvalidArguments,
                 format!(
                     "{} got arguments it cannot use: {e}; see its input schema in tools/list",
                     T::NAME
@@ -179,7 +178,7 @@ pub(crate) fn output(value: Value, summary: impl Into<String>) -> Result<ToolOut
 
 /// Parses a member name from a tool argument.
 pub(crate) fn target(name: &str) -> Result<Target, ToolError> {
-    Target::new(name).map_err(|e| ToolError::new("invalid_target", e.to_string()))
+    Target::new(name).map_err(|e| ToolError::new(Code::InvalidTarget, e.to_string()))
 }
 
 /// A delegating member may act on `target` with `tool` only within its subtree (the members
@@ -232,7 +231,7 @@ pub(crate) fn gateway_known(fleet: &Fleet, gw: &str) -> Result<Option<String>, T
                 known.join(", ")
             };
             Err(ToolError::new(
-                "unknown_gateway",
+                Code::UnknownGateway,
                 format!(
                     "no gateway named {gw} is known here (known: {known}; this one is {}): check the name. A gateway is known from `gateway.peers` or once its first presence broadcast arrives, within {} s of its start",
                     me.name, me.presence_interval_secs
@@ -258,7 +257,7 @@ pub(crate) fn gone(e: EngineGone) -> ToolError {
 /// A store failure, as a tool error.
 pub(crate) fn store_error(e: &crate::store::StoreError) -> ToolError {
     ToolError::new(
-        "store_unavailable",
+        Code::StoreUnavailable,
         format!("fleetd failed to {e}; retry shortly"),
     )
 }

@@ -3,6 +3,7 @@
 //! messages stay until `fleet_ack`. Holds one page of bodies in memory, however deep the inbox.
 
 use fleetd_core::access::{Role, ToolClass};
+use fleetd_core::refusal::Code;
 use fleetd_core::{Message, MessageKind, MsgId, Target, Ticket};
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
@@ -72,7 +73,7 @@ impl FleetTool for Poll {
                 let _ = args.wait;
                 if args.limit.is_some() || args.after.is_some() {
                     return Err(ToolError::new(
-                        "invalid_arguments",
+                        Code::InvalidArguments,
                         "`limit` and `after` page a member's inbox: give them with `target`, not `ticket`",
                     ));
                 }
@@ -83,7 +84,7 @@ impl FleetTool for Poll {
                 by_target(fleet, caller, &name, request).await
             }
             _ => Err(ToolError::new(
-                "invalid_arguments",
+                Code::InvalidArguments,
                 "give exactly one of `ticket` (a ticket from fleet_send) or `target` (a member's name)",
             )),
         }
@@ -92,7 +93,7 @@ impl FleetTool for Poll {
 
 async fn by_ticket(fleet: &Fleet, caller: &Caller, text: &str) -> Result<ToolOutput, ToolError> {
     let ticket =
-        Ticket::parse(text).map_err(|e| ToolError::new("invalid_ticket", e.to_string()))?;
+        Ticket::parse(text).map_err(|e| ToolError::new(Code::InvalidTicket, e.to_string()))?;
     let answer = fleet.engine.ticket(ticket).await.map_err(gone)?;
     if let Role::Member {
         target,
@@ -110,7 +111,7 @@ async fn by_ticket(fleet: &Fleet, caller: &Caller, text: &str) -> Result<ToolOut
                     format!("task {ticket} ({} bytes)", task.len()),
                 ),
                 _ => Err(ToolError::new(
-                    "not_your_ticket",
+                    Code::NotYourTicket,
                     format!(
                         "ticket {ticket} is not one of yours; answer your current task with fleet_reply"
                     ),
@@ -134,7 +135,7 @@ async fn by_ticket(fleet: &Fleet, caller: &Caller, text: &str) -> Result<ToolOut
             format!("ticket {ticket} expired; read the member's inbox with fleet_poll(target=...)"),
         ),
         TicketAnswer::Unknown => Err(ToolError::new(
-            "unknown_ticket",
+            Code::UnknownTicket,
             format!(
                 "fleetd never issued ticket {ticket} (or restarted since): read the member's inbox with fleet_poll(target=...)"
             ),
@@ -150,8 +151,7 @@ fn page_request(limit: Option<&Value>, after: Option<&str>) -> Result<PageReques
             .as_u64()
             .filter(|n| (1..=MAX_LIMIT).contains(n))
             .ok_or_else(|| {
-                ToolError::new(
-                    "invalid_arguments",
+                ToolError::new(Code::InvalidArguments,
                     format!(
                         "`limit` must be a whole number from 1 to {MAX_LIMIT} (got {value}); omit it for {DEFAULT_LIMIT}"
                     ),
@@ -161,8 +161,7 @@ fn page_request(limit: Option<&Value>, after: Option<&str>) -> Result<PageReques
     let after = after
         .map(|id| {
             MsgId::parse(id).map_err(|e| {
-                ToolError::new(
-                    "invalid_arguments",
+                ToolError::new(Code::InvalidArguments,
                     format!(
                         "`after` must be the msgId of a reply you have seen ({e}); omit it to start from the oldest"
                     ),

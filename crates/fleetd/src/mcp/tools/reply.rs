@@ -1,6 +1,7 @@
 //! `fleet_reply`: a member answers its task. The reply is durable before anyone is told.
 
 use fleetd_core::access::{Role, ToolClass};
+use fleetd_core::refusal::Code;
 use fleetd_core::{Message, MessageKind, MsgId, Ticket};
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
@@ -31,17 +32,20 @@ impl FleetTool for Reply {
 
     async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
         let Role::Member { target, .. } = &caller.role else {
-            return Err(ToolError::new("not_a_member", "fleet_reply is for members"));
+            return Err(ToolError::new(
+                Code::NotAMember,
+                "fleet_reply is for members",
+            ));
         };
         let ticket = match args.ticket {
             Some(text) => {
                 let ticket = Ticket::parse(&text)
-                    .map_err(|e| ToolError::new("invalid_ticket", e.to_string()))?;
+                    .map_err(|e| ToolError::new(Code::InvalidTicket, e.to_string()))?;
                 match fleet.engine.ticket(ticket).await.map_err(gone)? {
                     TicketAnswer::Live(view) if view.target == *target => Some(ticket),
                     TicketAnswer::Live(_) => {
                         return Err(ToolError::new(
-                            "not_your_ticket",
+                            Code::NotYourTicket,
                             format!(
                                 "ticket {ticket} was given to another member; omit `ticket` to answer your current task"
                             ),
@@ -68,8 +72,7 @@ impl FleetTool for Reply {
             created_at: fleet.clock.now(),
         };
         fleet.store.publish(message.clone()).await.map_err(|e| match e {
-            crate::store::StoreError::Refused(refusal) => ToolError::new(
-                "reply_refused",
+            crate::store::StoreError::Refused(refusal) => ToolError::new(Code::ReplyRefused,
                 format!("{refusal}: shorten the reply, or write the details to a file and reply with its path"),
             ),
             other => store_error(&other),

@@ -1,5 +1,6 @@
 //! `fleet_send`: delegate a task to a member; by default wait for its reply.
 
+use fleetd_core::refusal::Code;
 use std::time::Duration;
 
 use fleetd_core::access::ToolClass;
@@ -88,7 +89,7 @@ pub(crate) async fn delegate(
     let max = usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
     if args.task.len() > max {
         return Err(ToolError::new(
-            "task_too_large",
+            Code::TaskTooLarge,
             format!(
                 "the task is {} bytes; the limit is {max} (inbox.maxMessageBytes): put the details in a file and send its path",
                 args.task.len()
@@ -97,7 +98,7 @@ pub(crate) async fn delegate(
     }
     if args.task.trim().is_empty() {
         return Err(ToolError::new(
-            "empty_task",
+            Code::EmptyTask,
             "the task is empty: say what the member should do",
         ));
     }
@@ -130,7 +131,7 @@ pub(crate) async fn delegate(
         settled = tokio::time::timeout(Duration::from_secs(secs), waiter) => settled,
         () = cancel.cancelled() => {
             // Nobody will read an answer: drop the waiter so the reply stays in the inbox.
-            return Err(ToolError::new("cancelled", "the request was abandoned; the reply will land in the inbox"));
+            return Err(ToolError::new(Code::Cancelled, "the request was abandoned; the reply will land in the inbox"));
         }
     };
     match settled {

@@ -3,6 +3,7 @@
 //! own; this tool only hands it the request and shapes its answer.
 
 use fleetd_core::access::ToolClass;
+use fleetd_core::refusal::Code;
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
@@ -101,7 +102,7 @@ async fn remote(
 ) -> Result<ToolOutput, ToolError> {
     if args.cwd.is_some() {
         return Err(ToolError::new(
-            "invalid_arguments",
+            Code::InvalidArguments,
             "`cwd` is a directory on this host: a member on another gateway starts in its profile's directory there",
         ));
     }
@@ -124,7 +125,7 @@ async fn remote(
     let spawned = tokio::select! {
         answer = tokio::time::timeout(REMOTE_WAIT, answer) => answer,
         () = caller.cancel.cancelled() => {
-            return Err(ToolError::new("cancelled", format!("the request was abandoned; spawn request {req} on gateway {gateway} goes on, and its member's readiness will be a notice in its inbox")));
+            return Err(ToolError::new(Code::Cancelled, format!("the request was abandoned; spawn request {req} on gateway {gateway} goes on, and its member's readiness will be a notice in its inbox")));
         }
     };
     let spawned = match spawned {

@@ -2,6 +2,7 @@
 
 use fleetd_core::Target;
 use fleetd_core::access::ToolClass;
+use fleetd_core::refusal::Code;
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
@@ -47,7 +48,7 @@ pub(crate) async fn detail(fleet: &Fleet, target: &Target) -> Result<serde_json:
     let members = super::list::members_json(fleet).await?;
     let Some(mut member) = members.into_iter().find(|m| m["target"] == target.as_str()) else {
         return Err(ToolError::new(
-            "unknown_target",
+            Code::UnknownTarget,
             format!("no member named {target}: call fleet_list to see members"),
         ));
     };

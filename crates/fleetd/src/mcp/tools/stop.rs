@@ -1,6 +1,7 @@
 //! `fleet_stop`: release a member and close its pane.
 
 use fleetd_core::access::ToolClass;
+use fleetd_core::refusal::Code;
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
@@ -37,7 +38,7 @@ impl FleetTool for Stop {
                     .mux
                     .resolve(&pane)
                     .await
-                    .map_err(|e| ToolError::new("invalid_pane", e.to_string()))?;
+                    .map_err(|e| ToolError::new(Code::InvalidPane, e.to_string()))?;
                 let members = fleet.engine.list().await.map_err(gone)?;
                 members
                     .into_iter()
@@ -45,14 +46,14 @@ impl FleetTool for Stop {
                     .map(|m| m.target)
                     .ok_or_else(|| {
                         ToolError::new(
-                            "unknown_pane",
+                            Code::UnknownPane,
                             format!("pane {pane} holds no member: call fleet_list"),
                         )
                     })?
             }
             _ => {
                 return Err(ToolError::new(
-                    "invalid_arguments",
+                    Code::InvalidArguments,
                     "give exactly one of `target` or `paneId`",
                 ));
             }
@@ -69,7 +70,7 @@ impl FleetTool for Stop {
                 .map_err(gone)?
             {
                 return Err(ToolError::new(
-                    "no_gateway",
+                    Code::NoGateway,
                     format!(
                         "{target} is a member on another host, and this fleetd is no gateway (configure `gateway:`)"
                     ),
@@ -89,7 +90,7 @@ impl FleetTool for Stop {
             .map_err(gone)?
         else {
             return Err(ToolError::new(
-                "unknown_target",
+                Code::UnknownTarget,
                 format!("no member named {target}: call fleet_list"),
             ));
         };

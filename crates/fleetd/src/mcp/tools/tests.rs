@@ -117,7 +117,7 @@ pub(super) async fn call_as(
     super::call(fleet, who, name, args)
         .await
         .map(|out| out.value)
-        .map_err(|e| (e.code.to_owned(), e.message))
+        .map_err(|e| (e.code.as_str().to_owned(), e.message))
 }
 
 async fn call(fleet: &Fleet, name: &str, args: Value) -> Result<Value, (String, String)> {

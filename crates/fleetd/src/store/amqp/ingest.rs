@@ -1,5 +1,5 @@
-//! The AMQP backend's ingest: declaring a target's queues (and migrating a queue an older fleetd
-//! declared), then moving what waits in it into the local inbox — commit locally, then ack —
+//! The AMQP backend's ingest: declaring a target's queues (and migrating a legacy
+//! queue), then moving what waits in it into the local inbox — commit locally, then ack —
 //! on a channel of its own that is closed when done, so no delivery outlives the call.
 //! What fleetd cannot take (not a fleetd message, another target's, over the size limit) is
 //! rejected into the dead-letter queue. Knows lapin's channel calls; connection handling lives
@@ -96,7 +96,7 @@ enum Queue<'c> {
     /// Declared with a dead-letter exchange. The pull consumes what a count found ready, a
     /// step at a time, and stops when a count finds none.
     Current,
-    /// Declared by an older fleetd, without one, and about to be deleted: the pull stops only
+    /// A legacy queue, declared without one, and about to be deleted: the pull stops only
     /// at `get-empty`, and poison is copied to the dead-letter queue through `publisher` (a
     /// confirm-mode channel).
     Old { publisher: &'c Channel },
@@ -178,7 +178,7 @@ impl Inner {
         let queue = queue_name(target);
         tracing::info!(
             %queue,
-            "the queue was declared by an older fleetd (no delivery limit or dead-letter queue); moving its messages into the local inbox and declaring it again"
+            "the queue was declared by fleetd's first releases (no delivery limit or dead-letter queue); moving its messages into the local inbox and declaring it again"
         );
         let channel = answer("channel.open", session.connection.create_channel()).await?;
         let result = async {

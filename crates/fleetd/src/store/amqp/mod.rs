@@ -25,7 +25,7 @@
 //!
 //! Every inbox queue has an explicit `x-delivery-limit` and a dead-letter queue
 //! `agent.<target>.dead`; a message fleetd cannot decode is rejected into it. Queues declared
-//! by an older fleetd (no such arguments) are migrated on first use: see `ingest`.
+//! by fleetd's first releases (no such arguments) are migrated on first use: see `ingest`.
 
 mod ingest;
 pub mod link;

@@ -119,7 +119,7 @@ pub(super) fn is_not_found(err: &lapin::Error) -> bool {
 }
 
 /// The broker refused a declaration because the queue exists with other arguments (it was
-/// declared by an older fleetd). The broker closed the channel.
+/// declared by fleetd's first releases). The broker closed the channel.
 pub(super) fn is_precondition_failed(err: &lapin::Error) -> bool {
     matches!(err.kind(), ErrorKind::ProtocolError(amqp)
         if *amqp.kind() == AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED))
