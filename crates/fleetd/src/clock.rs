@@ -25,9 +25,7 @@ static CONTEXT_V7: LazyLock<Mutex<uuid::ContextV7>> =
 
 /// A UUIDv7 for the instant `at` (see [`Clock::new_id`]).
 pub fn mint_id(at: Timestamp) -> uuid::Uuid {
-    let context = CONTEXT_V7
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let context = crate::sync::lock(&CONTEXT_V7);
     let secs = u64::try_from(at.as_second()).unwrap_or(0);
     let nanos = u32::try_from(at.subsec_nanosecond()).unwrap_or(0);
     uuid::Uuid::new_v7(uuid::Timestamp::from_unix(&*context, secs, nanos))
@@ -59,20 +57,14 @@ impl ManualClock {
 
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: SignedDuration) {
-        let mut now = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut now = crate::sync::lock(&self.0);
         *now = now.saturating_add(by).unwrap_or(*now);
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        *crate::sync::lock(&self.0)
     }
 }
 

@@ -259,9 +259,7 @@ impl EventHub {
     }
 
     fn latencies(&self) -> std::sync::MutexGuard<'_, Latencies> {
-        self.latencies
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.latencies)
     }
 
     /// The last hour's latency samples, as of `now`.
@@ -282,9 +280,7 @@ impl EventHub {
     }
 
     fn ring(&self) -> std::sync::MutexGuard<'_, Ring> {
-        self.ring
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.ring)
     }
 
     /// Publishes `event` (stamped `at`) to the ring and every subscriber.

@@ -87,18 +87,11 @@ impl ConnInfo {
     }
 
     fn cached(&self) -> Option<(Located, tokio::time::Instant)> {
-        self.located
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        crate::sync::lock(&self.located).clone()
     }
 
     fn remember(&self, located: Option<Located>) {
-        *self
-            .located
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            located.map(|l| (l, tokio::time::Instant::now()));
+        *crate::sync::lock(&self.located) = located.map(|l| (l, tokio::time::Instant::now()));
     }
 }
 

@@ -29,4 +29,5 @@ pub mod shim;
 pub mod shim_relay;
 pub mod state_dir;
 pub mod store;
+mod sync;
 pub mod worktree;

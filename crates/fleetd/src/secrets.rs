@@ -202,11 +202,7 @@ impl Redactor {
     /// Remembers `value` (secret `name`) as handed to a member: it stays redacted even after a
     /// reload changes or removes the secret.
     pub fn remember(&self, name: &str, value: &SecretValue) {
-        let mut given = self
-            .inner
-            .given
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut given = crate::sync::lock(&self.inner.given);
         if given.iter().any(|(_, v)| v == value) {
             return;
         }
@@ -220,11 +216,7 @@ impl Redactor {
     fn values(&self) -> Vec<(String, SecretValue)> {
         let config = self.inner.config.current();
         let current = {
-            let mut cache = self
-                .inner
-                .resolved
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut cache = crate::sync::lock(&self.inner.resolved);
             match &*cache {
                 Some((at, values)) if Arc::ptr_eq(at, &config) => Arc::clone(values),
                 _ => {
@@ -244,14 +236,7 @@ impl Redactor {
             }
         };
         let mut all: Vec<(String, SecretValue)> = current.iter().cloned().collect();
-        all.extend(
-            self.inner
-                .given
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-                .cloned(),
-        );
+        all.extend(crate::sync::lock(&self.inner.given).iter().cloned());
         all.retain(|(_, v)| v.0.len() >= MIN_REDACTED_LEN);
         all.sort_by_key(|(_, v)| std::cmp::Reverse(v.0.len()));
         all

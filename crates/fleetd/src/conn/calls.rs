@@ -7,7 +7,7 @@
 //! counted here: the gate's reserve and caps govern them. Knows no protocol; words no refusal.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use fleetd_core::Target;
 
@@ -27,7 +27,7 @@ pub struct CallSlot {
 impl MemberCalls {
     /// A slot for one more call of `member`, unless it has `cap` under way already.
     pub fn take(&self, member: &Target, cap: usize) -> Option<CallSlot> {
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut held = crate::sync::lock(&self.held);
         let count = held.entry(member.clone()).or_insert(0);
         if *count >= cap {
             return None;
@@ -41,18 +41,14 @@ impl MemberCalls {
 
     /// How many calls `member` has under way.
     pub fn under_way(&self, member: &Target) -> usize {
-        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = crate::sync::lock(&self.held);
         held.get(member).copied().unwrap_or(0)
     }
 }
 
 impl Drop for CallSlot {
     fn drop(&mut self) {
-        let mut held = self
-            .calls
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut held = crate::sync::lock(&self.calls.held);
         if let Some(count) = held.get_mut(&self.member) {
             *count = count.saturating_sub(1);
             if *count == 0 {

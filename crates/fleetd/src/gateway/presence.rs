@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Live;
 use crate::engine::EngineHandle;
 use crate::store::gateway_link::{Link, PresenceSink};
+use crate::sync::lock;
 
 /// A peer silent for this many of its intervals is shown unreachable.
 const MISSED_BEATS: u32 = 3;
@@ -430,10 +431,6 @@ async fn inventory(
             })
             .collect(),
     })
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

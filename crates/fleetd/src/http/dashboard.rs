@@ -89,9 +89,7 @@ impl Sessions {
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, Held> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.inner)
     }
 
     fn mint_key(&self) -> String {

@@ -36,6 +36,7 @@ use fleetd_core::{QualifiedPaneId, TerminalId};
 use tokio::net::UnixStream;
 
 use crate::mux::{MuxError, MuxRouter, PaneEvent};
+use crate::sync::lock;
 
 mod counts;
 mod lanes;
@@ -552,10 +553,6 @@ pub fn is_loopback(addr: &SocketAddr) -> bool {
         IpAddr::V4(v4) => v4.is_loopback(),
         IpAddr::V6(v6) => v6.is_loopback(),
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use super::lanes::{self, Step};
 use super::platform::{self, FdFile, ProcStat};
+use crate::sync::lock;
 
 /// How far up the parent chain [`ancestry`] goes. Real chains are a handful deep (agent →
 /// shell → pane); the bound only stops a pathological one.
@@ -310,10 +311,6 @@ pub fn find_holder(
         .collect();
     rest.sort_unstable_by(|a, b| b.cmp(a));
     Ok(find_socket_owner(inode, &rest).map(|pid| (pid, FoundBy::FullScan)))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

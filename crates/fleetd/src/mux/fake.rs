@@ -9,7 +9,7 @@
 //! spawn through its slow and failing paths.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use fleetd_core::{AgentStatus, PaneId, TabId, TerminalId, WorkspaceId};
 use tokio::sync::broadcast;
@@ -163,7 +163,7 @@ impl FakeMux {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.inner)
     }
 
     /// Opens a pane `id` (incarnation `terminal`) in `tab`, holding an agent with `status`.

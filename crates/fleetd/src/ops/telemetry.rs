@@ -159,9 +159,7 @@ pub fn describe() {
 static DEPTHS: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
 
 fn depths() -> std::sync::MutexGuard<'static, BTreeMap<String, u64>> {
-    DEPTHS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    crate::sync::lock(&DEPTHS)
 }
 
 /// Sets `target`'s inbox depth.

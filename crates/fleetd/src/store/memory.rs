@@ -2,7 +2,7 @@
 //! running daemon stores replies in.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use fleetd_core::{Message, MessageLimits, MsgId, Target};
 
@@ -49,8 +49,7 @@ impl MemoryStore {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // A panic while holding this lock leaves plain data behind; keep serving it.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.inner)
     }
 
     /// Makes every later write (publish, state commit) fail (`true`) as on a full disk, or

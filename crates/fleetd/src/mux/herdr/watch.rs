@@ -53,9 +53,7 @@ impl Watches {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PaneId, (AbortHandle, Arc<Notify>)>> {
-        self.tasks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.tasks)
     }
 
     /// Makes a running watch of `pane` read and publish its status now; false when there is

@@ -143,9 +143,7 @@ struct Shared {
 
 impl Shared {
     fn pending(&self) -> std::sync::MutexGuard<'_, VecDeque<oneshot::Sender<Reply>>> {
-        self.pending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.pending)
     }
 
     /// Marks the connection closed and fails every unanswered command (dropping its sender).

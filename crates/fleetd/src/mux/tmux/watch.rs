@@ -340,10 +340,7 @@ impl Tmux {
 }
 
 fn lock(inner: &Inner) -> std::sync::MutexGuard<'_, Watches> {
-    inner
-        .watches
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    crate::sync::lock(&inner.watches)
 }
 
 /// Passes one event client's notifications on to the watches: output of a watched pane marks

@@ -546,7 +546,7 @@ fn encode(text: &str) -> String {
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    crate::sync::lock(m)
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ mod tls;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::Mutex as AsyncMutex;
@@ -70,10 +70,6 @@ fn queue_name(target: &Target) -> String {
 
 fn dead_letter_queue_name(target: &Target) -> String {
     AmqpStore::dead_letter_queue_name(target)
-}
-
-fn guard<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The inbox on an AMQP broker, read and acknowledged in the local file. See the module docs.
@@ -188,7 +184,7 @@ async fn sweep(inner: Weak<Inner>) {
         if inner.closed.load(Ordering::SeqCst) {
             return;
         }
-        let targets: Vec<Target> = guard(&inner.known).iter().cloned().collect();
+        let targets: Vec<Target> = crate::sync::lock(&inner.known).iter().cloned().collect();
         for target in targets {
             // One unreachable broker is enough to know: the next sweep tries again.
             if !Inner::ingest_logged(&inner, &target, Need::All).await {
@@ -226,11 +222,15 @@ impl Inner {
     }
 
     fn lock(&self, target: &Target) -> Arc<AsyncMutex<()>> {
-        Arc::clone(guard(&self.locks).entry(target.clone()).or_default())
+        Arc::clone(
+            crate::sync::lock(&self.locks)
+                .entry(target.clone())
+                .or_default(),
+        )
     }
 
     fn is_known(&self, target: &Target) -> bool {
-        guard(&self.known).contains(target)
+        crate::sync::lock(&self.known).contains(target)
     }
 
     /// Records that this daemon uses `target`'s queue (once per target, durably).
@@ -245,7 +245,7 @@ impl Inner {
                 value: "{}".to_owned(),
             })])
             .await?;
-        guard(&self.known).insert(target.clone());
+        crate::sync::lock(&self.known).insert(target.clone());
         Ok(())
     }
 
@@ -403,14 +403,14 @@ impl<'a> InFlight<'a> {
     fn start(set: &'a Mutex<HashSet<MsgId>>, id: MsgId) -> Option<Self> {
         // Built only when inserted: a guard built and dropped for a duplicate would free the
         // id of the publish that is running.
-        let inserted = guard(set).insert(id);
+        let inserted = crate::sync::lock(set).insert(id);
         inserted.then(|| Self { set, id })
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        guard(self.set).remove(&self.id);
+        crate::sync::lock(self.set).remove(&self.id);
     }
 }
 
@@ -449,7 +449,10 @@ impl InboxStore for AmqpStore {
 
     fn targets(&self) -> StoreFuture<'_, Vec<Target>> {
         Box::pin(async move {
-            let known: Vec<Target> = guard(&self.inner.known).iter().cloned().collect();
+            let known: Vec<Target> = crate::sync::lock(&self.inner.known)
+                .iter()
+                .cloned()
+                .collect();
             for target in &known {
                 self.inner.refresh(target).await;
             }
@@ -474,7 +477,10 @@ impl InboxStore for AmqpStore {
             self.sweeper.abort();
             // Ingests in flight finish first (each holds its target's lock), so nothing pulled
             // is left uncommitted when the connection goes.
-            let locks: Vec<_> = guard(&self.inner.locks).values().cloned().collect();
+            let locks: Vec<_> = crate::sync::lock(&self.inner.locks)
+                .values()
+                .cloned()
+                .collect();
             for lock in locks {
                 drop(lock.lock().await);
             }
@@ -540,7 +546,7 @@ mod tests {
             "a concurrent publish is a duplicate"
         );
         assert!(
-            guard(&set).contains(&id),
+            crate::sync::lock(&set).contains(&id),
             "and the running one stays in flight"
         );
         // A publish whose caller gave up is dropped half way: the id is free again.

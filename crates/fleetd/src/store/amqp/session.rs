@@ -13,8 +13,9 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 
 use fleetd_core::{Message, Target};
 
-use super::{dead_letter_queue_name, guard, queue_name};
+use super::{dead_letter_queue_name, queue_name};
 use crate::store::StoreError;
+use crate::sync::lock;
 
 /// How long an operation keeps reconnecting before it gives up with [`StoreError::Unavailable`].
 /// Long enough to ride out a broker restart (RabbitMQ takes ~7 s to start here).
@@ -186,11 +187,11 @@ impl Session {
 
     /// Whether this session already declared `target`'s queues.
     pub(super) fn is_ready(&self, target: &Target) -> bool {
-        guard(&self.ready).contains(target)
+        lock(&self.ready).contains(target)
     }
 
     pub(super) fn set_ready(&self, target: &Target, ready: bool) {
-        let mut set = guard(&self.ready);
+        let mut set = lock(&self.ready);
         if ready {
             set.insert(target.clone());
         } else {

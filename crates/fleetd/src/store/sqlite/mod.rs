@@ -7,7 +7,7 @@ mod schema;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -20,6 +20,7 @@ use super::{
     InboxStore, Page, PageRequest, PublishOutcome, StateOp, StateRecord, StateStore, StoreError,
     StoreFuture, StoreOptions,
 };
+use crate::sync::lock;
 use writer::Op;
 
 /// The embedded inbox store. See the module docs for its guarantees.
@@ -49,11 +50,6 @@ impl Writer {
             tracing::error!("the inbox writer thread panicked");
         }
     }
-}
-
-fn guard<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The guarded values stay consistent across a panic (they are handles), so poison is ignored.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl SqliteStore {
@@ -162,9 +158,7 @@ impl SqliteStore {
         &self,
         messages: Vec<Message>,
     ) -> Vec<Result<PublishOutcome, StoreError>> {
-        let ops = guard(&self.writer)
-            .as_ref()
-            .map(|writer| writer.ops.clone());
+        let ops = lock(&self.writer).as_ref().map(|writer| writer.ops.clone());
         let mut answers = Vec::with_capacity(messages.len());
         for message in messages {
             let Some(ops) = ops.as_ref() else {
@@ -194,11 +188,7 @@ impl SqliteStore {
     /// The error of the last write that failed, until a write succeeds again (the disk is full,
     /// say): the AMQP backend pulls nothing from the broker that it could not commit.
     pub(crate) fn write_failure(&self) -> Option<StoreError> {
-        self.stats
-            .last_failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        crate::sync::lock(&self.stats.last_failure).clone()
     }
 
     /// Sends one write to the writer thread and waits for its committed result.
@@ -206,7 +196,7 @@ impl SqliteStore {
         &self,
         make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Op,
     ) -> Result<T, StoreError> {
-        let ops = guard(&self.writer)
+        let ops = lock(&self.writer)
             .as_ref()
             .map(|writer| writer.ops.clone())
             .ok_or(StoreError::Closed)?;
@@ -224,7 +214,7 @@ impl SqliteStore {
     ) -> Result<T, StoreError> {
         let reader = Arc::clone(&self.reader);
         tokio::task::spawn_blocking(move || {
-            let conn = guard(&reader);
+            let conn = lock(&reader);
             let conn = conn.as_ref().ok_or(StoreError::Closed)?;
             query(conn)
         })
@@ -234,7 +224,7 @@ impl SqliteStore {
 
     /// [`StoreError::Closed`] once the store was closed, as every read answers then.
     fn open_or_closed(&self) -> Result<(), StoreError> {
-        match guard(&self.writer).as_ref() {
+        match lock(&self.writer).as_ref() {
             Some(_) => Ok(()),
             None => Err(StoreError::Closed),
         }
@@ -243,11 +233,11 @@ impl SqliteStore {
     /// Stops the writer after it finished every queued write, then closes the reader and releases
     /// the lock, in that order, so the next owner never sees a half-closed file.
     fn shut_down(&self) {
-        if let Some(writer) = guard(&self.writer).take() {
+        if let Some(writer) = lock(&self.writer).take() {
             writer.stop();
         }
-        drop(guard(&self.reader).take());
-        drop(guard(&self.lock).take());
+        drop(lock(&self.reader).take());
+        drop(lock(&self.lock).take());
     }
 }
 
@@ -348,13 +338,7 @@ impl InboxStore for SqliteStore {
 
     fn health(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let failed = || {
-                self.stats
-                    .last_failure
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .clone()
-            };
+            let failed = || crate::sync::lock(&self.stats.last_failure).clone();
             // After a failed write, only a write as large as a real one proves recovery.
             let heavy = failed().is_some();
             self.write(|reply| Op::Probe { heavy, reply }).await?;
@@ -367,7 +351,7 @@ impl InboxStore for SqliteStore {
 
     fn close(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let writer = guard(&self.writer).take();
+            let writer = lock(&self.writer).take();
             if let Some(writer) = writer {
                 // The joins wait for the writer's last commit: do them off the async threads.
                 if tokio::task::spawn_blocking(move || writer.stop())

@@ -89,9 +89,7 @@ impl Stats {
     pub(crate) fn depths(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u64>> {
-        self.depths
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.depths)
     }
 }
 
@@ -162,10 +160,7 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, stats: &Stats) {
         .iter()
         .any(|op| !matches!(op, Op::Probe { heavy: false, .. }));
     if telling {
-        let mut last = stats
-            .last_failure
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut last = crate::sync::lock(&stats.last_failure);
         let real = |op: &Op| !matches!(op, Op::Probe { .. });
         match &result {
             // A write that committed says the file takes writes; failures of single
