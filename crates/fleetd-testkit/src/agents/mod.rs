@@ -11,6 +11,7 @@ pub mod claude;
 pub mod codex;
 pub mod panes;
 pub mod rig;
+pub mod stories;
 pub mod turns;
 
 /// The pins file: `<name> <npm package> <version>` per line.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use fleetd_testkit::agents::claude::{self, Transport};
 use fleetd_testkit::agents::rig::{ANSWER, AgentRig};
 use fleetd_testkit::agents::turns::{answer, finished, nudges, offers, prompt, read_on_nudge};
-use fleetd_testkit::agents::{Cli, versions};
+use fleetd_testkit::agents::{Cli, stories, versions};
 use fleetd_testkit::{Service, require_tmux};
 
 /// A rig with a Claude Code lead of `version` (newest when `None`) and a `claude` profile.
@@ -102,43 +102,7 @@ fn e2e_claude_lead_is_never_typed_to_mid_turn() {
     let Some((rig, lead)) = claude_fleet(None, Transport::Http) else {
         return;
     };
-    // Carol's model takes 6 s before it replies; meanwhile the lead is in a 15 s turn.
-    rig.say(&lead, "@spawn claude carol @sleep 6 @reply late news");
-    rig.wait("the spawn turn to end", Duration::from_secs(90), || {
-        finished(&rig.lead_model.turns(), |r| answer(r).contains("carol"))
-    });
-    rig.say(&lead, "@sleep 15 @text busy");
-    rig.wait(
-        "the lead to read carol's reply",
-        Duration::from_secs(120),
-        || read_on_nudge(&rig.lead_model.turns(), "late news"),
-    );
-    let turns = rig.lead_model.turns();
-    let busy = turns
-        .iter()
-        .find(|r| prompt(r) == "@sleep 15 @text busy")
-        .expect("the busy turn");
-    let busy_end = busy["t"].as_u64().expect("t") + 15_000;
-    let replied = rig
-        .member_model
-        .turns()
-        .into_iter()
-        .find(|r| r["steps"] == 1)
-        .and_then(|r| r["t"].as_u64())
-        .expect("carol's reply");
-    assert!(
-        replied < busy_end,
-        "carol replied while the lead was busy ({replied} < {busy_end})"
-    );
-    let nudges = nudges(&turns);
-    assert_eq!(nudges.len(), 1, "{nudges:#?}");
-    let nudged = nudges[0]["t"].as_u64().expect("t");
-    assert!(
-        nudged >= busy_end,
-        "the nudge started a turn {} ms before the busy turn ended",
-        busy_end - nudged
-    );
-    assert_eq!(prompt(&nudges[0]).matches("[fleet]").count(), 1);
+    stories::reply_waits_for_the_busy_lead(&rig, &lead, "claude", "carol");
 }
 
 #[test]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use fleetd_testkit::agents::rig::{ANSWER, AgentRig, MEMBER_TOKEN, pause};
 use fleetd_testkit::agents::turns::{answer, finished, nudges, offers, prompt, read_on_nudge};
-use fleetd_testkit::agents::{Cli, claude, codex};
+use fleetd_testkit::agents::{Cli, claude, codex, stories};
 use fleetd_testkit::fake_model::Logged;
 use fleetd_testkit::{Service, require_tmux};
 
@@ -322,38 +322,5 @@ fn e2e_codex_lead_is_never_typed_to_mid_turn() {
     };
     let mut rig = AgentRig::start(&[&cli], &codex::profile("codex"), "");
     let lead = codex::start_lead(&mut rig, false);
-    // Jo's model takes 6 s before it replies; meanwhile the lead is in a 15 s turn.
-    rig.say(&lead, "@spawn codex jo @sleep 6 @reply late news");
-    rig.wait("the spawn turn to end", Duration::from_secs(90), || {
-        finished(&rig.lead_model.turns(), |r| {
-            prompt(r).starts_with("@spawn codex jo")
-        })
-    });
-    rig.say(&lead, "@sleep 15 @text busy");
-    rig.wait(
-        "the lead to read jo's reply",
-        Duration::from_secs(120),
-        || read_on_nudge(&rig.lead_model.turns(), "late news"),
-    );
-    let turns = rig.lead_model.turns();
-    let busy = turns
-        .iter()
-        .find(|r| prompt(r) == "@sleep 15 @text busy")
-        .expect("the busy turn");
-    let busy_end = busy["t"].as_u64().expect("t") + 15_000;
-    let replied = rig
-        .member_model
-        .turns()
-        .into_iter()
-        .find(|r| r["steps"] == 1)
-        .and_then(|r| r["t"].as_u64())
-        .expect("jo's reply");
-    assert!(replied < busy_end, "jo replied while the lead was busy");
-    let nudges = nudges(&turns);
-    assert_eq!(nudges.len(), 1, "{nudges:#?}");
-    assert!(
-        nudges[0]["t"].as_u64().expect("t") >= busy_end,
-        "the nudge started a turn before the busy turn ended"
-    );
-    assert_eq!(prompt(&nudges[0]).matches("[fleet]").count(), 1);
+    stories::reply_waits_for_the_busy_lead(&rig, &lead, "codex", "jo");
 }
