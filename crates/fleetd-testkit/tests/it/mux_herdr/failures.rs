@@ -10,24 +10,20 @@ async fn a_stalled_prompt_is_reported_and_the_adapter_presses_nothing() {
     let log = fx._dir.path().join("sticky.jsonl");
     let log_arg = log.display().to_string();
     let mut events = fx.herdr.events();
-    let pane = fx
-        .herdr
-        .open_pane(member(
-            "fleet",
-            &[("HERDR_AGENT", "claude")],
-            sim_agent_command(&[
-                "--script",
-                "silent",
-                "--swallow",
-                "1",
-                "--work-ms",
-                "500",
-                "--log",
-                &log_arg,
-            ]),
-        ))
-        .await
-        .expect("open");
+    let pane = open_claude(
+        &fx.herdr,
+        &[
+            "--script",
+            "silent",
+            "--swallow",
+            "1",
+            "--work-ms",
+            "500",
+            "--log",
+            &log_arg,
+        ],
+    )
+    .await;
     fx.herdr.watch(&pane.pane).await.expect("watch");
     statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     let submitted = fx
@@ -58,15 +54,7 @@ async fn a_stalled_prompt_is_reported_and_the_adapter_presses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transient_failures_are_never_reported_as_not_found() {
     let fx = start_fake(&[]);
-    let pane = fx
-        .herdr
-        .open_pane(member(
-            "fleet",
-            &[("HERDR_AGENT", "claude")],
-            sim_agent_command(&["--script", "silent"]),
-        ))
-        .await
-        .expect("open");
+    let pane = open_claude(&fx.herdr, &["--script", "silent"]).await;
 
     fx.fake
         .fault(&json!({ "fault": "drop", "count": 3 }))
@@ -158,15 +146,7 @@ async fn transient_failures_are_never_reported_as_not_found() {
 async fn a_prompt_herdr_typed_then_answered_timeout_is_uncertain() {
     let fx = start_fake(&[]);
     let mut events = fx.herdr.events();
-    let pane = fx
-        .herdr
-        .open_pane(member(
-            "fleet",
-            &[("HERDR_AGENT", "claude")],
-            sim_agent_command(&["--script", "silent", "--work-ms", "300"]),
-        ))
-        .await
-        .expect("open");
+    let pane = open_claude(&fx.herdr, &["--script", "silent", "--work-ms", "300"]).await;
     fx.herdr.watch(&pane.pane).await.expect("watch");
     statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     fx.fake
@@ -252,15 +232,7 @@ async fn pane_input_answered_after_the_client_gave_up_is_uncertain() {
 async fn status_watch_survives_a_herdr_restart() {
     let fx = start_fake(&[]);
     let mut events = fx.herdr.events();
-    let pane = fx
-        .herdr
-        .open_pane(member(
-            "fleet",
-            &[("HERDR_AGENT", "claude")],
-            sim_agent_command(&["--script", "silent"]),
-        ))
-        .await
-        .expect("open");
+    let pane = open_claude(&fx.herdr, &["--script", "silent"]).await;
     fx.herdr.watch(&pane.pane).await.expect("watch");
     statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
 
@@ -319,15 +291,7 @@ async fn status_watch_survives_a_herdr_restart() {
 async fn exiting_agent_reports_its_incarnation_gone() {
     let fx = start_fake(&[]);
     let mut events = fx.herdr.events();
-    let pane = fx
-        .herdr
-        .open_pane(member(
-            "fleet",
-            &[("HERDR_AGENT", "claude")],
-            sim_agent_command(&["--script", "exit"]),
-        ))
-        .await
-        .expect("open");
+    let pane = open_claude(&fx.herdr, &["--script", "exit"]).await;
     fx.herdr.watch(&pane.pane).await.expect("watch");
     statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     let _ = fx.herdr.submit(&pane.pane, "please exit").await;

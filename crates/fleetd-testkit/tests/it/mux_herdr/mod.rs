@@ -63,6 +63,18 @@ fn member(workspace: &str, env: &[(&str, &str)], command: Vec<String>) -> OpenPa
     }
 }
 
+/// Opens a pane in workspace `fleet` running sim-agent with `args`, detected as Claude Code.
+async fn open_claude(herdr: &Herdr, args: &[&str]) -> fleetd::mux::PaneInfo {
+    herdr
+        .open_pane(member(
+            "fleet",
+            &[("HERDR_AGENT", "claude")],
+            sim_agent_command(args),
+        ))
+        .await
+        .expect("open")
+}
+
 pub(crate) async fn next_event(
     rx: &mut broadcast::Receiver<PaneEvent>,
     what: &str,
@@ -314,15 +326,7 @@ async fn member_pane_gets_env_command_and_herdr_identity() {
 async fn known_agent_turn_streams_working_then_done() {
     let fx = start_fake(&[]);
     let mut events = fx.herdr.events();
-    let pane = fx
-        .herdr
-        .open_pane(member(
-            "fleet",
-            &[("HERDR_AGENT", "claude")],
-            sim_agent_command(&["--script", "silent", "--work-ms", "1500"]),
-        ))
-        .await
-        .expect("open");
+    let pane = open_claude(&fx.herdr, &["--script", "silent", "--work-ms", "1500"]).await;
     fx.herdr.watch(&pane.pane).await.expect("watch");
     statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     let submitted = fx
