@@ -88,6 +88,22 @@ impl Rig {
             .collect()
     }
 
+    /// Asserts the nudges typed into `pane` so far are exactly one, saying `says`.
+    fn one_nudge(&self, pane: &str, says: &str) {
+        let nudges = self.nudges_into(pane);
+        assert_eq!(nudges.len(), 1, "{nudges:?}");
+        assert!(nudges[0].text.contains(says), "{says:?}: {nudges:?}");
+    }
+
+    /// Asserts some nudge typed into `pane` so far says `says`.
+    fn some_nudge(&self, pane: &str, says: &str) {
+        let nudges = self.nudges_into(pane);
+        assert!(
+            nudges.iter().any(|n| n.text.contains(says)),
+            "{says:?}: {nudges:?}"
+        );
+    }
+
     async fn lead(&self, pane: &str, terminal: &str) -> LeadRef {
         let lead = LeadRef {
             pane: self.router.resolve(pane).await.expect("pane"),

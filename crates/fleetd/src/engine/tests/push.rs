@@ -389,20 +389,9 @@ async fn a_wake_holds_its_reply_from_the_nudge_until_read_cancelled_or_lapsed() 
             .expect("engine")
     );
     sleep(Duration::from_millis(100)).await;
-    let nudges = rig.nudges_into("w1:p1");
-    assert_eq!(nudges.len(), 1, "{nudges:?}");
-    assert!(
-        nudges[0].text.contains("1 message from alice"),
-        "{nudges:?}"
-    );
+    rig.one_nudge("w1:p1", "1 message from alice");
     sleep(Duration::try_from(super::super::state::WAKE_GRACE).expect("positive")).await;
-    let nudges = rig.nudges_into("w1:p1");
-    assert!(
-        nudges
-            .iter()
-            .any(|n| n.text.contains("2 messages from alice")),
-        "the lapsed wake's reply is mail again: {nudges:?}"
-    );
+    rig.some_nudge("w1:p1", "2 messages from alice");
     let taken = rig.engine.take_handed(owner).await.expect("engine");
     assert_eq!(taken.len(), 1, "exactly the read wake's reply: {taken:?}");
 }
@@ -441,19 +430,8 @@ async fn a_handed_reply_goes_back_to_the_nudge_when_its_holder_goes_or_never_cal
     // The first holder's pane closes before its next call: that reply is mail again.
     fake.close("w3:p1");
     sleep(Duration::from_millis(100)).await;
-    let nudges = rig.nudges_into("w1:p1");
-    assert_eq!(nudges.len(), 1, "{nudges:?}");
-    assert!(
-        nudges[0].text.contains("1 message from alice"),
-        "{nudges:?}"
-    );
+    rig.one_nudge("w1:p1", "1 message from alice");
     // The second holder never calls again: after the TTL its reply is counted too.
     sleep(Duration::try_from(super::super::state::HANDED_TTL).expect("positive")).await;
-    let nudges = rig.nudges_into("w1:p1");
-    assert!(
-        nudges
-            .iter()
-            .any(|n| n.text.contains("2 messages from alice")),
-        "{nudges:?}"
-    );
+    rig.some_nudge("w1:p1", "2 messages from alice");
 }
