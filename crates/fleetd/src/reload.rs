@@ -224,6 +224,7 @@ fn watch_file(
         _ => PathBuf::from("."),
     };
     let name = path.file_name()?.to_owned();
+    let recheck = requests.clone();
     let handler = move |result: DebounceEventResult| match result {
         Ok(events) => {
             if events.iter().any(|e| concerns(e, &name)) {
@@ -245,6 +246,9 @@ fn watch_file(
     match watched {
         Ok(debouncer) => {
             tracing::debug!(dir = %dir.display(), "watching the config file's directory");
+            // An edit saved between the read that started this watch and the watch itself
+            // raised no event: read the file once more now that no later edit can go unseen.
+            let _ = recheck.try_send(());
             Some(debouncer)
         }
         Err(e) => {

@@ -120,3 +120,17 @@ fn a_missing_file_keeps_the_running_config() {
     }
     assert_eq!(case.profiles(), ["coder"]);
 }
+
+#[tokio::test]
+async fn a_new_watch_asks_for_one_read_so_an_edit_saved_before_it_is_not_missed() {
+    // Turning configReload on reads the file, then starts the watch: an edit saved in between
+    // raises no event, so the watch asks for one more read as it starts.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("fleetd.yaml");
+    std::fs::write(&path, "configReload: true\n").expect("write");
+    let (tx, mut requests) = tokio::sync::mpsc::channel(1);
+    let watcher = super::watch_file(&path, tx).expect("the directory can be watched");
+    assert_eq!(requests.try_recv(), Ok(()), "one read asked for at once");
+    assert!(requests.try_recv().is_err(), "and only one");
+    drop(watcher);
+}
