@@ -126,6 +126,16 @@ impl Rig {
         self.call_from(LEAD, tool, args, Duration::from_secs(120))
     }
 
+    /// Sends `task` to `target` from the lead pane without waiting (`fleet_send`,
+    /// `wait: false`); its ticket.
+    pub fn send_task(&self, target: &str, task: &str) -> String {
+        let sent = structured_ok(&self.lead(
+            "fleet_send",
+            &serde_json::json!({ "target": target, "task": task, "wait": false }),
+        ));
+        sent["ticket"].as_str().expect("ticket").to_owned()
+    }
+
     /// Calls `tool` from the shell in tmux target `pane`.
     pub fn call_from(&self, pane: &str, tool: &str, args: &Value, timeout: Duration) -> Value {
         let out_file = self.start_call(pane, tool, args);

@@ -163,11 +163,7 @@ fn e2e_question_is_answered_by_the_lead() {
         return;
     };
     rig.spawn("curious", "eve");
-    let sent = structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "eve", "task": "deploy", "wait": false }),
-    ));
-    let ticket = sent["ticket"].as_str().expect("ticket").to_owned();
+    let ticket = rig.send_task("eve", "deploy");
     let inbox = poll_until(&rig, &json!({ "target": "eve" }), "an open question", |v| {
         v["questions"].as_array().is_some_and(|q| !q.is_empty())
     });

@@ -163,11 +163,7 @@ fn e2e_dashboard_in_a_real_browser_follows_the_fleet_and_answers_a_question() {
 
     // A question, answered from the page.
     rig.spawn("curious", "eve");
-    let sent = structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "eve", "task": "deploy", "wait": false }),
-    ));
-    let ticket = sent["ticket"].as_str().expect("ticket").to_owned();
+    let ticket = rig.send_task("eve", "deploy");
     let mut question = Value::Null;
     wait_until("eve's question", PATIENCE, || {
         question = open_questions(&operator)

@@ -161,11 +161,7 @@ fn e2e_delegation_a_sub_members_reply_nudges_its_delegating_member_whose_reply_r
         return;
     };
     rig.spawn("mid", "mid");
-    let sent = structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "mid", "task": "count the stones", "wait": false }),
-    ));
-    let ticket = sent["ticket"].as_str().expect("ticket").to_owned();
+    let ticket = rig.send_task("mid", "count the stones");
 
     let text = replied(&rig, &ticket);
     assert_eq!(
@@ -342,11 +338,7 @@ fn e2e_delegation_a_sub_members_question_goes_to_its_delegating_member_whose_ans
         return;
     };
     rig.spawn("asking-mid", "mid");
-    let sent = structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "mid", "task": "count the stones", "wait": false }),
-    ));
-    let ticket = sent["ticket"].as_str().expect("ticket").to_owned();
+    let ticket = rig.send_task("mid", "count the stones");
 
     // sub asked, mid answered, sub replied with the answer, and mid passed that on.
     let text = replied(&rig, &ticket);
@@ -513,11 +505,7 @@ fn e2e_delegation_a_kill_9_in_the_middle_of_the_tree_loses_nothing() {
         return;
     };
     rig.spawn("mid", "mid");
-    let sent = structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "mid", "task": "sort the shells", "wait": false }),
-    ));
-    let ticket = sent["ticket"].as_str().expect("ticket").to_owned();
+    let ticket = rig.send_task("mid", "sort the shells");
     // sub is at work on mid's task when fleetd dies.
     wait_until("sub to start its turn", PATIENCE, || {
         prompts(&logs.join("leaf.log"))

@@ -65,14 +65,6 @@ fn member(rig: &Rig, name: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
-fn send(rig: &Rig, target: &str, task: &str) -> String {
-    let sent = structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": target, "task": task, "wait": false }),
-    ));
-    sent["ticket"].as_str().expect("ticket").to_owned()
-}
-
 fn reply_of(rig: &Rig, ticket: &str) -> String {
     let mut last = Value::Null;
     wait_until("the member's reply", PATIENCE, || {
@@ -125,18 +117,13 @@ fn e2e_worktrees_parallel_members_work_on_their_own_branches_and_release_keeps_o
     assert_eq!(ann["worktree"]["base"], "main");
 
     // Both edit README at once: ann commits, bob leaves it uncommitted.
-    let a = send(
-        &rig,
+    let a = rig.send_task(
         "ann",
         &format!(
             "pwd && echo ann > README && git {GIT_ID} commit -qam 'ann edits' && git rev-parse --abbrev-ref HEAD"
         ),
     );
-    let b = send(
-        &rig,
-        "bob",
-        "pwd && echo bob > README && git status --porcelain",
-    );
+    let b = rig.send_task("bob", "pwd && echo bob > README && git status --porcelain");
     let a = reply_of(&rig, &a);
     let b = reply_of(&rig, &b);
     assert!(a.starts_with("exit 0"), "{a}");
