@@ -41,6 +41,33 @@ fn sim_agent(args: &[&str]) -> Vec<String> {
     argv
 }
 
+/// A pane that records every byte typed into it (raw mode, no echo) to a file of `server`'s
+/// directory: `(pane, the file)`, once it is ready to record.
+async fn recorder(tmux: &Tmux, server: &TmuxServer) -> (PaneId, std::path::PathBuf) {
+    let record = server.dir().join("received.bin");
+    let script = format!("stty raw -echo; exec cat > '{}'", record.display());
+    let pane = tmux
+        .open_pane(open("fleet", &[], vec!["sh".into(), "-c".into(), script]))
+        .await
+        .expect("open recorder");
+    // The file exists once `cat` runs, after `stty` put the terminal in raw mode.
+    eventually("the recorder to start", async || {
+        record.exists().then_some(())
+    })
+    .await;
+    (pane.pane, record)
+}
+
+/// What `record` holds once it has at least `expected`'s length, as text.
+async fn received(record: &std::path::Path, expected: &str) -> String {
+    let got = eventually("the text to arrive", async || {
+        let bytes = std::fs::read(record).ok()?;
+        (bytes.len() >= expected.len()).then_some(bytes)
+    })
+    .await;
+    String::from_utf8_lossy(&got).into_owned()
+}
+
 async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
     for _ in 0..300 {
         if let Some(value) = probe().await {
@@ -155,27 +182,12 @@ async fn send_keys_deliver_quotes_unicode_and_newlines_literally() {
     }
     let server = TmuxServer::start().expect("tmux");
     let tmux = backend(&server);
-    let record = server.dir().join("received.bin");
-    let script = format!("stty raw -echo; exec cat > '{}'", record.display());
-    let pane = tmux
-        .open_pane(open("fleet", &[], vec!["sh".into(), "-c".into(), script]))
-        .await
-        .expect("open recorder");
-    // Wait until the recorder is in raw mode (its file exists once cat runs).
-    eventually("the recorder to start", async || {
-        record.exists().then_some(())
-    })
-    .await;
+    let (pane, record) = recorder(&tmux, &server).await;
     let text = "it's \"quoted\" $HOME `id` \\ -n ünïcödé ✓ 日本\n";
-    let submitted = tmux.submit(&pane.pane, text).await.expect("submit");
+    let submitted = tmux.submit(&pane, text).await.expect("submit");
     assert_eq!(submitted.path, SubmitPath::TmuxPaste);
     let expected = format!("{text}\r");
-    let got = eventually("the text to arrive", async || {
-        let bytes = std::fs::read(&record).ok()?;
-        (bytes.len() >= expected.len()).then_some(bytes)
-    })
-    .await;
-    assert_eq!(String::from_utf8_lossy(&got), expected);
+    assert_eq!(received(&record, &expected).await, expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,29 +221,15 @@ async fn texts_ending_in_a_semicolon_arrive_whole() {
         let mut config = server.backend_config();
         config.control_mode = control_mode;
         let tmux = Tmux::new(config);
-        let record = server.dir().join("received.bin");
-        let script = format!("stty raw -echo; exec cat > '{}'", record.display());
-        let pane = tmux
-            .open_pane(open("fleet", &[], vec!["sh".into(), "-c".into(), script]))
-            .await
-            .expect("open recorder");
-        eventually("the recorder to start", async || {
-            record.exists().then_some(())
-        })
-        .await;
+        let (pane, record) = recorder(&tmux, &server).await;
         let mut expected = String::new();
         for text in texts {
-            tmux.submit(&pane.pane, text).await.expect("submit");
+            tmux.submit(&pane, text).await.expect("submit");
             expected.push_str(text);
             expected.push('\r');
         }
-        let got = eventually("every text to arrive", async || {
-            let bytes = std::fs::read(&record).ok()?;
-            (bytes.len() >= expected.len()).then_some(bytes)
-        })
-        .await;
         assert_eq!(
-            String::from_utf8_lossy(&got),
+            received(&record, &expected).await,
             expected,
             "control mode {control_mode}"
         );
