@@ -9,9 +9,7 @@ use super::*;
 async fn a_task_whose_ticket_cannot_be_written_is_not_typed_until_it_is() {
     // Issue 15: with the state directory's disk full the sender heard "store_unavailable, retry"
     // while the task was typed anyway; a retry typed it twice.
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
-    let disk = Disk::new();
+    let (fake, disk) = ann_pane(AgentStatus::Idle);
     let engine = with_ann(&disk, &fake).await;
     settle().await;
     disk.store.set_writes_fail(true);
@@ -30,9 +28,7 @@ async fn a_task_whose_ticket_cannot_be_written_is_not_typed_until_it_is() {
     assert!(fake.typed().is_empty(), "nothing typed before it is kept");
     disk.store.set_writes_fail(false);
     sleep(Duration::from_secs(2)).await;
-    let typed = fake.typed();
-    assert_eq!(typed.len(), 1, "typed once the state is written: {typed:?}");
-    assert_eq!(typed[0].text, "wait for the disk");
+    typed_once(&fake, "wait for the disk");
 }
 
 #[tokio::test(start_paused = true)]
@@ -247,9 +243,7 @@ async fn a_released_member_s_worktree_is_judged_only_once_its_pane_is_gone() {
 
 #[tokio::test(start_paused = true)]
 async fn a_fleet_state_that_cannot_be_read_stops_the_engine_rather_than_start_an_empty_fleet() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
-    let disk = Disk::new();
+    let (fake, disk) = ann_pane(AgentStatus::Idle);
     let first = disk.start(&fake);
     first
         .add_member(member("ann", "w2:p1", "t-a", None))
@@ -360,9 +354,7 @@ async fn while_the_state_cannot_be_written_what_waits_is_bounded_and_new_work_re
 
 #[tokio::test(start_paused = true)]
 async fn a_question_or_answer_that_cannot_be_written_says_so() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
-    let disk = Disk::new();
+    let (fake, disk) = ann_pane(AgentStatus::Working);
     let engine = disk.start(&fake);
     engine
         .add_member(member("ann", "w2:p1", "t-a", None))

@@ -119,6 +119,21 @@ fn ann_reply(ticket: Option<fleetd_core::Ticket>, text: String) -> fleetd_core::
     }
 }
 
+/// A fake multiplexer with ann's pane (`w2:p1`, terminal `t-a`) showing `status`, and the
+/// stores that will outlive the engines started on them.
+fn ann_pane(status: AgentStatus) -> (FakeMux, Disk) {
+    let fake = FakeMux::new();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", status);
+    (fake, Disk::new())
+}
+
+/// Asserts exactly one text was typed so far, and that it was `text`.
+fn typed_once(fake: &FakeMux, text: &str) {
+    let typed = fake.typed();
+    assert_eq!(typed.len(), 1, "{typed:?}");
+    assert_eq!(typed[0].text, text);
+}
+
 /// An engine on `disk` with member ann (pane `w2:p1`, terminal `t-a`) registered and connected:
 /// where most restart stories begin.
 async fn with_ann(disk: &Disk, fake: &FakeMux) -> EngineHandle {
@@ -198,9 +213,7 @@ async fn members_are_taken_back_and_a_gone_one_is_released_with_its_tickets_fail
 
 #[tokio::test(start_paused = true)]
 async fn a_queued_task_is_typed_exactly_once_across_a_restart() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
-    let disk = Disk::new();
+    let (fake, disk) = ann_pane(AgentStatus::Working);
     let first = with_ann(&disk, &fake).await;
     let ticket = task(&first, "ann", "queued while busy").await;
     settle().await;
@@ -212,9 +225,7 @@ async fn a_queued_task_is_typed_exactly_once_across_a_restart() {
     assert_eq!(state_of(&second, ticket).await, Some(TicketState::Queued));
     fake.set_status("w2:p1", AgentStatus::Idle);
     settle().await;
-    let typed = fake.typed();
-    assert_eq!(typed.len(), 1, "{typed:?}");
-    assert_eq!(typed[0].text, "queued while busy");
+    typed_once(&fake, "queued while busy");
     assert_eq!(
         state_of(&second, ticket).await,
         Some(TicketState::Delivered)
@@ -223,9 +234,7 @@ async fn a_queued_task_is_typed_exactly_once_across_a_restart() {
 
 #[tokio::test(start_paused = true)]
 async fn a_typing_that_wrote_nothing_is_typed_after_a_restart() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
-    let disk = Disk::new();
+    let (fake, disk) = ann_pane(AgentStatus::Idle);
     let first = with_ann(&disk, &fake).await;
     fake.fault("w2:p1", Some(crate::mux::fake::Fault::TypingRefused));
     let ticket = task(&first, "ann", "never reached the pane").await;
@@ -236,9 +245,7 @@ async fn a_typing_that_wrote_nothing_is_typed_after_a_restart() {
     fake.fault("w2:p1", None);
     let second = disk.start(&fake);
     settle().await;
-    let typed = fake.typed();
-    assert_eq!(typed.len(), 1, "typed by the restarted engine: {typed:?}");
-    assert_eq!(typed[0].text, "never reached the pane");
+    typed_once(&fake, "never reached the pane");
     assert_eq!(
         state_of(&second, ticket).await,
         Some(TicketState::Delivered)
@@ -249,9 +256,7 @@ async fn a_typing_that_wrote_nothing_is_typed_after_a_restart() {
 async fn a_task_in_doubt_that_never_reached_its_pane_is_typed_after_the_restart() {
     // Killed after the task was marked typed and before the multiplexer typed it: the pane
     // does not show it and the member is idle, so the restarted daemon types it, once.
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
-    let disk = Disk::new();
+    let (fake, disk) = ann_pane(AgentStatus::Idle);
     let first = with_ann(&disk, &fake).await;
     fake.fault("w2:p1", Some(crate::mux::fake::Fault::TypingHangs));
     let ticket = task(&first, "ann", "lost in the kill").await;
@@ -280,9 +285,7 @@ async fn a_task_in_doubt_that_shows_in_its_pane_is_never_typed_again() {
     // Killed after the text reached the pane and before its answer: the pane shows it, so the
     // restarted daemon never types it again. The member stays idle: one Enter (a text left
     // unsubmitted in its input line would go in now), then the ticket is stalled.
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
-    let disk = Disk::new();
+    let (fake, disk) = ann_pane(AgentStatus::Idle);
     let first = with_ann(&disk, &fake).await;
     fake.fault("w2:p1", Some(crate::mux::fake::Fault::LostAnswer));
     let ticket = task(&first, "ann", "typed, answer lost").await;
@@ -301,9 +304,7 @@ async fn a_task_in_doubt_that_shows_in_its_pane_is_never_typed_again() {
 
 #[tokio::test(start_paused = true)]
 async fn a_task_typed_before_a_restart_is_never_typed_again_and_its_ticket_ends() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
-    let disk = Disk::new();
+    let (fake, disk) = ann_pane(AgentStatus::Idle);
     let first = with_ann(&disk, &fake).await;
     let ticket = task(&first, "ann", "typed once").await;
     settle().await;
@@ -323,9 +324,7 @@ async fn a_task_typed_before_a_restart_is_never_typed_again_and_its_ticket_ends(
 
 #[tokio::test(start_paused = true)]
 async fn a_reply_stored_just_before_the_kill_settles_its_ticket_after_the_restart() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
-    let disk = Disk::new();
+    let (fake, disk) = ann_pane(AgentStatus::Working);
     let first = disk.start(&fake);
     first
         .add_member(member("ann", "w2:p1", "t-a", None))
@@ -347,9 +346,7 @@ async fn a_reply_stored_just_before_the_kill_settles_its_ticket_after_the_restar
 
 #[tokio::test(start_paused = true)]
 async fn a_reply_behind_pages_of_other_mail_still_settles_its_ticket_after_the_restart() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
-    let disk = Disk::new();
+    let (fake, disk) = ann_pane(AgentStatus::Working);
     let first = disk.start(&fake);
     first
         .add_member(member("ann", "w2:p1", "t-a", None))
@@ -437,9 +434,7 @@ async fn questions_and_bindings_survive_and_the_answer_reaches_the_member() {
 
 #[tokio::test(start_paused = true)]
 async fn a_clean_shutdown_keeps_members_and_their_open_tickets() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
-    let disk = Disk::new();
+    let (fake, disk) = ann_pane(AgentStatus::Working);
     let first = disk.start(&fake);
     first
         .add_member(member("ann", "w2:p1", "t-a", None))
