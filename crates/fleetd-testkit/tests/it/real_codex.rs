@@ -28,16 +28,22 @@ fn files_holding(dir: &std::path::Path, secret: &str) -> Vec<String> {
     found
 }
 
-#[test]
-fn e2e_codex_lead_delegates_to_a_codex_member_and_reads_the_reply_on_its_first_nudge() {
+/// A rig with the newest Codex as the lead (over HTTP) and a `codex` profile.
+fn codex_fleet() -> Option<(AgentRig, String)> {
     if require_tmux() == Service::Skip {
-        return;
+        return None;
     }
-    let Some(cli) = Cli::newest("codex") else {
-        return;
-    };
+    let cli = Cli::newest("codex")?;
     let mut rig = AgentRig::start(&[&cli], &codex::profile("codex"), "");
     let lead = codex::start_lead(&mut rig, false);
+    Some((rig, lead))
+}
+
+#[test]
+fn e2e_codex_lead_delegates_to_a_codex_member_and_reads_the_reply_on_its_first_nudge() {
+    let Some((mut rig, lead)) = codex_fleet() else {
+        return;
+    };
     rig.say(&lead, "@spawn codex alice @reply forty-two");
     rig.wait(
         "the lead to poll and ack alice's reply",
@@ -280,14 +286,9 @@ fn e2e_codex_lead_and_member_over_the_stdio_shim() {
 
 #[test]
 fn e2e_codex_member_question_is_answered_by_a_codex_lead() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let Some(cli) = Cli::newest("codex") else {
+    let Some((rig, lead)) = codex_fleet() else {
         return;
     };
-    let mut rig = AgentRig::start(&[&cli], &codex::profile("codex"), "");
-    let lead = codex::start_lead(&mut rig, false);
     rig.say(&lead, "@spawn codex ivy @ask which branch should I use?");
     rig.wait(
         "ivy's answer-bearing reply to reach the lead",
@@ -314,13 +315,8 @@ fn e2e_codex_member_question_is_answered_by_a_codex_lead() {
 
 #[test]
 fn e2e_codex_lead_is_never_typed_to_mid_turn() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let Some(cli) = Cli::newest("codex") else {
+    let Some((rig, lead)) = codex_fleet() else {
         return;
     };
-    let mut rig = AgentRig::start(&[&cli], &codex::profile("codex"), "");
-    let lead = codex::start_lead(&mut rig, false);
     stories::reply_waits_for_the_busy_lead(&rig, &lead, "codex", "jo");
 }
