@@ -482,9 +482,33 @@ fn e2e_a_full_gate_refuses_clearly_on_the_shim_and_on_http() {
     let mut idle: Vec<UnixStream> = (0..2)
         .map(|_| UnixStream::connect(&shim).expect("a session"))
         .collect();
-    wait_until("both sessions admitted", Duration::from_secs(10), || {
-        open_connections(daemon.addr) >= 2
-    });
+    // What each look at /metrics saw, printed if the sessions are never seen admitted (a
+    // failure here once, under CI load, left no trace of why).
+    let seen = std::cell::RefCell::new(Vec::new());
+    let admitted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_until("both sessions admitted", Duration::from_secs(30), || {
+            let look = http::get(daemon.addr, "/metrics").map(|r| {
+                let open = r
+                    .body
+                    .lines()
+                    .find_map(|l| l.strip_prefix("fleetd_connections_open "))
+                    .map(str::to_owned);
+                (r.status, open)
+            });
+            let done = matches!(&look, Ok((200, Some(open))) if open.trim().parse::<f64>().is_ok_and(|n| n >= 2.0));
+            seen.borrow_mut().push(format!("{look:?}"));
+            done
+        });
+    }));
+    if let Err(panic) = admitted {
+        let seen = seen.borrow();
+        eprintln!(
+            "/metrics looks ({} in all), the last ten: {:#?}",
+            seen.len(),
+            &seen[seen.len().saturating_sub(10)..]
+        );
+        std::panic::resume_unwind(panic);
+    }
     // (Degraded, with no multiplexer here: but answered, not refused by the gate.)
     let answer = http::get(daemon.addr, "/healthz").expect("an answer");
     assert!(
