@@ -394,13 +394,16 @@ fn e2e_the_cap_refuses_clearly_and_other_users_cannot_take_the_owners_reserve() 
 fn open_connections(addr: SocketAddr) -> u64 {
     http::get(addr, "/metrics")
         .ok()
-        .and_then(|r| {
-            r.body
-                .lines()
-                .find_map(|l| l.strip_prefix("fleetd_connections_open "))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        })
+        .and_then(|r| open_gauge(&r.body))
         .map_or(0, |v| v as u64)
+}
+
+/// The `fleetd_connections_open` gauge in a `/metrics` body.
+fn open_gauge(metrics: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("fleetd_connections_open "))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 #[test]
@@ -484,24 +487,16 @@ fn e2e_a_full_gate_refuses_clearly_on_the_shim_and_on_http() {
         .collect();
     // What each look at /metrics saw, printed if the sessions are never seen admitted (a
     // failure here once, under CI load, left no trace of why).
-    let seen = std::cell::RefCell::new(Vec::new());
+    let mut seen = Vec::new();
     let admitted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wait_until("both sessions admitted", Duration::from_secs(30), || {
-            let look = http::get(daemon.addr, "/metrics").map(|r| {
-                let open = r
-                    .body
-                    .lines()
-                    .find_map(|l| l.strip_prefix("fleetd_connections_open "))
-                    .map(str::to_owned);
-                (r.status, open)
-            });
-            let done = matches!(&look, Ok((200, Some(open))) if open.trim().parse::<f64>().is_ok_and(|n| n >= 2.0));
-            seen.borrow_mut().push(format!("{look:?}"));
+            let look = http::get(daemon.addr, "/metrics").map(|r| (r.status, open_gauge(&r.body)));
+            let done = matches!(look, Ok((200, Some(open))) if open >= 2.0);
+            seen.push(format!("{look:?}"));
             done
         });
     }));
     if let Err(panic) = admitted {
-        let seen = seen.borrow();
         eprintln!(
             "/metrics looks ({} in all), the last ten: {:#?}",
             seen.len(),
