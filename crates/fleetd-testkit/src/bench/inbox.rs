@@ -74,6 +74,8 @@ pub(super) struct Column {
     pub(super) throughput: Vec<(f64, Option<f64>)>,
     pub(super) acks: Option<f64>,
     pub(super) note: Option<String>,
+    /// Where the time went, a line per run, from fleetd's step timings (see `profile`).
+    pub(super) profile: Vec<String>,
 }
 
 /// Runs the benchmark, prints its table and returns its rows for the combined table.
@@ -404,16 +406,46 @@ async fn amqp_runs(targets: &[Target], sizes: Sizes, column: &mut Column) -> any
         Arc::new(SqliteStore::open(dir.path().join("inbox.db"), StoreOptions::default()).await?);
     let store: Arc<dyn InboxStore> =
         Arc::new(AmqpStore::open(crate::RABBITMQ_URL, local, StoreOptions::default()).await?);
-    let (latency, mut published) = single(&*store, targets, sizes.amqp_single).await?;
+    // Each target's queues declared and its consumer running, as in a fleet that has been up
+    // for a while (the RabbitMQ-alone column declares its queues before it measures, too).
+    let (_, mut published) = single(&*store, targets, targets.len()).await?;
+    super::profile::install();
+    super::profile::take();
+    let (latency, singles) = single(&*store, targets, sizes.amqp_single).await?;
+    published.extend(singles);
     column.single = Some(latency);
+    column.profile.push(steps("1 publisher, one at a time"));
     for (publishers, each) in sizes.amqp_per_publisher {
         let (rate, ids) = concurrent(&store, targets, publishers, each).await?;
         column.throughput.push((rate, None));
+        column
+            .profile
+            .push(steps(&format!("{publishers} publisher(s)")));
         published.extend(ids);
     }
     column.acks = Some(ack_all(&store, published).await?);
     store.close().await?;
     Ok(())
+}
+
+/// One line of the AMQP column's profile: the medians of the step timings fleetd reported since
+/// the last line.
+fn steps(run: &str) -> String {
+    let seen = super::profile::take();
+    let p50 = |field: &str| {
+        super::profile::median(seen.get(field))
+            .map_or_else(|| "–".to_owned(), |v| format!("{v} µs"))
+    };
+    let sum = |field: &str| seen.get(field).map_or(0, |v| v.iter().sum::<u64>());
+    let steps = seen.get("batch").map_or(0, Vec::len);
+    format!(
+        "{run}: publish → broker confirm p50 {}, its local commit (at the same time) p50 {}; {steps} consumer steps of {:.1} messages ({:.1} committed here already), their commit p50 {}",
+        p50("confirm_us"),
+        p50("commit_us"),
+        (sum("batch") + sum("own")) as f64 / steps.max(1) as f64,
+        sum("own") as f64 / steps.max(1) as f64,
+        p50("step_commit_us"),
+    )
 }
 
 async fn delete_queues(targets: &[Target]) -> anyhow::Result<()> {
@@ -479,17 +511,17 @@ fn table(raw: &Latency, [embedded, amqp, rabbit]: [&Column; 3], sizes: Sizes) ->
         "single publish p50 (one at a time)".to_owned(),
         micros(raw.p50),
         lat(embedded, |l| l.p50, true),
-        lat(amqp, |l| l.p50, false),
+        versus(amqp, rabbit, |l| l.p50),
         lat(rabbit, |l| l.p50, false),
-        "embedded ≤ 1.3× raw".to_owned(),
+        "embedded ≤ 1.3× raw; AMQP ≤ 1.5× RabbitMQ".to_owned(),
     ]);
     rows.push([
         "single publish p99".to_owned(),
         micros(raw.p99),
         lat(embedded, |l| l.p99, true),
-        lat(amqp, |l| l.p99, false),
+        versus(amqp, rabbit, |l| l.p99),
         lat(rabbit, |l| l.p99, false),
-        String::new(),
+        "AMQP ≤ 2× RabbitMQ".to_owned(),
     ]);
     for (n, (publishers, each)) in sizes.per_publisher.iter().enumerate() {
         let cell = |column: &Column| match column.throughput.get(n) {
@@ -506,10 +538,15 @@ fn table(raw: &Latency, [embedded, amqp, rabbit]: [&Column; 3], sizes: Sizes) ->
                 "–".to_owned()
             },
             cell(embedded),
-            cell(amqp),
+            match (amqp.throughput.get(n), rabbit.throughput.get(n)) {
+                (Some((ours, _)), Some((theirs, _))) => {
+                    format!("{} ({:.2}× RabbitMQ)", rate(*ours), ours / theirs)
+                }
+                _ => cell(amqp),
+            },
             cell(rabbit),
             if *publishers == 64 {
-                "embedded ≥ 50,000 msg/s".to_owned()
+                "embedded ≥ 50,000 msg/s; AMQP ≥ 0.8× RabbitMQ".to_owned()
             } else {
                 String::new()
             },
@@ -524,7 +561,7 @@ fn table(raw: &Latency, [embedded, amqp, rabbit]: [&Column; 3], sizes: Sizes) ->
         acks(rabbit),
         String::new(),
     ]);
-    render(
+    let mut out = render(
         &[
             "workload",
             "raw fdatasync",
@@ -534,7 +571,26 @@ fn table(raw: &Latency, [embedded, amqp, rabbit]: [&Column; 3], sizes: Sizes) ->
             "target (reported, not asserted)",
         ],
         &rows,
-    )
+    );
+    for line in &amqp.profile {
+        let _ = writeln!(out, "fleetd AMQP, {line}");
+    }
+    out
+}
+
+/// The AMQP column's latency with its ratio to RabbitMQ alone's.
+fn versus(amqp: &Column, rabbit: &Column, pick: fn(&Latency) -> Duration) -> String {
+    match (amqp.single, rabbit.single) {
+        (Some(ours), Some(theirs)) => format!(
+            "{} ({:.2}× RabbitMQ)",
+            micros(pick(&ours)),
+            pick(&ours).as_secs_f64() / pick(&theirs).as_secs_f64()
+        ),
+        _ => amqp.single.map_or_else(
+            || amqp.note.clone().unwrap_or_else(|| "–".to_owned()),
+            |l| micros(pick(&l)),
+        ),
+    }
 }
 
 fn render(header: &[&str; 6], rows: &[[String; 6]]) -> String {

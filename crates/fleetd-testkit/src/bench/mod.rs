@@ -14,6 +14,7 @@ pub mod nudge;
 pub mod pane_client;
 pub mod pane_output;
 pub mod peers;
+mod profile;
 mod rabbit;
 pub mod tmux_events;
 pub mod wake;

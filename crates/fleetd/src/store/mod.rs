@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use fleetd_core::{Message, MessageError, MessageLimits, MsgId, Target};
 
-pub use amqp::AmqpStore;
 pub use amqp::link as gateway_link;
+pub use amqp::{AmqpStore, PROFILE as AMQP_PROFILE};
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
 

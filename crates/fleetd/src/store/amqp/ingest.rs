@@ -26,7 +26,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{Channel, message::Delivery};
 
-use fleetd_core::{Message, MsgId, Target};
+use fleetd_core::{Message, Target};
 
 use super::session::{Failure, Session, answer, declare, is_precondition_failed, within};
 use super::{Inner, queue_name};
@@ -37,7 +37,7 @@ use crate::store::{PublishOutcome, StoreError};
 const INGEST_BATCH: usize = 64;
 
 /// Most message bytes one ingest step holds (messages are up to `maxMessageBytes` each).
-const INGEST_BATCH_BYTES: usize = 8 * 1024 * 1024;
+pub(super) const INGEST_BATCH_BYTES: usize = 8 * 1024 * 1024;
 
 /// Steps of at most this many messages use `basic.get` instead of a consumer (see
 /// [`Inner::consume`]).
@@ -68,7 +68,7 @@ pub(super) async fn exists(session: &Session, target: &Target) -> Result<bool, F
 
 /// Closes a channel the ingest opened. Closing returns every delivery it still holds to the
 /// queue; a channel the broker closed already needs nothing.
-async fn close(channel: &Channel) {
+pub(super) async fn close(channel: &Channel) {
     if channel.status().connected()
         && let Err(err) = answer("channel.close", channel.close(200, "ingest done".into())).await
     {
@@ -76,23 +76,10 @@ async fn close(channel: &Channel) {
     }
 }
 
-/// What an ingest is for, which says when another one running for the same target will do.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Need {
-    /// Everything waiting now (at start, the sweep): wait for a running ingest, then run.
-    All,
-    /// A message just confirmed (a publish): wait for a running ingest; if that took the
-    /// message in, there is nothing left to do. So concurrent publishers share ingests.
-    Message(MsgId),
-    /// Whatever waits (before a read): if an ingest is running it takes that in, so skip. A
-    /// reader needs no more: publishes from this daemon are taken in before they return.
-    IfIdle,
-}
-
 /// The kind of inbox queue [`Inner::pull`] empties, which says when it stops and where poison
 /// goes.
 #[derive(Clone, Copy)]
-enum Queue<'c> {
+pub(super) enum Queue<'c> {
     /// Declared with a dead-letter exchange. The pull consumes what a count found ready, a
     /// step at a time, and stops when a count finds none.
     Current,
@@ -125,27 +112,11 @@ impl Poison {
 
 impl Inner {
     /// Declares (or migrates) `target`'s queues if this session has not, then moves every
-    /// message waiting in its inbox queue into the local inbox. Returns how many were new.
-    /// `need` says when a concurrent ingest of the same target makes this one unnecessary.
-    pub(super) async fn ingest(
-        &self,
-        session: &Session,
-        target: &Target,
-        need: Need,
-    ) -> Result<u64, Failure> {
+    /// message waiting in its inbox queue into the local inbox, waiting for an ingest of it that
+    /// runs. Returns how many were new.
+    pub(super) async fn ingest(&self, session: &Session, target: &Target) -> Result<u64, Failure> {
         let lock = self.lock(target);
-        let _held = match need {
-            Need::IfIdle => match lock.try_lock() {
-                Ok(held) => held,
-                Err(_) => return Ok(0),
-            },
-            Need::All | Need::Message(_) => lock.lock().await,
-        };
-        if let Need::Message(id) = need
-            && self.local.knows(id).await.map_err(Failure::Fatal)?
-        {
-            return Ok(0);
-        }
+        let _held = lock.lock().await;
         self.ensure(session, target).await?;
         let channel = answer("channel.open", session.connection.create_channel()).await?;
         // Every step counts first (a passive declare), so an empty queue costs no consumer.
@@ -303,7 +274,7 @@ impl Inner {
     /// Deliveries one consume step takes: [`INGEST_BATCH`], fewer when that many messages of the
     /// largest size this daemon accepts would exceed [`INGEST_BATCH_BYTES`] (a prefetch counts
     /// messages, not bytes). Never less than one.
-    fn step_size(&self) -> u16 {
+    pub(super) fn step_size(&self) -> u16 {
         // A message travels as JSON: room for its text, the escaping of some of it, its fields.
         let largest = self
             .limits
@@ -371,13 +342,31 @@ impl Inner {
     }
 
     /// Commits one step's deliveries locally and acks them on the broker.
-    async fn settle(
+    pub(super) async fn settle(
         &self,
         channel: &Channel,
         target: &Target,
         queue: Queue<'_>,
         batch: Vec<Delivery>,
     ) -> Result<u64, Failure> {
+        let (fresh, through) = self.commit_step(channel, target, queue, batch).await?;
+        if let Some(last) = through {
+            ack_through(channel, last).await?;
+        }
+        Ok(fresh)
+    }
+
+    /// Commits one step's deliveries locally (poison rejected into the dead-letter queue) and
+    /// returns how many were new and the tag an ack with `multiple` may cover now: every
+    /// delivery up to it is committed or settled. When part of the commit failed, the committed
+    /// ones are acked one by one here and the error returned (the rest go back with the channel).
+    pub(super) async fn commit_step(
+        &self,
+        channel: &Channel,
+        target: &Target,
+        queue: Queue<'_>,
+        batch: Vec<Delivery>,
+    ) -> Result<(u64, Option<u64>), Failure> {
         let mut good: Vec<(usize, Message)> = Vec::with_capacity(batch.len());
         for (index, delivery) in batch.iter().enumerate() {
             match serde_json::from_slice::<Message>(&delivery.data) {
@@ -392,13 +381,31 @@ impl Inner {
                 }
             }
         }
+        // The broker's copies of this daemon's own publishes whose local commit is done: known,
+        // nothing to write (a copy whose commit is still running is deduplicated by the file).
+        let mut committed: Vec<u64> = Vec::with_capacity(good.len());
+        good.retain(|(index, message)| {
+            let own = super::consumer::committed_here(&self.in_flight, message.msg_id);
+            if own {
+                committed.push(batch[*index].delivery_tag);
+            }
+            !own
+        });
         // Requeued messages may come back after newer ones: commit each step in msgId order.
         good.sort_by_key(|(_, message)| message.msg_id);
         let (indexes, messages): (Vec<usize>, Vec<Message>) = good.into_iter().unzip();
+        let committing = tokio::time::Instant::now();
+        let count = messages.len();
         let outcomes = self.local.publish_all(messages).await;
+        tracing::trace!(
+            target: super::PROFILE,
+            step_commit_us = committing.elapsed().as_micros(),
+            batch = count,
+            own = committed.len(),
+            "step"
+        );
         let mut fresh = 0;
         let mut failed: Option<StoreError> = None;
-        let mut committed: Vec<u64> = Vec::with_capacity(indexes.len());
         for (index, outcome) in indexes.into_iter().zip(outcomes) {
             let delivery = &batch[index];
             match outcome {
@@ -415,17 +422,11 @@ impl Inner {
                 }
             }
         }
-        // Acked only now, after the commit that holds them.
+        // Acked only after the commit that holds them. Every other delivery of the step is
+        // settled already (poison rejected or parked), and earlier steps were committed whole:
+        // one ack with `multiple` covers exactly committed ones.
         match (failed, committed.iter().max()) {
-            (None, Some(&last)) => {
-                // Every other delivery of the step is settled already (poison rejected or
-                // parked), and earlier steps were settled whole: one ack with `multiple` covers
-                // exactly the committed ones.
-                let multiple = BasicAckOptions { multiple: true };
-                answer("basic.ack", channel.basic_ack(last, multiple)).await?;
-                Ok(fresh)
-            }
-            (None, None) => Ok(fresh),
+            (None, last) => Ok((fresh, last.copied())),
             (Some(err), _) => {
                 // Some stay unacked (the closing of the channel returns them): ack the
                 // committed ones one by one.
@@ -488,4 +489,10 @@ impl Inner {
         );
         Ok(())
     }
+}
+
+/// Acks every delivery on `channel` up to `tag` (one `basic.ack` with `multiple`).
+pub(super) async fn ack_through(channel: &Channel, tag: u64) -> Result<(), Failure> {
+    let multiple = BasicAckOptions { multiple: true };
+    answer("basic.ack", channel.basic_ack(tag, multiple)).await
 }

@@ -5,34 +5,33 @@
 //! `ack`, `drain` and `depth` read and settle the local file. Knows lapin and the broker's
 //! semantics; must not know who publishes or why.
 //!
-//! Architecture invariant: no delivery is held unacknowledged on the broker beyond the call that
-//! pulled it. RabbitMQ's consumer timeout (30 min by default) closes a channel that holds a
+//! Architecture invariant: no delivery is held unacknowledged on the broker beyond its step's
+//! commit and a few milliseconds of ack coalescing, and none is acked before the local commit
+//! that holds it. RabbitMQ's consumer timeout (30 min by default) closes a channel that holds a
 //! delivery too long and requeues it, and a message requeued `x-delivery-limit` times is
-//! dead-lettered (on RabbitMQ 4.0–4.2 without a dead-letter queue: dropped). Every ingest runs on
-//! a channel of its own that it closes when done, so even a failed ingest returns what it held.
+//! dead-lettered (on RabbitMQ 4.0–4.2 without a dead-letter queue: dropped).
 //!
-//! When an ingest runs: right after each publish is confirmed, before `publish` returns (the
-//! engine says "inbox changed" as soon as it returns, and the lead's `fleet_poll` that follows
-//! must find the reply: waiting for the ingest costs the publisher a count, a consumer step,
-//! one local commit and an ack — concurrent publishers to a target share one step, so the
-//! messages confirmed while a step runs are taken by the next in one commit and one ack with
-//! `multiple`; see ARCHITECTURE.md for the measurements); before every read of a
-//! target, unless an ingest of it is running (bounded by [`READ_INGEST_WAIT`]: a broker that
-//! does not answer never stalls a read of the local inbox); and every [`SWEEP_INTERVAL`] for
-//! every known queue (what other publishers left, and recovery after an outage). Ingests of one
-//! target never overlap, and concurrent publishers share them; each runs as a task of its own,
-//! so a cancelled caller never leaves one half done.
+//! How messages move: a publish sends to the queue and commits to the local file at once
+//! (`publish`); every queue this daemon uses has one standing consumer (`consumer`) that
+//! commits what the broker pushes — another process's messages, and the broker's copies of this
+//! daemon's own, which it finds known — and acks it. A queue is opened once per connection
+//! (`Inner::open_queue`): declared (a legacy one migrated), what waits in it pulled in by a
+//! counted ingest (`ingest`), then its consumer started — at start-up for every known queue, on
+//! the first publish or read of a target, and by the sweep every [`SWEEP_INTERVAL`] (recovery
+//! after an outage). Reads answer from the local file at once when the queue's consumer runs.
 //!
 //! Every inbox queue has an explicit `x-delivery-limit` and a dead-letter queue
 //! `agent.<target>.dead`; a message fleetd cannot decode is rejected into it. Queues declared
 //! by fleetd's first releases (no such arguments) are migrated on first use: see `ingest`.
 
+mod consumer;
 mod ingest;
 pub mod link;
+mod publish;
 mod session;
 mod tls;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -47,8 +46,8 @@ use super::{
     InboxStore, Page, PageRequest, PublishOutcome, StateOp, StateRecord, StateStore, StoreError,
     StoreFuture, StoreOptions,
 };
-use ingest::Need;
-use session::{Backoff, Failure, Session, publish_once};
+use consumer::Consumers;
+use session::{Backoff, Failure, Session};
 
 /// How often every known queue is ingested even when nobody reads or publishes: picks up what
 /// other publishers left and reconnects after an outage. Reads and publishes ingest at once, so
@@ -58,6 +57,11 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// Longest a read waits for the ingest of its target before it answers from the local inbox
 /// alone (the ingest carries on in the background). A live broker answers in milliseconds.
 const READ_INGEST_WAIT: Duration = Duration::from_secs(2);
+
+/// The tracing target of the per-step timings (`trace` level) the benchmark reads: a publish's
+/// broker confirm and its local commit (both from its start: they run at once), and each
+/// consumer step's commit.
+pub const PROFILE: &str = "fleetd::amqp::profile";
 
 /// The `fleet_state` kind under which the local file records the targets whose queues this
 /// daemon uses, so the sweep knows them after a restart (AMQP 0.9.1 cannot list queues). The
@@ -98,8 +102,11 @@ struct Inner {
     known: Mutex<BTreeSet<Target>>,
     /// Per target, the lock that keeps its declaration, migration and ingests apart.
     locks: Mutex<BTreeMap<Target, Arc<AsyncMutex<()>>>>,
-    /// Ids being published right now: a concurrent second publish of one is a duplicate.
-    in_flight: Mutex<HashSet<MsgId>>,
+    /// Ids being published right now (a concurrent second publish of one is a duplicate), and
+    /// whether each one's local commit is done.
+    in_flight: consumer::Flights,
+    /// The standing consumer of every queue this daemon uses.
+    consumers: Consumers,
     /// Whether the last sweep found the broker unreachable (to log only the changes).
     broker_down: AtomicBool,
     closed: AtomicBool,
@@ -140,7 +147,8 @@ impl AmqpStore {
             generation: AtomicU64::new(0),
             known: Mutex::new(known.clone()),
             locks: Mutex::new(BTreeMap::new()),
-            in_flight: Mutex::new(HashSet::new()),
+            in_flight: Mutex::default(),
+            consumers: Consumers::default(),
             broker_down: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         });
@@ -155,13 +163,9 @@ impl AmqpStore {
             }
         }
         tracing::info!(url = %redact_url(url), queues = known.len(), "AMQP inbox connected");
-        for target in &known {
-            // What waited on the broker (a reply confirmed just before a crash) is in the local
-            // inbox before the engine first reads the depths.
-            if !Inner::ingest_logged(&inner, target, Need::All).await {
-                break;
-            }
-        }
+        // What waited on the broker (a reply confirmed just before a crash) is in the local
+        // inbox before the engine first reads the depths.
+        inner.keep_consuming().await;
         let sweeper = tokio::spawn(sweep(Arc::downgrade(&inner))).abort_handle();
         Ok(Self { inner, sweeper })
     }
@@ -170,10 +174,12 @@ impl AmqpStore {
 impl Drop for AmqpStore {
     fn drop(&mut self) {
         self.sweeper.abort();
+        self.inner.consumers.abort_all();
     }
 }
 
-/// Ingests every known queue every [`SWEEP_INTERVAL`] until the store is closed or dropped.
+/// Every [`SWEEP_INTERVAL`] until the store is closed or dropped: a consumer for every known
+/// queue, reconnecting first when the broker was lost.
 async fn sweep(inner: Weak<Inner>) {
     let mut interval = tokio::time::interval(SWEEP_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -184,13 +190,7 @@ async fn sweep(inner: Weak<Inner>) {
         if inner.closed.load(Ordering::SeqCst) {
             return;
         }
-        let targets: Vec<Target> = crate::sync::lock(&inner.known).iter().cloned().collect();
-        for target in targets {
-            // One unreachable broker is enough to know: the next sweep tries again.
-            if !Inner::ingest_logged(&inner, &target, Need::All).await {
-                break;
-            }
-        }
+        inner.keep_consuming().await;
     }
 }
 
@@ -249,59 +249,6 @@ impl Inner {
         Ok(())
     }
 
-    async fn publish_message(
-        self: &Arc<Self>,
-        message: Message,
-    ) -> Result<PublishOutcome, StoreError> {
-        message.check(&self.limits)?;
-        let Some(_flight) = InFlight::start(&self.in_flight, message.msg_id) else {
-            return Ok(PublishOutcome::Duplicate);
-        };
-        self.publish_new(&message).await
-    }
-
-    async fn publish_new(
-        self: &Arc<Self>,
-        message: &Message,
-    ) -> Result<PublishOutcome, StoreError> {
-        if self.local.knows(message.msg_id).await? {
-            return Ok(PublishOutcome::Duplicate);
-        }
-        let target = &message.target;
-        self.remember(target).await?;
-        let body = serde_json::to_vec(message)
-            .map_err(|err| StoreError::backend("encode a message for the broker", err))?;
-        let mut backoff = Backoff::new();
-        loop {
-            let attempt = match self.session().await {
-                Ok(session) => {
-                    let result = match Self::ensure_detached(self, &session, target).await {
-                        Ok(()) => publish_once(&session, message, &body).await,
-                        Err(failure) => Err(failure),
-                    };
-                    if matches!(result, Err(Failure::Transient(_))) {
-                        self.invalidate(&session).await;
-                    }
-                    result
-                }
-                Err(failure) => Err(failure),
-            };
-            match attempt {
-                Ok(()) => break,
-                Err(Failure::Fatal(err)) => return Err(err),
-                // A retry may store a second copy if the first was stored but its confirm was
-                // lost; the ingest drops the copy by msgId.
-                Err(Failure::Transient(why)) => {
-                    backoff.pause("publish to the AMQP broker", &why).await?
-                }
-            }
-        }
-        // Confirmed: the message is durable on the broker. Move it into the local inbox before
-        // answering, so whoever is told about it next finds it there.
-        Self::ingest_logged(self, target, Need::Message(message.msg_id)).await;
-        Ok(PublishOutcome::Stored)
-    }
-
     /// Brings what waits on the broker for `target` into the local inbox before a read: at once
     /// when the broker is connected, never waiting for a reconnect, and for at most
     /// [`READ_INGEST_WAIT`].
@@ -312,18 +259,22 @@ impl Inner {
             Err(_) => None,
         };
         let Some(session) = live else { return };
+        if self.consumers.is_running(target, session.generation) {
+            // What the broker holds is pushed to the consumer as it comes.
+            return;
+        }
         let (inner, target) = (Arc::clone(self), target.clone());
         let task = tokio::spawn(async move {
             if !inner.is_known(&target) {
-                // A target this daemon never published to: only a queue that exists (an older
+                // A target this daemon never published to: only a queue that exists (a legacy
                 // fleetd's, another publisher's) is worth declaring and ingesting.
                 match ingest::exists(&session, &target).await {
                     Ok(true) => inner.remember(&target).await.map_err(Failure::Fatal)?,
-                    Ok(false) => return Ok(0),
+                    Ok(false) => return Ok(()),
                     Err(failure) => return Err(failure),
                 }
             }
-            inner.ingest(&session, &target, Need::IfIdle).await
+            inner.open_queue(&session, &target).await
         });
         match tokio::time::timeout(READ_INGEST_WAIT, task).await {
             Ok(Ok(Ok(_))) => {}
@@ -338,79 +289,78 @@ impl Inner {
         }
     }
 
-    /// Ingests `target`'s queue on the current session in a task of its own; failures are
-    /// logged (what stays on the broker is taken by a later ingest). False when the broker
-    /// could not be reached.
-    async fn ingest_logged(this: &Arc<Self>, target: &Target, need: Need) -> bool {
-        let (inner, owned) = (Arc::clone(this), target.clone());
-        let task = tokio::spawn(async move {
-            let session = inner.session().await?;
-            let result = inner.ingest(&session, &owned, need).await;
-            if matches!(result, Err(Failure::Transient(_))) {
-                inner.invalidate(&session).await;
-            }
-            result
-        });
-        let result = task.await;
-        let down = matches!(result, Ok(Err(Failure::Transient(_))));
-        let was_down = this.broker_down.swap(down, Ordering::SeqCst);
-        match result {
-            Ok(Ok(_)) if was_down => tracing::info!("AMQP broker reachable again"),
-            Ok(Ok(_)) => {}
-            Ok(Err(Failure::Transient(why))) if !was_down => tracing::warn!(
-                %target, error = %why,
-                "AMQP broker unreachable: publishes fail until it is back, reads use the local inbox"
-            ),
-            Ok(Err(Failure::Transient(_))) => {}
-            Ok(Err(Failure::Fatal(err))) => {
-                tracing::warn!(%target, error = %err, "cannot ingest the AMQP queue; it is retried");
-            }
-            Err(join) => tracing::error!(%target, error = %join, "an AMQP ingest task failed"),
-        }
-        !down
-    }
-
-    /// [`Inner::ensure`] in a task of its own: a migration is never left half done by a
-    /// cancelled caller.
-    async fn ensure_detached(
-        this: &Arc<Self>,
+    /// Readies `target`'s queue on `session` for its standing consumer: declared (a legacy
+    /// queue migrated), what waits in it now committed locally, the consumer started. Free once
+    /// the consumer runs; runs as a task of its own, so a cancelled caller never leaves a
+    /// migration or an ingest half done.
+    async fn open_queue(
+        self: &Arc<Self>,
         session: &Arc<Session>,
         target: &Target,
     ) -> Result<(), Failure> {
-        if session.is_ready(target) {
+        if self.consumers.is_running(target, session.generation) {
             return Ok(());
         }
-        let (inner, session, target) = (Arc::clone(this), Arc::clone(session), target.clone());
-        tokio::spawn(async move {
-            let lock = inner.lock(&target);
-            let _held = lock.lock().await;
-            inner.ensure(&session, &target).await
+        let (inner, on, owned) = (Arc::clone(self), Arc::clone(session), target.clone());
+        let result = tokio::spawn(async move {
+            inner.ingest(&on, &owned).await?;
+            inner.ensure_consumer(&on, &owned);
+            Ok(())
         })
         .await
-        .map_err(|join| Failure::Transient(format!("the queue declaration task failed: {join}")))?
+        .map_err(|join| Failure::Transient(format!("the queue's ingest task failed: {join}")))?;
+        if matches!(result, Err(Failure::Transient(_))) {
+            self.invalidate(session).await;
+        }
+        result
     }
-}
 
-/// One id in [`Inner::in_flight`] for as long as its publish runs, however it ends (a caller
-/// that gives up drops the publish: the id must not stay a "duplicate" for ever).
-struct InFlight<'a> {
-    set: &'a Mutex<HashSet<MsgId>>,
-    id: MsgId,
-}
-
-impl<'a> InFlight<'a> {
-    /// `None` when the id is being published already.
-    fn start(set: &'a Mutex<HashSet<MsgId>>, id: MsgId) -> Option<Self> {
-        // Built only when inserted: a guard built and dropped for a duplicate would free the
-        // id of the publish that is running.
-        let inserted = crate::sync::lock(set).insert(id);
-        inserted.then(|| Self { set, id })
+    /// A consumer for every known queue on the live session (what waits in the queue committed
+    /// first), connecting first when there is none (one attempt).
+    async fn keep_consuming(self: &Arc<Self>) {
+        let session = match self.session().await {
+            Ok(session) => session,
+            Err(Failure::Transient(why)) => {
+                self.unreachable(&why);
+                return;
+            }
+            Err(Failure::Fatal(err)) => {
+                tracing::debug!(error = %err, "no AMQP consumers started");
+                return;
+            }
+        };
+        self.reachable();
+        let targets: Vec<Target> = crate::sync::lock(&self.known).iter().cloned().collect();
+        for target in &targets {
+            match self.open_queue(&session, target).await {
+                Ok(()) => {}
+                Err(Failure::Transient(why)) => {
+                    // One unreachable broker is enough to know: the next sweep tries again.
+                    self.unreachable(&why);
+                    return;
+                }
+                Err(Failure::Fatal(err)) => {
+                    tracing::warn!(%target, error = %err, "cannot open the AMQP queue; the next sweep tries again");
+                }
+            }
+        }
     }
-}
 
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        crate::sync::lock(self.set).remove(&self.id);
+    /// Notes that the broker answered, logging the change from unreachable.
+    fn reachable(&self) {
+        if self.broker_down.swap(false, Ordering::SeqCst) {
+            tracing::info!("AMQP broker reachable again");
+        }
+    }
+
+    /// Notes that the broker could not be reached, logging the change.
+    fn unreachable(&self, why: &str) {
+        if !self.broker_down.swap(true, Ordering::SeqCst) {
+            tracing::warn!(
+                error = %why,
+                "AMQP broker unreachable: publishes fail until it is back, reads use the local inbox"
+            );
+        }
     }
 }
 
@@ -475,6 +425,7 @@ impl InboxStore for AmqpStore {
         Box::pin(async move {
             self.inner.closed.store(true, Ordering::SeqCst);
             self.sweeper.abort();
+            self.inner.consumers.stop_all().await;
             // Ingests in flight finish first (each holds its target's lock), so nothing pulled
             // is left uncommitted when the connection goes.
             let locks: Vec<_> = crate::sync::lock(&self.inner.locks)
@@ -534,24 +485,6 @@ mod tests {
         for (url, shown) in cases {
             assert_eq!(redact_url(url), shown, "{url}");
         }
-    }
-
-    #[test]
-    fn an_id_is_in_flight_only_while_its_publish_runs() {
-        let set = Mutex::new(HashSet::new());
-        let id = MsgId::from_parts(1_700_000_000_000, [7; 10]);
-        let first = InFlight::start(&set, id).expect("not in flight yet");
-        assert!(
-            InFlight::start(&set, id).is_none(),
-            "a concurrent publish is a duplicate"
-        );
-        assert!(
-            crate::sync::lock(&set).contains(&id),
-            "and the running one stays in flight"
-        );
-        // A publish whose caller gave up is dropped half way: the id is free again.
-        drop(first);
-        assert!(InFlight::start(&set, id).is_some());
     }
 
     #[test]

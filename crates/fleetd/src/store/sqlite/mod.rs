@@ -136,21 +136,6 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Whether `msg_id` is pending in any inbox or was acknowledged recently (within
-    /// [`super::DEDUP_WINDOW`]): the AMQP backend asks before it publishes a message again.
-    pub(crate) async fn knows(&self, msg_id: MsgId) -> Result<bool, StoreError> {
-        self.read(move |conn| {
-            let id = msg_id.to_string();
-            conn.prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM messages WHERE msg_id = ?1)
-                     OR EXISTS (SELECT 1 FROM acked WHERE msg_id = ?1)",
-            )
-            .and_then(|mut stmt| stmt.query_row([id], |row| row.get::<_, bool>(0)))
-            .map_err(|err| StoreError::backend("look a message id up in the embedded inbox", err))
-        })
-        .await
-    }
-
     /// Publishes `messages` in one go: each is queued to the writer in order before any answer is
     /// awaited, so they commit in this order and share commits (one fsync for the lot). One
     /// answer per message, in order; a message that breaks the limits is refused alone.
@@ -183,6 +168,20 @@ impl SqliteStore {
             });
         }
         outcomes
+    }
+
+    /// Removes `msg_id` from `target`'s inbox without remembering its id: the AMQP backend
+    /// committed it alongside a broker publish that then failed, and the publisher was told so
+    /// (a retry with the same id must be stored again). True when it was there.
+    pub(crate) async fn retract(&self, target: &Target, msg_id: MsgId) -> Result<bool, StoreError> {
+        let target = target.clone();
+        self.write(move |reply| Op::Ack {
+            target,
+            msg_id,
+            retract: true,
+            reply,
+        })
+        .await
     }
 
     /// The error of the last write that failed, until a write succeeds again (the disk is full,
@@ -297,6 +296,7 @@ impl InboxStore for SqliteStore {
         Box::pin(self.write(move |reply| Op::Ack {
             target,
             msg_id,
+            retract: false,
             reply,
         }))
     }

@@ -166,6 +166,7 @@ fn queued_writes_share_one_commit() {
     ops.try_send(Op::Ack {
         target: erin,
         msg_id: message("erin", 5).msg_id,
+        retract: false,
         reply,
     })
     .expect("queue has room");

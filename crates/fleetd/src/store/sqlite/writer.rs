@@ -28,10 +28,13 @@ pub(crate) enum Op {
         message: Message,
         reply: oneshot::Sender<Result<PublishOutcome, StoreError>>,
     },
-    /// Remove one pending message of a target.
+    /// Remove one pending message of a target: acknowledged (its id remembered, so a
+    /// redelivery is a duplicate), or, with `retract`, withdrawn by a publish that failed after
+    /// committing it (its id forgotten, so a retry stores it again).
     Ack {
         target: Target,
         msg_id: MsgId,
+        retract: bool,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
     /// Remove and return every pending message of a target, atomically.
@@ -300,9 +303,12 @@ fn apply_one(conn: &Connection, op: &Op) -> Result<Outcome, StoreError> {
     let fail = |err| StoreError::backend("write to the embedded inbox", err);
     Ok(match op {
         Op::Publish { message, .. } => Outcome::Published(insert(conn, message).map_err(fail)?),
-        Op::Ack { target, msg_id, .. } => {
-            Outcome::Acked(remove(conn, target, *msg_id).map_err(fail)?)
-        }
+        Op::Ack {
+            target,
+            msg_id,
+            retract,
+            ..
+        } => Outcome::Acked(remove(conn, target, *msg_id, !*retract).map_err(fail)?),
         Op::Drain { target, .. } => Outcome::Drained(drain(conn, target)?),
         Op::Probe { heavy, .. } => {
             let size = if *heavy { HEAVY_PROBE_BYTES } else { 1 };
@@ -348,13 +354,18 @@ fn insert(tx: &Connection, message: &Message) -> rusqlite::Result<PublishOutcome
     })
 }
 
-fn remove(tx: &Connection, target: &Target, msg_id: MsgId) -> rusqlite::Result<bool> {
+fn remove(
+    tx: &Connection,
+    target: &Target,
+    msg_id: MsgId,
+    remember: bool,
+) -> rusqlite::Result<bool> {
     let id = msg_id.to_string();
     let deleted = tx
         .prepare_cached("DELETE FROM messages WHERE msg_id = ?1 AND target = ?2")?
         .execute(params![id, target.as_str()])?;
-    if deleted == 0 {
-        return Ok(false);
+    if deleted == 0 || !remember {
+        return Ok(deleted > 0);
     }
     tx.prepare_cached("INSERT OR IGNORE INTO acked (msg_id) VALUES (?1)")?
         .execute([id])?;
@@ -365,7 +376,7 @@ fn drain(tx: &Connection, target: &Target) -> Result<Vec<Message>, StoreError> {
     let fail = |err| StoreError::backend("drain the embedded inbox", err);
     let messages = super::select_pending(tx, target, i64::MAX)?;
     for message in &messages {
-        remove(tx, target, message.msg_id).map_err(fail)?;
+        remove(tx, target, message.msg_id, true).map_err(fail)?;
     }
     Ok(messages)
 }
