@@ -439,9 +439,11 @@ fn steps(run: &str) -> String {
     let sum = |field: &str| seen.get(field).map_or(0, |v| v.iter().sum::<u64>());
     let steps = seen.get("batch").map_or(0, Vec::len);
     format!(
-        "{run}: publish → broker confirm p50 {}, its local commit (at the same time) p50 {}; {steps} consumer steps of {:.1} messages ({:.1} committed here already), their commit p50 {}",
+        "{run}: publish → broker confirm p50 {}, its local commit (at the same time) p50 {}; {} broker messages of {:.1}; {steps} consumer steps of {:.1} messages ({:.1} committed here already), their commit p50 {}",
         p50("confirm_us"),
         p50("commit_us"),
+        seen.get("group").map_or(0, Vec::len),
+        sum("group") as f64 / seen.get("group").map_or(1, Vec::len).max(1) as f64,
         (sum("batch") + sum("own")) as f64 / steps.max(1) as f64,
         sum("own") as f64 / steps.max(1) as f64,
         p50("step_commit_us"),

@@ -114,13 +114,24 @@ async fn raw_publisher(conn: &Connection) -> Channel {
 }
 
 async fn publish_raw(channel: &Channel, queue: &str, body: &[u8]) {
+    publish_typed(channel, queue, body, BasicProperties::default()).await;
+}
+
+/// A fleetd batch as another daemon's publish lane sends it: a JSON array typed `batch`.
+async fn publish_batch(channel: &Channel, queue: &str, messages: &[Message]) {
+    let body = serde_json::to_vec(messages).expect("json");
+    let typed = BasicProperties::default().with_type("batch".into());
+    publish_typed(channel, queue, &body, typed).await;
+}
+
+async fn publish_typed(channel: &Channel, queue: &str, body: &[u8], properties: BasicProperties) {
     let confirm = channel
         .basic_publish(
             "".into(),
             queue.into(),
             BasicPublishOptions::default(),
             body,
-            BasicProperties::default().with_delivery_mode(2),
+            properties.with_delivery_mode(2),
         )
         .await
         .expect("publish")
@@ -257,19 +268,28 @@ async fn amqp_store_dead_letters_what_it_cannot_decode() {
         &serde_json::to_vec(&second).expect("json"),
     )
     .await;
+    // Batches, as publishes that wait together go out: one is taken whole; one that holds a
+    // message for another target is poison whole.
+    let batched = [message(&target, "batched 1"), message(&target, "batched 2")];
+    publish_batch(&publisher, &queue, &batched).await;
+    let mixed = [
+        message(&target, "mixed"),
+        message(&other, "mixed, misrouted"),
+    ];
+    publish_batch(&publisher, &queue, &mixed).await;
     // Another publisher's messages reach the local inbox through the queue's consumer, as the
     // broker pushes them: a read does not wait for them.
     let mut seen = Vec::new();
     for _ in 0..100 {
         seen = ids(&store.peek(&target, 10).await.expect("peek"));
-        if seen.len() >= 2 {
+        if seen.len() >= 4 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
         seen,
-        ids(&[good, second]),
+        ids(&[good, second, batched[0].clone(), batched[1].clone()]),
         "the good ones pass, the poison does not block them"
     );
     assert_eq!(ready(&conn, &queue).await, 0);
@@ -277,15 +297,15 @@ async fn amqp_store_dead_letters_what_it_cannot_decode() {
     let mut parked = 0;
     for _ in 0..100 {
         parked = ready(&conn, &dead).await;
-        if parked == 2 {
+        if parked == 3 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(parked, 2, "both poison messages wait in {dead}");
+    assert_eq!(parked, 3, "the three poison messages wait in {dead}");
     let scrape = fleetd::ops::telemetry::handle().render();
-    for reason in ["undecodable", "wrong_target"] {
-        let line = format!("fleetd_amqp_dead_lettered_total{{reason=\"{reason}\"}} 1");
+    for (reason, count) in [("undecodable", 1), ("wrong_target", 2)] {
+        let line = format!("fleetd_amqp_dead_lettered_total{{reason=\"{reason}\"}} {count}");
         assert!(scrape.contains(&line), "{line} in:\n{scrape}");
     }
     store.close().await.expect("close");

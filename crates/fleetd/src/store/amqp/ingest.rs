@@ -15,6 +15,7 @@
 //! count says so, and it is logged as an error. An old queue has no dead-letter exchange, so its
 //! poison is copied into the dead-letter queue (confirmed) before it is acked, never rejected.
 
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -275,14 +276,18 @@ impl Inner {
     /// largest size this daemon accepts would exceed [`INGEST_BATCH_BYTES`] (a prefetch counts
     /// messages, not bytes). Never less than one.
     pub(super) fn step_size(&self) -> u16 {
-        // A message travels as JSON: room for its text, the escaping of some of it, its fields.
-        let largest = self
-            .limits
+        let fits = (INGEST_BATCH_BYTES / self.largest_delivery().max(1)).clamp(1, INGEST_BATCH);
+        u16::try_from(fits).unwrap_or(1)
+    }
+
+    /// The most bytes one delivery holds: one message of the largest size this daemon accepts,
+    /// as JSON (room for its text, the escaping of some of it, its fields). A batch the lanes
+    /// publish is never larger, so a prefetch window bounds memory as for single messages.
+    pub(super) fn largest_delivery(&self) -> usize {
+        self.limits
             .max_message_bytes
             .saturating_add(self.limits.max_message_bytes / 4)
-            .saturating_add(4096);
-        let fits = (INGEST_BATCH_BYTES / largest.max(1)).clamp(1, INGEST_BATCH);
-        u16::try_from(fits).unwrap_or(1)
+            .saturating_add(4096)
     }
 
     /// An old queue's pull (a migration, which deletes the queue next): `basic.get` to
@@ -367,30 +372,25 @@ impl Inner {
         queue: Queue<'_>,
         batch: Vec<Delivery>,
     ) -> Result<(u64, Option<u64>), Failure> {
+        // Each good delivery's fate: committed unless one of its messages says otherwise.
+        let mut fates: BTreeMap<usize, Fate> = BTreeMap::new();
         let mut good: Vec<(usize, Message)> = Vec::with_capacity(batch.len());
         for (index, delivery) in batch.iter().enumerate() {
-            match serde_json::from_slice::<Message>(&delivery.data) {
-                Ok(message) if message.target == *target => good.push((index, message)),
-                Ok(_) => {
-                    self.park(channel, target, queue, delivery, Poison::WrongTarget)
-                        .await?
+            match decode(delivery, target) {
+                Ok(messages) => {
+                    fates.insert(index, Fate::Committed);
+                    good.extend(messages.into_iter().map(|message| (index, message)));
                 }
-                Err(_) => {
-                    self.park(channel, target, queue, delivery, Poison::Undecodable)
-                        .await?
-                }
+                Err(why) => self.park(channel, target, queue, delivery, why).await?,
             }
         }
         // The broker's copies of this daemon's own publishes whose local commit is done: known,
         // nothing to write (a copy whose commit is still running is deduplicated by the file).
-        let mut committed: Vec<u64> = Vec::with_capacity(good.len());
-        good.retain(|(index, message)| {
-            let own = super::consumer::committed_here(&self.in_flight, message.msg_id);
-            if own {
-                committed.push(batch[*index].delivery_tag);
-            }
-            !own
+        let before = good.len();
+        good.retain(|(_, message)| {
+            !super::consumer::committed_here(&self.in_flight, message.msg_id)
         });
+        let own = before - good.len();
         // Requeued messages may come back after newer ones: commit each step in msgId order.
         good.sort_by_key(|(_, message)| message.msg_id);
         let (indexes, messages): (Vec<usize>, Vec<Message>) = good.into_iter().unzip();
@@ -401,23 +401,38 @@ impl Inner {
             target: super::PROFILE,
             step_commit_us = committing.elapsed().as_micros(),
             batch = count,
-            own = committed.len(),
+            own,
             "step"
         );
         let mut fresh = 0;
-        let mut failed: Option<StoreError> = None;
         for (index, outcome) in indexes.into_iter().zip(outcomes) {
-            let delivery = &batch[index];
+            let fate = fates.entry(index).or_insert(Fate::Committed);
             match outcome {
-                Ok(outcome) => {
-                    fresh += u64::from(outcome == PublishOutcome::Stored);
-                    committed.push(delivery.delivery_tag);
+                Ok(outcome) => fresh += u64::from(outcome == PublishOutcome::Stored),
+                Err(StoreError::Refused(_)) if matches!(fate, Fate::Committed) => {
+                    *fate = Fate::Refused;
                 }
-                Err(StoreError::Refused(_)) => {
+                Err(StoreError::Refused(_)) => {}
+                Err(err) => {
+                    if !matches!(fate, Fate::Failed(_)) {
+                        *fate = Fate::Failed(err);
+                    }
+                }
+            }
+        }
+        let mut committed: Vec<u64> = Vec::with_capacity(fates.len());
+        let mut failed: Option<StoreError> = None;
+        for (index, fate) in fates {
+            let delivery = &batch[index];
+            match fate {
+                Fate::Committed => committed.push(delivery.delivery_tag),
+                // A batch whose other messages are committed goes to the dead-letter queue whole:
+                // it holds the refused one.
+                Fate::Refused => {
                     self.park(channel, target, queue, delivery, Poison::Refused)
                         .await?;
                 }
-                Err(err) => {
+                Fate::Failed(err) => {
                     failed.get_or_insert(err);
                 }
             }
@@ -495,4 +510,39 @@ impl Inner {
 pub(super) async fn ack_through(channel: &Channel, tag: u64) -> Result<(), Failure> {
     let multiple = BasicAckOptions { multiple: true };
     answer("basic.ack", channel.basic_ack(tag, multiple)).await
+}
+
+/// What became of one delivery of a step.
+enum Fate {
+    /// Every message it holds is in the local inbox.
+    Committed,
+    /// The local inbox refused one of its messages (over this daemon's limits).
+    Refused,
+    /// A commit failed: it stays unacked and goes back with the channel.
+    Failed(StoreError),
+}
+
+/// The [`BasicProperties`](lapin::BasicProperties) `type` of a delivery that carries several
+/// messages (a JSON array) published together: see `publish`.
+pub(super) const BATCH_TYPE: &str = "batch";
+
+/// The fleetd messages `delivery` carries for `target`: one, or the array of a batch.
+fn decode(delivery: &Delivery, target: &Target) -> Result<Vec<Message>, Poison> {
+    let batch = delivery
+        .properties
+        .kind()
+        .as_ref()
+        .is_some_and(|kind| kind.as_str() == BATCH_TYPE);
+    let messages = if batch {
+        match serde_json::from_slice::<Vec<Message>>(&delivery.data) {
+            Ok(messages) if !messages.is_empty() => messages,
+            _ => return Err(Poison::Undecodable),
+        }
+    } else {
+        vec![serde_json::from_slice::<Message>(&delivery.data).map_err(|_| Poison::Undecodable)?]
+    };
+    if messages.iter().any(|message| message.target != *target) {
+        return Err(Poison::WrongTarget);
+    }
+    Ok(messages)
 }

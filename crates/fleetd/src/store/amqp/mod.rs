@@ -26,6 +26,7 @@
 
 mod consumer;
 mod ingest;
+mod lanes;
 pub mod link;
 mod publish;
 mod session;
@@ -107,6 +108,8 @@ struct Inner {
     in_flight: consumer::Flights,
     /// The standing consumer of every queue this daemon uses.
     consumers: Consumers,
+    /// Per target, the publishes that go to the broker together.
+    lanes: lanes::Lanes,
     /// Whether the last sweep found the broker unreachable (to log only the changes).
     broker_down: AtomicBool,
     closed: AtomicBool,
@@ -149,6 +152,7 @@ impl AmqpStore {
             locks: Mutex::new(BTreeMap::new()),
             in_flight: Mutex::default(),
             consumers: Consumers::default(),
+            lanes: lanes::Lanes::default(),
             broker_down: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         });

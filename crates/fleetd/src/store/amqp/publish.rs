@@ -9,7 +9,7 @@ use std::sync::Arc;
 use fleetd_core::Message;
 
 use super::consumer::InFlight;
-use super::session::{Backoff, Failure, publish_once};
+use super::session::{Backoff, Failure};
 use super::{Inner, PROFILE};
 use crate::store::{InboxStore, PublishOutcome, StoreError};
 
@@ -99,7 +99,7 @@ impl Inner {
             let attempt = match self.session().await {
                 Ok(session) => {
                     let result = match self.open_queue(&session, target).await {
-                        Ok(()) => publish_once(&session, message, body).await,
+                        Ok(()) => self.send(&session, message, body).await,
                         Err(failure) => Err(failure),
                     };
                     if matches!(result, Err(Failure::Transient(_))) {

@@ -73,6 +73,7 @@ pub(super) struct Session {
 }
 
 /// Why one attempt failed: worth reconnecting and retrying, or final.
+#[derive(Clone)]
 pub(super) enum Failure {
     Transient(String),
     Fatal(StoreError),
@@ -248,6 +249,7 @@ pub(super) async fn declare(channel: &Channel, target: &Target) -> Result<(), la
     Ok(())
 }
 
+/// Publishes one message's `body` to its target's queue and waits for the broker's confirm.
 pub(super) async fn publish_once(
     session: &Session,
     message: &Message,
@@ -255,17 +257,41 @@ pub(super) async fn publish_once(
 ) -> Result<(), Failure> {
     let properties = BasicProperties::default()
         .with_message_id(message.msg_id.to_string().into())
+        .with_type(message.kind.as_str().into());
+    publish_body(session, &message.target, message, properties, body).await
+}
+
+/// Publishes `body` — several messages of `target` as one JSON array, typed `batch`, whose
+/// first is `first` — and waits for the broker's confirm.
+pub(super) async fn publish_batch(
+    session: &Session,
+    first: &Message,
+    body: &[u8],
+) -> Result<(), Failure> {
+    let properties = BasicProperties::default()
+        .with_message_id(first.msg_id.to_string().into())
+        .with_type(super::ingest::BATCH_TYPE.into());
+    publish_body(session, &first.target, first, properties, body).await
+}
+
+async fn publish_body(
+    session: &Session,
+    target: &Target,
+    first: &Message,
+    properties: BasicProperties,
+    body: &[u8],
+) -> Result<(), Failure> {
+    let properties = properties
         .with_delivery_mode(2)
         .with_content_type("application/json".into())
-        .with_type(message.kind.as_str().into())
-        .with_timestamp(u64::try_from(message.created_at.as_second()).unwrap_or(0));
+        .with_timestamp(u64::try_from(first.created_at.as_second()).unwrap_or(0));
     let options = BasicPublishOptions {
         mandatory: true,
         ..BasicPublishOptions::default()
     };
     let publish = session.publisher.basic_publish(
         "".into(),
-        queue_name(&message.target).into(),
+        queue_name(target).into(),
         options,
         body,
         properties,
@@ -275,13 +301,13 @@ pub(super) async fn publish_once(
         Confirmation::Ack(None) => Ok(()),
         Confirmation::Ack(Some(_returned)) => {
             // Unroutable: the queue vanished (deleted by an operator). Declare it again and retry.
-            session.set_ready(&message.target, false);
+            session.set_ready(target, false);
             Err(Failure::Transient(format!(
                 "queue {} did not exist",
-                queue_name(&message.target)
+                queue_name(target)
             )))
         }
-        Confirmation::Nack(_) => Err(Failure::Fatal(StoreError::Nacked(message.msg_id))),
+        Confirmation::Nack(_) => Err(Failure::Fatal(StoreError::Nacked(first.msg_id))),
         Confirmation::NotRequested => Err(Failure::Fatal(StoreError::Unavailable(
             "the publishing channel is not in confirm mode".to_owned(),
         ))),
