@@ -8,6 +8,7 @@ pub mod dashboard;
 pub mod footprint;
 pub mod gateway;
 pub mod inbox;
+mod inbox_amqp;
 pub mod locate;
 pub mod mailbox;
 pub mod nudge;

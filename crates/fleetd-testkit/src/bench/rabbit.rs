@@ -39,7 +39,7 @@ pub(super) async fn column(sizes: Sizes) -> Column {
     if let Err(err) = runs(&conn, &targets, sizes, &mut column).await {
         column.note = Some(format!("failed: {err:#}"));
     }
-    if let Err(err) = super::inbox::delete_queues_on(&conn, &targets).await {
+    if let Err(err) = super::inbox_amqp::delete_queues_on(&conn, &targets).await {
         progress(&format!("could not delete the benchmark queues: {err:#}"));
     }
     let _ = conn.close(200, "benchmark done".into()).await;
