@@ -219,10 +219,18 @@ fn on_tmux(rounds: usize) -> anyhow::Result<Measured> {
         &[
             ("SIM_AGENT_WORK_MS", &MEMBER_WORK_MS.to_string()),
             ("SIM_AGENT_LOG", &member_log.display().to_string()),
+            // As real agents' MCP clients: one connection for every call (issue 36).
+            ("SIM_AGENT_KEEP_ALIVE", "1"),
         ],
     );
     let mut rig = crate::rig::Rig::start(&config("base:boss", &profile));
-    let lead = rig.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", lead_log.display())]);
+    let lead = rig.agent_lead_with(
+        "boss",
+        &[
+            format!("SIM_AGENT_LOG={}", lead_log.display()),
+            "SIM_AGENT_KEEP_ALIVE=1".to_owned(),
+        ],
+    );
     rig.spawn("bench", "nia");
     let measured = Sight::tmux(&rig, &lead).and_then(|sight| {
         measure(

@@ -87,6 +87,9 @@ pub struct Config {
     pub connect_tag: String,
     /// fleetd's MCP endpoint.
     pub fleetd_url: Option<String>,
+    /// Whether every MCP call goes over one kept-alive connection, as real agents' clients do
+    /// (`--keep-alive 1` / `SIM_AGENT_KEEP_ALIVE=1`); otherwise each call connects anew.
+    pub keep_alive: bool,
 }
 
 impl Config {
@@ -135,6 +138,7 @@ impl Config {
             connect_tag: get("--connect-tag", "SIM_AGENT_CONNECT_TAG")
                 .unwrap_or_else(|| "-".to_owned()),
             fleetd_url: env("FLEETD_URL"),
+            keep_alive: get("--keep-alive", "SIM_AGENT_KEEP_ALIVE").is_some_and(|v| v == "1"),
         })
     }
 }

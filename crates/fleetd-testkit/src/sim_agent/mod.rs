@@ -164,7 +164,12 @@ impl Agent {
             }
         }
         if let Some(url) = self.config.fleetd_url.clone() {
-            self.mcp = Some(McpClient::new(&url)?.named("sim-agent"));
+            let client = McpClient::new(&url)?.named("sim-agent");
+            self.mcp = Some(if self.config.keep_alive {
+                client.kept_alive()
+            } else {
+                client
+            });
             self.ensure_mcp().await;
         }
         self.title("sim-agent").await;
