@@ -250,6 +250,9 @@ struct Job {
 const LOAD_TRIES: u32 = 5;
 const LOAD_RETRY: Duration = Duration::from_secs(1);
 
+/// The most batches the persister commits at once (what queued up while the last commit ran).
+const PERSIST_GROUP: usize = 256;
+
 /// How long the persister waits before it tries a failed commit again (a full disk, say).
 const STATE_RETRY: Duration = Duration::from_secs(1);
 
@@ -312,14 +315,23 @@ async fn persist(
                 None => break,
             }
         };
-        let (replies, done) = match job {
-            Some(job) => {
+        let (mut replies, mut done) = (Vec::new(), Vec::new());
+        if let Some(job) = job {
+            // Batches that queued up while the last commit ran go in this one commit, in
+            // order: concurrent callers share the fsync, as the inbox writer's group commit.
+            let mut next = Some(job);
+            let mut taken = 0;
+            while let Some(job) = next.take() {
                 held.add(job.ops);
                 held.io.extend(job.io);
-                (job.replies, job.done)
+                replies.extend(job.replies);
+                done.extend(job.done);
+                taken += 1;
+                if taken < PERSIST_GROUP {
+                    next = jobs.try_recv().ok();
+                }
             }
-            None => (Vec::new(), None),
-        };
+        }
         let stored = if held.ops.is_empty() {
             Ok(())
         } else {
@@ -354,7 +366,7 @@ async fn persist(
         }
         backlog.store(if failing { held.size() } else { 0 }, Ordering::Release);
         // Shutdown waits for this; it must not wait for a disk that may never have room.
-        if let Some(done) = done {
+        for done in done {
             if failing {
                 tracing::error!(
                     changes = held.ops.len(),
