@@ -1,42 +1,49 @@
-//! The gateway's forwarder: publishes the engine's outbox records in order and tells the engine
-//! each one the broker confirmed. A request the broker cannot route (no such gateway) fails where
-//! it was sent; an answer it cannot route (that gateway's queue is missing for now) is parked and
-//! tried again every few seconds. Order holds per destination: once a record for a
-//! gateway is parked, every later record for that gateway waits behind it, so a ticket's
-//! `delivered` never reaches its owner after the reply it preceded. Other gateways' records go
-//! on meanwhile. Knows the link only through [`Outlet`], so the ordering is tested without a
-//! broker.
+//! The gateway's forwarder: publishes the engine's outbox records and tells the engine each one
+//! the broker confirmed. Up to [`WINDOW`] records per destination are in flight at once (the
+//! broker routes one channel's publishes in order, and their confirms are read in that order),
+//! so a busy gateway pays one broker round trip per window rather than per record. A request
+//! the broker cannot route (no such gateway) fails where it was sent; an answer it cannot route
+//! (that gateway's queue is missing for now) is parked and tried again every few seconds, and
+//! every later record for that gateway waits behind it, so a ticket's `delivered` does not reach
+//! its owner after the reply it preceded. Other gateways' records go on meanwhile. One limit:
+//! records already in flight behind one the broker turns back (a nack, a lost link, a queue
+//! missing for the milliseconds a window takes) are not recalled, so they may arrive before it
+//! does; the receiving engine applies ticket events only forwards, so a late `delivered` changes
+//! nothing. Knows the link only through [`Outlet`], so the ordering is tested without a broker.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use fleetd_core::gateway::{Envelope, Kind};
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt as _, StreamExt as _};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::EngineHandle;
-use crate::store::gateway_link::{Link, LinkError, Published};
+use crate::store::gateway_link::{Confirming, Link, LinkError, Published};
 
+/// Records in flight to one destination at once.
+pub(super) const WINDOW: usize = 256;
 /// How long an answer the broker could not route (its gateway's queue is missing) is parked
 /// before it is tried again.
 const PARKED_RETRY: Duration = Duration::from_secs(5);
 /// How long a nacked publish waits before it is tried again.
 const NACK_RETRY: Duration = Duration::from_secs(1);
-/// How often the outbox is counted again while the forwarder waits for the link: the gauge and
-/// the alarm follow what piles up behind the record it holds.
-const RECOUNT: Duration = Duration::from_millis(250);
 
 /// Where the forwarder's records go, and who hears what became of them.
 pub(super) trait Outlet {
     /// Returns once the link is up (at once when it is).
     fn until_up(&self) -> impl Future<Output = ()> + Send;
-    /// Publishes one record and waits for the broker's word.
-    fn publish(
+    /// Hands one record to the broker; what it returns is the broker's word, still to come.
+    fn send(
         &self,
         envelope: &Envelope,
-    ) -> impl Future<Output = Result<Published, LinkError>> + Send;
-    /// How many records wait to be published (the gauge and the alarm).
+    ) -> impl Future<Output = Result<Confirming, LinkError>> + Send;
+    /// How many records wait to be confirmed (the gauge and the alarm).
     fn set_outbox(&self, waiting: u64);
     /// The broker confirmed record `seq` (or it was a request no gateway could take).
     fn forwarded(&self, seq: u64, unroutable: bool) -> impl Future<Output = ()> + Send;
@@ -53,8 +60,8 @@ impl Outlet for LinkOutlet {
         self.link.until_up().await;
     }
 
-    async fn publish(&self, envelope: &Envelope) -> Result<Published, LinkError> {
-        self.link.publish(envelope).await
+    async fn send(&self, envelope: &Envelope) -> Result<Confirming, LinkError> {
+        self.link.send(envelope).await
     }
 
     fn set_outbox(&self, waiting: u64) {
@@ -75,111 +82,176 @@ fn fails_when_unroutable(kind: Kind) -> bool {
 
 type Record = (u64, Box<Envelope>);
 
-/// The records held for one destination: due again at `at`, oldest first.
-struct Held {
-    at: Instant,
-    records: VecDeque<Record>,
+/// One destination's records: those to try again and those never sent (oldest first), those in
+/// flight with the broker's word once it came, and when it may be sent to again.
+#[derive(Default)]
+struct Dest {
+    again: VecDeque<Record>,
+    waiting: VecDeque<Record>,
+    flight: VecDeque<(Record, Option<Result<Published, LinkError>>)>,
+    not_before: Option<Instant>,
 }
 
-/// Publishes each outbox record as it comes, retrying it (never skipping it) until the broker
-/// confirms it; see the module docs for what is parked and what waits behind it.
+impl Dest {
+    fn len(&self) -> usize {
+        self.again.len() + self.waiting.len() + self.flight.len()
+    }
+
+    /// `record` is to be tried again: in its place among those to try again, by outbox order
+    /// (all of which is older than what was never sent), whichever way it came back.
+    fn take_back(&mut self, record: Record) {
+        let at = self.again.partition_point(|(seq, _)| *seq < record.0);
+        self.again.insert(at, record);
+    }
+
+    /// The next record to send, oldest first: those turned back before those never sent.
+    fn next(&mut self) -> Option<Record> {
+        self.again.pop_front().or_else(|| self.waiting.pop_front())
+    }
+}
+
+/// A confirm on its way: the destination and record it is for, and the broker's word.
+type Word = Pin<Box<dyn Future<Output = (String, u64, Result<Published, LinkError>)> + Send>>;
+
+/// Publishes each outbox record as it comes, trying it again (never skipping it) until the
+/// broker confirms it; see the module docs for what is parked and what waits behind it.
 pub(super) async fn forward<O: Outlet>(
     outlet: O,
     mut outbox: mpsc::UnboundedReceiver<Record>,
     stop: CancellationToken,
 ) {
-    let mut held: BTreeMap<String, Held> = BTreeMap::new();
-    let waiting = |outbox: &mpsc::UnboundedReceiver<Record>, held: &BTreeMap<String, Held>| {
-        (outbox.len() + held.values().map(|h| h.records.len()).sum::<usize>()) as u64
-    };
+    let mut dests: BTreeMap<String, Dest> = BTreeMap::new();
+    let mut words: FuturesUnordered<Word> = FuturesUnordered::new();
+    let mut up = true;
     loop {
-        let due = held
-            .iter()
-            .min_by_key(|(_, h)| h.at)
-            .map(|(dst, h)| (dst.clone(), h.at));
+        if up {
+            up = send_what_can_go(&outlet, &mut dests, &mut words).await;
+        }
+        let waiting = outbox.len() + dests.values().map(Dest::len).sum::<usize>();
+        outlet.set_outbox(waiting as u64);
+        let due = dests
+            .values()
+            .filter(|d| !d.again.is_empty() || !d.waiting.is_empty())
+            .filter_map(|d| d.not_before)
+            .min();
         tokio::select! {
-            next = outbox.recv() => {
-                let Some((seq, envelope)) = next else { return };
-                if let Some(behind) = held.get_mut(envelope.dst.as_str()) {
-                    // Its gateway has a parked record: it waits behind that one.
-                    behind.records.push_back((seq, envelope));
-                    outlet.set_outbox(waiting(&outbox, &held));
-                    continue;
-                }
-                let besides = waiting(&outbox, &held) - outbox.len() as u64;
-                match publish(&outlet, seq, &envelope, (&outbox, besides), &stop).await {
-                    Step::Done => {}
-                    Step::Parked => {
-                        held.insert(envelope.dst.to_string(), Held {
-                            at: Instant::now() + PARKED_RETRY,
-                            records: VecDeque::from([(seq, envelope)]),
-                        });
+            next = outbox.recv() => match next {
+                Some((seq, envelope)) => {
+                    let dest = dests.entry(envelope.dst.to_string()).or_default();
+                    dest.waiting.push_back((seq, envelope));
+                    // What else came meanwhile goes in the same round.
+                    while let Ok((seq, envelope)) = outbox.try_recv() {
+                        let dest = dests.entry(envelope.dst.to_string()).or_default();
+                        dest.waiting.push_back((seq, envelope));
                     }
-                    Step::Stopped => return,
+                }
+                None => return,
+            },
+            Some((dst, seq, word)) = words.next(), if !words.is_empty() => {
+                let Some(dest) = dests.get_mut(&dst) else { continue };
+                if let Some(slot) = dest.flight.iter_mut().find(|((s, _), _)| *s == seq) {
+                    slot.1 = Some(word);
+                }
+                if !settle(&outlet, dest).await {
+                    up = false;
+                }
+                while let Some((dst, seq, word)) = words.next().now_or_never().flatten() {
+                    let Some(dest) = dests.get_mut(&dst) else { continue };
+                    if let Some(slot) = dest.flight.iter_mut().find(|((s, _), _)| *s == seq) {
+                        slot.1 = Some(word);
+                    }
+                    if !settle(&outlet, dest).await {
+                        up = false;
+                    }
                 }
             }
+            () = outlet.until_up(), if !up => up = true,
             () = async {
-                match &due {
-                    Some((_, at)) => tokio::time::sleep_until(*at).await,
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
                     None => std::future::pending().await,
                 }
             } => {
-                let Some((dst, _)) = due else { continue };
-                let Some(mut parked) = held.remove(&dst) else { continue };
-                while let Some((seq, envelope)) = parked.records.pop_front() {
-                    let besides = parked.records.len() as u64 + waiting(&outbox, &held)
-                        - outbox.len() as u64;
-                    match publish(&outlet, seq, &envelope, (&outbox, besides), &stop).await {
-                        Step::Done => {}
-                        Step::Parked => {
-                            parked.records.push_front((seq, envelope));
-                            parked.at = Instant::now() + PARKED_RETRY;
-                            held.insert(dst, parked);
-                            break;
-                        }
-                        Step::Stopped => return,
+                let now = Instant::now();
+                for dest in dests.values_mut() {
+                    if dest.not_before.is_some_and(|at| at <= now) {
+                        dest.not_before = None;
                     }
                 }
             }
             () = stop.cancelled() => return,
         }
-        outlet.set_outbox(waiting(&outbox, &held));
+        dests.retain(|_, d| d.len() > 0);
     }
 }
 
-/// What became of one record.
-enum Step {
-    /// Confirmed, or a request that failed as unroutable: the engine was told.
-    Done,
-    /// An answer the broker could not route: to be tried again.
-    Parked,
-    /// The daemon is stopping.
-    Stopped,
+/// Hands every destination's next records to the broker, up to [`WINDOW`] in flight each;
+/// `false` when the link is down (what could not go waits, in order).
+async fn send_what_can_go<O: Outlet>(
+    outlet: &O,
+    dests: &mut BTreeMap<String, Dest>,
+    words: &mut FuturesUnordered<Word>,
+) -> bool {
+    let now = Instant::now();
+    for (dst, dest) in dests.iter_mut() {
+        if dest.not_before.is_some_and(|at| at > now) {
+            continue;
+        }
+        while dest.flight.len() < WINDOW {
+            let Some((seq, envelope)) = dest.next() else {
+                break;
+            };
+            match outlet.send(&envelope).await {
+                Ok(confirming) => {
+                    let dst = dst.clone();
+                    words.push(Box::pin(async move { (dst, seq, confirming.await) }));
+                    dest.flight.push_back(((seq, envelope), None));
+                }
+                Err(e) => {
+                    dest.take_back((seq, envelope));
+                    if !turned_back(seq, dest, &e) {
+                        return false;
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    true
 }
 
-/// Publishes one record until the broker gives its word. What waits meanwhile is counted again
-/// each round (the gauge and the alarm follow what the engine sends behind it): this record,
-/// the outbox channel's records and `besides` (those held for parked gateways).
-async fn publish<O: Outlet>(
-    outlet: &O,
-    seq: u64,
-    envelope: &Envelope,
-    (outbox, besides): (&mpsc::UnboundedReceiver<Record>, u64),
-    stop: &CancellationToken,
-) -> Step {
-    loop {
-        outlet.set_outbox(1 + outbox.len() as u64 + besides);
-        tokio::select! {
-            () = outlet.until_up() => {}
-            () = tokio::time::sleep(RECOUNT) => continue,
-            () = stop.cancelled() => return Step::Stopped,
+/// A record the broker turned back goes to be tried again; when depends on why. `false` when
+/// the link is down.
+fn turned_back(seq: u64, dest: &mut Dest, e: &LinkError) -> bool {
+    match e {
+        LinkError::Down(why) => {
+            tracing::debug!(seq, reason = %why, "gateway forward waits for the link");
+            false
         }
-        match outlet.publish(envelope).await {
+        LinkError::Nacked(why) => {
+            tracing::warn!(seq, reason = %why, "the broker nacked a gateway message; trying again");
+            dest.not_before = Some(Instant::now() + NACK_RETRY);
+            true
+        }
+    }
+}
+
+/// Takes the broker's word on `dest`'s oldest records in flight, in order, as far as it came:
+/// the engine hears of each one confirmed; one turned back is tried again behind those turned
+/// back before it. `false` when one found the link down.
+async fn settle<O: Outlet>(outlet: &O, dest: &mut Dest) -> bool {
+    let mut up = true;
+    while dest.flight.front().is_some_and(|(_, word)| word.is_some()) {
+        let Some(((seq, envelope), Some(word))) = dest.flight.pop_front() else {
+            break;
+        };
+        match word {
             Ok(Published::Unroutable) if !fails_when_unroutable(envelope.kind) => {
                 metrics::counter!("fleetd_gateway_forwarded_total", "outcome" => "parked")
                     .increment(1);
                 tracing::warn!(seq, dst = %envelope.dst, kind = envelope.kind.as_str(), "the broker has no queue for that gateway now; the message is kept and tried again, and later ones for that gateway wait behind it");
-                return Step::Parked;
+                dest.not_before = Some(Instant::now() + PARKED_RETRY);
+                dest.take_back((seq, envelope));
             }
             Ok(published) => {
                 metrics::counter!(
@@ -194,18 +266,14 @@ async fn publish<O: Outlet>(
                 outlet
                     .forwarded(seq, published == Published::Unroutable)
                     .await;
-                return Step::Done;
             }
-            Err(LinkError::Down(why)) => {
-                tracing::debug!(seq, reason = %why, "gateway forward waits for the link");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(LinkError::Nacked(why)) => {
-                tracing::warn!(seq, reason = %why, "the broker nacked a gateway message; trying again");
-                tokio::time::sleep(NACK_RETRY).await;
+            Err(e) => {
+                up &= turned_back(seq, dest, &e);
+                dest.take_back((seq, envelope));
             }
         }
     }
+    up
 }
 
 #[cfg(test)]
@@ -217,13 +285,17 @@ mod tests {
     use super::*;
 
     /// A broker where gateway `gone`'s queue is missing until `back` is set; it records the
-    /// (seq, dst) of every record it took, in order, and the last outbox count it was told.
-    /// The link is up unless `down` is set.
+    /// (seq, dst) of every record it took, in order, the seqs the engine heard were forwarded,
+    /// and the last outbox count it was told. The link is up unless `down` is set. With `gated`,
+    /// each confirm waits until the test releases it (`release`), in whatever order.
     #[derive(Clone, Default)]
     struct Script {
         back: Arc<std::sync::atomic::AtomicBool>,
         down: Arc<std::sync::atomic::AtomicBool>,
+        gated: Arc<std::sync::atomic::AtomicBool>,
+        gates: Arc<Mutex<BTreeMap<u64, tokio::sync::oneshot::Sender<()>>>>,
         taken: Arc<Mutex<Vec<(u64, String)>>>,
+        forwarded: Arc<Mutex<Vec<u64>>>,
         waiting: Arc<std::sync::atomic::AtomicU64>,
     }
 
@@ -234,17 +306,26 @@ mod tests {
             }
         }
 
-        async fn publish(&self, envelope: &Envelope) -> Result<Published, LinkError> {
+        async fn send(&self, envelope: &Envelope) -> Result<Confirming, LinkError> {
+            if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(LinkError::Down("scripted".to_owned()));
+            }
             let missing = envelope.dst.as_str() == "gone"
                 && !self.back.load(std::sync::atomic::Ordering::SeqCst);
             if missing {
-                return Ok(Published::Unroutable);
+                return Ok(Box::pin(async { Ok(Published::Unroutable) }));
             }
-            self.taken
-                .lock()
-                .expect("not poisoned")
-                .push((seq_of(envelope), envelope.dst.to_string()));
-            Ok(Published::Confirmed)
+            let seq = seq_of(envelope);
+            lock(&self.taken).push((seq, envelope.dst.to_string()));
+            if !self.gated.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(Box::pin(async { Ok(Published::Confirmed) }));
+            }
+            let (open, gate) = tokio::sync::oneshot::channel();
+            lock(&self.gates).insert(seq, open);
+            Ok(Box::pin(async move {
+                let _ = gate.await;
+                Ok(Published::Confirmed)
+            }))
         }
 
         fn set_outbox(&self, waiting: u64) {
@@ -252,13 +333,24 @@ mod tests {
                 .store(waiting, std::sync::atomic::Ordering::SeqCst);
         }
 
-        async fn forwarded(&self, _seq: u64, _unroutable: bool) {}
+        async fn forwarded(&self, seq: u64, _unroutable: bool) {
+            lock(&self.forwarded).push(seq);
+        }
     }
 
     impl Script {
         fn taken(&self) -> Vec<(u64, String)> {
-            self.taken.lock().expect("not poisoned").clone()
+            lock(&self.taken).clone()
         }
+
+        fn release(&self, seq: u64) {
+            let gate = lock(&self.gates).remove(&seq).expect("a confirm waits");
+            gate.send(()).expect("the forwarder waits for it");
+        }
+    }
+
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().expect("not poisoned")
     }
 
     fn seq_of(envelope: &Envelope) -> u64 {
@@ -335,13 +427,45 @@ mod tests {
         for seq in 2..=4 {
             tx.send(record(seq, "other", Kind::Task)).expect("send");
         }
-        tokio::time::sleep(RECOUNT * 2).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(script.waiting.load(std::sync::atomic::Ordering::SeqCst), 4);
         script
             .down
             .store(false, std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(script.taken().len(), 4);
+        assert_eq!(script.waiting.load(std::sync::atomic::Ordering::SeqCst), 0);
+        stop.cancel();
+        task.await.expect("the forwarder ends");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn records_go_out_in_a_window_and_the_engine_hears_of_them_in_order() {
+        let script = Script::default();
+        script
+            .gated
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(forward(script.clone(), rx, stop.clone()));
+        for seq in 1..=3 {
+            tx.send(record(seq, "other", Kind::Task)).expect("send");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            script.taken().len(),
+            3,
+            "all three are with the broker before any confirm came"
+        );
+        assert_eq!(script.waiting.load(std::sync::atomic::Ordering::SeqCst), 3);
+        // The broker's word comes last first: the engine still hears 1, 2, 3.
+        script.release(3);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(lock(&script.forwarded).is_empty(), "3 waits for 1 and 2");
+        script.release(2);
+        script.release(1);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(*lock(&script.forwarded), [1, 2, 3]);
         assert_eq!(script.waiting.load(std::sync::atomic::Ordering::SeqCst), 0);
         stop.cancel();
         task.await.expect("the forwarder ends");

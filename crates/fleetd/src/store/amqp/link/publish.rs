@@ -1,6 +1,8 @@
 //! The link's publishing side: an envelope published with the broker's confirm awaited (a new
 //! channel after a nack), and presence broadcast without one.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use fleetd_core::gateway::{EXCHANGE, Envelope, PRESENCE_EXCHANGE, routing_key};
@@ -11,7 +13,8 @@ use super::{CONFIRM_TIMEOUT, Link, LinkError, PRESENCE_EXPIRATION_MS, Published,
 
 impl Link {
     /// Puts a new publishing channel on `old`'s connection in place of `old` (unless the link
-    /// has moved on), and closes `old`; a connection that cannot open one is lost.
+    /// has moved on, or another nack of the same window already replaced it), and closes `old`;
+    /// a connection that cannot open one is lost.
     async fn renew(&self, old: &Publisher) {
         let channel = match confirm_channel(&old.connection).await {
             Ok(channel) => channel,
@@ -22,7 +25,10 @@ impl Link {
         let unused = {
             let mut slot = lock(&self.inner.publisher);
             match slot.as_mut() {
-                Some(current) if current.generation == old.generation => {
+                Some(current)
+                    if current.generation == old.generation
+                        && current.channel.id() == old.channel.id() =>
+                {
                     std::mem::replace(&mut current.channel, channel)
                 }
                 _ => channel,
@@ -55,6 +61,13 @@ impl Link {
     }
 
     /// Publishes `envelope` to its destination and waits for the broker's confirm.
+    pub async fn publish(&self, envelope: &Envelope) -> Result<Published, LinkError> {
+        self.send(envelope).await?.await
+    }
+
+    /// Hands `envelope` to the broker; what it returns is the broker's word on it, to be awaited
+    /// in its turn. Envelopes sent one after another on the link are routed in that order, so a
+    /// caller keeps many in flight and still hears of them in order.
     ///
     /// A nack puts a new publishing channel in place for the next try. RabbitMQ 3.10 nacked
     /// every publish of a channel to a quorum queue for as long as the channel lived when the
@@ -62,7 +75,7 @@ impl Link {
     /// again (its node killed): a new channel on the same connection was acked at once (measured
     /// with a three-node cluster, `tests/it/gateway_cluster.rs`). Any other nack (a full queue)
     /// costs a channel per try, nothing more.
-    pub async fn publish(&self, envelope: &Envelope) -> Result<Published, LinkError> {
+    pub async fn send(&self, envelope: &Envelope) -> Result<Confirming, LinkError> {
         let Some(publisher) = lock(&self.inner.publisher).clone() else {
             return Err(LinkError::Down(
                 self.down().unwrap_or_else(|| "not connected".to_owned()),
@@ -76,12 +89,6 @@ impl Link {
             .with_user_id(self.inner.config.user.as_str().into())
             .with_content_type("application/json".into())
             .with_delivery_mode(2);
-        let generation = publisher.generation;
-        let down = |e: lapin::Error| {
-            let why = e.to_string();
-            self.kick(generation, &why);
-            LinkError::Down(why)
-        };
         let confirm = publisher
             .channel
             .basic_publish(
@@ -95,33 +102,43 @@ impl Link {
                 props,
             )
             .await
-            .map_err(down)?;
-        let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
-            .await
-            .map_err(|_| {
-                let why = format!(
-                    "no confirm from the broker within {}s",
-                    CONFIRM_TIMEOUT.as_secs()
-                );
-                self.kick(generation, &why);
-                LinkError::Down(why)
-            })?
-            .map_err(down)?;
-        match confirmation {
-            Confirmation::Ack(None) => Ok(Published::Confirmed),
-            Confirmation::Ack(Some(_)) => Ok(Published::Unroutable),
-            Confirmation::Nack(_) => {
-                self.renew(&publisher).await;
-                Err(LinkError::Nacked(format!(
-                    "{} to {}",
-                    envelope.kind.as_str(),
-                    envelope.dst
-                )))
+            .map_err(|e| self.down_after(publisher.generation, &e))?;
+        let this = self.clone();
+        let what = format!("{} to {}", envelope.kind.as_str(), envelope.dst);
+        Ok(Box::pin(async move {
+            let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
+                .await
+                .map_err(|_| {
+                    let why = format!(
+                        "no confirm from the broker within {}s",
+                        CONFIRM_TIMEOUT.as_secs()
+                    );
+                    this.kick(publisher.generation, &why);
+                    LinkError::Down(why)
+                })?
+                .map_err(|e| this.down_after(publisher.generation, &e))?;
+            match confirmation {
+                Confirmation::Ack(None) => Ok(Published::Confirmed),
+                Confirmation::Ack(Some(_)) => Ok(Published::Unroutable),
+                Confirmation::Nack(_) => {
+                    this.renew(&publisher).await;
+                    Err(LinkError::Nacked(what))
+                }
+                Confirmation::NotRequested => Err(LinkError::Down("confirms are off".to_owned())),
             }
-            Confirmation::NotRequested => Err(LinkError::Down("confirms are off".to_owned())),
-        }
+        }))
+    }
+
+    /// The connection of `generation` refused a publish with `e`: the link is down.
+    fn down_after(&self, generation: u64, e: &lapin::Error) -> LinkError {
+        let why = e.to_string();
+        self.kick(generation, &why);
+        LinkError::Down(why)
     }
 }
+
+/// The broker's word on one envelope [`Link::send`] handed over.
+pub type Confirming = Pin<Box<dyn Future<Output = Result<Published, LinkError>> + Send>>;
 
 /// The publishing side of the live connection.
 #[derive(Clone)]
