@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleetd::store::gateway_link::{Deliver, Disposition, Link, LinkConfig, LinkError};
+use fleetd::store::gateway_link::{Deliver, Disposition, Link, LinkConfig, LinkError, settled};
 use fleetd_core::gateway::{Envelope, GatewayName, Kind};
 use fleetd_testkit::Service;
 use fleetd_testkit::broker::FleetVhost;
@@ -339,7 +339,8 @@ fn first_publish_after_the_kill(config: LinkConfig) -> ProbeHandle {
         runtime.block_on(async move {
             let link = Link::new(config.clone());
             let stop = tokio_util::sync::CancellationToken::new();
-            let take: Deliver = Arc::new(|_| Box::pin(async { Disposition::Taken }));
+            let take: Deliver =
+                Arc::new(|_| Box::pin(std::future::ready(settled(Disposition::Taken))));
             link.run(take, Arc::new(|_, _| {}), stop.clone());
             link.until_up().await;
             let _ = linked_tx.send(());

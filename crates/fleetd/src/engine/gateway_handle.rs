@@ -55,17 +55,28 @@ pub struct PeerSpawn {
 pub type SpawnAnswer = oneshot::Receiver<Result<RemoteSpawned, Refusal>>;
 
 impl EngineHandle {
-    /// A delivery from another gateway, checked and applied; answered once its effect is
-    /// durable (`Err`: it could not be written, give it back).
+    /// Hands a delivery from another gateway to the engine, which checks and applies it in the
+    /// order handed; returns once it is queued, with where its outcome arrives once its effect
+    /// is durable (`Err`: it could not be written, give it back; closed: the engine stopped).
+    pub async fn hand_in(
+        &self,
+        envelope: fleetd_core::gateway::Envelope,
+    ) -> Result<oneshot::Receiver<Result<GatewayOutcome, String>>, EngineGone> {
+        let (reply, outcome) = oneshot::channel();
+        self.send(Command::GatewayIn {
+            envelope: Box::new(envelope),
+            reply,
+        })
+        .await?;
+        Ok(outcome)
+    }
+
+    /// [`Self::hand_in`], its outcome awaited.
     pub async fn gateway_in(
         &self,
         envelope: fleetd_core::gateway::Envelope,
     ) -> Result<Result<GatewayOutcome, String>, EngineGone> {
-        self.ask(|reply| Command::GatewayIn {
-            envelope: Box::new(envelope),
-            reply,
-        })
-        .await
+        self.hand_in(envelope).await?.await.map_err(|_| EngineGone)
     }
 
     /// The broker confirmed outbox record `seq` (or has no gateway for it: `unroutable`).

@@ -11,13 +11,16 @@
 use fleetd_core::refusal::Code;
 use std::sync::Arc;
 
+use fleetd_core::Message;
 use fleetd_core::gateway::{Envelope, GatewayName, accept};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{EngineHandle, GatewayOutcome, PeerRefusal, PeerSpawn};
 use crate::members::{SpawnRequest, Spawner};
-use crate::store::gateway_link::{Deliver, Disposition, Inbound, Link, LinkConfig};
+use crate::store::gateway_link::{
+    Deliver, Disposition, Finish, Inbound, Link, LinkConfig, Pending, settled,
+};
 use crate::store::{InboxStore, StoreError};
 
 /// Starts the link and the forwarder; they run until `stop`.
@@ -73,7 +76,12 @@ fn spawn_for_peer(engine: EngineHandle, spawner: &Spawner, request: PeerSpawn) {
 }
 
 /// The consumer's side: whether each delivery is an envelope from whom it claims (else it is
-/// refused, and the engine told), then what the engine makes of it.
+/// refused, and the engine told), then handed to the engine; what the engine made of it once
+/// its effect is durable, a reply stored in the inbox in turn.
+#[expect(
+    clippy::async_yields_async,
+    reason = "handing on ends before the effect is durable: the link waits for the second future later"
+)]
 fn deliver(
     me: GatewayName,
     engine: EngineHandle,
@@ -104,47 +112,66 @@ fn deliver(
                     };
                     // Refused whether or not the engine still hears of it.
                     let _ = engine.gateway_refused(refusal).await;
-                    return Disposition::Refused(why);
+                    return settled(Disposition::Refused(why));
                 }
             };
-            match engine.gateway_in(envelope).await {
-                Err(_) => Disposition::Later("the engine has stopped".to_owned()),
-                Ok(Err(why)) => Disposition::Later(why),
-                Ok(Ok(GatewayOutcome::Taken)) => Disposition::Taken,
-                // Counted and raised as an incident by the engine, where it was decided.
-                Ok(Ok(GatewayOutcome::Refused { why, .. })) => Disposition::Refused(why),
-                Ok(Ok(GatewayOutcome::Spawn(request))) => {
-                    spawn_for_peer(engine, &spawner, *request);
-                    Disposition::Taken
-                }
-                Ok(Ok(GatewayOutcome::PublishReply(message))) => {
-                    match store.publish((*message).clone()).await {
-                        Ok(_) => match engine.reply_stored(*message).await {
-                            Ok(_) => Disposition::Taken,
-                            Err(_) => Disposition::Later("the engine has stopped".to_owned()),
-                        },
-                        // It breaks this inbox's limits (`inbox.maxMessageBytes`): no retry can
-                        // store it, so it is refused for good — dead-lettered, counted and told to
-                        // the lead — rather than redelivered forever (attack G11).
-                        Err(StoreError::Refused(e)) => {
-                            let why = format!(
-                                "a reply from member {} for ticket {} that this gateway's inbox cannot store ({e})",
-                                message.target,
-                                message.ticket.map(|t| t.to_string()).unwrap_or_default(),
-                            );
-                            let refusal = PeerRefusal {
-                                from: inbound.user_id,
-                                reason: "unstorable",
-                                why: why.clone(),
-                                parked: true,
-                            };
-                            let _ = engine.gateway_refused(refusal).await;
-                            Disposition::Refused(why)
-                        }
-                        Err(e) => Disposition::Later(format!("cannot store a reply: {e}")),
+            let Ok(outcome) = engine.hand_in(envelope).await else {
+                return settled(Disposition::Later("the engine has stopped".to_owned()));
+            };
+            let from = inbound.user_id;
+            Box::pin(async move {
+                let disposition = match outcome.await {
+                    Err(_) => Disposition::Later("the engine has stopped".to_owned()),
+                    Ok(Err(why)) => Disposition::Later(why),
+                    Ok(Ok(GatewayOutcome::Taken)) => Disposition::Taken,
+                    // Counted and raised as an incident by the engine, where it was decided.
+                    Ok(Ok(GatewayOutcome::Refused { why, .. })) => Disposition::Refused(why),
+                    Ok(Ok(GatewayOutcome::Spawn(request))) => {
+                        spawn_for_peer(engine, &spawner, *request);
+                        Disposition::Taken
                     }
-                }
-            }
+                    Ok(Ok(GatewayOutcome::PublishReply(message))) => {
+                        return Finish::InTurn(Box::pin(store_reply(
+                            engine, store, from, *message,
+                        )));
+                    }
+                };
+                Finish::Now(disposition)
+            }) as Pending
         })
     })
+}
+
+/// Stores a reply from another gateway's member in the inbox, then tells the engine it is there.
+async fn store_reply(
+    engine: EngineHandle,
+    store: Arc<dyn InboxStore>,
+    from: Option<String>,
+    message: Message,
+) -> Disposition {
+    match store.publish(message.clone()).await {
+        Ok(_) => match engine.reply_stored(message).await {
+            Ok(_) => Disposition::Taken,
+            Err(_) => Disposition::Later("the engine has stopped".to_owned()),
+        },
+        // It breaks this inbox's limits (`inbox.maxMessageBytes`): no retry can store it, so it
+        // is refused for good — dead-lettered, counted and told to the lead — rather than
+        // redelivered forever (attack G11).
+        Err(StoreError::Refused(e)) => {
+            let why = format!(
+                "a reply from member {} for ticket {} that this gateway's inbox cannot store ({e})",
+                message.target,
+                message.ticket.map(|t| t.to_string()).unwrap_or_default(),
+            );
+            let refusal = PeerRefusal {
+                from,
+                reason: "unstorable",
+                why: why.clone(),
+                parked: true,
+            };
+            let _ = engine.gateway_refused(refusal).await;
+            Disposition::Refused(why)
+        }
+        Err(e) => Disposition::Later(format!("cannot store a reply: {e}")),
+    }
 }

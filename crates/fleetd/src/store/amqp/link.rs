@@ -22,8 +22,7 @@ use std::time::Duration;
 use fleetd_core::gateway::{EXCHANGE, GatewayName};
 use futures_util::StreamExt as _;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions,
-    ExchangeDeclareOptions, QueueDeclareOptions,
+    BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
@@ -31,8 +30,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use super::tls::{LinkTls, TlsError};
 
+mod consume;
 mod publish;
 
+pub use publish::Confirming;
 use publish::{Publisher, confirm_channel};
 
 /// Longest wait for one connection attempt (TCP + AMQP handshake).
@@ -97,10 +98,30 @@ pub struct Inbound {
     pub body: Vec<u8>,
 }
 
+/// A delivery settled as soon as it was handed on.
+pub fn settled(disposition: Disposition) -> Pending {
+    Box::pin(std::future::ready(Finish::Now(disposition)))
+}
+
 /// The daemon's side of the consumer: called once per delivery, in order; it decides whether
-/// the delivery is what it claims to be ([`fleetd_core::gateway::accept`]) and what it does.
+/// the delivery is what it claims to be ([`fleetd_core::gateway::accept`]) and hands it on. The
+/// future it returns ends once the delivery is handed on (so the next one is handed on after
+/// it), with a [`Pending`] for when its effect is durable: up to [`PREFETCH`] deliveries wait
+/// at once, so one commit can make many durable.
 pub type Deliver =
-    Arc<dyn Fn(Inbound) -> Pin<Box<dyn Future<Output = Disposition> + Send>> + Send + Sync>;
+    Arc<dyn Fn(Inbound) -> Pin<Box<dyn Future<Output = Pending> + Send>> + Send + Sync>;
+
+/// A delivery handed on, waiting for its effect to be durable.
+pub type Pending = Pin<Box<dyn Future<Output = Finish> + Send>>;
+
+/// How a handed-on delivery ends.
+pub enum Finish {
+    /// Settled.
+    Now(Disposition),
+    /// Work that runs in delivery order, after every earlier delivery's (storing a reply in the
+    /// inbox, so replies are stored in the order they came), then settled.
+    InTurn(Pin<Box<dyn Future<Output = Disposition> + Send>>),
+}
 
 /// Where presence broadcasts go (soft state, never acknowledged): the broker-validated
 /// `user_id` they carried and their body.
@@ -415,47 +436,6 @@ impl Link {
             events: Box::pin(events),
             generation,
         })
-    }
-
-    /// Takes deliveries until the consumer or the connection ends; why it ended.
-    async fn consume(&self, mut consumer: lapin::Consumer, deliver: &Deliver) -> String {
-        let me = &self.inner.config.me;
-        while let Some(next) = consumer.next().await {
-            let mut delivery = match next {
-                Ok(d) => d,
-                Err(e) => return format!("the consumer failed: {e}"),
-            };
-            let user = delivery
-                .properties
-                .user_id()
-                .as_ref()
-                .map(|u| u.to_string());
-            let key = delivery.routing_key.to_string();
-            let disposition = deliver(Inbound {
-                user_id: user.clone(),
-                routing_key: key.clone(),
-                body: std::mem::take(&mut delivery.data),
-            })
-            .await;
-            let acked = match &disposition {
-                Disposition::Taken => delivery.acker.ack(BasicAckOptions::default()).await,
-                Disposition::Refused(why) => {
-                    tracing::warn!(gateway = %me, routing_key = %key, from = ?user, reason = %why, "a delivery was refused; it goes to the dead-letter queue");
-                    delivery
-                        .acker
-                        .reject(BasicRejectOptions { requeue: false })
-                        .await
-                }
-                Disposition::Later(why) => {
-                    tracing::warn!(gateway = %me, reason = %why, "a delivery could not be taken now; the broker gives it back");
-                    return format!("a delivery could not be taken: {why}");
-                }
-            };
-            if let Err(e) = acked {
-                return format!("cannot settle a delivery: {e}");
-            }
-        }
-        "the broker cancelled the consumer".to_owned()
     }
 }
 
