@@ -2,7 +2,7 @@
 //! are legal and how long a finished ticket is kept (counted from its finish). Knows nothing
 //! about panes, MCP or storage; time comes in as `now`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -142,10 +142,41 @@ pub enum TicketLookup<'a> {
 #[derive(Debug, Clone)]
 pub struct TicketBook {
     tickets: BTreeMap<Ticket, TicketRecord>,
+    /// What every input asks of the whole book, kept as the book changes (a scan of thousands
+    /// of open tickets per input made a busy daemon quadratic).
+    index: Index,
     ttl_after_finish: SignedDuration,
     /// Ids pruned so far (up to `PRUNED_MEMORY`, oldest dropped first), so a poll of one can
     /// answer `expired` rather than `unknown`.
     pruned: BTreeMap<Ticket, Timestamp>,
+}
+
+/// The book's tickets counted by state and its finished ones ordered by their finish.
+#[derive(Debug, Clone, Default)]
+struct Index {
+    counts: BTreeMap<TicketState, usize>,
+    by_finish: BTreeSet<(Timestamp, Ticket)>,
+}
+
+impl Index {
+    fn add(&mut self, record: &TicketRecord) {
+        *self.counts.entry(record.state).or_insert(0) += 1;
+        if let Some(finished) = record.finished_at {
+            self.by_finish.insert((finished, record.ticket));
+        }
+    }
+
+    fn remove(&mut self, record: &TicketRecord) {
+        if let Some(n) = self.counts.get_mut(&record.state) {
+            *n -= 1;
+            if *n == 0 {
+                self.counts.remove(&record.state);
+            }
+        }
+        if let Some(finished) = record.finished_at {
+            self.by_finish.remove(&(finished, record.ticket));
+        }
+    }
 }
 
 /// How many pruned ids are remembered so a poll can answer `expired`; older ones read `unknown`.
@@ -156,6 +187,7 @@ impl TicketBook {
     pub fn new(ttl_after_finish: SignedDuration) -> Self {
         Self {
             tickets: BTreeMap::new(),
+            index: Index::default(),
             ttl_after_finish,
             pruned: BTreeMap::new(),
         }
@@ -169,28 +201,33 @@ impl TicketBook {
 
     /// How many tickets the book holds in each state (finished ones until they are pruned).
     pub fn count_by_state(&self) -> BTreeMap<TicketState, usize> {
-        let mut counts = BTreeMap::new();
-        for record in self.tickets.values() {
-            *counts.entry(record.state).or_insert(0) += 1;
-        }
-        counts
+        self.index.counts.clone()
     }
 
     /// Opens a ticket in `Queued`.
     pub fn open_at(&mut self, ticket: Ticket, target: Target, now: Timestamp) -> &TicketRecord {
-        self.tickets.entry(ticket).or_insert(TicketRecord {
-            ticket,
-            target,
-            state: TicketState::Queued,
-            created_at: now,
-            finished_at: None,
-            cause: None,
+        let index = &mut self.index;
+        self.tickets.entry(ticket).or_insert_with(|| {
+            let record = TicketRecord {
+                ticket,
+                target,
+                state: TicketState::Queued,
+                created_at: now,
+                finished_at: None,
+                cause: None,
+            };
+            index.add(&record);
+            record
         })
     }
 
     /// Puts back a record kept from before a restart, as it was (its state, times and cause).
     pub fn restore(&mut self, record: TicketRecord) {
         self.pruned.remove(&record.ticket);
+        if let Some(old) = self.tickets.remove(&record.ticket) {
+            self.index.remove(&old);
+        }
+        self.index.add(&record);
         self.tickets.insert(record.ticket, record);
     }
 
@@ -254,6 +291,7 @@ impl TicketBook {
                 });
             }
         };
+        self.index.remove(record);
         record.state = next;
         if cause.is_some() {
             record.cause = cause;
@@ -263,6 +301,7 @@ impl TicketBook {
             // how long the ticket has been settled, and a reply only improves its answer.
             record.finished_at.get_or_insert(now);
         }
+        self.index.add(record);
         Ok(next)
     }
 
@@ -285,14 +324,22 @@ impl TicketBook {
 
     /// Drops every ticket finished at least the retention ago; returns the dropped ids.
     pub fn prune_at(&mut self, now: Timestamp) -> Vec<Ticket> {
+        // Oldest finish first: once one is not expired, no later one is.
         let gone: Vec<Ticket> = self
-            .tickets
-            .values()
-            .filter(|r| self.expired(r, now))
-            .map(|r| r.ticket)
+            .index
+            .by_finish
+            .iter()
+            .take_while(|(finished, _)| {
+                finished
+                    .checked_add(self.ttl_after_finish)
+                    .is_ok_and(|deadline| now >= deadline)
+            })
+            .map(|&(_, ticket)| ticket)
             .collect();
         for ticket in &gone {
-            self.tickets.remove(ticket);
+            if let Some(record) = self.tickets.remove(ticket) {
+                self.index.remove(&record);
+            }
             self.pruned.insert(*ticket, now);
         }
         while self.pruned.len() > PRUNED_MEMORY {
@@ -303,10 +350,8 @@ impl TicketBook {
 
     /// When the next prune has something to do, if ever.
     pub fn next_expiry(&self) -> Option<Timestamp> {
-        self.tickets
-            .values()
-            .filter_map(|r| r.finished_at?.checked_add(self.ttl_after_finish).ok())
-            .min()
+        let (finished, _) = self.index.by_finish.first()?;
+        finished.checked_add(self.ttl_after_finish).ok()
     }
 
     /// The member's tickets that are not finished, oldest first.
@@ -469,6 +514,41 @@ mod tests {
             match finished {
                 None => prop_assert!(!pruned),
                 Some(f) => prop_assert_eq!(pruned, at >= f + secs(600)),
+            }
+        }
+
+        /// The counts by state and the next expiry the book keeps as it changes are what a
+        /// count of the whole book says, whatever is opened, moved, restored and pruned.
+        #[test]
+        fn the_kept_counts_and_next_expiry_match_a_recount(
+            steps in proptest::collection::vec((0u8..4, 0u64..6, any_event(), 0i64..400), 0..40),
+        ) {
+            let mut book = TicketBook::new(secs(600));
+            let mut now = t0();
+            for (op, id, event, gap) in steps {
+                now += secs(gap);
+                let ticket = Ticket::from_parts(id, [0; 10]);
+                match op {
+                    0 => { book.open_at(ticket, alice(), now); }
+                    1 => { let _ = book.apply_at(ticket, event, now); }
+                    2 => {
+                        let mut record = book.tickets.get(&ticket).cloned().unwrap_or(TicketRecord {
+                            ticket, target: alice(), state: TicketState::Queued,
+                            created_at: now, finished_at: None, cause: None,
+                        });
+                        record.state = TicketState::Replied;
+                        record.finished_at = Some(now);
+                        book.restore(record);
+                    }
+                    _ => { book.prune_at(now); }
+                }
+                let mut counts = BTreeMap::new();
+                for record in book.tickets.values() {
+                    *counts.entry(record.state).or_insert(0) += 1;
+                }
+                prop_assert_eq!(book.count_by_state(), counts);
+                let expiry = book.tickets.values().filter_map(|r| Some(r.finished_at? + secs(600))).min();
+                prop_assert_eq!(book.next_expiry(), expiry);
             }
         }
     }
