@@ -9,7 +9,10 @@
 //!   busy for the whole run (so nothing is typed and every task waits in b's queue); from the
 //!   first send until b holds every ticket. Each message is durable at every hop: a's ticket and
 //!   outbox record are committed before `fleet_send` answers, the broker confirms the publish
-//!   (quorum queue), and b commits the ticket before it acks the broker.
+//!   (quorum queue), and b commits the ticket before it acks the broker. Beside the rate, the CPU
+//!   each message cost gateway a, gateway b and the broker's node (utime + stime from
+//!   `/proc/<pid>/stat` over the run, 10 ms ticks): on a small machine the three share the
+//!   cores, so that is what says which of them bounds the rate.
 //!
 //! `fleetd-bench gateway [--rounds N] [--messages N]`. Prints; never asserts.
 
@@ -21,6 +24,7 @@ use super::nudge::{Sight, guarded, measure};
 use super::{Met, Row, Summary};
 use crate::broker::{FleetVhost, require_rabbitmqctl};
 use crate::http;
+use crate::http::mcp::{McpConn, structured};
 
 const DEFAULT_ROUNDS: usize = 30;
 const DEFAULT_MESSAGES: usize = 1000;
@@ -74,10 +78,13 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
             "messages/s from gateway a to gateway b, each durable at every hop, {senders} senders"
         );
         let cell = match rate {
-            Ok((n, took)) => format!(
-                "{:.0} msg/s ({n} tasks in {:.2} s)",
+            Ok(Rate { n, took, cpu }) => format!(
+                "{:.0} msg/s ({n} tasks in {:.2} s; CPU a message: gateway a {} µs, b {} µs, RabbitMQ {} µs)",
                 n as f64 / took.as_secs_f64(),
-                took.as_secs_f64()
+                took.as_secs_f64(),
+                cpu[0],
+                cpu[1],
+                cpu[2],
             ),
             Err(why) => why,
         };
@@ -141,7 +148,7 @@ fn nudge_across(rounds: usize) -> anyhow::Result<Summary> {
     clippy::disallowed_methods,
     reason = "a benchmark times a run on the wall clock"
 )]
-fn throughput(n: usize, senders: usize) -> anyhow::Result<(usize, Duration)> {
+fn throughput(n: usize, senders: usize) -> anyhow::Result<Rate> {
     let (fleet, a, b) = two_gateways(
         &[("SIM_AGENT_WORK_MS", "3600000")],
         &format!("limits:\n  maxQueuedTasks: {}\n", n + 10),
@@ -166,15 +173,38 @@ fn throughput(n: usize, senders: usize) -> anyhow::Result<(usize, Duration)> {
         Duration::from_secs(60),
         || held(&b) == 1,
     );
+    // Who spends the CPU: the two daemons and the broker's node.
+    let spent = || -> [u64; 3] {
+        let ticks = |pid: Option<u32>| pid.and_then(|p| super::cpu_ticks(p).ok()).unwrap_or(0);
+        [
+            ticks(Some(a.daemon.pid())),
+            ticks(Some(b.daemon.pid())),
+            ticks(broker_pid()),
+        ]
+    };
+    // One MCP session per sender, kept for every send, as an agent's client keeps one.
+    let sessions = (0..senders)
+        .map(|_| {
+            let mut session = McpConn::connect_to(a.daemon.operator(), "/mcp")?;
+            session.initialize()?;
+            Ok(session)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let before = spent();
     let started = Instant::now();
-    let operator = a.daemon.operator();
     std::thread::scope(|scope| -> anyhow::Result<()> {
-        let workers: Vec<_> = (0..senders)
-            .map(|w| {
-                let (operator, nia) = (&operator, &nia);
+        let workers: Vec<_> = sessions
+            .into_iter()
+            .enumerate()
+            .map(|(w, mut session)| {
+                let nia = &nia;
                 scope.spawn(move || -> anyhow::Result<()> {
                     for i in (w..n).step_by(senders) {
-                        send(operator, nia, &format!("task {i}"))?;
+                        let task = format!("task {i}");
+                        let args =
+                            serde_json::json!({ "target": nia, "task": task, "wait": false });
+                        let sent = session.call_tool("fleet_send", &args)?;
+                        structured("fleet_send", &sent)?;
                     }
                     Ok(())
                 })
@@ -190,9 +220,29 @@ fn throughput(n: usize, senders: usize) -> anyhow::Result<(usize, Duration)> {
         held(&b) > n
     });
     let took = started.elapsed();
+    let after = spent();
+    // A tick is 10 ms: µs per message.
+    let cpu = std::array::from_fn(|i| (after[i] - before[i]) * 10_000 / n as u64);
     drop((a, b));
     drop(fleet);
-    Ok((n, took))
+    Ok(Rate { n, took, cpu })
+}
+
+/// A throughput run: `n` tasks in `took`, and the CPU each cost gateway a, gateway b and the
+/// broker, in µs.
+struct Rate {
+    n: usize,
+    took: Duration,
+    cpu: [u64; 3],
+}
+
+/// The pid of the local RabbitMQ node (`beam.smp`), if one runs.
+fn broker_pid() -> Option<u32> {
+    let out = std::process::Command::new("pgrep")
+        .args(["-o", "beam.smp"])
+        .output()
+        .ok()?;
+    String::from_utf8(out.stdout).ok()?.trim().parse().ok()
 }
 
 /// `fleet_send` with `wait: false` from the operator.

@@ -263,6 +263,25 @@ pub fn progress(line: &str) {
     let _ = writeln!(err, "{line}");
 }
 
+/// utime + stime of `pid` in clock ticks (`USER_HZ`: 100 a second on Linux).
+pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    use anyhow::Context as _;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat
+        .rsplit_once(')')
+        .map_or(stat.as_str(), |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |i: usize| -> anyhow::Result<u64> {
+        fields
+            .get(i)
+            .context("short /proc stat")?
+            .parse()
+            .context("a stat field")
+    };
+    // After the command: state is 0, utime 11, stime 12.
+    Ok(field(11)? + field(12)?)
+}
+
 /// Parses `--NAME N` from `args`, else `default`.
 pub fn arg_number(args: &[String], name: &str, default: usize) -> anyhow::Result<usize> {
     use anyhow::Context as _;

@@ -98,29 +98,11 @@ impl Drop for Client {
     }
 }
 
-/// utime + stime of `pid` in clock ticks.
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat
-        .rsplit_once(')')
-        .map_or(stat.as_str(), |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let field = |i: usize| -> anyhow::Result<u64> {
-        fields
-            .get(i)
-            .context("short /proc stat")?
-            .parse()
-            .context("a stat field")
-    };
-    // After the command: state is 0, utime 11, stime 12.
-    Ok(field(11)? + field(12)?)
-}
-
 /// The tmux server's CPU over [`IDLE`], as a percentage of one core.
 fn idle_cpu(pid: u32) -> anyhow::Result<f64> {
-    let before = cpu_ticks(pid)?;
+    let before = super::cpu_ticks(pid)?;
     std::thread::sleep(IDLE);
-    let used = cpu_ticks(pid)? - before;
+    let used = super::cpu_ticks(pid)? - before;
     #[expect(
         clippy::cast_precision_loss,
         reason = "a percentage of a few thousand ticks"

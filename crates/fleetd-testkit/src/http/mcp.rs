@@ -52,12 +52,18 @@ impl McpClient {
     /// A client posting to `path` at `addr` (an empty path becomes `/mcp`); a connection per
     /// call.
     pub fn at(addr: SocketAddr, path: &str) -> Self {
+        Self::on(Endpoint::Tcp(addr), path)
+    }
+
+    /// A client posting to `path` at `to` (the TCP listener or the operator socket); a
+    /// connection per call.
+    pub fn on(to: Endpoint, path: &str) -> Self {
         let path = match path.trim_end_matches('/') {
             "" => "/mcp".to_owned(),
             p => p.to_owned(),
         };
         Self {
-            to: Endpoint::Tcp(addr),
+            to,
             path,
             name: "fleetd-testkit",
             keep_alive: false,
@@ -212,6 +218,11 @@ impl McpConn {
     /// Connects to `addr` and posts to `path` (e.g. `/mcp`).
     pub fn connect(addr: SocketAddr, path: &str) -> anyhow::Result<Self> {
         Self::open(McpClient::at(addr, path))
+    }
+
+    /// Connects to `to` (the TCP listener or the operator socket) and posts to `path`.
+    pub fn connect_to(to: Endpoint, path: &str) -> anyhow::Result<Self> {
+        Self::open(McpClient::on(to, path))
     }
 
     /// Parses `http://host:port[/path]` (default path `/mcp`) and connects.
