@@ -1,10 +1,14 @@
 //! Across hosts (issue 20): two fleetd gateways on this machine (each its own HOME, port and tmux
-//! server) in a vhost of their own on the local RabbitMQ. Two rows:
+//! server) in a vhost of their own on the local RabbitMQ. Three kinds of row:
 //!
 //! - **reply on B → nudge visible on A**: a lead on gateway a sends `wait:false` to `nia@b`; the
 //!   member's `fleet_reply` on b (its sim-agent logs the call's start) is forwarded through b's
 //!   outbox and the broker into a's inbox, and a's push loop nudges a's idle lead; measured until
 //!   the nudge text is in a's lead pane, as `fleetd-bench nudge` does on one host;
+//! - **the same under load** (issue 36): while 64 senders on a send tasks as fast as they can to
+//!   16 busy members on b (each queue holds 10,000, so none fills during the rounds: a full one
+//!   turns every later task into a cancellation travelling back, which is another load), with
+//!   the part from the reply's commit on b, and the rate the load kept;
 //! - **messages/s between two gateways**: the operator on a sends tasks to a member on b that is
 //!   busy for the whole run (so nothing is typed and every task waits in b's queue); from the
 //!   first send until b holds every ticket. Each message is durable at every hop: a's ticket and
@@ -16,6 +20,7 @@
 //!
 //! `fleetd-bench gateway [--rounds N] [--messages N]`. Prints; never asserts.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -30,6 +35,8 @@ const DEFAULT_ROUNDS: usize = 30;
 const DEFAULT_MESSAGES: usize = 1000;
 /// Senders on a at once, a throughput row each (issue 36 asks for 8 and 64).
 const SENDERS: [usize; 2] = [8, 64];
+/// Senders of the load the nudge is measured under.
+const LOADED_SENDERS: usize = 64;
 /// Issue 20's target for the cross-host nudge.
 const TARGET: (Duration, &str) = (Duration::from_millis(50), "p99 ≤ 50 ms (#20)");
 
@@ -47,6 +54,7 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
         "not measured: no RabbitMQ (and rabbitmqctl) on 127.0.0.1:5672"
     );
     let nudge = guarded(|| nudge_across(rounds));
+    let loaded = guarded(|| nudge_under_load(rounds));
     let rates: Vec<_> = SENDERS
         .iter()
         .map(|&senders| (senders, guarded(|| throughput(messages, senders))))
@@ -73,6 +81,30 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
             rows.push(Row::new("gateway", what, why));
         }
     }
+    let what = format!(
+        "the same, while {LOADED_SENDERS} senders on a send tasks to b as fast as they can"
+    );
+    let text = "p99 ≤ 50 ms under that load (#36)";
+    match loaded {
+        Ok((visible, after_stored, rate)) => {
+            let met = visible.p99 <= TARGET.0;
+            let cell = format!(
+                "{} / max {} (from the reply's commit on b: {}; the load meanwhile: {rate:.0} msg/s)",
+                visible.cell(),
+                super::ms(visible.max),
+                after_stored.cell(),
+            );
+            println!(
+                "| {what} | {cell} | {text} | {} |",
+                if met { "yes" } else { "no" }
+            );
+            rows.push(Row::new("gateway", &what, cell).target(text, Met::from_bool(met)));
+        }
+        Err(why) => {
+            println!("| {what} | {why} | {text} | |");
+            rows.push(Row::new("gateway", &what, why));
+        }
+    }
     for (senders, rate) in rates {
         let what = format!(
             "messages/s from gateway a to gateway b, each durable at every hop, {senders} senders"
@@ -94,10 +126,13 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// Gateways a (lead) and b (the member `nia` of a sim profile with `member_env`, and `b_extra`
-/// in b's config), linked.
+/// A sim profile on b: its name and its members' environment.
+type Profile<'a> = (&'a str, &'a [(&'a str, &'a str)]);
+
+/// Gateways a (lead) and b (`profiles`, the member `nia` of the first, and `b_extra` in b's
+/// config), linked.
 fn two_gateways(
-    member_env: &[(&str, &str)],
+    profiles: &[Profile<'_>],
     b_extra: &str,
 ) -> anyhow::Result<(FleetVhost, crate::rig::Rig, crate::rig::Rig)> {
     let fleet = FleetVhost::provision(&["a", "b"])?;
@@ -106,10 +141,13 @@ fn two_gateways(
         "primary:\n  tab: base:boss\n  pushReminders: 1\n  pushBackoffMs: 60000\n{}",
         fleet.gateway_block(0, "", &broker)
     ));
+    let yaml: String = profiles
+        .iter()
+        .map(|(name, env)| crate::rig::sim_profile(name, env))
+        .collect();
     let b = crate::rig::Rig::start(&format!(
-        "primary:\n  tab: base:lead\n  pushReminders: 0\n{b_extra}{}profiles:\n{}",
+        "primary:\n  tab: base:lead\n  pushReminders: 0\n{b_extra}{}profiles:\n{yaml}",
         fleet.gateway_block(1, "send, stop", &broker),
-        crate::rig::sim_profile("bench", member_env),
     ));
     for rig in [&a, &b] {
         crate::wait_until("the gateway's broker link", Duration::from_secs(30), || {
@@ -117,7 +155,7 @@ fn two_gateways(
                 .is_ok_and(|r| r.json()["gateway"]["linked"] == true)
         });
     }
-    b.spawn("bench", "nia");
+    b.spawn(profiles.first().context("no profile for nia")?.0, "nia");
     Ok((fleet, a, b))
 }
 
@@ -126,7 +164,13 @@ fn nudge_across(rounds: usize) -> anyhow::Result<Summary> {
     let dir = tempfile::tempdir()?;
     let (member_log, lead_log) = (dir.path().join("member.log"), dir.path().join("lead.log"));
     let log = member_log.display().to_string();
-    let (fleet, a, b) = two_gateways(&[("SIM_AGENT_WORK_MS", "900"), ("SIM_AGENT_LOG", &log)], "")?;
+    let (fleet, a, b) = two_gateways(
+        &[(
+            "bench",
+            &[("SIM_AGENT_WORK_MS", "900"), ("SIM_AGENT_LOG", &log)],
+        )],
+        "",
+    )?;
     let nia = format!("nia@{}", fleet.gateways[1]);
     let lead = a.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", lead_log.display())]);
     let measured = measure(
@@ -142,6 +186,92 @@ fn nudge_across(rounds: usize) -> anyhow::Result<Summary> {
     Ok(measured.visible)
 }
 
+/// Busy members on b that take the load while the nudge is measured under it (each queues at
+/// most `limits.maxQueuedTasks`, 10,000, so together they hold about 40 s at 4,000 msg/s).
+const LOADED: usize = 16;
+/// At most this many rounds of the nudge under load, so the busy members' queues last.
+const LOADED_ROUNDS: usize = 12;
+
+/// Reply on b → nudge visible in a's idle lead, while [`LOADED_SENDERS`] senders on a send
+/// tasks to busy members on b as fast as they can; with the rate the load kept meanwhile.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a benchmark times a run on the wall clock"
+)]
+fn nudge_under_load(rounds: usize) -> anyhow::Result<(Summary, Summary, f64)> {
+    let dir = tempfile::tempdir()?;
+    let (member_log, lead_log) = (dir.path().join("member.log"), dir.path().join("lead.log"));
+    let log = member_log.display().to_string();
+    let (fleet, a, b) = two_gateways(
+        &[
+            (
+                "bench",
+                &[("SIM_AGENT_WORK_MS", "300"), ("SIM_AGENT_LOG", &log)],
+            ),
+            ("busy", &[("SIM_AGENT_WORK_MS", "3600000")]),
+        ],
+        "limits:\n  maxQueuedTasks: 10000\nmaxMembersPerLead: 32\n",
+    )?;
+    let gateway_b = &fleet.gateways[1];
+    let busy: Vec<String> = (0..LOADED).map(|i| format!("busy{i}")).collect();
+    for name in &busy {
+        b.spawn("busy", name);
+        send(
+            &a.daemon.operator(),
+            &format!("{name}@{gateway_b}"),
+            "warm up",
+        )?;
+    }
+    crate::wait_until(
+        "every busy member on its first task",
+        Duration::from_secs(60),
+        || busy.iter().all(|name| open_tickets(&b, name) == 1),
+    );
+    let busy: Vec<String> = busy.iter().map(|n| format!("{n}@{gateway_b}")).collect();
+    let nia = format!("nia@{gateway_b}");
+    let lead = a.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", lead_log.display())]);
+    let sight = Sight::tmux(&a, &lead)?;
+    let sessions = sessions(&a, LOADED_SENDERS)?;
+    let stop = AtomicBool::new(false);
+    let sent = AtomicUsize::new(0);
+    std::thread::scope(|scope| -> anyhow::Result<(Summary, Summary, f64)> {
+        let workers: Vec<_> = sessions
+            .into_iter()
+            .enumerate()
+            .map(|(w, mut session)| {
+                let (busy, stop, sent) = (&busy, &stop, &sent);
+                scope.spawn(move || -> anyhow::Result<()> {
+                    let mut i = w;
+                    while !stop.load(Ordering::Relaxed) {
+                        send_on(&mut session, &busy[i % LOADED], &format!("load {i}"))?;
+                        sent.fetch_add(1, Ordering::Relaxed);
+                        i += LOADED_SENDERS;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        let started = Instant::now();
+        let measured = measure(
+            rounds.min(LOADED_ROUNDS),
+            &a.daemon.operator(),
+            &nia,
+            (&member_log, &lead_log),
+            |line| a.type_line(&lead, line),
+            &sight,
+        );
+        let rate = sent.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        for w in workers {
+            w.join()
+                .map_err(|_| anyhow::anyhow!("a sender panicked"))?
+                .context("the load's senders stopped")?;
+        }
+        let measured = measured?;
+        Ok((measured.visible, measured.after_stored, rate))
+    })
+}
+
 /// `n` tasks from a's operator to a member on b that is busy all along: how long until b holds
 /// every one.
 #[expect(
@@ -150,28 +280,16 @@ fn nudge_across(rounds: usize) -> anyhow::Result<Summary> {
 )]
 fn throughput(n: usize, senders: usize) -> anyhow::Result<Rate> {
     let (fleet, a, b) = two_gateways(
-        &[("SIM_AGENT_WORK_MS", "3600000")],
+        &[("bench", &[("SIM_AGENT_WORK_MS", "3600000")])],
         &format!("limits:\n  maxQueuedTasks: {}\n", n + 10),
     )?;
     let nia = format!("nia@{}", fleet.gateways[1]);
     // The first task makes nia busy for the rest of the run.
     send(&a.daemon.operator(), &nia, "warm up")?;
-    let held = |rig: &crate::rig::Rig| -> usize {
-        http::get(rig.daemon.operator(), "/sessions")
-            .ok()
-            .and_then(|r| {
-                r.json()["members"]
-                    .as_array()?
-                    .iter()
-                    .find(|m| m["target"] == "nia")
-                    .and_then(|m| m["openTickets"].as_array().map(Vec::len))
-            })
-            .unwrap_or(0)
-    };
     crate::wait_until(
         "nia busy with the first task",
         Duration::from_secs(60),
-        || held(&b) == 1,
+        || open_tickets(&b, "nia") == 1,
     );
     // Who spends the CPU: the two daemons and the broker's node.
     let spent = || -> [u64; 3] {
@@ -182,14 +300,7 @@ fn throughput(n: usize, senders: usize) -> anyhow::Result<Rate> {
             ticks(broker_pid()),
         ]
     };
-    // One MCP session per sender, kept for every send, as an agent's client keeps one.
-    let sessions = (0..senders)
-        .map(|_| {
-            let mut session = McpConn::connect_to(a.daemon.operator(), "/mcp")?;
-            session.initialize()?;
-            Ok(session)
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let sessions = sessions(&a, senders)?;
     let before = spent();
     let started = Instant::now();
     std::thread::scope(|scope| -> anyhow::Result<()> {
@@ -200,11 +311,7 @@ fn throughput(n: usize, senders: usize) -> anyhow::Result<Rate> {
                 let nia = &nia;
                 scope.spawn(move || -> anyhow::Result<()> {
                     for i in (w..n).step_by(senders) {
-                        let task = format!("task {i}");
-                        let args =
-                            serde_json::json!({ "target": nia, "task": task, "wait": false });
-                        let sent = session.call_tool("fleet_send", &args)?;
-                        structured("fleet_send", &sent)?;
+                        send_on(&mut session, nia, &format!("task {i}"))?;
                     }
                     Ok(())
                 })
@@ -217,7 +324,7 @@ fn throughput(n: usize, senders: usize) -> anyhow::Result<Rate> {
         Ok(())
     })?;
     crate::wait_until("b holds every task", Duration::from_secs(600), || {
-        held(&b) > n
+        open_tickets(&b, "nia") > n
     });
     let took = started.elapsed();
     let after = spent();
@@ -243,6 +350,39 @@ fn broker_pid() -> Option<u32> {
         .output()
         .ok()?;
     String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+}
+
+/// How many tickets `member` on `rig` holds open.
+fn open_tickets(rig: &crate::rig::Rig, member: &str) -> usize {
+    http::get(rig.daemon.operator(), "/sessions")
+        .ok()
+        .and_then(|r| {
+            r.json()["members"]
+                .as_array()?
+                .iter()
+                .find(|m| m["target"] == member)
+                .and_then(|m| m["openTickets"].as_array().map(Vec::len))
+        })
+        .unwrap_or(0)
+}
+
+/// `senders` MCP sessions with `rig`'s operator socket, each kept for every send, as an agent's
+/// client keeps one.
+fn sessions(rig: &crate::rig::Rig, senders: usize) -> anyhow::Result<Vec<McpConn>> {
+    (0..senders)
+        .map(|_| {
+            let mut session = McpConn::connect_to(rig.daemon.operator(), "/mcp")?;
+            session.initialize()?;
+            Ok(session)
+        })
+        .collect()
+}
+
+/// `fleet_send` of `task` to `target` with `wait: false` on `session`.
+fn send_on(session: &mut McpConn, target: &str, task: &str) -> anyhow::Result<()> {
+    let args = serde_json::json!({ "target": target, "task": task, "wait": false });
+    let sent = session.call_tool("fleet_send", &args)?;
+    structured("fleet_send", &sent).map(drop)
 }
 
 /// `fleet_send` with `wait: false` from the operator.
