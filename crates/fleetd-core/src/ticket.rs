@@ -318,8 +318,13 @@ impl TicketBook {
     fn expired(&self, record: &TicketRecord, now: Timestamp) -> bool {
         record
             .finished_at
-            .and_then(|f| f.checked_add(self.ttl_after_finish).ok())
+            .and_then(|f| self.kept_until(f))
             .is_some_and(|deadline| now >= deadline)
+    }
+
+    /// When a ticket finished at `finished` expires (`None`: past the end of time).
+    fn kept_until(&self, finished: Timestamp) -> Option<Timestamp> {
+        finished.checked_add(self.ttl_after_finish).ok()
     }
 
     /// Drops every ticket finished at least the retention ago; returns the dropped ids.
@@ -329,11 +334,7 @@ impl TicketBook {
             .index
             .by_finish
             .iter()
-            .take_while(|(finished, _)| {
-                finished
-                    .checked_add(self.ttl_after_finish)
-                    .is_ok_and(|deadline| now >= deadline)
-            })
+            .take_while(|(finished, _)| self.kept_until(*finished).is_some_and(|at| now >= at))
             .map(|&(_, ticket)| ticket)
             .collect();
         for ticket in &gone {
@@ -351,7 +352,7 @@ impl TicketBook {
     /// When the next prune has something to do, if ever.
     pub fn next_expiry(&self) -> Option<Timestamp> {
         let (finished, _) = self.index.by_finish.first()?;
-        finished.checked_add(self.ttl_after_finish).ok()
+        self.kept_until(*finished)
     }
 
     /// The member's tickets that are not finished, oldest first.

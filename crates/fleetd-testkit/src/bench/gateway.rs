@@ -293,11 +293,11 @@ fn throughput(n: usize, senders: usize) -> anyhow::Result<Rate> {
     );
     // Who spends the CPU: the two daemons and the broker's node.
     let spent = || -> [u64; 3] {
-        let ticks = |pid: Option<u32>| pid.and_then(|p| super::cpu_ticks(p).ok()).unwrap_or(0);
+        let ticks = |pid: u32| super::cpu_ticks(pid).unwrap_or(0);
         [
-            ticks(Some(a.daemon.pid())),
-            ticks(Some(b.daemon.pid())),
-            ticks(broker_pid()),
+            ticks(a.daemon.pid()),
+            ticks(b.daemon.pid()),
+            broker_pid().map_or(0, ticks),
         ]
     };
     let sessions = sessions(&a, senders)?;

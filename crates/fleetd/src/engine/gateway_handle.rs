@@ -71,8 +71,9 @@ impl EngineHandle {
         Ok(outcome)
     }
 
-    /// [`Self::hand_in`], its outcome awaited.
-    pub async fn gateway_in(
+    /// [`Self::hand_in`], its outcome awaited (the engine's tests; the link pipelines).
+    #[cfg(test)]
+    pub(crate) async fn gateway_in(
         &self,
         envelope: fleetd_core::gateway::Envelope,
     ) -> Result<Result<GatewayOutcome, String>, EngineGone> {

@@ -147,22 +147,17 @@ pub(super) async fn forward<O: Outlet>(
                 }
                 None => return,
             },
-            Some((dst, seq, word)) = words.next(), if !words.is_empty() => {
-                let Some(dest) = dests.get_mut(&dst) else { continue };
-                if let Some(slot) = dest.flight.iter_mut().find(|((s, _), _)| *s == seq) {
-                    slot.1 = Some(word);
-                }
-                if !settle(&outlet, dest).await {
-                    up = false;
-                }
-                while let Some((dst, seq, word)) = words.next().now_or_never().flatten() {
-                    let Some(dest) = dests.get_mut(&dst) else { continue };
-                    if let Some(slot) = dest.flight.iter_mut().find(|((s, _), _)| *s == seq) {
-                        slot.1 = Some(word);
+            Some(first) = words.next(), if !words.is_empty() => {
+                // This word and every other already come, in one round.
+                let mut next = Some(first);
+                while let Some((dst, seq, word)) = next {
+                    if let Some(dest) = dests.get_mut(&dst) {
+                        if let Some(slot) = dest.flight.iter_mut().find(|((s, _), _)| *s == seq) {
+                            slot.1 = Some(word);
+                        }
+                        up &= settle(&outlet, dest).await;
                     }
-                    if !settle(&outlet, dest).await {
-                        up = false;
-                    }
+                    next = words.next().now_or_never().flatten();
                 }
             }
             () = outlet.until_up(), if !up => up = true,
