@@ -241,31 +241,19 @@ fn new_tab_with_pane(
     tab_label: Option<String>,
     spec: PaneSpec,
 ) -> Result<(usize, Arc<PaneRt>), (&'static str, String)> {
-    let (tab_id, pane_id, ws_id) = {
-        let mut topo = lock(&server.topo);
-        let ti = topo.add_tab(ws, tab_label);
-        let pane_id = topo.next_pane_id(ws);
-        let ws_id = topo.workspaces[ws].id.clone();
-        (topo.workspaces[ws].tabs[ti].id.clone(), pane_id, ws_id)
-    };
+    // herdr creates a tab, its pane and the pane's process in one step of its app loop (v0.8.2
+    // src/api/server.rs:379 answers each request there), so no other request sees one without
+    // the others — a `pane.list` never misses a pane whose process already runs. The topology
+    // stays locked across the spawn for the same reason.
+    let mut topo = lock(&server.topo);
+    let ti = topo.add_tab(ws, tab_label);
+    let pane_id = topo.next_pane_id(ws);
+    let ws_id = topo.workspaces[ws].id.clone();
+    let tab_id = topo.workspaces[ws].tabs[ti].id.clone();
     let pane = server
         .spawn_pane(&pane_id, &tab_id, &ws_id, spec)
         .map_err(|e| ("tab_create_failed", e.to_string()))?;
-    // herdr creates a tab and its pane in one step of its app loop (v0.8.2
-    // src/api/server.rs:379 answers each request there), so no other request sees the one
-    // without the other. Here the process spawns outside the lock, and a tab closed meanwhile
-    // (a pane's exit) moves the others' indexes: the new tab is found again by its id. (By
-    // index, a pane could land in no tab and be left out of every `pane.list` for good.)
-    let mut topo = lock(&server.topo);
-    let Some((wi, ti)) = topo.tab_index(&tab_id) else {
-        drop(topo);
-        super::pane::kill_session(pane.shell_pid);
-        return Err((
-            "tab_create_failed",
-            format!("tab {tab_id} was closed while its pane started"),
-        ));
-    };
-    topo.workspaces[wi].tabs[ti].panes.push(pane_id.clone());
+    topo.workspaces[ws].tabs[ti].panes.push(pane_id.clone());
     topo.panes.insert(pane_id.clone(), Arc::clone(&pane));
     if topo.focused_pane.is_none() {
         topo.focused_pane = Some(pane_id);
@@ -418,30 +406,22 @@ fn pane_split(server: &Arc<Server>, p: &Value) -> Outcome {
             "invalid request: unknown or missing `direction`".to_owned(),
         ));
     }
-    let (ws, ti) = lock(&server.topo)
-        .pane_location(&target)
-        .ok_or(("pane_not_found", format!("pane {target} not found")))?;
-    let (pane_id, tab_id, ws_id) = {
+    // One step, as herdr's app loop takes it (see `new_tab_with_pane`).
+    let pane = {
         let mut topo = lock(&server.topo);
+        let (ws, ti) = topo
+            .pane_location(&target)
+            .ok_or(("pane_not_found", format!("pane {target} not found")))?;
         let pane_id = topo.next_pane_id(ws);
-        (
-            pane_id,
-            topo.workspaces[ws].tabs[ti].id.clone(),
-            topo.workspaces[ws].id.clone(),
-        )
-    };
-    let pane = server
-        .spawn_pane(&pane_id, &tab_id, &ws_id, shell_spec(p, None))
-        .map_err(|e| ("pane_split_failed", e.to_string()))?;
-    {
-        let mut topo = lock(&server.topo);
-        let Some(tab) = topo.workspaces.get_mut(ws).and_then(|w| w.tabs.get_mut(ti)) else {
-            pane.kill();
-            return Err(("pane_split_failed", "the target tab closed".to_owned()));
-        };
-        tab.panes.push(pane_id.clone());
+        let tab_id = topo.workspaces[ws].tabs[ti].id.clone();
+        let ws_id = topo.workspaces[ws].id.clone();
+        let pane = server
+            .spawn_pane(&pane_id, &tab_id, &ws_id, shell_spec(p, None))
+            .map_err(|e| ("pane_split_failed", e.to_string()))?;
+        topo.workspaces[ws].tabs[ti].panes.push(pane_id.clone());
         topo.panes.insert(pane_id, Arc::clone(&pane));
-    }
+        pane
+    };
     server.push_event("pane_created", json!({ "pane": pane_info(server, &pane) }));
     Ok(json!({ "type": "pane_info", "pane": pane_info(server, &pane) }))
 }
