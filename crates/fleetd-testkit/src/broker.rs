@@ -114,7 +114,14 @@ impl FleetVhost {
     pub fn provision_with(ctl: &Ctl, gateways: &[&str]) -> anyhow::Result<Self> {
         let pid = std::process::id();
         let unique: Vec<String> = gateways.iter().map(|g| format!("{g}{pid}")).collect();
-        let vhost = format!("fleet-t{pid}-{}", unique.join("-"));
+        // A vhost name travels in AMQP's `connection.open` as a short string (255 bytes at
+        // most): a large simulated fleet is named by its size.
+        let joined = unique.join("-");
+        let vhost = if joined.len() <= 200 {
+            format!("fleet-t{pid}-{joined}")
+        } else {
+            format!("fleet-t{pid}-{}-gateways-{}", unique.len(), unique[0])
+        };
         let dir = tempfile::tempdir()?;
         let passwords = dir.path().join("passwords");
         std::fs::create_dir(&passwords)?;
@@ -212,7 +219,29 @@ impl FleetVhost {
         brokers: &[String],
         tls: &str,
     ) -> String {
-        let peer = &self.gateways[1 - me];
+        self.block(me, peer_rights, brokers, tls, 1)
+    }
+
+    /// [`FleetVhost::gateway_block`] for gateway `me` of any number: every other gateway is a
+    /// peer that may ask `peer_rights`, and presence goes out every `presence_secs` seconds.
+    pub fn gateway_block_among(
+        &self,
+        me: usize,
+        peer_rights: &str,
+        brokers: &[String],
+        presence_secs: u64,
+    ) -> String {
+        self.block(me, peer_rights, brokers, "", presence_secs)
+    }
+
+    fn block(
+        &self,
+        me: usize,
+        peer_rights: &str,
+        brokers: &[String],
+        tls: &str,
+        presence_secs: u64,
+    ) -> String {
         let urls: Vec<String> = brokers
             .iter()
             .map(|b| {
@@ -223,8 +252,12 @@ impl FleetVhost {
                 }
             })
             .collect();
+        let peers: String = (self.gateways.iter().enumerate())
+            .filter(|(i, _)| *i != me)
+            .map(|(_, peer)| format!("    {peer}:\n      allow: [{peer_rights}]\n"))
+            .collect();
         format!(
-            "gateway:\n  name: {}\n  presenceIntervalSecs: 1\n  broker:\n    urls: [{}]\n    passwordSecret: gw\n    heartbeatSecs: 5\n{tls}  peers:\n    {peer}:\n      allow: [{peer_rights}]\nsecrets:\n  gw:\n    file: {}\n",
+            "gateway:\n  name: {}\n  presenceIntervalSecs: {presence_secs}\n  broker:\n    urls: [{}]\n    passwordSecret: gw\n    heartbeatSecs: 5\n{tls}  peers:\n{peers}secrets:\n  gw:\n    file: {}\n",
             self.gateways[me],
             urls.join(", "),
             self.password_file(me).display(),

@@ -101,11 +101,7 @@ impl HerdrRig {
 
     /// One API call that must succeed; returns its `result`.
     pub fn call(&self, method: &str, params: &Value) -> Value {
-        let reply = self.herdr.call(method, params).expect("fake-herdr answers");
-        match reply.get("result") {
-            Some(result) => result.clone(),
-            None => panic!("{method} failed: {reply}"),
-        }
+        call(&self.herdr, method, params)
     }
 
     /// Opens a tab labelled `label` (the first one in a new workspace `main`) and starts a
@@ -130,36 +126,17 @@ impl HerdrRig {
 
     /// Like [`HerdrRig::start_agent`] with extra `KEY=value` environment (no spaces or quotes).
     pub fn start_agent_with(&self, pane: &str, env: &[String]) {
-        let before = self.history(pane).matches("sim-agent ready").count();
-        let line = format!(
-            "exec env HERDR_AGENT=claude SIM_AGENT_SCRIPT=call SIM_AGENT_WORK_MS=100 FLEETD_URL=http://{} {} {}",
-            self.daemon.addr,
-            env.join(" "),
-            bin_path("sim-agent").display()
-        );
-        self.type_line(pane, &line);
-        wait_until("the lead agent to start", Duration::from_secs(30), || {
-            self.history(pane).matches("sim-agent ready").count() > before
-        });
+        start_sim_lead(&self.herdr, self.daemon.addr, pane, env);
     }
 
     /// Types `line` into `pane` and presses Enter.
     pub fn type_line(&self, pane: &str, line: &str) {
-        self.call(
-            "pane.send_input",
-            &json!({ "pane_id": pane, "text": line, "keys": ["Enter"] }),
-        );
+        type_line(&self.herdr, pane, line);
     }
 
     /// Everything `pane` printed (its recent scrollback).
     pub fn history(&self, pane: &str) -> String {
-        self.call(
-            "pane.read",
-            &json!({ "pane_id": pane, "source": "recent", "lines": 2000 }),
-        )["read"]["text"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
+        history(&self.herdr, pane)
     }
 
     /// Types a tool call into an agent lead and waits until the turn that made it ends.
@@ -176,5 +153,56 @@ impl HerdrRig {
     /// The rig's scratch directory.
     pub fn dir(&self) -> &std::path::Path {
         self.home.path()
+    }
+}
+
+/// Starts a `sim-agent` lead in `call` mode (talking to the fleetd at `fleetd`) in the shell of
+/// `pane` of `herdr`, with extra `KEY=value` environment (no spaces or quotes), and waits until
+/// it is ready.
+pub fn start_sim_lead(
+    herdr: &FakeHerdrProcess,
+    fleetd: std::net::SocketAddr,
+    pane: &str,
+    env: &[String],
+) {
+    let before = history(herdr, pane).matches("sim-agent ready").count();
+    let line = format!(
+        "exec env HERDR_AGENT=claude SIM_AGENT_SCRIPT=call SIM_AGENT_WORK_MS=100 FLEETD_URL=http://{fleetd} {} {}",
+        env.join(" "),
+        bin_path("sim-agent").display()
+    );
+    type_line(herdr, pane, &line);
+    wait_until("the lead agent to start", Duration::from_secs(30), || {
+        history(herdr, pane).matches("sim-agent ready").count() > before
+    });
+}
+
+/// Types `line` into `pane` of `herdr` and presses Enter.
+pub fn type_line(herdr: &FakeHerdrProcess, pane: &str, line: &str) {
+    call(
+        herdr,
+        "pane.send_input",
+        &json!({ "pane_id": pane, "text": line, "keys": ["Enter"] }),
+    );
+}
+
+/// Everything `pane` of `herdr` printed (its recent scrollback).
+pub fn history(herdr: &FakeHerdrProcess, pane: &str) -> String {
+    call(
+        herdr,
+        "pane.read",
+        &json!({ "pane_id": pane, "source": "recent", "lines": 2000 }),
+    )["read"]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// One API call to `herdr` that must succeed; returns its `result`.
+fn call(herdr: &FakeHerdrProcess, method: &str, params: &Value) -> Value {
+    let reply = herdr.call(method, params).expect("fake-herdr answers");
+    match reply.get("result") {
+        Some(result) => result.clone(),
+        None => panic!("{method} failed: {reply}"),
     }
 }

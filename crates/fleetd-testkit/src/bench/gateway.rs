@@ -344,7 +344,7 @@ struct Rate {
 }
 
 /// The pid of the local RabbitMQ node (`beam.smp`), if one runs.
-fn broker_pid() -> Option<u32> {
+pub(super) fn broker_pid() -> Option<u32> {
     let out = std::process::Command::new("pgrep")
         .args(["-o", "beam.smp"])
         .output()

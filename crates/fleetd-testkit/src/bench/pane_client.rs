@@ -227,6 +227,11 @@ pub struct HerdrFleet {
 impl HerdrFleet {
     /// Starts everything; `extra` is appended to fleetd's config.
     pub fn start(extra: &str) -> anyhow::Result<Self> {
+        Self::start_with_profiles(extra, "")
+    }
+
+    /// Like [`HerdrFleet::start`] with more profiles (`profiles:` entries, indented by two).
+    pub fn start_with_profiles(extra: &str, profiles: &str) -> anyhow::Result<Self> {
         let home = tempfile::tempdir()?;
         let socket = home.path().join("herdr.sock");
         let herdr = FakeHerdrProcess::start(&bin_path("fake-herdr"), &socket)?;
@@ -239,7 +244,7 @@ impl HerdrFleet {
             )
         };
         let config = format!(
-            "multiplexer: herdr\nherdrSocket: {}\nmembersWorkspace: fleet\n{extra}profiles:\n{}{}",
+            "multiplexer: herdr\nherdrSocket: {}\nmembersWorkspace: fleet\n{extra}profiles:\n{}{}{profiles}",
             socket.display(),
             profile("ctl", &format!("pane-client, \"{}\"", control.addr())),
             profile("idle", "pane-client"),
