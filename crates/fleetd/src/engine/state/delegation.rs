@@ -305,28 +305,28 @@ impl State {
         if self.injector.would_type(&member, now) {
             return false;
         }
-        let effects = self.injector.handle_at(
+        self.inject(
             InjectorInput::Hold {
                 target: member,
                 until: now.checked_add(NUDGE_HOLD).ok(),
             },
             now,
+            io,
         );
-        self.injector_effects(effects, now, io);
         true
     }
 
     /// A nudge for `lead` was not typed after all: a delegating member's tasks go on.
     pub(super) fn release_hold(&mut self, lead: &LeadId, now: Timestamp, io: &mut Vec<Io>) {
         if let Some(member) = self.member_of_lead(lead) {
-            let effects = self.injector.handle_at(
+            self.inject(
                 InjectorInput::Hold {
                     target: member,
                     until: None,
                 },
                 now,
+                io,
             );
-            self.injector_effects(effects, now, io);
         }
     }
 
@@ -379,14 +379,14 @@ impl State {
                 self.delegating.remove(&member);
             }
             tracing::debug!(%member, outstanding, "delegated work");
-            let effects = self.injector.handle_at(
+            self.inject(
                 InjectorInput::Delegating {
                     target: member,
                     outstanding,
                 },
                 now,
+                io,
             );
-            self.injector_effects(effects, now, io);
         }
     }
 
@@ -424,8 +424,7 @@ impl State {
                         target: orphan.clone(),
                     },
                 };
-                let effects = self.push.handle_at(input, now);
-                self.push_effects(effects, now, io);
+                self.feed_push(input, now, io);
             }
             let name = gone.to_string();
             for by in self.tickets.sent_by.values_mut().filter(|by| **by == name) {

@@ -86,14 +86,14 @@ impl State {
             let id = Self::lead_id(lead);
             member.lead = Some(id.clone());
             self.dirty.members.insert(target.clone());
-            let effects = self.push.handle_at(
+            self.feed_push(
                 PushInput::Bound {
                     target: target.clone(),
                     lead: id,
                 },
                 now,
+                io,
             );
-            self.push_effects(effects, now, io);
         }
         let ticket = Ticket::from_uuid(self.ids.new_id());
         let sender = by
@@ -109,10 +109,7 @@ impl State {
             },
             now,
         );
-        let effects = self
-            .injector
-            .handle_at(InjectorInput::Enqueue { target, ticket }, now);
-        self.injector_effects(effects, now, io);
+        self.inject(InjectorInput::Enqueue { target, ticket }, now, io);
         Ok(ticket)
     }
 
@@ -184,14 +181,14 @@ impl State {
                 _ => TicketEvent::Replied,
             };
             if message.kind == MessageKind::Reply {
-                let effects = self.injector.handle_at(
+                self.inject(
                     InjectorInput::Replied {
                         target: target.clone(),
                         ticket,
                     },
                     now,
+                    io,
                 );
-                self.injector_effects(effects, now, io);
             }
             let msg_id = message.msg_id;
             self.tickets.replies.insert(ticket, message);
@@ -344,10 +341,7 @@ impl State {
         now: Timestamp,
         io: &mut Vec<Io>,
     ) {
-        let effects = self
-            .injector
-            .handle_at(InjectorInput::FallbackRecorded { target }, now);
-        self.injector_effects(effects, now, io);
+        self.inject(InjectorInput::FallbackRecorded { target }, now, io);
     }
 
     /// The turn a fallback was to be recorded for was not the task's: its text still waits in
@@ -360,18 +354,16 @@ impl State {
         io: &mut Vec<Io>,
     ) {
         tracing::info!(%target, %ticket, "the task still waits unsent in the member's input: pressing Enter once more");
-        let effects = self
-            .injector
-            .handle_at(InjectorInput::NotSubmitted { target, ticket }, now);
+        self.inject(InjectorInput::NotSubmitted { target, ticket }, now, io);
+    }
+
+    /// Feeds the injector one input and carries out what it answers.
+    pub(super) fn inject(&mut self, input: InjectorInput, now: Timestamp, io: &mut Vec<Io>) {
+        let effects = self.injector.handle_at(input, now);
         self.injector_effects(effects, now, io);
     }
 
-    pub(super) fn injector_effects(
-        &mut self,
-        effects: Vec<InjectorEffect>,
-        now: Timestamp,
-        io: &mut Vec<Io>,
-    ) {
+    fn injector_effects(&mut self, effects: Vec<InjectorEffect>, now: Timestamp, io: &mut Vec<Io>) {
         for effect in effects {
             match effect {
                 InjectorEffect::Type { target, ticket } => {
@@ -408,10 +400,7 @@ impl State {
                             text: self.injection_text(ticket),
                         }),
                         None => {
-                            let effects = self
-                                .injector
-                                .handle_at(InjectorInput::FallbackRecorded { target }, now);
-                            self.injector_effects(effects, now, io);
+                            self.inject(InjectorInput::FallbackRecorded { target }, now, io);
                         }
                     }
                 }

@@ -415,14 +415,14 @@ impl State {
             }
             // A member's question that went to another gateway is that gateway's to nudge about.
             if remote || row.peer.is_none() {
-                let effects = self.push.handle_at(
+                self.feed_push(
                     PushInput::QuestionOpened {
                         target: row.target.clone(),
                         question_id: id.clone(),
                     },
                     now,
+                    io,
                 );
-                self.push_effects(effects, now, io);
             }
             self.questions.insert(
                 id,
@@ -495,12 +495,10 @@ impl State {
                 target: target.clone(),
             },
         ] {
-            let effects = self.injector.handle_at(input, now);
-            self.injector_effects(effects, now, io);
+            self.inject(input, now, io);
         }
         if let Some(lead) = lead {
-            let effects = self.push.handle_at(PushInput::Bound { target, lead }, now);
-            self.push_effects(effects, now, io);
+            self.feed_push(PushInput::Bound { target, lead }, now, io);
         }
         io.push(Io::Adopt(Box::new(member)));
     }
@@ -523,10 +521,7 @@ impl State {
         }
         match state {
             TicketState::Queued if !typed => {
-                let effects = self
-                    .injector
-                    .handle_at(InjectorInput::Enqueue { target, ticket }, now);
-                self.injector_effects(effects, now, io);
+                self.inject(InjectorInput::Enqueue { target, ticket }, now, io);
             }
             TicketState::Queued => {
                 // Handed to the multiplexer, never confirmed: the kill may have come before or

@@ -224,14 +224,14 @@ impl State {
             now,
         );
         if let Some(lead) = lead {
-            let effects = self.push.handle_at(
+            self.feed_push(
                 PushInput::Bound {
                     target: target.clone(),
                     lead: Self::lead_id(lead),
                 },
                 now,
+                io,
             );
-            self.push_effects(effects, now, io);
         }
         let body = TaskBody {
             ticket,

@@ -101,14 +101,14 @@ impl State {
                     },
                     now,
                 );
-                let effects = self.injector.handle_at(
+                self.inject(
                     InjectorInput::Enqueue {
                         target: member,
                         ticket: body.ticket,
                     },
                     now,
+                    io,
                 );
-                self.injector_effects(effects, now, io);
                 GatewayOutcome::Taken
             }
             Kind::Ticket => {
@@ -282,14 +282,14 @@ impl State {
                 peer: Some(src.clone()),
             },
         );
-        let effects = self.push.handle_at(
+        self.feed_push(
             PushInput::QuestionOpened {
                 target,
                 question_id: body.question_id,
             },
             now,
+            io,
         );
-        self.push_effects(effects, now, io);
         GatewayOutcome::Taken
     }
 }

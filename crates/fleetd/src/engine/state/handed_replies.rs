@@ -112,9 +112,6 @@ impl State {
         };
         let handed = self.handed.values().filter(|h| h.target == target).count() as u64;
         let pending = depth.saturating_sub(handed);
-        let effects = self
-            .push
-            .handle_at(PushInput::Inbox { target, pending }, now);
-        self.push_effects(effects, now, io);
+        self.feed_push(PushInput::Inbox { target, pending }, now, io);
     }
 }

@@ -130,13 +130,13 @@ impl State {
         now: Timestamp,
         io: &mut Vec<Io>,
     ) {
-        let effects = self.injector.handle_at(
+        self.inject(
             InjectorInput::PresenceSeen {
                 target: target.clone(),
             },
             now,
+            io,
         );
-        self.injector_effects(effects, now, io);
         self.ready_check(target);
     }
 
@@ -353,13 +353,13 @@ impl State {
             },
         );
         self.inspect_worktree(&new.target, io);
-        let effects = self.injector.handle_at(
+        self.inject(
             InjectorInput::MemberAdded {
                 target: new.target.clone(),
             },
             now,
+            io,
         );
-        self.injector_effects(effects, now, io);
         let incarnation = (new.pane.clone(), self.members[&new.target].terminal.clone());
         if let Some(i) = self.seen.iter().position(|k| *k == incarnation) {
             // Its agent connected before the member was registered: that was its presence.
@@ -367,14 +367,14 @@ impl State {
             self.presence(&new.target, now, io);
         }
         if let Some(lead) = lead {
-            let effects = self.push.handle_at(
+            self.feed_push(
                 PushInput::Bound {
                     target: new.target,
                     lead,
                 },
                 now,
+                io,
             );
-            self.push_effects(effects, now, io);
         }
         io.push(Io::Watch { pane: new.pane });
     }
@@ -467,13 +467,13 @@ impl State {
                 target: target.clone(),
             });
         }
-        let effects = self.injector.handle_at(
+        self.inject(
             InjectorInput::MemberRemoved {
                 target: target.clone(),
             },
             now,
+            io,
         );
-        self.injector_effects(effects, now, io);
         let notified = self.reparent(target, &member.pane.to_string(), heir.as_ref(), now, io);
         // Its binding stays while its inbox holds mail (its last replies, the notices about it),
         // so its lead is nudged about them; `inbox_depth` drops it once the inbox is empty.
@@ -489,13 +489,13 @@ impl State {
             && !notified
             && self.raw_depth.get(target).copied().unwrap_or(0) == 0
         {
-            let effects = self.push.handle_at(
+            self.feed_push(
                 PushInput::Unbound {
                     target: target.clone(),
                 },
                 now,
+                io,
             );
-            self.push_effects(effects, now, io);
         }
         // Questions of a released member can never be answered in its pane.
         let asked: Vec<String> = self
@@ -512,10 +512,7 @@ impl State {
                 how: "released".to_owned(),
             });
             self.dirty.questions.insert(id.clone());
-            let effects = self
-                .push
-                .handle_at(PushInput::QuestionClosed { question_id: id }, now);
-            self.push_effects(effects, now, io);
+            self.feed_push(PushInput::QuestionClosed { question_id: id }, now, io);
         }
         Some(member.pane)
     }
@@ -541,14 +538,14 @@ impl State {
             (true, None) => Some(now),
             (false, _) => None,
         };
-        let effects = self.injector.handle_at(
+        self.inject(
             InjectorInput::Activity {
                 target: target.clone(),
                 activity: activity_of(status),
             },
             now,
+            io,
         );
-        self.injector_effects(effects, now, io);
         self.ready_check(target);
         if changed && status.is_at_rest() {
             // Its turn ended: what its worktree holds now.

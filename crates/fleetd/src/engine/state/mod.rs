@@ -436,10 +436,7 @@ impl State {
                 AgentStatus::Working | AgentStatus::Blocked => LeadActivity::Busy,
                 AgentStatus::Unknown => LeadActivity::Unknown,
             };
-            let effects = self
-                .push
-                .handle_at(PushInput::LeadStatus { lead, activity }, now);
-            self.push_effects(effects, now, io);
+            self.feed_push(PushInput::LeadStatus { lead, activity }, now, io);
         }
     }
 
@@ -485,10 +482,8 @@ impl State {
 
     /// Time passed: deadlines, retention, the idle reaper.
     pub(super) fn tick(&mut self, now: Timestamp, io: &mut Vec<Io>) {
-        let effects = self.injector.handle_at(InjectorInput::Tick, now);
-        self.injector_effects(effects, now, io);
-        let effects = self.push.handle_at(PushInput::Tick, now);
-        self.push_effects(effects, now, io);
+        self.inject(InjectorInput::Tick, now, io);
+        self.feed_push(PushInput::Tick, now, io);
         self.scan_if_due(now, io);
         self.rewatch_due(now, io);
         self.expire_reservations(now);

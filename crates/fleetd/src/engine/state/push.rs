@@ -77,8 +77,7 @@ impl State {
             ),
         }
         self.dirty.primary = true;
-        let effects = self.push.handle_at(PushInput::Primary(lead), now);
-        self.push_effects(effects, now, io);
+        self.feed_push(PushInput::Primary(lead), now, io);
     }
 
     /// A lead is affirmatively gone (pane closed, new incarnation, not-found answer): its
@@ -97,10 +96,7 @@ impl State {
                 self.dirty.members.insert(target.clone());
             }
         }
-        let effects = self
-            .push
-            .handle_at(PushInput::LeadGone { lead: lead.clone() }, now);
-        self.push_effects(effects, now, io);
+        self.feed_push(PushInput::LeadGone { lead: lead.clone() }, now, io);
         if self.push.primary().is_none() {
             if self.lead_tabs.primary_pinned() {
                 self.lead_tabs.expire();
@@ -255,13 +251,13 @@ impl State {
         self.depth_pending.remove(&target);
         if pending == 0 && !self.members.contains_key(&target) {
             // A released member's binding outlived it only for its mail (`release`).
-            let effects = self.push.handle_at(
+            self.feed_push(
                 PushInput::Unbound {
                     target: target.clone(),
                 },
                 now,
+                io,
             );
-            self.push_effects(effects, now, io);
         }
         self.note_mail(&target, pending, now);
         if self.raw_depth.insert(target.clone(), pending) != Some(pending) {
@@ -310,18 +306,16 @@ impl State {
         if matches!(outcome, InjectOutcome::Transient | InjectOutcome::Busy) {
             self.release_hold(&lead, now, io);
         }
-        let effects = self
-            .push
-            .handle_at(PushInput::Injected { lead, outcome }, now);
+        self.feed_push(PushInput::Injected { lead, outcome }, now, io);
+    }
+
+    /// Feeds the push state machine one input and carries out what it answers.
+    pub(super) fn feed_push(&mut self, input: PushInput, now: Timestamp, io: &mut Vec<Io>) {
+        let effects = self.push.handle_at(input, now);
         self.push_effects(effects, now, io);
     }
 
-    pub(super) fn push_effects(
-        &mut self,
-        effects: Vec<PushEffect>,
-        now: Timestamp,
-        io: &mut Vec<Io>,
-    ) {
+    fn push_effects(&mut self, effects: Vec<PushEffect>, now: Timestamp, io: &mut Vec<Io>) {
         let mut pending_gone = Vec::new();
         let mut pane_busy = Vec::new();
         for effect in effects {

@@ -58,14 +58,14 @@ impl State {
         if peer.is_some() || self.wake_holds_question(&target, &id, now) {
             return Ok((id, rx));
         }
-        let effects = self.push.handle_at(
+        self.feed_push(
             PushInput::QuestionOpened {
                 target,
                 question_id: id.clone(),
             },
             now,
+            io,
         );
-        self.push_effects(effects, now, io);
         Ok((id, rx))
     }
 
@@ -93,13 +93,13 @@ impl State {
             target: question.target.to_string(),
             how: "answered".to_owned(),
         });
-        let effects = self.push.handle_at(
+        self.feed_push(
             PushInput::QuestionClosed {
                 question_id: id.to_owned(),
             },
             now,
+            io,
         );
-        self.push_effects(effects, now, io);
         if question.target.gateway().is_some()
             && let Some(peer) = &question.peer
         {

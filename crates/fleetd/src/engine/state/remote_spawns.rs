@@ -304,14 +304,14 @@ impl State {
         let profile = body.profile.unwrap_or_else(|| asked.profile.clone());
         let lead_id = asked.lead.as_ref().map(Self::lead_id);
         if let Some(lead) = &lead_id {
-            let effects = self.push.handle_at(
+            self.feed_push(
                 PushInput::Bound {
                     target: target.clone(),
                     lead: lead.clone(),
                 },
                 now,
+                io,
             );
-            self.push_effects(effects, now, io);
         }
         self.emit(FleetEvent::MemberSpawned {
             target: target.to_string(),

@@ -253,14 +253,14 @@ impl State {
         if let Some((target, question_id)) = question
             && self.questions.contains_key(&question_id)
         {
-            let effects = self.push.handle_at(
+            self.feed_push(
                 PushInput::QuestionOpened {
                     target,
                     question_id,
                 },
                 now,
+                io,
             );
-            self.push_effects(effects, now, io);
         }
     }
 

@@ -135,8 +135,7 @@ impl State {
                     target: target.clone(),
                     lead,
                 };
-                let effects = self.push.handle_at(input, now);
-                self.push_effects(effects, now, io);
+                self.feed_push(input, now, io);
             }
             io.push(Io::SettleWorktree {
                 target: target.clone(),

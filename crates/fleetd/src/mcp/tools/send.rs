@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{FleetTool, gone, output, target};
+use super::{FleetTool, gone, member_of, output, target};
 use crate::engine::{LeadRef, TicketAnswer};
 use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
 
@@ -61,10 +61,7 @@ impl FleetTool for Send {
             fleet.engine.lead_seen(lead.clone()).await.map_err(gone)?;
         }
         // A delegating member is recorded as the ticket's sender, so it may poll it.
-        let member = match &caller.role {
-            fleetd_core::access::Role::Member { target, .. } => Some(target.clone()),
-            _ => None,
-        };
+        let member = member_of(caller);
         delegate(fleet, lead, member, caller.holder(), &caller.cancel, args).await
     }
 }

@@ -4,11 +4,12 @@
 
 use fleetd_core::access::ToolClass;
 use fleetd_core::refusal::Code;
+use fleetd_core::{Target, Ticket};
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use super::{FleetTool, output};
+use super::{FleetTool, member_of, output};
 use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
 use crate::members::SpawnRequest;
 
@@ -66,28 +67,22 @@ impl FleetTool for Spawn {
                 cwd: args.cwd,
                 task: args.task,
                 lead: caller.lead(),
-                by: match &caller.role {
-                    fleetd_core::access::Role::Member { target, .. } => Some(target.clone()),
-                    _ => None,
-                },
+                by: member_of(caller),
                 origin,
             })
             .await?;
-        let mut value = json!({
+        let value = json!({
             "target": spawned.target,
             "paneId": spawned.pane.to_string(),
             "terminalId": spawned.terminal,
             "profile": spawned.profile,
         });
-        if let Some(ticket) = spawned.ticket {
-            value["ticket"] = json!(ticket);
-        }
-        output(
+        spawned_output(
             value,
-            format!(
-                "spawned {} ({}) in {}",
-                spawned.target, spawned.profile, spawned.pane
-            ),
+            spawned.ticket,
+            &spawned.target,
+            &spawned.profile,
+            &spawned.pane,
         )
     }
 }
@@ -115,10 +110,7 @@ async fn remote(
             name: args.name,
             task: args.task,
             lead: caller.lead(),
-            by: match &caller.role {
-                fleetd_core::access::Role::Member { target, .. } => Some(target.clone()),
-                _ => None,
-            },
+            by: member_of(caller),
         })
         .await
         .map_err(super::gone)??;
@@ -169,20 +161,32 @@ async fn remote(
         },
         interval,
     );
-    let mut value = json!({
+    let value = json!({
         "target": spawned.target,
         "paneId": spawned.pane,
         "profile": spawned.profile,
         "gateway": gateway,
     });
-    if let Some(ticket) = spawned.ticket {
+    spawned_output(
+        value,
+        spawned.ticket,
+        &spawned.target,
+        &spawned.profile,
+        &spawned.pane,
+    )
+}
+
+/// The answer for a member spawned here or on another gateway: `value` with the first task's
+/// ticket, when there is one, and the one-line summary.
+fn spawned_output(
+    mut value: Value,
+    ticket: Option<Ticket>,
+    target: &Target,
+    profile: &str,
+    pane: &dyn std::fmt::Display,
+) -> Result<ToolOutput, ToolError> {
+    if let Some(ticket) = ticket {
         value["ticket"] = json!(ticket);
     }
-    output(
-        value,
-        format!(
-            "spawned {} ({}) in {}",
-            spawned.target, spawned.profile, spawned.pane
-        ),
-    )
+    output(value, format!("spawned {target} ({profile}) in {pane}"))
 }
