@@ -21,9 +21,9 @@ fn ticket(n: u64) -> Ticket {
 /// One scripted step: at second `at`, feed `input`.
 struct Step(i64, InjectorInput);
 
-/// Runs `steps` through a fresh injector (grace 5 s) with member `a` added, and renders every
-/// effect as a line `@<secs> <effect>` so a transcript reads like a log.
-fn check(steps: Vec<Step>, expect: &[&str]) {
+/// A fresh injector (grace 5 s) with member `a` added, then fed `inputs` at @0; what those
+/// answer is not looked at.
+fn injector(inputs: Vec<InjectorInput>) -> Injector {
     let mut inj = Injector::new(SignedDuration::from_secs(5));
     inj.handle_at(
         InjectorInput::MemberAdded {
@@ -31,6 +31,16 @@ fn check(steps: Vec<Step>, expect: &[&str]) {
         },
         t(0),
     );
+    for input in inputs {
+        inj.handle_at(input, t(0));
+    }
+    inj
+}
+
+/// Runs `steps` through [`injector`]`([])`, and renders every effect as a line
+/// `@<secs> <effect>` so a transcript reads like a log.
+fn check(steps: Vec<Step>, expect: &[&str]) {
+    let mut inj = injector(vec![]);
     let names: BTreeMap<Ticket, String> = (1..=9).map(|n| (ticket(n), format!("T{n}"))).collect();
     let name = |tk: &Ticket| names.get(tk).cloned().unwrap_or_else(|| tk.to_string());
     let mut got = Vec::new();
@@ -90,6 +100,23 @@ fn recorded() -> InjectorInput {
     }
 }
 
+/// `a` at rest and present at @0, then `then`: where most cases start.
+fn ready(then: Vec<Step>) -> Vec<Step> {
+    let mut steps = vec![Step(0, status(Activity::AtRest)), Step(0, presence())];
+    steps.extend(then);
+    steps
+}
+
+/// [`ready`], then at @0 T1 and the `behind` tasks queued and T1's typing answered with
+/// `outcome`, then `then`.
+fn t1_typed(outcome: TypeOutcome, behind: &[u64], then: Vec<Step>) -> Vec<Step> {
+    let mut steps = vec![Step(0, enqueue(1))];
+    steps.extend(behind.iter().map(|&n| Step(0, enqueue(n))));
+    steps.push(Step(0, typed(1, outcome)));
+    steps.extend(then);
+    ready(steps)
+}
+
 #[test]
 fn task_waits_for_rest_and_presence_then_is_verified() {
     check(
@@ -109,9 +136,7 @@ fn task_waits_for_rest_and_presence_then_is_verified() {
 #[test]
 fn tasks_are_delivered_in_order_one_turn_at_a_time() {
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
+        ready(vec![
             Step(1, enqueue(1)),
             Step(1, enqueue(2)),
             Step(1, typed(1, TypeOutcome::Accepted)),
@@ -123,7 +148,7 @@ fn tasks_are_delivered_in_order_one_turn_at_a_time() {
             Step(7, status(Activity::Busy)),
             Step(8, replied(2)),
             Step(9, status(Activity::AtRest)),
-        ],
+        ]),
         &[
             "@1 type a T1",
             "@1 T1 Delivered",
@@ -139,17 +164,17 @@ fn tasks_are_delivered_in_order_one_turn_at_a_time() {
 #[test]
 fn unverified_submit_is_retried_once_then_stalled() {
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
-            Step(0, enqueue(1)),
-            Step(0, typed(1, TypeOutcome::Accepted)),
-            Step(4, InjectorInput::Tick),
-            Step(5, InjectorInput::Tick),
-            Step(5, typed(1, TypeOutcome::Accepted)),
-            Step(10, InjectorInput::Tick),
-            Step(10, enqueue(2)),
-        ],
+        t1_typed(
+            TypeOutcome::Accepted,
+            &[],
+            vec![
+                Step(4, InjectorInput::Tick),
+                Step(5, InjectorInput::Tick),
+                Step(5, typed(1, TypeOutcome::Accepted)),
+                Step(10, InjectorInput::Tick),
+                Step(10, enqueue(2)),
+            ],
+        ),
         &[
             "@0 type a T1",
             "@0 T1 Delivered",
@@ -163,16 +188,16 @@ fn unverified_submit_is_retried_once_then_stalled() {
 #[test]
 fn retry_that_starts_the_turn_is_not_stalled() {
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
-            Step(0, enqueue(1)),
-            Step(0, typed(1, TypeOutcome::Accepted)),
-            Step(5, InjectorInput::Tick),
-            Step(6, status(Activity::Busy)),
-            Step(6, typed(1, TypeOutcome::Accepted)),
-            Step(20, InjectorInput::Tick),
-        ],
+        t1_typed(
+            TypeOutcome::Accepted,
+            &[],
+            vec![
+                Step(5, InjectorInput::Tick),
+                Step(6, status(Activity::Busy)),
+                Step(6, typed(1, TypeOutcome::Accepted)),
+                Step(20, InjectorInput::Tick),
+            ],
+        ),
         &[
             "@0 type a T1",
             "@0 T1 Delivered",
@@ -185,16 +210,15 @@ fn retry_that_starts_the_turn_is_not_stalled() {
 #[test]
 fn silent_turn_end_records_a_fallback_before_the_next_task() {
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
-            Step(0, enqueue(1)),
-            Step(0, enqueue(2)),
-            Step(0, typed(1, TypeOutcome::Accepted)),
-            Step(1, status(Activity::Busy)),
-            Step(3, status(Activity::AtRest)),
-            Step(4, recorded()),
-        ],
+        t1_typed(
+            TypeOutcome::Accepted,
+            &[2],
+            vec![
+                Step(1, status(Activity::Busy)),
+                Step(3, status(Activity::AtRest)),
+                Step(4, recorded()),
+            ],
+        ),
         &[
             "@0 type a T1",
             "@0 T1 Delivered",
@@ -217,21 +241,20 @@ fn delegating(outstanding: bool) -> InjectorInput {
 #[test]
 fn a_turn_that_ends_waiting_on_delegated_work_is_answered_in_a_later_turn() {
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
-            Step(0, enqueue(1)),
-            Step(0, enqueue(2)),
-            Step(0, typed(1, TypeOutcome::Accepted)),
-            Step(1, status(Activity::Busy)),
-            Step(2, delegating(true)),
-            Step(3, status(Activity::AtRest)),
-            // Its member replied; the nudge starts a turn, in which it answers T1.
-            Step(9, status(Activity::Busy)),
-            Step(10, delegating(false)),
-            Step(11, replied(1)),
-            Step(12, status(Activity::AtRest)),
-        ],
+        t1_typed(
+            TypeOutcome::Accepted,
+            &[2],
+            vec![
+                Step(1, status(Activity::Busy)),
+                Step(2, delegating(true)),
+                Step(3, status(Activity::AtRest)),
+                // Its member replied; the nudge starts a turn, in which it answers T1.
+                Step(9, status(Activity::Busy)),
+                Step(10, delegating(false)),
+                Step(11, replied(1)),
+                Step(12, status(Activity::AtRest)),
+            ],
+        ),
         &[
             "@0 type a T1",
             "@0 T1 Delivered",
@@ -246,16 +269,16 @@ fn a_turn_that_ends_waiting_on_delegated_work_is_answered_in_a_later_turn() {
 #[test]
 fn a_turn_waiting_on_delegated_work_gets_its_fallback_when_the_work_is_in() {
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
-            Step(0, enqueue(1)),
-            Step(0, typed(1, TypeOutcome::Accepted)),
-            Step(1, status(Activity::Busy)),
-            Step(2, delegating(true)),
-            Step(3, status(Activity::AtRest)),
-            Step(5, delegating(false)),
-        ],
+        t1_typed(
+            TypeOutcome::Accepted,
+            &[],
+            vec![
+                Step(1, status(Activity::Busy)),
+                Step(2, delegating(true)),
+                Step(3, status(Activity::AtRest)),
+                Step(5, delegating(false)),
+            ],
+        ),
         &[
             "@0 type a T1",
             "@0 T1 Delivered",
@@ -264,18 +287,18 @@ fn a_turn_waiting_on_delegated_work_gets_its_fallback_when_the_work_is_in() {
         ],
     );
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
-            Step(0, enqueue(1)),
-            Step(0, typed(1, TypeOutcome::Accepted)),
-            Step(1, status(Activity::Busy)),
-            Step(2, delegating(true)),
-            Step(3, status(Activity::AtRest)),
-            Step(9, status(Activity::Busy)),
-            Step(10, delegating(false)),
-            Step(12, status(Activity::AtRest)),
-        ],
+        t1_typed(
+            TypeOutcome::Accepted,
+            &[],
+            vec![
+                Step(1, status(Activity::Busy)),
+                Step(2, delegating(true)),
+                Step(3, status(Activity::AtRest)),
+                Step(9, status(Activity::Busy)),
+                Step(10, delegating(false)),
+                Step(12, status(Activity::AtRest)),
+            ],
+        ),
         &[
             "@0 type a T1",
             "@0 T1 Delivered",
@@ -294,9 +317,7 @@ fn a_hold_keeps_tasks_back_until_the_member_is_seen_busy_or_it_runs_out() {
         until: until.map(t),
     };
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
+        ready(vec![
             Step(1, hold(Some(6))),
             Step(2, enqueue(1)),
             Step(3, status(Activity::Busy)),
@@ -309,7 +330,7 @@ fn a_hold_keeps_tasks_back_until_the_member_is_seen_busy_or_it_runs_out() {
             Step(6, enqueue(2)),
             Step(19, InjectorInput::Tick),
             Step(20, InjectorInput::Tick),
-        ],
+        ]),
         &[
             "@4 type a T1",
             "@4 T1 Delivered",
@@ -317,16 +338,7 @@ fn a_hold_keeps_tasks_back_until_the_member_is_seen_busy_or_it_runs_out() {
             "@20 type a T2",
         ],
     );
-    let mut inj = Injector::new(SignedDuration::from_secs(5));
-    inj.handle_at(
-        InjectorInput::MemberAdded {
-            target: target("a"),
-        },
-        t(0),
-    );
-    inj.handle_at(status(Activity::AtRest), t(0));
-    inj.handle_at(presence(), t(0));
-    inj.handle_at(hold(Some(9)), t(0));
+    let mut inj = injector(vec![status(Activity::AtRest), presence(), hold(Some(9))]);
     inj.handle_at(enqueue(1), t(1));
     assert!(!inj.would_type(&target("a"), t(1)), "held");
     assert_eq!(inj.next_wake(), Some(t(9)), "a wake when the hold runs out");
@@ -344,17 +356,17 @@ fn a_hold_keeps_tasks_back_until_the_member_is_seen_busy_or_it_runs_out() {
 #[test]
 fn typing_errors_retry_then_stall() {
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
-            Step(0, enqueue(1)),
-            Step(0, typed(1, TypeOutcome::Failed)),
-            Step(0, InjectorInput::Tick),
-            Step(1, InjectorInput::Tick),
-            Step(1, typed(1, TypeOutcome::Failed)),
-            Step(2, InjectorInput::Tick),
-            Step(2, typed(1, TypeOutcome::Failed)),
-        ],
+        t1_typed(
+            TypeOutcome::Failed,
+            &[],
+            vec![
+                Step(0, InjectorInput::Tick),
+                Step(1, InjectorInput::Tick),
+                Step(1, typed(1, TypeOutcome::Failed)),
+                Step(2, InjectorInput::Tick),
+                Step(2, typed(1, TypeOutcome::Failed)),
+            ],
+        ),
         &[
             "@0 type a T1",
             "@1 type a T1",
@@ -381,33 +393,10 @@ fn busy_member_is_never_typed_into() {
 
 #[test]
 fn next_wake_is_the_verify_deadline() {
-    let mut inj = Injector::new(SignedDuration::from_secs(5));
     let a = target("a");
-    inj.handle_at(InjectorInput::MemberAdded { target: a.clone() }, t(0));
-    inj.handle_at(InjectorInput::PresenceSeen { target: a.clone() }, t(0));
-    inj.handle_at(
-        InjectorInput::Activity {
-            target: a.clone(),
-            activity: Activity::AtRest,
-        },
-        t(0),
-    );
-    inj.handle_at(
-        InjectorInput::Enqueue {
-            target: a.clone(),
-            ticket: ticket(1),
-        },
-        t(0),
-    );
+    let mut inj = injector(vec![presence(), status(Activity::AtRest), enqueue(1)]);
     assert_eq!(inj.next_wake(), None);
-    inj.handle_at(
-        InjectorInput::Typed {
-            target: a.clone(),
-            ticket: ticket(1),
-            outcome: TypeOutcome::Accepted,
-        },
-        t(2),
-    );
+    inj.handle_at(typed(1, TypeOutcome::Accepted), t(2));
     assert_eq!(inj.next_wake(), Some(t(7)));
     assert_eq!(inj.current(&a), Some(ticket(1)));
     assert_eq!(inj.queued(&a), 0);
@@ -416,17 +405,16 @@ fn next_wake_is_the_verify_deadline() {
 #[test]
 fn a_reply_verifies_delivery_even_when_working_was_never_seen() {
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
-            Step(0, enqueue(1)),
-            Step(0, enqueue(2)),
-            Step(0, typed(1, TypeOutcome::Accepted)),
-            // The turn was shorter than the status poll: only the reply shows it happened.
-            Step(1, replied(1)),
-            Step(1, typed(2, TypeOutcome::Accepted)),
-            Step(20, InjectorInput::Tick),
-        ],
+        t1_typed(
+            TypeOutcome::Accepted,
+            &[2],
+            vec![
+                // The turn was shorter than the status poll: only the reply shows it happened.
+                Step(1, replied(1)),
+                Step(1, typed(2, TypeOutcome::Accepted)),
+                Step(20, InjectorInput::Tick),
+            ],
+        ),
         &[
             "@0 type a T1",
             "@0 T1 Delivered",
@@ -447,20 +435,19 @@ fn a_status_blip_before_the_task_was_submitted_is_not_its_turn() {
         ticket: ticket(1),
     };
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
-            Step(0, enqueue(1)),
-            Step(0, enqueue(2)),
-            Step(0, typed(1, TypeOutcome::Accepted)),
-            Step(1, status(Activity::Busy)),
-            Step(1, status(Activity::AtRest)),
-            Step(1, not_submitted),
-            Step(1, typed(1, TypeOutcome::Accepted)),
-            Step(2, status(Activity::Busy)),
-            Step(3, replied(1)),
-            Step(4, status(Activity::AtRest)),
-        ],
+        t1_typed(
+            TypeOutcome::Accepted,
+            &[2],
+            vec![
+                Step(1, status(Activity::Busy)),
+                Step(1, status(Activity::AtRest)),
+                Step(1, not_submitted),
+                Step(1, typed(1, TypeOutcome::Accepted)),
+                Step(2, status(Activity::Busy)),
+                Step(3, replied(1)),
+                Step(4, status(Activity::AtRest)),
+            ],
+        ),
         &[
             "@0 type a T1",
             "@0 T1 Delivered",
@@ -475,10 +462,8 @@ fn a_status_blip_before_the_task_was_submitted_is_not_its_turn() {
 
 #[test]
 fn a_turn_restored_after_a_restart_is_never_typed_again() {
-    let mut inj = Injector::new(SignedDuration::from_secs(5));
     let a = target("a");
-    inj.handle_at(InjectorInput::MemberAdded { target: a.clone() }, t(0));
-    inj.handle_at(presence(), t(0));
+    let mut inj = injector(vec![presence()]);
     // T1 was typed before the restart; T2 was still queued.
     inj.restore_current(&a, ticket(1));
     assert!(
@@ -509,28 +494,24 @@ fn an_uncertain_typing_is_verified_and_never_typed_again() {
     // The call timed out after the text went out: the member's status decides, and the text
     // is not typed a second time even though the ticket is still at the head of the lane.
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
-            Step(0, enqueue(1)),
-            Step(0, enqueue(2)),
-            Step(0, typed(1, TypeOutcome::Uncertain)),
-            Step(1, InjectorInput::Tick),
-            Step(2, status(Activity::Busy)),
-            Step(3, replied(1)),
-            Step(4, status(Activity::AtRest)),
-        ],
+        t1_typed(
+            TypeOutcome::Uncertain,
+            &[2],
+            vec![
+                Step(1, InjectorInput::Tick),
+                Step(2, status(Activity::Busy)),
+                Step(3, replied(1)),
+                Step(4, status(Activity::AtRest)),
+            ],
+        ),
         &["@0 type a T1", "@2 T1 TurnStarted", "@4 type a T2"],
     );
 }
 
 #[test]
 fn a_typing_in_doubt_after_a_restart_holds_its_lane_until_the_driver_has_looked() {
-    let mut inj = Injector::new(SignedDuration::from_secs(5));
     let a = target("a");
-    inj.handle_at(InjectorInput::MemberAdded { target: a.clone() }, t(0));
-    inj.handle_at(presence(), t(0));
-    inj.handle_at(status(Activity::AtRest), t(0));
+    let mut inj = injector(vec![presence(), status(Activity::AtRest)]);
     // T1 was handed to the multiplexer before the restart; T2 was queued behind it.
     inj.restore_typing(&a, ticket(1));
     assert!(
@@ -553,10 +534,7 @@ fn a_typing_in_doubt_after_a_restart_holds_its_lane_until_the_driver_has_looked(
     );
     // Had the pane shown it, it would have been verified like an uncertain typing: never typed
     // again, its one Enter retry after the grace.
-    let mut arrived = Injector::new(SignedDuration::from_secs(5));
-    arrived.handle_at(InjectorInput::MemberAdded { target: a.clone() }, t(0));
-    arrived.handle_at(presence(), t(0));
-    arrived.handle_at(status(Activity::AtRest), t(0));
+    let mut arrived = injector(vec![presence(), status(Activity::AtRest)]);
     arrived.restore_typing(&a, ticket(1));
     assert!(
         arrived
@@ -574,9 +552,8 @@ fn a_typing_in_doubt_after_a_restart_holds_its_lane_until_the_driver_has_looked(
 
 #[test]
 fn a_restored_turn_that_is_answered_needs_no_fallback() {
-    let mut inj = Injector::new(SignedDuration::from_secs(5));
     let a = target("a");
-    inj.handle_at(InjectorInput::MemberAdded { target: a.clone() }, t(0));
+    let mut inj = injector(vec![]);
     inj.restore_current(&a, ticket(1));
     inj.handle_at(status(Activity::Busy), t(0));
     assert!(inj.handle_at(replied(1), t(1)).is_empty());
@@ -586,16 +563,16 @@ fn a_restored_turn_that_is_answered_needs_no_fallback() {
 #[test]
 fn an_uncertain_typing_that_never_starts_gets_one_enter_then_stalls() {
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
-            Step(0, enqueue(1)),
-            Step(0, typed(1, TypeOutcome::Uncertain)),
-            Step(5, InjectorInput::Tick),
-            Step(5, typed(1, TypeOutcome::Uncertain)),
-            Step(10, InjectorInput::Tick),
-            Step(11, InjectorInput::Tick),
-        ],
+        t1_typed(
+            TypeOutcome::Uncertain,
+            &[],
+            vec![
+                Step(5, InjectorInput::Tick),
+                Step(5, typed(1, TypeOutcome::Uncertain)),
+                Step(10, InjectorInput::Tick),
+                Step(11, InjectorInput::Tick),
+            ],
+        ),
         &["@0 type a T1", "@5 enter a T1", "@10 T1 Stalled"],
     );
 }
@@ -604,17 +581,17 @@ fn an_uncertain_typing_that_never_starts_gets_one_enter_then_stalls() {
 fn a_failed_enter_retry_never_types_the_task_again() {
     // The text was typed; only the Enter press failed. Retyping would run the task twice.
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
-            Step(0, enqueue(1)),
-            Step(0, typed(1, TypeOutcome::Accepted)),
-            Step(5, InjectorInput::Tick),
-            Step(5, typed(1, TypeOutcome::Failed)),
-            Step(6, InjectorInput::Tick),
-            Step(7, InjectorInput::Tick),
-            Step(10, InjectorInput::Tick),
-        ],
+        t1_typed(
+            TypeOutcome::Accepted,
+            &[],
+            vec![
+                Step(5, InjectorInput::Tick),
+                Step(5, typed(1, TypeOutcome::Failed)),
+                Step(6, InjectorInput::Tick),
+                Step(7, InjectorInput::Tick),
+                Step(10, InjectorInput::Tick),
+            ],
+        ),
         &[
             "@0 type a T1",
             "@0 T1 Delivered",
@@ -629,9 +606,7 @@ fn a_typing_the_multiplexer_saw_start_is_the_turn_starting() {
     // herdr saw the member reach working: no grace, no Enter retry; the turn's end is the
     // usual status change.
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
+        ready(vec![
             Step(0, enqueue(1)),
             Step(0, enqueue(2)),
             Step(1, typed(1, TypeOutcome::Started)),
@@ -639,7 +614,7 @@ fn a_typing_the_multiplexer_saw_start_is_the_turn_starting() {
             Step(21, status(Activity::Busy)),
             Step(22, status(Activity::AtRest)),
             Step(23, recorded()),
-        ],
+        ]),
         &[
             "@0 type a T1",
             "@1 T1 Delivered",
@@ -653,15 +628,13 @@ fn a_typing_the_multiplexer_saw_start_is_the_turn_starting() {
 #[test]
 fn a_started_report_after_the_busy_reading_changes_nothing() {
     check(
-        vec![
-            Step(0, status(Activity::AtRest)),
-            Step(0, presence()),
+        ready(vec![
             Step(0, enqueue(1)),
             Step(1, status(Activity::Busy)),
             Step(1, typed(1, TypeOutcome::Started)),
             Step(2, replied(1)),
             Step(3, status(Activity::AtRest)),
-        ],
+        ]),
         &["@0 type a T1", "@1 T1 TurnStarted"],
     );
 }
@@ -716,8 +689,7 @@ proptest! {
     fn a_task_is_typed_again_only_after_a_typing_that_wrote_nothing(
         steps in proptest::collection::vec(any_step(), 1..80)
     ) {
-        let mut inj = Injector::new(SignedDuration::from_secs(5));
-        inj.handle_at(InjectorInput::MemberAdded { target: target("a") }, t(0));
+        let mut inj = injector(vec![]);
         let mut now = t(0);
         let mut enqueued = std::collections::BTreeSet::new();
         let mut awaited: BTreeMap<Ticket, Awaited> = BTreeMap::new();
