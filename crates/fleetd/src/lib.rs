@@ -30,4 +30,6 @@ pub mod shim_relay;
 pub mod state_dir;
 pub mod store;
 mod sync;
+#[cfg(test)]
+mod test_support;
 pub mod worktree;

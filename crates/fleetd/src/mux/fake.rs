@@ -254,7 +254,16 @@ impl FakeMux {
         self.lock().typed.clone()
     }
 
-    /// How many times Enter was pressed on its own (`press_enter`) in pane `id`.
+    /// Every submit into pane `id` so far.
+    pub(crate) fn typed_into(&self, id: &str) -> Vec<Typed> {
+        self.lock()
+            .typed
+            .iter()
+            .filter(|t| t.pane.as_str() == id)
+            .cloned()
+            .collect()
+    }
+
     /// Shows `line` as the pane's input line, at the bottom of its screen (`None`: none).
     pub(crate) fn set_input(&self, id: &str, line: Option<&str>) {
         let pane = PaneId::new(id).expect("valid pane id");
@@ -265,6 +274,7 @@ impl FakeMux {
         };
     }
 
+    /// How many times Enter was pressed on its own (`press_enter`) in pane `id`.
     pub(crate) fn enters(&self, id: &str) -> usize {
         self.lock()
             .enters

@@ -6,18 +6,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetd_core::{
-    AgentStatus, Message, MessageKind, MessageLimits, MsgId, Target, Ticket, TicketState,
-};
+use fleetd_core::{AgentStatus, Message, MessageKind, MsgId, Target, Ticket, TicketState};
 use jiff::Timestamp;
 use tokio::time::{Instant, sleep};
 
-use super::{EngineHandle, EngineParts, LeadRef, NewMember, Readiness, spawn};
-use crate::clock::TokioClock;
+use super::{EngineHandle, LeadRef, NewMember, Readiness, spawn};
 use crate::config::{Config, Environment};
 use crate::mux::MuxRouter;
 use crate::mux::fake::{FakeMux, Fault, Typed};
 use crate::store::{InboxStore, MemoryStore};
+use crate::test_support::{engine_parts, memory_store, new_member, qualified, reply_from};
 
 mod push;
 
@@ -34,19 +32,10 @@ const CONFIG: &str =
 
 fn rig(fake: &FakeMux) -> Rig {
     let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
-    let store = Arc::new(MemoryStore::new(MessageLimits {
-        max_message_bytes: 1 << 20,
-    }));
-    let router = MuxRouter::new(Arc::new(fake.clone()), None);
-    let engine = spawn(EngineParts {
-        durable: None,
-        config: crate::config::Live::fixed(config),
-        clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
-        store: Arc::clone(&store) as Arc<dyn InboxStore>,
-        mux: router.clone(),
-        redactor: crate::secrets::Redactor::empty(),
-        gateway: None,
-    });
+    let store = memory_store();
+    let parts = engine_parts(fake, &store, crate::config::Live::fixed(config));
+    let router = parts.mux.clone();
+    let engine = spawn(parts);
     Rig {
         engine,
         store,
@@ -57,16 +46,8 @@ fn rig(fake: &FakeMux) -> Rig {
 
 impl Rig {
     async fn mail(&self, target: &str) -> MsgId {
-        let target = Target::new(target).expect("target");
-        let message = Message {
-            msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
-            target: target.clone(),
-            ticket: None,
-            kind: MessageKind::Reply,
-            text: "the secret payload".to_owned(),
-            from: target.to_string(),
-            created_at: Timestamp::UNIX_EPOCH,
-        };
+        let message = reply_from(target, None, "the secret payload");
+        let target = message.target.clone();
         let id = message.msg_id;
         self.store.publish(message).await.expect("publish");
         self.engine.inbox_changed(target).await.expect("engine");
@@ -80,24 +61,16 @@ impl Rig {
         sleep(Duration::from_millis(10)).await; // the depth re-read lands
     }
 
-    fn nudges_into(&self, pane: &str) -> Vec<Typed> {
-        self.fake
-            .typed()
-            .into_iter()
-            .filter(|t| t.pane.as_str() == pane)
-            .collect()
-    }
-
     /// Asserts the nudges typed into `pane` so far are exactly one, saying `says`.
     fn one_nudge(&self, pane: &str, says: &str) {
-        let nudges = self.nudges_into(pane);
+        let nudges = self.fake.typed_into(pane);
         assert_eq!(nudges.len(), 1, "{nudges:?}");
         assert!(nudges[0].text.contains(says), "{says:?}: {nudges:?}");
     }
 
     /// Asserts some nudge typed into `pane` so far says `says`.
     fn some_nudge(&self, pane: &str, says: &str) {
-        let nudges = self.nudges_into(pane);
+        let nudges = self.fake.typed_into(pane);
         assert!(
             nudges.iter().any(|n| n.text.contains(says)),
             "{says:?}: {nudges:?}"
@@ -124,28 +97,6 @@ fn spacing(typed: &[Typed]) -> Vec<u64> {
         .collect()
 }
 
-fn qualified(pane: &str) -> fleetd_core::QualifiedPaneId {
-    fleetd_core::QualifiedPaneId::new(
-        fleetd_core::MuxDaemon::Lead,
-        fleetd_core::PaneId::new(pane).expect("pane"),
-    )
-}
-
-fn member(name: &str, pane: &str, terminal: &str, idle_secs: Option<u64>) -> NewMember {
-    NewMember {
-        target: Target::new(name).expect("target"),
-        profile: "p".to_owned(),
-        agent: "claude".to_owned(),
-        pane: qualified(pane),
-        terminal: fleetd_core::TerminalId::new(terminal).expect("terminal"),
-        allow_delegation: false,
-        idle_timeout_secs: idle_secs,
-        backend: None,
-        lead: None,
-        worktree: None,
-    }
-}
-
 async fn listed(rig: &Rig, name: &str) -> bool {
     rig.engine
         .list()
@@ -162,8 +113,14 @@ async fn the_idle_reaper_releases_exactly_after_the_timeout_and_never_while_work
     fake.add_pane("w2:p2", "t-busy", "w2:t2", AgentStatus::Working);
     let rig = rig(&fake);
     for new in [
-        member("idler", "w2:p1", "t-idle", Some(60)),
-        member("worker", "w2:p2", "t-busy", Some(60)),
+        NewMember {
+            idle_timeout_secs: Some(60),
+            ..new_member("idler", "w2:p1", "t-idle")
+        },
+        NewMember {
+            idle_timeout_secs: Some(60),
+            ..new_member("worker", "w2:p2", "t-busy")
+        },
     ] {
         rig.engine.add_member(new).await.expect("engine");
     }
@@ -191,7 +148,7 @@ async fn the_idle_reaper_releases_exactly_after_the_timeout_and_never_while_work
 /// the task `job`; returns the ticket.
 async fn alice_with_a_task(rig: &Rig) -> Ticket {
     rig.engine
-        .add_member(member("alice", "w2:p1", "t-a", None))
+        .add_member(new_member("alice", "w2:p1", "t-a"))
         .await
         .expect("engine");
     let alice = Target::new("alice").expect("target");
@@ -220,7 +177,7 @@ async fn a_task_that_may_have_been_typed_is_verified_and_never_typed_again() {
     let ticket = alice_with_a_task(&rig).await;
     let settled = rig.engine.wait(ticket).await.expect("engine");
     sleep(Duration::from_secs(30)).await;
-    assert_eq!(rig.nudges_into("w2:p1").len(), 1, "typed once");
+    assert_eq!(rig.fake.typed_into("w2:p1").len(), 1, "typed once");
     assert_eq!(fake.enters("w2:p1"), 1, "then one Enter retry");
     let settled = settled.await.expect("settled");
     assert_eq!(settled.state, TicketState::Stalled);
@@ -237,7 +194,7 @@ async fn a_task_that_may_have_been_typed_and_started_is_working() {
     fake.set_status("w2:p1", AgentStatus::Working);
     sleep(Duration::from_secs(30)).await;
     assert_eq!(state_of(&rig, ticket).await, TicketState::Working);
-    assert_eq!(rig.nudges_into("w2:p1").len(), 1, "typed once");
+    assert_eq!(rig.fake.typed_into("w2:p1").len(), 1, "typed once");
     assert_eq!(fake.enters("w2:p1"), 0, "its turn started: no retry");
 }
 
@@ -256,7 +213,7 @@ async fn a_submit_the_multiplexer_saw_start_is_the_turn_and_gets_no_enter_retry(
         0,
         "a started turn needs no Enter retry"
     );
-    assert_eq!(rig.nudges_into("w2:p1").len(), 1);
+    assert_eq!(rig.fake.typed_into("w2:p1").len(), 1);
 }
 
 async fn inbox(rig: &Rig, target: &str) -> Vec<Message> {
@@ -277,12 +234,12 @@ async fn a_backend_going_down_and_up_is_one_incident_each_for_its_members_only()
     rig.engine
         .add_member(NewMember {
             backend: Some("lab".to_owned()),
-            ..member("alice", "w2:p1", "t-a", None)
+            ..new_member("alice", "w2:p1", "t-a")
         })
         .await
         .expect("engine");
     rig.engine
-        .add_member(member("bob", "w2:p2", "t-b", None))
+        .add_member(new_member("bob", "w2:p2", "t-b"))
         .await
         .expect("engine");
     for _ in 0..3 {
@@ -297,7 +254,7 @@ async fn a_backend_going_down_and_up_is_one_incident_each_for_its_members_only()
     assert_eq!(alice[0].kind, MessageKind::Incident);
     assert!(alice[0].text.contains("backend lab is down (HTTP 503)"));
     assert!(inbox(&rig, "bob").await.is_empty(), "bob is not on lab");
-    let nudges = rig.nudges_into("w1:p1");
+    let nudges = rig.fake.typed_into("w1:p1");
     assert_eq!(nudges.len(), 1, "the lead is nudged once");
     assert!(nudges[0].text.contains("1 message from alice"));
     rig.engine
@@ -322,22 +279,12 @@ async fn a_reload_that_removes_a_members_backend_raises_one_unmapped_incident() 
     let env = Environment::default();
     let (publisher, live) =
         crate::config::channel(Config::parse(&with_lab, "test", &env).expect("config"));
-    let store = Arc::new(MemoryStore::new(MessageLimits {
-        max_message_bytes: 1 << 20,
-    }));
-    let engine = spawn(EngineParts {
-        durable: None,
-        config: live,
-        clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
-        store: Arc::clone(&store) as Arc<dyn InboxStore>,
-        mux: MuxRouter::new(Arc::new(fake.clone()), None),
-        redactor: crate::secrets::Redactor::empty(),
-        gateway: None,
-    });
+    let store = memory_store();
+    let engine = spawn(engine_parts(&fake, &store, live));
     engine
         .add_member(NewMember {
             backend: Some("lab".to_owned()),
-            ..member("alice", "w2:p1", "t-a", None)
+            ..new_member("alice", "w2:p1", "t-a")
         })
         .await
         .expect("engine");
@@ -413,7 +360,7 @@ async fn missed_pane_events_make_the_engine_read_every_pane_again() {
     let rig = rig(&fake);
     sleep(Duration::from_millis(100)).await; // the pinned lead is resolved and watched
     rig.engine
-        .add_member(member("alice", "w2:p1", "t-a", None))
+        .add_member(new_member("alice", "w2:p1", "t-a"))
         .await
         .expect("engine");
     sleep(Duration::from_millis(100)).await;
@@ -478,7 +425,7 @@ async fn readiness_fires_on_the_status_and_presence_that_complete_it_never_on_a_
         ("cy", "w2:p3", "t-cy"),
     ] {
         rig.engine
-            .add_member(member(name, pane, terminal, None))
+            .add_member(new_member(name, pane, terminal))
             .await
             .expect("engine");
     }
@@ -534,7 +481,7 @@ async fn each_input_is_handled_at_the_time_it_arrives() {
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
     let rig = rig(&fake);
     rig.engine
-        .add_member(member("alice", "w2:p1", "t-a", None))
+        .add_member(new_member("alice", "w2:p1", "t-a"))
         .await
         .expect("engine");
     sleep(Duration::from_millis(4500)).await;
@@ -637,16 +584,7 @@ async fn a_status_blip_before_the_task_was_submitted_records_no_fallback() {
 
 /// alice's reply to `ticket`, stored and told to the engine.
 async fn reply_to(rig: &Rig, ticket: Ticket, text: &str) {
-    let alice = Target::new("alice").expect("target");
-    let reply = Message {
-        msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
-        target: alice,
-        ticket: Some(ticket),
-        kind: MessageKind::Reply,
-        text: text.to_owned(),
-        from: "alice".to_owned(),
-        created_at: Timestamp::UNIX_EPOCH,
-    };
+    let reply = reply_from("alice", Some(ticket), text);
     rig.store.publish(reply.clone()).await.expect("publish");
     rig.engine.reply_stored(reply).await.expect("engine");
 }

@@ -13,7 +13,7 @@ async fn reminders_back_off_then_give_up_and_the_mail_stays() {
     sleep(Duration::from_millis(100)).await; // the first scan resolves the pinned primary
     rig.mail("alice").await;
     sleep(Duration::from_secs(120)).await;
-    let nudges = rig.nudges_into("w1:p1");
+    let nudges = rig.fake.typed_into("w1:p1");
     assert_eq!(nudges.len(), 3, "the budget is three: {nudges:?}");
     // 1 s, then 2 s (doubling; the 3 s cap is not reached).
     assert_eq!(spacing(&nudges), [1000, 2000]);
@@ -28,7 +28,7 @@ async fn reminders_back_off_then_give_up_and_the_mail_stays() {
     // New mail after giving up starts a new batch.
     rig.mail("alice").await;
     sleep(Duration::from_millis(10)).await;
-    assert_eq!(rig.nudges_into("w1:p1").len(), 4);
+    assert_eq!(rig.fake.typed_into("w1:p1").len(), 4);
 }
 
 #[tokio::test(start_paused = true)]
@@ -40,11 +40,14 @@ async fn a_working_lead_is_nudged_the_moment_it_goes_idle_and_reading_stops_it()
     let mut events = rig.engine.events().subscribe(None).live;
     let id = rig.mail("alice").await;
     sleep(Duration::from_secs(600)).await;
-    assert!(rig.nudges_into("w1:p1").is_empty(), "never while working");
+    assert!(
+        rig.fake.typed_into("w1:p1").is_empty(),
+        "never while working"
+    );
     let idle_at = Instant::now();
     fake.set_status("w1:p1", AgentStatus::Idle);
     sleep(Duration::from_millis(50)).await;
-    let nudges = rig.nudges_into("w1:p1");
+    let nudges = rig.fake.typed_into("w1:p1");
     assert_eq!(nudges.len(), 1);
     assert!(
         nudges[0].at - idle_at < Duration::from_millis(5),
@@ -70,7 +73,7 @@ async fn a_working_lead_is_nudged_the_moment_it_goes_idle_and_reading_stops_it()
     rig.ack("alice", id).await;
     fake.set_status("w1:p1", AgentStatus::Idle);
     sleep(Duration::from_secs(600)).await;
-    assert_eq!(rig.nudges_into("w1:p1").len(), 1);
+    assert_eq!(rig.fake.typed_into("w1:p1").len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -85,7 +88,7 @@ async fn a_blip_keeps_the_delegating_lead_and_a_closed_one_falls_back_to_the_pri
     rig.engine
         .add_member(NewMember {
             lead: Some(delegator),
-            ..member("alice", "w2:p1", "t-alice", None)
+            ..new_member("alice", "w2:p1", "t-alice")
         })
         .await
         .expect("engine");
@@ -93,14 +96,14 @@ async fn a_blip_keeps_the_delegating_lead_and_a_closed_one_falls_back_to_the_pri
     fake.fault("w1:p5", Some(Fault::Transient));
     let id = rig.mail("alice").await;
     sleep(Duration::from_secs(10)).await;
-    assert!(rig.nudges_into("w1:p5").is_empty());
+    assert!(rig.fake.typed_into("w1:p5").is_empty());
     assert!(
-        rig.nudges_into("w1:p1").is_empty(),
+        rig.fake.typed_into("w1:p1").is_empty(),
         "a blip never moves mail to the primary"
     );
     fake.fault("w1:p5", None);
     sleep(Duration::from_secs(2)).await;
-    let answered = rig.nudges_into("w1:p5").len();
+    let answered = rig.fake.typed_into("w1:p5").len();
     assert!(answered >= 1, "retried once it answers");
     rig.ack("alice", id).await;
     // The delegating lead's pane closes: its binding is forgotten, the primary gets the mail.
@@ -108,8 +111,8 @@ async fn a_blip_keeps_the_delegating_lead_and_a_closed_one_falls_back_to_the_pri
     sleep(Duration::from_millis(10)).await;
     rig.mail("alice").await;
     sleep(Duration::from_millis(10)).await;
-    assert_eq!(rig.nudges_into("w1:p1").len(), 1);
-    assert_eq!(rig.nudges_into("w1:p5").len(), answered);
+    assert_eq!(rig.fake.typed_into("w1:p1").len(), 1);
+    assert_eq!(rig.fake.typed_into("w1:p5").len(), answered);
 }
 
 #[tokio::test(start_paused = true)]
@@ -122,7 +125,11 @@ async fn failed_scans_keep_the_primary_and_a_vanished_one_is_replaced() {
     sleep(Duration::from_secs(10)).await; // several failed readings
     let id = rig.mail("alice").await;
     sleep(Duration::from_millis(10)).await;
-    assert_eq!(rig.nudges_into("w1:p1").len(), 1, "the primary was kept");
+    assert_eq!(
+        rig.fake.typed_into("w1:p1").len(),
+        1,
+        "the primary was kept"
+    );
     rig.ack("alice", id).await;
     // The primary's pane disappears without an event; a new agent opens in the tab.
     fake.listing_fails(false);
@@ -131,8 +138,8 @@ async fn failed_scans_keep_the_primary_and_a_vanished_one_is_replaced() {
     sleep(Duration::from_secs(3)).await; // one TTL
     rig.mail("bob").await;
     sleep(Duration::from_millis(10)).await;
-    assert_eq!(rig.nudges_into("w1:p2").len(), 1, "the tab's new lead");
-    assert_eq!(rig.nudges_into("w1:p1").len(), 1);
+    assert_eq!(rig.fake.typed_into("w1:p2").len(), 1, "the tab's new lead");
+    assert_eq!(rig.fake.typed_into("w1:p1").len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -151,33 +158,18 @@ async fn with_no_lead_the_mail_waits_for_a_poll() {
 async fn mail_from_before_a_restart_is_nudged_once_the_lead_is_known() {
     let fake = FakeMux::new();
     fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
-    let store = Arc::new(MemoryStore::new(MessageLimits {
-        max_message_bytes: 1 << 20,
-    }));
+    let store = memory_store();
     // The mail is in the store before the engine starts (a daemon restarted).
-    let target = Target::new("alice").expect("target");
     store
-        .publish(Message {
-            msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
-            target: target.clone(),
-            ticket: None,
-            kind: MessageKind::Reply,
-            text: "done".to_owned(),
-            from: "alice".to_owned(),
-            created_at: Timestamp::UNIX_EPOCH,
-        })
+        .publish(reply_from("alice", None, "done"))
         .await
         .expect("publish");
     let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
-    let _engine = spawn(EngineParts {
-        durable: None,
-        config: crate::config::Live::fixed(config),
-        clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
-        store: Arc::clone(&store) as Arc<dyn InboxStore>,
-        mux: MuxRouter::new(Arc::new(fake.clone()), None),
-        redactor: crate::secrets::Redactor::empty(),
-        gateway: None,
-    });
+    let _engine = spawn(engine_parts(
+        &fake,
+        &store,
+        crate::config::Live::fixed(config),
+    ));
     sleep(Duration::from_millis(100)).await;
     let nudges: Vec<Typed> = fake.typed();
     assert_eq!(nudges.len(), 1, "{nudges:?}");
@@ -194,7 +186,7 @@ async fn nudges_that_may_have_been_typed_spend_the_budget() {
     sleep(Duration::from_millis(100)).await;
     rig.mail("alice").await;
     sleep(Duration::from_secs(120)).await;
-    let nudges = rig.nudges_into("w1:p1");
+    let nudges = rig.fake.typed_into("w1:p1");
     assert_eq!(nudges.len(), 3, "the budget is three: {nudges:?}");
     assert_eq!(spacing(&nudges), [1000, 2000], "each waits its backoff");
 }
@@ -210,7 +202,7 @@ async fn a_reply_returned_by_a_waiter_is_kept_until_its_caller_calls_again_and_a
     let rig = rig(&fake);
     sleep(Duration::from_millis(100)).await; // the pinned primary is resolved
     rig.engine
-        .add_member(member("alice", "w2:p1", "t-a", None))
+        .add_member(new_member("alice", "w2:p1", "t-a"))
         .await
         .expect("engine");
     let alice = Target::new("alice").expect("target");
@@ -223,15 +215,7 @@ async fn a_reply_returned_by_a_waiter_is_kept_until_its_caller_calls_again_and_a
             .expect("engine")
             .expect("queued");
         let waiter = rig.engine.wait(ticket).await.expect("engine");
-        let reply = Message {
-            msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
-            target: alice.clone(),
-            ticket: Some(ticket),
-            kind: MessageKind::Reply,
-            text: format!("done {round}"),
-            from: "alice".to_owned(),
-            created_at: Timestamp::UNIX_EPOCH,
-        };
+        let reply = reply_from("alice", Some(ticket), format!("done {round}"));
         rig.store.publish(reply.clone()).await.expect("publish");
         let delivered = rig.engine.reply_stored(reply).await.expect("engine");
         assert_eq!(delivered, super::super::Delivered::Waiter);
@@ -245,7 +229,7 @@ async fn a_reply_returned_by_a_waiter_is_kept_until_its_caller_calls_again_and_a
         .expect("engine");
     sleep(Duration::from_secs(60)).await;
     assert!(
-        rig.nudges_into("w1:p1").is_empty(),
+        rig.fake.typed_into("w1:p1").is_empty(),
         "replies in a waiter's hands are not nudged about"
     );
     assert_eq!(
@@ -255,7 +239,7 @@ async fn a_reply_returned_by_a_waiter_is_kept_until_its_caller_calls_again_and_a
     );
     rig.engine.unhand_now(handed[1]);
     sleep(Duration::from_millis(100)).await;
-    let nudges = rig.nudges_into("w1:p1");
+    let nudges = rig.fake.typed_into("w1:p1");
     assert_eq!(nudges.len(), 1, "the lost one is mail again: {nudges:?}");
     assert!(
         nudges[0].text.contains("1 message from alice"),
@@ -286,43 +270,20 @@ async fn a_reload_moves_the_primary_tab_and_the_push_budget_at_once() {
     let env = Environment::default();
     let (publisher, live) =
         crate::config::channel(Config::parse(CONFIG, "test", &env).expect("config"));
-    let store = Arc::new(MemoryStore::new(MessageLimits {
-        max_message_bytes: 1 << 20,
-    }));
-    let engine = spawn(EngineParts {
-        durable: None,
-        config: live,
-        clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
-        store: Arc::clone(&store) as Arc<dyn InboxStore>,
-        mux: MuxRouter::new(Arc::new(fake.clone()), None),
-        redactor: crate::secrets::Redactor::empty(),
-        gateway: None,
-    });
+    let store = memory_store();
+    let engine = spawn(engine_parts(&fake, &store, live));
     sleep(Duration::from_millis(100)).await; // w1:t1's lead is the primary
     let moved = "primary:\n  tab: w3:t1\n  pushReminders: 1\n  pushBackoffMs: 1000\n";
     publisher.publish(Config::parse(moved, "test", &env).expect("config"));
     sleep(Duration::from_millis(100)).await;
     let alice = Target::new("alice").expect("target");
     store
-        .publish(Message {
-            msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
-            target: alice.clone(),
-            ticket: None,
-            kind: MessageKind::Reply,
-            text: "mail".to_owned(),
-            from: "alice".to_owned(),
-            created_at: Timestamp::UNIX_EPOCH,
-        })
+        .publish(reply_from("alice", None, "mail"))
         .await
         .expect("publish");
     engine.inbox_changed(alice).await.expect("engine");
     sleep(Duration::from_secs(30)).await;
-    let into = |pane: &str| {
-        fake.typed()
-            .into_iter()
-            .filter(|t| t.pane.as_str() == pane)
-            .count()
-    };
+    let into = |pane: &str| fake.typed_into(pane).len();
     assert_eq!(into("w1:p1"), 0, "the old primary tab hears nothing");
     assert_eq!(
         into("w3:p1"),
@@ -339,7 +300,7 @@ async fn a_wake_holds_its_reply_from_the_nudge_until_read_cancelled_or_lapsed() 
     let rig = rig(&fake);
     sleep(Duration::from_millis(100)).await; // the pinned primary is resolved
     rig.engine
-        .add_member(member("alice", "w2:p1", "t-a", None))
+        .add_member(new_member("alice", "w2:p1", "t-a"))
         .await
         .expect("engine");
     let owner = "lead:w1:p1".to_owned();
@@ -373,7 +334,7 @@ async fn a_wake_holds_its_reply_from_the_nudge_until_read_cancelled_or_lapsed() 
     }
     sleep(Duration::from_secs(30)).await;
     assert!(
-        rig.nudges_into("w1:p1").is_empty(),
+        rig.fake.typed_into("w1:p1").is_empty(),
         "replies live wakes carry are not nudged about"
     );
     // The first is read (its reply is the owner's: its next call acknowledges it), the second
@@ -408,7 +369,7 @@ async fn a_handed_reply_goes_back_to_the_nudge_when_its_holder_goes_or_never_cal
     sleep(Duration::from_millis(100)).await; // the pinned primary is resolved
     rig.lead("w3:p1", "t-other").await;
     rig.engine
-        .add_member(member("alice", "w2:p1", "t-a", None))
+        .add_member(new_member("alice", "w2:p1", "t-a"))
         .await
         .expect("engine");
     let mut handed = Vec::new();
@@ -426,7 +387,10 @@ async fn a_handed_reply_goes_back_to_the_nudge_when_its_holder_goes_or_never_cal
             .expect("engine");
     }
     sleep(Duration::from_secs(60)).await;
-    assert!(rig.nudges_into("w1:p1").is_empty(), "handed: not nudged");
+    assert!(
+        rig.fake.typed_into("w1:p1").is_empty(),
+        "handed: not nudged"
+    );
     // The first holder's pane closes before its next call: that reply is mail again.
     fake.close("w3:p1");
     sleep(Duration::from_millis(100)).await;

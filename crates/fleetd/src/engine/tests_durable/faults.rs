@@ -39,27 +39,15 @@ async fn a_reply_nudges_its_idle_lead_before_its_tickets_commit_lands() {
     fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
     let disk = Disk::new();
-    let engine = disk.start(&fake);
-    let lead = lead_ref();
-    engine.lead_seen(lead.clone()).await.expect("engine");
-    engine
-        .add_member(member("ann", "w2:p1", "t-a", Some(lead)))
-        .await
-        .expect("engine");
-    engine.presence(t("ann")).await.expect("engine");
+    let engine = with_ann_led(&disk, &fake).await;
     let ticket = task(&engine, "ann", "job").await;
     settle().await;
     fake.set_status("w2:p1", AgentStatus::Working);
     settle().await;
-    let nudges = || {
-        fake.typed()
-            .into_iter()
-            .filter(|t| t.pane.as_str() == "w1:p1")
-            .count()
-    };
+    let nudges = || fake.typed_into("w1:p1").len();
     assert_eq!(nudges(), 0, "no mail yet");
     disk.store.set_state_commit_delay(Duration::from_secs(5));
-    let reply = ann_reply(Some(ticket), "done".to_owned());
+    let reply = reply_from("ann", Some(ticket), "done".to_owned());
     disk.store.publish(reply.clone()).await.expect("publish");
     engine.reply_stored(reply).await.expect("engine");
     settle().await;
@@ -77,6 +65,28 @@ async fn a_reply_nudges_its_idle_lead_before_its_tickets_commit_lands() {
             .any(|r| r.key == ticket.to_string() && r.value.contains("replied")),
         "{kept:?}"
     );
+}
+
+/// Waits (in real time) for the notice in `member`'s inbox that its worktree is kept; its text.
+async fn kept_notice(disk: &Disk, member: &str) -> String {
+    let mut notice = String::new();
+    real_wait(
+        &format!("the notice that {member}'s worktree is kept"),
+        async || {
+            notice = disk
+                .store
+                .peek(&t(member), 10)
+                .await
+                .expect("peek")
+                .into_iter()
+                .map(|m| m.text)
+                .find(|t| t.contains("worktree is kept"))
+                .unwrap_or_default();
+            !notice.is_empty()
+        },
+    )
+    .await;
+    notice
 }
 
 // Real time, not paused: `git` runs as a process, and paused time would fire its timeout at
@@ -124,12 +134,15 @@ async fn a_worktree_a_spawn_was_making_when_fleetd_died_is_settled_at_the_next_s
     // bo's spawn was cut short after its agent had written something there (a hook, say).
     std::fs::write(bo.path.join("notes.txt"), "draft\n").expect("write");
     // cy's got as far as its member.
-    let mut member_cy = member("cy", "w2:p3", "t-c", Some(lead.clone()));
+    let mut member_cy = NewMember {
+        lead: Some(lead.clone()),
+        ..new_member("cy", "w2:p3", "t-c")
+    };
     member_cy.worktree = Some(cy.clone());
     first.add_member(member_cy).await.expect("engine");
     first.list().await.expect("engine"); // (handled, so committed, before the kill)
-    drop(first); // as after a kill -9, between `git worktree add` and registering ann and bo
-    sleep(Duration::from_millis(50)).await;
+    // As after a kill -9, between `git worktree add` and registering ann and bo.
+    disk.kill(first).await;
 
     let second = disk.start(&fake);
     let branch = |name: &str| {
@@ -140,20 +153,7 @@ async fn a_worktree_a_spawn_was_making_when_fleetd_died_is_settled_at_the_next_s
         !ann.path.exists() && !branch("fleet/ann")
     })
     .await;
-    let mut notice = String::new();
-    real_wait("the notice that bo's worktree is kept", async || {
-        notice = disk
-            .store
-            .peek(&t("bo"), 10)
-            .await
-            .expect("peek")
-            .into_iter()
-            .map(|m| m.text)
-            .find(|t| t.contains("worktree is kept"))
-            .unwrap_or_default();
-        !notice.is_empty()
-    })
-    .await;
+    let notice = kept_notice(&disk, "bo").await;
     assert!(
         notice.contains("the spawn of bo was cut short by a restart"),
         "{notice}"
@@ -204,7 +204,7 @@ async fn a_released_member_s_worktree_is_judged_only_once_its_pane_is_gone() {
     })
     .await
     .expect("worktree");
-    let mut dee = member("dee", "w2:p4", "t-d", None);
+    let mut dee = new_member("dee", "w2:p4", "t-d");
     dee.worktree = Some(info.clone());
     engine.add_member(dee).await.expect("engine");
     // Review M3: released while its agent still works, and its pane slow to close.
@@ -222,20 +222,7 @@ async fn a_released_member_s_worktree_is_judged_only_once_its_pane_is_gone() {
     std::fs::write(info.path.join("README"), "last words\n").expect("write");
     crate::worktree::test_git(&info.path, &["commit", "--quiet", "-am", "last"]);
     fake.hold_closes(false);
-    let mut notice = String::new();
-    real_wait("the notice that dee's worktree is kept", async || {
-        notice = disk
-            .store
-            .peek(&t("dee"), 10)
-            .await
-            .expect("peek")
-            .into_iter()
-            .map(|m| m.text)
-            .find(|t| t.contains("worktree is kept"))
-            .unwrap_or_default();
-        !notice.is_empty()
-    })
-    .await;
+    let notice = kept_notice(&disk, "dee").await;
     assert!(notice.contains("1 commit ahead of main"), "{notice}");
     assert!(!fake.has_pane("w2:p4"), "closed before it was judged");
     assert!(info.path.exists(), "the worktree with its commit is kept");
@@ -244,13 +231,8 @@ async fn a_released_member_s_worktree_is_judged_only_once_its_pane_is_gone() {
 #[tokio::test(start_paused = true)]
 async fn a_fleet_state_that_cannot_be_read_stops_the_engine_rather_than_start_an_empty_fleet() {
     let (fake, disk) = ann_pane(AgentStatus::Idle);
-    let first = disk.start(&fake);
-    first
-        .add_member(member("ann", "w2:p1", "t-a", None))
-        .await
-        .expect("engine");
-    drop(first);
-    settle().await;
+    let first = with_ann_registered(&disk, &fake).await;
+    disk.kill(first).await;
     // Review M4: a store that stays unreadable (every try fails) stops the engine, so the
     // daemon exits for its service manager; nothing is written over ann's record.
     disk.store.fail_loads(5);
@@ -277,7 +259,7 @@ async fn an_older_fleetds_registry_is_removed_only_once_its_members_are_committe
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
     let dir = tempfile::tempdir().expect("tmp");
     let legacy = dir.path().join("members.json");
-    let members = vec![member("ann", "w2:p1", "t-a", None)];
+    let members = vec![new_member("ann", "w2:p1", "t-a")];
     std::fs::write(&legacy, serde_json::to_vec(&members).expect("json")).expect("write");
     let disk = Disk::new();
     // Review M5: the commit that carries the imported members fails (a full disk): the file
@@ -317,7 +299,7 @@ async fn while_the_state_cannot_be_written_what_waits_is_bounded_and_new_work_re
     let engine = disk.start(&fake);
     for (name, pane, terminal) in [("ann", "w2:p1", "t-a"), ("bo", "w2:p2", "t-b")] {
         engine
-            .add_member(member(name, pane, terminal, None))
+            .add_member(new_member(name, pane, terminal))
             .await
             .expect("engine");
     }
@@ -355,11 +337,7 @@ async fn while_the_state_cannot_be_written_what_waits_is_bounded_and_new_work_re
 #[tokio::test(start_paused = true)]
 async fn a_question_or_answer_that_cannot_be_written_says_so() {
     let (fake, disk) = ann_pane(AgentStatus::Working);
-    let engine = disk.start(&fake);
-    engine
-        .add_member(member("ann", "w2:p1", "t-a", None))
-        .await
-        .expect("engine");
+    let engine = with_ann_registered(&disk, &fake).await;
     settle().await;
     // Review M6: a full disk. The member hears its question is not kept yet, not an id it
     // would wait on while a restart forgets the question.

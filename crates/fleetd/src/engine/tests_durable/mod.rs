@@ -6,16 +6,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetd_core::{AgentStatus, MessageLimits, Target, TicketState};
+use fleetd_core::{AgentStatus, Target, TicketState};
 use jiff::Timestamp;
 use tokio::time::sleep;
 
 use super::{Durable, EngineHandle, EngineParts, LeadRef, NewMember, TicketAnswer, spawn};
 use crate::clock::TokioClock;
 use crate::config::{Config, Environment};
-use crate::mux::MuxRouter;
 use crate::mux::fake::FakeMux;
 use crate::store::{InboxStore, MemoryStore, StateStore};
+use crate::test_support::{engine_parts, memory_store, new_member, qualified, reply_from};
 
 mod faults;
 
@@ -31,9 +31,7 @@ struct Disk {
 impl Disk {
     fn new() -> Self {
         Self {
-            store: Arc::new(MemoryStore::new(MessageLimits {
-                max_message_bytes: 1 << 20,
-            })),
+            store: memory_store(),
         }
     }
 
@@ -53,42 +51,28 @@ impl Disk {
         clock: crate::clock::SharedClock,
         legacy: Option<std::path::PathBuf>,
     ) -> EngineHandle {
+        let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
         spawn(EngineParts {
             durable: Some(Durable {
                 store: Arc::clone(&self.store) as Arc<dyn StateStore>,
                 legacy_members_file: legacy,
             }),
-            config: crate::config::Live::fixed(
-                Config::parse(CONFIG, "test", &Environment::default()).expect("config"),
-            ),
             clock,
-            store: Arc::clone(&self.store) as Arc<dyn InboxStore>,
-            mux: MuxRouter::new(Arc::new(fake.clone()), None),
-            redactor: crate::secrets::Redactor::empty(),
-            gateway: None,
+            ..engine_parts(fake, &self.store, crate::config::Live::fixed(config))
         })
     }
-}
 
-fn qualified(pane: &str) -> fleetd_core::QualifiedPaneId {
-    fleetd_core::QualifiedPaneId::new(
-        fleetd_core::MuxDaemon::Lead,
-        fleetd_core::PaneId::new(pane).expect("pane"),
-    )
-}
+    /// Drops `engine` as a kill -9 would (nothing released, nothing flushed beyond the commits)
+    /// and lets what it had spawned end.
+    async fn kill(&self, engine: EngineHandle) {
+        drop(engine);
+        settle().await;
+    }
 
-fn member(name: &str, pane: &str, terminal: &str, lead: Option<LeadRef>) -> NewMember {
-    NewMember {
-        target: Target::new(name).expect("target"),
-        profile: "p".to_owned(),
-        agent: "claude".to_owned(),
-        pane: qualified(pane),
-        terminal: fleetd_core::TerminalId::new(terminal).expect("terminal"),
-        allow_delegation: false,
-        idle_timeout_secs: None,
-        backend: None,
-        lead,
-        worktree: None,
+    /// [`Disk::kill`], then a new engine on the same stores.
+    async fn restart(&self, engine: EngineHandle, fake: &FakeMux) -> EngineHandle {
+        self.kill(engine).await;
+        self.start(fake)
     }
 }
 
@@ -101,21 +85,6 @@ fn lead_ref() -> LeadRef {
     LeadRef {
         pane: qualified("w1:p1"),
         terminal: fleetd_core::TerminalId::new("t-lead").expect("terminal"),
-    }
-}
-
-/// A reply from member ann, to `ticket` when given.
-fn ann_reply(ticket: Option<fleetd_core::Ticket>, text: String) -> fleetd_core::Message {
-    fleetd_core::Message {
-        msg_id: fleetd_core::MsgId::from_uuid(crate::clock::Clock::new_id(
-            &crate::clock::SystemClock,
-        )),
-        target: t("ann"),
-        ticket,
-        kind: fleetd_core::MessageKind::Reply,
-        text,
-        from: "ann".to_owned(),
-        created_at: Timestamp::UNIX_EPOCH,
     }
 }
 
@@ -134,12 +103,35 @@ fn typed_once(fake: &FakeMux, text: &str) {
     assert_eq!(typed[0].text, text);
 }
 
-/// An engine on `disk` with member ann (pane `w2:p1`, terminal `t-a`) registered and connected:
-/// where most restart stories begin.
-async fn with_ann(disk: &Disk, fake: &FakeMux) -> EngineHandle {
+/// An engine on `disk` with member ann (pane `w2:p1`, terminal `t-a`) registered; its agent has
+/// not connected.
+async fn with_ann_registered(disk: &Disk, fake: &FakeMux) -> EngineHandle {
     let engine = disk.start(fake);
     engine
-        .add_member(member("ann", "w2:p1", "t-a", None))
+        .add_member(new_member("ann", "w2:p1", "t-a"))
+        .await
+        .expect("engine");
+    engine
+}
+
+/// [`with_ann_registered`], and connected: where most restart stories begin.
+async fn with_ann(disk: &Disk, fake: &FakeMux) -> EngineHandle {
+    let engine = with_ann_registered(disk, fake).await;
+    engine.presence(t("ann")).await.expect("engine");
+    engine
+}
+
+/// An engine on `disk` that has seen the lead ([`lead_ref`]), with member ann registered as its
+/// member and connected.
+async fn with_ann_led(disk: &Disk, fake: &FakeMux) -> EngineHandle {
+    let engine = disk.start(fake);
+    let lead = lead_ref();
+    engine.lead_seen(lead.clone()).await.expect("engine");
+    engine
+        .add_member(NewMember {
+            lead: Some(lead),
+            ..new_member("ann", "w2:p1", "t-a")
+        })
         .await
         .expect("engine");
     engine.presence(t("ann")).await.expect("engine");
@@ -173,18 +165,13 @@ async fn members_are_taken_back_and_a_gone_one_is_released_with_its_tickets_fail
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
     fake.add_pane("w2:p2", "t-b", "w2:t2", AgentStatus::Working);
     let disk = Disk::new();
-    let first = disk.start(&fake);
+    let first = with_ann_registered(&disk, &fake).await;
     first
-        .add_member(member("ann", "w2:p1", "t-a", None))
-        .await
-        .expect("engine");
-    first
-        .add_member(member("bo", "w2:p2", "t-b", None))
+        .add_member(new_member("bo", "w2:p2", "t-b"))
         .await
         .expect("engine");
     let ticket = task(&first, "bo", "a long job").await;
-    drop(first); // as after a kill -9: nothing released, nothing flushed beyond the commits
-    settle().await;
+    disk.kill(first).await;
     // While fleetd was down, bo's pane got a new occupant.
     fake.vanish("w2:p2");
     fake.add_pane("w2:p2", "t-other", "w2:t2", AgentStatus::Idle);
@@ -218,9 +205,7 @@ async fn a_queued_task_is_typed_exactly_once_across_a_restart() {
     let ticket = task(&first, "ann", "queued while busy").await;
     settle().await;
     assert!(fake.typed().is_empty(), "busy: nothing typed yet");
-    drop(first);
-    settle().await;
-    let second = disk.start(&fake);
+    let second = disk.restart(first, &fake).await;
     settle().await;
     assert_eq!(state_of(&second, ticket).await, Some(TicketState::Queued));
     fake.set_status("w2:p1", AgentStatus::Idle);
@@ -240,8 +225,7 @@ async fn a_typing_that_wrote_nothing_is_typed_after_a_restart() {
     let ticket = task(&first, "ann", "never reached the pane").await;
     settle().await;
     assert!(fake.typed().is_empty(), "the socket failed: nothing typed");
-    drop(first);
-    settle().await;
+    disk.kill(first).await;
     fake.fault("w2:p1", None);
     let second = disk.start(&fake);
     settle().await;
@@ -263,8 +247,7 @@ async fn a_task_in_doubt_that_never_reached_its_pane_is_typed_after_the_restart(
     let second_task = task(&first, "ann", "queued behind it").await;
     settle().await;
     assert!(fake.typed().is_empty(), "the typing call never came back");
-    drop(first);
-    settle().await;
+    disk.kill(first).await;
     fake.fault("w2:p1", None);
     let second = disk.start(&fake);
     sleep(Duration::from_secs(5)).await;
@@ -292,8 +275,7 @@ async fn a_task_in_doubt_that_shows_in_its_pane_is_never_typed_again() {
     settle().await;
     assert_eq!(fake.typed().len(), 1);
     assert_eq!(state_of(&first, ticket).await, Some(TicketState::Queued));
-    drop(first);
-    settle().await;
+    disk.kill(first).await;
     fake.fault("w2:p1", None);
     let second = disk.start(&fake);
     sleep(Duration::from_secs(30)).await;
@@ -310,9 +292,7 @@ async fn a_task_typed_before_a_restart_is_never_typed_again_and_its_ticket_ends(
     settle().await;
     assert_eq!(fake.typed().len(), 1);
     // Killed before the member was seen working; it worked and went idle while fleetd was down.
-    drop(first);
-    settle().await;
-    let second = disk.start(&fake);
+    let second = disk.restart(first, &fake).await;
     sleep(Duration::from_secs(30)).await;
     assert_eq!(fake.typed().len(), 1, "never typed twice");
     assert_eq!(
@@ -325,18 +305,13 @@ async fn a_task_typed_before_a_restart_is_never_typed_again_and_its_ticket_ends(
 #[tokio::test(start_paused = true)]
 async fn a_reply_stored_just_before_the_kill_settles_its_ticket_after_the_restart() {
     let (fake, disk) = ann_pane(AgentStatus::Working);
-    let first = disk.start(&fake);
-    first
-        .add_member(member("ann", "w2:p1", "t-a", None))
-        .await
-        .expect("engine");
+    let first = with_ann_registered(&disk, &fake).await;
     let ticket = task(&first, "ann", "job").await;
     settle().await;
-    drop(first);
-    settle().await;
+    disk.kill(first).await;
     // The member's reply reached the store, but the engine never heard of it.
     disk.store
-        .publish(ann_reply(Some(ticket), "done".to_owned()))
+        .publish(reply_from("ann", Some(ticket), "done".to_owned()))
         .await
         .expect("publish");
     let second = disk.start(&fake);
@@ -347,17 +322,12 @@ async fn a_reply_stored_just_before_the_kill_settles_its_ticket_after_the_restar
 #[tokio::test(start_paused = true)]
 async fn a_reply_behind_pages_of_other_mail_still_settles_its_ticket_after_the_restart() {
     let (fake, disk) = ann_pane(AgentStatus::Working);
-    let first = disk.start(&fake);
-    first
-        .add_member(member("ann", "w2:p1", "t-a", None))
-        .await
-        .expect("engine");
+    let first = with_ann_registered(&disk, &fake).await;
     let ticket = task(&first, "ann", "job").await;
     settle().await;
-    drop(first);
-    settle().await;
+    disk.kill(first).await;
     // Three 900 KiB messages first: the restart reads the inbox a ~1 MiB page at a time.
-    let publish = |ticket, text: String| disk.store.publish(ann_reply(ticket, text));
+    let publish = |ticket, text: String| disk.store.publish(reply_from("ann", ticket, text));
     for _ in 0..3 {
         publish(None, "x".repeat(900 * 1024))
             .await
@@ -377,23 +347,14 @@ async fn questions_and_bindings_survive_and_the_answer_reaches_the_member() {
     fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Working);
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
     let disk = Disk::new();
-    let first = disk.start(&fake);
-    let lead = lead_ref();
-    first.lead_seen(lead.clone()).await.expect("engine");
-    first
-        .add_member(member("ann", "w2:p1", "t-a", Some(lead.clone())))
-        .await
-        .expect("engine");
-    first.presence(t("ann")).await.expect("engine");
+    let first = with_ann_led(&disk, &fake).await;
     let (id, _answer) = first
         .ask_question(t("ann"), "which branch?".to_owned())
         .await
         .expect("engine")
         .expect("under the cap");
     settle().await;
-    drop(first);
-    settle().await;
-    let second = disk.start(&fake);
+    let second = disk.restart(first, &fake).await;
     settle().await;
     let open = second.questions(Some(t("ann"))).await.expect("engine");
     assert_eq!(open.len(), 1);
@@ -407,11 +368,7 @@ async fn questions_and_bindings_survive_and_the_answer_reaches_the_member() {
     // The nudge about the question goes to that lead once it is idle.
     fake.set_status("w1:p1", AgentStatus::Idle);
     settle().await;
-    let nudges: Vec<_> = fake
-        .typed()
-        .into_iter()
-        .filter(|t| t.pane.as_str() == "w1:p1")
-        .collect();
+    let nudges = fake.typed_into("w1:p1");
     assert_eq!(nudges.len(), 1, "{nudges:?}");
     assert!(nudges[0].text.contains("question"), "{nudges:?}");
     // Answered after the restart: the member (no longer waiting) gets it as a task.
@@ -435,11 +392,7 @@ async fn questions_and_bindings_survive_and_the_answer_reaches_the_member() {
 #[tokio::test(start_paused = true)]
 async fn a_clean_shutdown_keeps_members_and_their_open_tickets() {
     let (fake, disk) = ann_pane(AgentStatus::Working);
-    let first = disk.start(&fake);
-    first
-        .add_member(member("ann", "w2:p1", "t-a", None))
-        .await
-        .expect("engine");
+    let first = with_ann_registered(&disk, &fake).await;
     let ticket = task(&first, "ann", "job").await;
     first.shutdown().await.expect("engine");
     assert!(first.list().await.is_err(), "the engine stopped");
@@ -496,14 +449,13 @@ async fn the_lead_rule_s_spans_survive_a_restart() {
     );
     sleep(Duration::from_secs(10)).await;
     first
-        .add_member(member("ann", "w2:p1", "t-a", None))
+        .add_member(new_member("ann", "w2:p1", "t-a"))
         .await
         .expect("engine");
     sleep(Duration::from_secs(10)).await; // now 20 s; ann here since 10 s
     assert_eq!(standing(&first, "w1:p2", 5).await, Stray, "born at 15 s");
     assert_eq!(standing(&first, "w1:p3", 15).await, Lead, "born at 5 s");
-    drop(first); // as after a kill -9
-    settle().await;
+    disk.kill(first).await;
     let second = disk.start_on(&fake, Arc::clone(&clock));
     settle().await;
     assert_eq!(
@@ -537,8 +489,7 @@ async fn the_lead_rule_s_spans_survive_a_restart() {
         .await
         .expect("engine");
     assert_eq!(standing(&second, "w1:p2", 25).await, Lead, "admitted");
-    drop(second);
-    settle().await;
+    disk.kill(second).await;
     let third = disk.start_on(&fake, clock);
     settle().await;
     assert_eq!(

@@ -1,0 +1,77 @@
+//! What the crate's driver tests share: an engine's parts on the fake multiplexer and the
+//! memory store (no durable state, no gateway, tokio's pausable clock at the Unix epoch), the
+//! member they register, and the reply a member stores.
+
+use std::sync::Arc;
+
+use fleetd_core::{
+    Message, MessageKind, MessageLimits, MsgId, MuxDaemon, PaneId, QualifiedPaneId, Target,
+    TerminalId, Ticket,
+};
+use jiff::Timestamp;
+
+use crate::clock::TokioClock;
+use crate::engine::{EngineParts, NewMember};
+use crate::mux::MuxRouter;
+use crate::mux::fake::FakeMux;
+use crate::store::{InboxStore, MemoryStore};
+
+/// An empty memory store (the inbox and the fleet state) taking messages of up to 1 MiB.
+pub(crate) fn memory_store() -> Arc<MemoryStore> {
+    Arc::new(MemoryStore::new(MessageLimits {
+        max_message_bytes: 1 << 20,
+    }))
+}
+
+/// An engine's parts on `fake`'s panes and `store`, with `config`: no durable state, no gateway,
+/// a clock at the Unix epoch that tokio's paused time drives.
+pub(crate) fn engine_parts(
+    fake: &FakeMux,
+    store: &Arc<MemoryStore>,
+    config: crate::config::Live,
+) -> EngineParts {
+    EngineParts {
+        durable: None,
+        config,
+        clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
+        store: Arc::clone(store) as Arc<dyn InboxStore>,
+        mux: MuxRouter::new(Arc::new(fake.clone()), None),
+        redactor: crate::secrets::Redactor::empty(),
+        gateway: None,
+    }
+}
+
+/// `pane` on the lead's multiplexer daemon.
+pub(crate) fn qualified(pane: &str) -> QualifiedPaneId {
+    QualifiedPaneId::new(MuxDaemon::Lead, PaneId::new(pane).expect("pane"))
+}
+
+/// Member `name` of profile `p` (a claude agent) in `pane`, incarnation `terminal`: not
+/// delegating, no lead, no idle timeout, backend or worktree.
+pub(crate) fn new_member(name: &str, pane: &str, terminal: &str) -> NewMember {
+    NewMember {
+        target: Target::new(name).expect("target"),
+        profile: "p".to_owned(),
+        agent: "claude".to_owned(),
+        pane: qualified(pane),
+        terminal: TerminalId::new(terminal).expect("terminal"),
+        allow_delegation: false,
+        idle_timeout_secs: None,
+        backend: None,
+        lead: None,
+        worktree: None,
+    }
+}
+
+/// A reply from member `member` in its own inbox, to `ticket` when given.
+pub(crate) fn reply_from(member: &str, ticket: Option<Ticket>, text: impl Into<String>) -> Message {
+    Message {
+        msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
+        target: Target::new(member).expect("target"),
+        ticket,
+        kind: MessageKind::Reply,
+        text: text.into(),
+        from: member.to_owned(),
+        created_at: Timestamp::UNIX_EPOCH,
+    }
+}
