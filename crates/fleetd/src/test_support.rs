@@ -1,6 +1,7 @@
 //! What the crate's driver tests share: an engine's parts on the fake multiplexer and the
 //! memory store (no durable state, no gateway, tokio's pausable clock at the Unix epoch), the
-//! member they register, and the reply a member stores.
+//! fleet the tools serve on such an engine and a caller of them, the member they register, and
+//! the reply a member stores.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use jiff::Timestamp;
 
 use crate::clock::TokioClock;
 use crate::engine::{EngineParts, NewMember};
+use crate::mcp::{Caller, Fleet};
 use crate::mux::MuxRouter;
 use crate::mux::fake::FakeMux;
 use crate::store::{InboxStore, MemoryStore};
@@ -38,6 +40,53 @@ pub(crate) fn engine_parts(
         mux: MuxRouter::new(Arc::new(fake.clone()), None),
         redactor: crate::secrets::Redactor::empty(),
         gateway: None,
+    }
+}
+
+/// The fleet the MCP tools and the REST API serve, on an engine spawned from `parts` (its
+/// spawner's MCP URL leads nowhere).
+pub(crate) fn fleet(parts: EngineParts) -> Fleet {
+    let live = parts.config.clone();
+    let clock = Arc::clone(&parts.clock);
+    let store = Arc::clone(&parts.store);
+    let router = parts.mux.clone();
+    let engine = crate::engine::spawn(parts);
+    let locator = crate::locate::Locator::new(router.clone(), Default::default());
+    let redactor = crate::secrets::Redactor::empty();
+    let spawner = crate::members::Spawner {
+        engine: engine.clone(),
+        mux: router.clone(),
+        locator: locator.clone(),
+        config: live.clone(),
+        redactor: redactor.clone(),
+        url: "http://127.0.0.1:1".to_owned(),
+    };
+    let inbox = crate::inbox::Inbox::new(Arc::clone(&store), engine.clone());
+    Fleet {
+        engine,
+        store,
+        mux: router,
+        locator,
+        config: live,
+        clock,
+        api_token: None,
+        redactor,
+        inbox,
+        spawner,
+        peers: crate::gateway::presence::Peers::default(),
+        calls: crate::conn::MemberCalls::default(),
+    }
+}
+
+/// A caller of the tools in `role`, from no pane, whose call is never cancelled.
+pub(crate) fn caller(role: fleetd_core::access::Role) -> Caller {
+    Caller {
+        role,
+        pane: None,
+        unregistered: None,
+        via_daemon: None,
+        stray: None,
+        cancel: tokio_util::sync::CancellationToken::new(),
     }
 }
 

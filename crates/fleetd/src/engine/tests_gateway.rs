@@ -9,17 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleetd_core::gateway::{Envelope, GatewayName, Kind, PROTOCOL};
-use fleetd_core::{AgentStatus, MessageKind, MessageLimits, Target};
-use jiff::Timestamp;
+use fleetd_core::{AgentStatus, MessageKind, Target};
 use tokio::time::sleep;
 
 use super::state::REFUSAL_WINDOW;
 use super::{Durable, EngineHandle, EngineParts, GatewayOutcome, GatewayParts, PeerRefusal, spawn};
-use crate::clock::TokioClock;
 use crate::config::{Config, Environment};
-use crate::mux::MuxRouter;
 use crate::mux::fake::FakeMux;
 use crate::store::{InboxStore, MemoryStore, StateStore};
+use crate::test_support::{engine_parts, memory_store, new_member};
 
 /// The primary lead's tab is `w1:t1`; one nudge a batch, so the test counts notices, not
 /// reminders.
@@ -34,10 +32,7 @@ struct Rig {
 }
 
 fn gateway_rig(fake: &FakeMux) -> Rig {
-    let store = Arc::new(MemoryStore::new(MessageLimits {
-        max_message_bytes: 1 << 20,
-    }));
-    gateway_rig_on(fake, &store)
+    gateway_rig_on(fake, &memory_store())
 }
 
 /// Gateway `a` on `store` (its inbox and its fleet state: a second rig on the same store is the
@@ -62,17 +57,13 @@ fn gateway_rig_with(
             store: Arc::clone(&store) as Arc<dyn StateStore>,
             legacy_members_file: None,
         }),
-        config: crate::config::Live::fixed(config),
-        clock: Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH)),
-        store: Arc::clone(&store) as Arc<dyn InboxStore>,
-        mux: MuxRouter::new(Arc::new(fake.clone()), None),
-        redactor: crate::secrets::Redactor::empty(),
         gateway: Some(GatewayParts {
             me: GatewayName::new("a").expect("name"),
             peers,
             forward,
             outbox_max: 3,
         }),
+        ..engine_parts(fake, &store, crate::config::Live::fixed(config))
     });
     Rig {
         engine,
@@ -200,9 +191,7 @@ fn envelope(kind: Kind, body: serde_json::Value) -> Envelope {
 #[tokio::test(start_paused = true)]
 async fn a_question_delivered_again_after_its_answer_is_not_asked_again_even_after_a_restart() {
     let fake = FakeMux::new();
-    let store = Arc::new(MemoryStore::new(MessageLimits {
-        max_message_bytes: 1 << 20,
-    }));
+    let store = memory_store();
     let rig = gateway_rig_on(&fake, &store);
     let alice = Target::new("alice@b").expect("target");
     let ticket = rig
@@ -259,9 +248,7 @@ async fn a_question_delivered_again_after_its_answer_is_not_asked_again_even_aft
 #[tokio::test(start_paused = true)]
 async fn a_spawn_answer_delivered_again_is_a_copy_not_a_refusal() {
     let fake = FakeMux::new();
-    let store = Arc::new(MemoryStore::new(MessageLimits {
-        max_message_bytes: 1 << 20,
-    }));
+    let store = memory_store();
     let rig = gateway_rig_on(&fake, &store);
     let (req, answer) = rig
         .engine
@@ -379,28 +366,12 @@ async fn what_the_engine_refuses_is_labelled_and_raised_without_its_body() {
 async fn tasks_from_another_gateway_obey_max_queued_tasks_like_local_ones() {
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-z", "w2:t1", AgentStatus::Working);
-    let store = Arc::new(MemoryStore::new(MessageLimits {
-        max_message_bytes: 1 << 20,
-    }));
+    let store = memory_store();
     let peers = [("b".to_owned(), vec![crate::config::PeerRight::Send])].into();
     let mut rig = gateway_rig_with(&fake, &store, "limits:\n  maxQueuedTasks: 2\n", peers);
     let zed = Target::new("zed").expect("target");
     rig.engine
-        .add_member(super::NewMember {
-            target: zed.clone(),
-            profile: "p".to_owned(),
-            agent: "claude".to_owned(),
-            pane: fleetd_core::QualifiedPaneId::new(
-                fleetd_core::MuxDaemon::Lead,
-                fleetd_core::PaneId::new("w2:p1").expect("pane"),
-            ),
-            terminal: fleetd_core::TerminalId::new("t-z").expect("terminal"),
-            allow_delegation: false,
-            idle_timeout_secs: None,
-            backend: None,
-            lead: None,
-            worktree: None,
-        })
+        .add_member(new_member("zed", "w2:p1", "t-z"))
         .await
         .expect("engine");
     // Attack G8: gateway b fills zed's queue. zed is working, so every task waits.
@@ -450,9 +421,7 @@ async fn tasks_from_another_gateway_obey_max_queued_tasks_like_local_ones() {
 #[tokio::test(start_paused = true)]
 async fn new_requests_to_other_gateways_are_refused_at_the_outbox_bound_and_answers_still_go() {
     let fake = FakeMux::new();
-    let store = Arc::new(MemoryStore::new(MessageLimits {
-        max_message_bytes: 1 << 20,
-    }));
+    let store = memory_store();
     let peers = [("b".to_owned(), vec![crate::config::PeerRight::Send])].into();
     let mut rig = gateway_rig_with(&fake, &store, "", peers);
     let alice = Target::new("alice@b").expect("target");

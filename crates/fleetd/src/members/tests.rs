@@ -4,23 +4,20 @@
 //! closes it and frees the name.
 
 use std::pin::{Pin, pin};
-use std::sync::Arc;
 use std::time::Duration;
 
 use fleetd_core::access::Role;
-use fleetd_core::{AgentStatus, MessageLimits, Target};
-use jiff::Timestamp;
+use fleetd_core::{AgentStatus, Target};
 use serde_json::{Value, json};
 use tokio::time::sleep;
 
-use super::{SpawnRequest, Spawner};
-use crate::clock::TokioClock;
+use super::SpawnRequest;
 use crate::config::{Config, Environment};
-use crate::engine::{EngineHandle, EngineParts};
+use crate::engine::EngineHandle;
 use crate::mcp::{Caller, Fleet};
+use crate::mux::Launch;
 use crate::mux::fake::FakeMux;
-use crate::mux::{Launch, MuxRouter};
-use crate::store::{InboxStore, MemoryStore};
+use crate::test_support::{caller, engine_parts, fleet, memory_store};
 
 /// A profile whose agent runs its own command (`Launch::Argv`), and one of a known agent kind
 /// with none (`Launch::Agent`).
@@ -34,58 +31,15 @@ struct Setup {
 fn setup() -> Setup {
     let fake = FakeMux::new();
     let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
-    let live = crate::config::Live::fixed(config);
-    let store: Arc<dyn InboxStore> = Arc::new(MemoryStore::new(MessageLimits {
-        max_message_bytes: 1 << 20,
-    }));
-    let router = MuxRouter::new(Arc::new(fake.clone()), None);
-    let clock: crate::clock::SharedClock = Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH));
-    let engine = crate::engine::spawn(EngineParts {
-        durable: None,
-        config: live.clone(),
-        clock: Arc::clone(&clock),
-        store: Arc::clone(&store),
-        mux: router.clone(),
-        redactor: crate::secrets::Redactor::empty(),
-        gateway: None,
-    });
-    let locator = crate::locate::Locator::new(router.clone(), Default::default());
-    let redactor = crate::secrets::Redactor::empty();
-    let spawner = Spawner {
-        engine: engine.clone(),
-        mux: router.clone(),
-        locator: locator.clone(),
-        config: live.clone(),
-        redactor: redactor.clone(),
-        url: "http://127.0.0.1:1".to_owned(),
-    };
-    let inbox = crate::inbox::Inbox::new(Arc::clone(&store), engine.clone());
-    let fleet = Fleet {
-        engine,
-        store,
-        mux: router,
-        locator,
-        config: live,
-        clock,
-        api_token: None,
-        redactor,
-        inbox,
-        spawner,
-        peers: crate::gateway::presence::Peers::default(),
-        calls: crate::conn::MemberCalls::default(),
-    };
-    Setup { fleet, fake }
+    let parts = engine_parts(&fake, &memory_store(), crate::config::Live::fixed(config));
+    Setup {
+        fleet: fleet(parts),
+        fake,
+    }
 }
 
 fn lead() -> Caller {
-    Caller {
-        role: Role::Lead,
-        pane: None,
-        unregistered: None,
-        via_daemon: None,
-        stray: None,
-        cancel: tokio_util::sync::CancellationToken::new(),
-    }
+    caller(Role::Lead)
 }
 
 fn ann() -> Target {

@@ -7,18 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleetd_core::access::Role;
-use fleetd_core::{AgentStatus, Message, MessageKind, MessageLimits, MsgId, Target, Ticket};
-use jiff::Timestamp;
+use fleetd_core::{AgentStatus, MessageLimits, MsgId, Target, Ticket};
 use serde_json::{Value, json};
 
 use super::poll::{MAX_LIMIT, PAGE_BYTES};
-use crate::clock::{SharedClock, TokioClock};
 use crate::config::{Config, Environment, Publisher};
-use crate::engine::{EngineParts, NewMember};
 use crate::mcp::{Caller, Fleet};
-use crate::mux::MuxRouter;
 use crate::mux::fake::FakeMux;
 use crate::store::{InboxStore, MemoryStore};
+use crate::test_support::{caller, engine_parts, fleet, new_member, reply_from};
 
 /// Messages up to 2 MiB, so a reply larger than a page's budget can be stored.
 const MAX_MESSAGE: usize = 2 << 20;
@@ -40,59 +37,12 @@ pub(super) fn setup(yaml: &str) -> Setup {
     let store = Arc::new(MemoryStore::new(MessageLimits {
         max_message_bytes: MAX_MESSAGE,
     }));
-    let dyn_store: Arc<dyn InboxStore> = Arc::clone(&store) as Arc<dyn InboxStore>;
-    let router = MuxRouter::new(Arc::new(fake.clone()), None);
-    let clock: SharedClock = Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH));
-    let engine = crate::engine::spawn(EngineParts {
-        durable: None,
-        config: live.clone(),
-        clock: Arc::clone(&clock),
-        store: Arc::clone(&dyn_store),
-        mux: router.clone(),
-        redactor: crate::secrets::Redactor::empty(),
-        gateway: None,
-    });
-    let locator = crate::locate::Locator::new(router.clone(), Default::default());
-    let redactor = crate::secrets::Redactor::empty();
-    let spawner = crate::members::Spawner {
-        engine: engine.clone(),
-        mux: router.clone(),
-        locator: locator.clone(),
-        config: live.clone(),
-        redactor: redactor.clone(),
-        url: "http://127.0.0.1:1".to_owned(),
-    };
-    let inbox = crate::inbox::Inbox::new(Arc::clone(&dyn_store), engine.clone());
-    let fleet = Fleet {
-        engine,
-        store: dyn_store,
-        mux: router,
-        locator,
-        config: live,
-        clock,
-        api_token: None,
-        redactor,
-        inbox,
-        spawner,
-        peers: crate::gateway::presence::Peers::default(),
-        calls: crate::conn::MemberCalls::default(),
-    };
+    let fleet = fleet(engine_parts(&fake, &store, live));
     Setup {
         fleet,
         store,
         config,
         fake,
-    }
-}
-
-pub(super) fn caller(role: Role) -> Caller {
-    Caller {
-        role,
-        pane: None,
-        unregistered: None,
-        via_daemon: None,
-        stray: None,
-        cancel: tokio_util::sync::CancellationToken::new(),
     }
 }
 
@@ -129,21 +79,7 @@ async fn call(fleet: &Fleet, name: &str, args: Value) -> Result<Value, (String, 
 async fn add_ann(fleet: &Fleet) {
     fleet
         .engine
-        .add_member(NewMember {
-            target: ann(),
-            profile: "p".to_owned(),
-            agent: "claude".to_owned(),
-            pane: fleetd_core::QualifiedPaneId::new(
-                fleetd_core::MuxDaemon::Lead,
-                fleetd_core::PaneId::new("w2:p1").expect("pane"),
-            ),
-            terminal: fleetd_core::TerminalId::new("t-ann").expect("terminal"),
-            allow_delegation: false,
-            idle_timeout_secs: None,
-            backend: None,
-            lead: None,
-            worktree: None,
-        })
+        .add_member(new_member("ann", "w2:p1", "t-ann"))
         .await
         .expect("engine");
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -161,15 +97,7 @@ async fn mail(store: &MemoryStore, n: usize, len: usize) -> Vec<MsgId> {
 }
 
 async fn publish(store: &MemoryStore, text: String, ticket: Option<Ticket>) -> MsgId {
-    let message = Message {
-        msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
-        target: ann(),
-        ticket,
-        kind: MessageKind::Reply,
-        text,
-        from: "ann".to_owned(),
-        created_at: Timestamp::UNIX_EPOCH,
-    };
+    let message = reply_from("ann", ticket, text);
     let id = message.msg_id;
     store.publish(message).await.expect("publish");
     id

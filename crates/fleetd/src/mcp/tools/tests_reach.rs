@@ -6,28 +6,17 @@
 use std::time::Duration;
 
 use fleetd_core::access::Role;
-use fleetd_core::{AgentStatus, Message, MessageKind, MsgId, Target};
-use jiff::Timestamp;
+use fleetd_core::{AgentStatus, MsgId, Target};
 use serde_json::{Value, json};
 
-use super::tests::{Setup, call_as, caller, setup};
+use super::tests::{Setup, call_as, setup};
 use crate::engine::{LeadRef, NewMember};
 use crate::mcp::Caller;
 use crate::store::InboxStore;
+use crate::test_support::{caller, new_member, qualified};
 
 fn t(name: &str) -> Target {
     Target::new(name).expect("target")
-}
-
-fn pane(p: &str) -> fleetd_core::QualifiedPaneId {
-    fleetd_core::QualifiedPaneId::new(
-        fleetd_core::MuxDaemon::Lead,
-        fleetd_core::PaneId::new(p).expect("pane"),
-    )
-}
-
-fn terminal(name: &str) -> fleetd_core::TerminalId {
-    fleetd_core::TerminalId::new(format!("t-{name}")).expect("terminal")
 }
 
 /// Member `name` in pane `w3:pN` (all delegating), reporting to member `lead`'s pane if given.
@@ -42,19 +31,12 @@ async fn add(s: &Setup, name: &str, n: u32, lead: Option<(&str, u32)>) {
     s.fleet
         .engine
         .add_member(NewMember {
-            target: t(name),
-            profile: "p".to_owned(),
-            agent: "claude".to_owned(),
-            pane: pane(&p),
-            terminal: terminal(name),
             allow_delegation: true,
-            idle_timeout_secs: None,
-            backend: None,
             lead: lead.map(|(lead, n)| LeadRef {
-                pane: pane(&format!("w3:p{n}")),
-                terminal: terminal(lead),
+                pane: qualified(&format!("w3:p{n}")),
+                terminal: fleetd_core::TerminalId::new(format!("t-{lead}")).expect("terminal"),
             }),
-            worktree: None,
+            ..new_member(name, &p, &format!("t-{name}"))
         })
         .await
         .expect("engine");
@@ -89,15 +71,7 @@ async fn members(s: &Setup) -> Vec<String> {
 
 /// A reply from `target`, stored and made known to the engine as a reply is.
 async fn reply_from(s: &Setup, target: &str, text: &str) -> MsgId {
-    let message = Message {
-        msg_id: MsgId::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock)),
-        target: t(target),
-        ticket: None,
-        kind: MessageKind::Reply,
-        text: text.to_owned(),
-        from: target.to_owned(),
-        created_at: Timestamp::UNIX_EPOCH,
-    };
+    let message = crate::test_support::reply_from(target, None, text);
     let id = message.msg_id;
     s.store.publish(message).await.expect("publish");
     s.fleet
