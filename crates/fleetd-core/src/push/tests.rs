@@ -59,18 +59,55 @@ fn inbox(name: &str, pending: u64) -> PushInput {
         pending,
     }
 }
-fn delivered(l: &str) -> PushInput {
+fn injected(l: &str, outcome: InjectOutcome) -> PushInput {
     PushInput::Injected {
         lead: lead(l),
-        outcome: InjectOutcome::Delivered,
+        outcome,
     }
+}
+fn delivered(l: &str) -> PushInput {
+    injected(l, InjectOutcome::Delivered)
+}
+fn bound(name: &str, l: &str) -> PushInput {
+    PushInput::Bound {
+        target: target(name),
+        lead: lead(l),
+    }
+}
+
+/// The primary `p`, receptive at @0, then `then`: where most cases start.
+fn primary_receptive(then: Vec<(i64, PushInput)>) -> Vec<(i64, PushInput)> {
+    let mut steps = vec![
+        (0, PushInput::Primary(Some(lead("p")))),
+        (0, status("p", LeadActivity::Receptive)),
+    ];
+    steps.extend(then);
+    steps
+}
+
+/// A push loop with a budget of `reminders`, fed [`primary_receptive`]'s steps.
+fn primary_loop(reminders: u32) -> PushLoop {
+    let mut push = PushLoop::new(PushConfig {
+        reminders,
+        ..config()
+    });
+    for (at, input) in primary_receptive(vec![]) {
+        push.handle_at(input, t(at));
+    }
+    push
+}
+
+/// Each line up to its first `:`: an inject without its text.
+fn heads(lines: &[String]) -> Vec<&str> {
+    lines
+        .iter()
+        .map(|l| l.split(':').next().unwrap_or_default())
+        .collect()
 }
 
 #[test]
 fn idle_primary_is_nudged_at_once_without_payload() {
-    let got = run(vec![
-        (0, PushInput::Primary(Some(lead("p")))),
-        (0, status("p", LeadActivity::Receptive)),
+    let got = run(primary_receptive(vec![
         (1, inbox("alice", 2)),
         (
             1,
@@ -79,7 +116,7 @@ fn idle_primary_is_nudged_at_once_without_payload() {
                 question_id: "q1".into(),
             },
         ),
-    ]);
+    ]));
     assert_eq!(
         got,
         [
@@ -110,27 +147,21 @@ fn working_lead_is_nudged_only_after_going_idle() {
 
 #[test]
 fn a_nudge_refused_as_busy_goes_out_when_the_lead_is_receptive_again() {
-    let refused = |l: &str, outcome| PushInput::Injected {
-        lead: lead(l),
-        outcome,
-    };
-    let got = run(vec![
-        (0, PushInput::Primary(Some(lead("p")))),
-        (0, status("p", LeadActivity::Receptive)),
+    let got = run(primary_receptive(vec![
         (1, inbox("alice", 1)),
         // The multiplexer saw the lead busy (a dialog opened just before the typing).
-        (1, refused("p", InjectOutcome::Busy)),
+        (1, injected("p", InjectOutcome::Busy)),
         (1, status("p", LeadActivity::Busy)),
         // Receptive again well before the 2 s retry: nudged at once.
         (2, status("p", LeadActivity::Receptive)),
         (2, delivered("p")),
         // A transient failure still waits out its retry, receptive or not.
         (40, inbox("alice", 2)),
-        (40, refused("p", InjectOutcome::Transient)),
+        (40, injected("p", InjectOutcome::Transient)),
         (40, status("p", LeadActivity::Receptive)),
         (41, PushInput::Tick),
         (42, PushInput::Tick),
-    ]);
+    ]));
     let got: Vec<String> = got.into_iter().filter(|l| !l.contains("inject")).collect();
     assert_eq!(
         got,
@@ -147,12 +178,7 @@ fn a_nudge_refused_as_busy_goes_out_when_the_lead_is_receptive_again() {
 
 #[test]
 fn reminders_back_off_exponentially_then_give_up_and_reading_stops_them() {
-    let mut steps = vec![
-        (0, PushInput::Primary(Some(lead("p")))),
-        (0, status("p", LeadActivity::Receptive)),
-        (0, inbox("alice", 1)),
-        (0, delivered("p")),
-    ];
+    let mut steps = primary_receptive(vec![(0, inbox("alice", 1)), (0, delivered("p"))]);
     for at in [29, 30, 59, 90, 150, 250, 400] {
         steps.push((at, PushInput::Tick));
         steps.push((at, delivered("p")));
@@ -173,14 +199,12 @@ fn reminders_back_off_exponentially_then_give_up_and_reading_stops_them() {
             "@250 gave up p after 3",
         ]
     );
-    let got = run(vec![
-        (0, PushInput::Primary(Some(lead("p")))),
-        (0, status("p", LeadActivity::Receptive)),
+    let got = run(primary_receptive(vec![
         (0, inbox("alice", 1)),
         (0, delivered("p")),
         (10, inbox("alice", 0)),
         (100, PushInput::Tick),
-    ]);
+    ]));
     assert_eq!(got.iter().filter(|l| l.contains("Nudged")).count(), 1);
 }
 
@@ -188,28 +212,14 @@ fn reminders_back_off_exponentially_then_give_up_and_reading_stops_them() {
 fn delegating_lead_gets_its_members_mail_and_a_gone_lead_falls_back_to_the_primary() {
     let got = run(vec![
         (0, PushInput::Primary(Some(lead("p")))),
-        (
-            0,
-            PushInput::Bound {
-                target: target("alice"),
-                lead: lead("d"),
-            },
-        ),
+        (0, bound("alice", "d")),
         (0, status("p", LeadActivity::Receptive)),
         (0, status("d", LeadActivity::Receptive)),
         (1, inbox("alice", 1)),
-        (
-            2,
-            PushInput::Injected {
-                lead: lead("d"),
-                outcome: InjectOutcome::NotFound,
-            },
-        ),
+        (2, injected("d", InjectOutcome::NotFound)),
     ]);
     assert_eq!(
-        got.iter()
-            .map(|l| l.split(':').next().unwrap_or_default())
-            .collect::<Vec<_>>(),
+        heads(&got),
         [
             "@1 count Nudged",
             "@1 inject d",
@@ -224,30 +234,16 @@ fn delegating_lead_gets_its_members_mail_and_a_gone_lead_falls_back_to_the_prima
 #[test]
 fn transient_failure_keeps_the_binding_and_retries() {
     let got = run(vec![
-        (
-            0,
-            PushInput::Bound {
-                target: target("alice"),
-                lead: lead("d"),
-            },
-        ),
+        (0, bound("alice", "d")),
         (0, status("d", LeadActivity::Receptive)),
         (1, inbox("alice", 1)),
-        (
-            2,
-            PushInput::Injected {
-                lead: lead("d"),
-                outcome: InjectOutcome::Transient,
-            },
-        ),
+        (2, injected("d", InjectOutcome::Transient)),
         (3, PushInput::Tick),
         (4, PushInput::Tick),
     ]);
     // Retried TRANSIENT_RETRY (2 s) after the failure, not a whole backoff later.
     assert_eq!(
-        got.iter()
-            .map(|l| l.split(':').next().unwrap_or_default())
-            .collect::<Vec<_>>(),
+        heads(&got),
         [
             "@1 count Nudged",
             "@1 inject d",
@@ -260,27 +256,17 @@ fn transient_failure_keeps_the_binding_and_retries() {
 
 #[test]
 fn an_uncertain_nudge_counts_as_sent_and_is_not_typed_again() {
-    let got = run(vec![
-        (0, PushInput::Primary(Some(lead("p")))),
-        (0, status("p", LeadActivity::Receptive)),
+    let got = run(primary_receptive(vec![
         (1, inbox("alice", 1)),
-        (
-            2,
-            PushInput::Injected {
-                lead: lead("p"),
-                outcome: InjectOutcome::Uncertain,
-            },
-        ),
+        (2, injected("p", InjectOutcome::Uncertain)),
         // A transient failure would be retried here (TRANSIENT_RETRY); this one is not.
         (4, PushInput::Tick),
         (10, PushInput::Tick),
         // The next reminder comes after the ordinary backoff (30 s after the first).
         (31, PushInput::Tick),
-    ]);
+    ]));
     assert_eq!(
-        got.iter()
-            .map(|l| l.split(':').next().unwrap_or_default())
-            .collect::<Vec<_>>(),
+        heads(&got),
         [
             "@1 count Nudged",
             "@1 inject p",
@@ -293,23 +279,12 @@ fn an_uncertain_nudge_counts_as_sent_and_is_not_typed_again() {
 
 #[test]
 fn an_uncertain_nudge_spends_the_budget() {
-    let mut push = PushLoop::new(PushConfig {
-        reminders: 1,
-        ..config()
-    });
-    push.handle_at(PushInput::Primary(Some(lead("p"))), t(0));
-    push.handle_at(status("p", LeadActivity::Receptive), t(0));
+    let mut push = primary_loop(1);
     assert!(
         push.handle_at(inbox("alice", 1), t(0))
             .contains(&PushEffect::Count(PushMetric::Nudged))
     );
-    push.handle_at(
-        PushInput::Injected {
-            lead: lead("p"),
-            outcome: InjectOutcome::Uncertain,
-        },
-        t(1),
-    );
+    push.handle_at(injected("p", InjectOutcome::Uncertain), t(1));
     let later = push.handle_at(PushInput::Tick, t(40));
     assert!(
         later.contains(&PushEffect::Count(PushMetric::Exhausted)),
@@ -329,12 +304,7 @@ fn no_lead_means_pull_only() {
 
 #[test]
 fn new_mail_after_giving_up_starts_a_new_batch() {
-    let mut push = PushLoop::new(PushConfig {
-        reminders: 1,
-        ..config()
-    });
-    push.handle_at(PushInput::Primary(Some(lead("p"))), t(0));
-    push.handle_at(status("p", LeadActivity::Receptive), t(0));
+    let mut push = primary_loop(1);
     push.handle_at(inbox("alice", 1), t(0));
     push.handle_at(delivered("p"), t(0));
     let gave_up = push.handle_at(PushInput::Tick, t(40));
@@ -359,12 +329,7 @@ fn new_mail_after_giving_up_starts_a_new_batch() {
 /// ends — not a give-up that only a later, unrelated input would undo.
 #[test]
 fn mail_that_grows_during_the_last_backoff_is_nudged_when_it_ends() {
-    let mut push = PushLoop::new(PushConfig {
-        reminders: 1,
-        ..config()
-    });
-    push.handle_at(PushInput::Primary(Some(lead("p"))), t(0));
-    push.handle_at(status("p", LeadActivity::Receptive), t(0));
+    let mut push = primary_loop(1);
     push.handle_at(inbox("alice", 1), t(0));
     push.handle_at(delivered("p"), t(0));
     assert!(
