@@ -78,6 +78,12 @@ pub(crate) fn fleet(parts: EngineParts) -> Fleet {
     }
 }
 
+/// The names of `engine`'s members, in its order.
+pub(crate) async fn member_names(engine: &crate::engine::EngineHandle) -> Vec<String> {
+    let list = engine.list().await.expect("engine");
+    list.iter().map(|m| m.target.to_string()).collect()
+}
+
 /// A caller of the tools in `role`, from no pane, whose call is never cancelled.
 pub(crate) fn caller(role: fleetd_core::access::Role) -> Caller {
     Caller {

@@ -44,7 +44,18 @@ fn rig(fake: &FakeMux) -> Rig {
     }
 }
 
+/// [`rig`], once its first scan has resolved the pinned primary (the lead in tab `w1:t1`).
+async fn rig_with_primary(fake: &FakeMux) -> Rig {
+    let rig = rig(fake);
+    sleep(Duration::from_millis(100)).await;
+    rig
+}
+
 impl Rig {
+    async fn add(&self, new: NewMember) {
+        self.engine.add_member(new).await.expect("engine");
+    }
+
     async fn mail(&self, target: &str) -> MsgId {
         let message = reply_from(target, None, "the secret payload");
         let target = message.target.clone();
@@ -147,10 +158,7 @@ async fn the_idle_reaper_releases_exactly_after_the_timeout_and_never_while_work
 /// Adds member `alice` in pane `w2:p1` (incarnation `t-a`), marks it present, and sends it
 /// the task `job`; returns the ticket.
 async fn alice_with_a_task(rig: &Rig) -> Ticket {
-    rig.engine
-        .add_member(new_member("alice", "w2:p1", "t-a"))
-        .await
-        .expect("engine");
+    rig.add(new_member("alice", "w2:p1", "t-a")).await;
     let alice = Target::new("alice").expect("target");
     rig.engine.presence(alice.clone()).await.expect("engine");
     rig.engine
@@ -229,19 +237,13 @@ async fn a_backend_going_down_and_up_is_one_incident_each_for_its_members_only()
     fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
     fake.add_pane("w2:p2", "t-b", "w2:t2", AgentStatus::Idle);
-    let rig = rig(&fake);
-    sleep(Duration::from_millis(100)).await;
-    rig.engine
-        .add_member(NewMember {
-            backend: Some("lab".to_owned()),
-            ..new_member("alice", "w2:p1", "t-a")
-        })
-        .await
-        .expect("engine");
-    rig.engine
-        .add_member(new_member("bob", "w2:p2", "t-b"))
-        .await
-        .expect("engine");
+    let rig = rig_with_primary(&fake).await;
+    rig.add(NewMember {
+        backend: Some("lab".to_owned()),
+        ..new_member("alice", "w2:p1", "t-a")
+    })
+    .await;
+    rig.add(new_member("bob", "w2:p2", "t-b")).await;
     for _ in 0..3 {
         rig.engine
             .backend_health("lab".to_owned(), Some("HTTP 503".to_owned()))
@@ -357,12 +359,8 @@ async fn missed_pane_events_make_the_engine_read_every_pane_again() {
     let fake = FakeMux::new();
     fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
-    let rig = rig(&fake);
-    sleep(Duration::from_millis(100)).await; // the pinned lead is resolved and watched
-    rig.engine
-        .add_member(new_member("alice", "w2:p1", "t-a"))
-        .await
-        .expect("engine");
+    let rig = rig_with_primary(&fake).await;
+    rig.add(new_member("alice", "w2:p1", "t-a")).await;
     sleep(Duration::from_millis(100)).await;
     assert!(listed(&rig, "alice").await);
     // alice's pane goes without a word, and a burst of events (more than any receiver holds)
@@ -424,10 +422,7 @@ async fn readiness_fires_on_the_status_and_presence_that_complete_it_never_on_a_
         ("bo", "w2:p2", "t-bo"),
         ("cy", "w2:p3", "t-cy"),
     ] {
-        rig.engine
-            .add_member(new_member(name, pane, terminal))
-            .await
-            .expect("engine");
+        rig.add(new_member(name, pane, terminal)).await;
     }
     // ann: at rest first, its MCP session last.
     let mut ann = when_ready("ann").await.expect("engine");
@@ -480,10 +475,7 @@ async fn each_input_is_handled_at_the_time_it_arrives() {
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
     let rig = rig(&fake);
-    rig.engine
-        .add_member(new_member("alice", "w2:p1", "t-a"))
-        .await
-        .expect("engine");
+    rig.add(new_member("alice", "w2:p1", "t-a")).await;
     sleep(Duration::from_millis(4500)).await;
     let ticket = rig
         .engine

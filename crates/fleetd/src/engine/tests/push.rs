@@ -9,8 +9,7 @@ use super::*;
 async fn reminders_back_off_then_give_up_and_the_mail_stays() {
     let fake = FakeMux::new();
     fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
-    let rig = rig(&fake);
-    sleep(Duration::from_millis(100)).await; // the first scan resolves the pinned primary
+    let rig = rig_with_primary(&fake).await;
     rig.mail("alice").await;
     sleep(Duration::from_secs(120)).await;
     let nudges = rig.fake.typed_into("w1:p1");
@@ -35,8 +34,7 @@ async fn reminders_back_off_then_give_up_and_the_mail_stays() {
 async fn a_working_lead_is_nudged_the_moment_it_goes_idle_and_reading_stops_it() {
     let fake = FakeMux::new();
     fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Working);
-    let rig = rig(&fake);
-    sleep(Duration::from_millis(100)).await;
+    let rig = rig_with_primary(&fake).await;
     let mut events = rig.engine.events().subscribe(None).live;
     let id = rig.mail("alice").await;
     sleep(Duration::from_secs(600)).await;
@@ -82,16 +80,13 @@ async fn a_blip_keeps_the_delegating_lead_and_a_closed_one_falls_back_to_the_pri
     fake.add_pane("w1:p1", "t-primary", "w1:t1", AgentStatus::Idle);
     fake.add_pane("w1:p5", "t-delegator", "w1:t9", AgentStatus::Idle);
     fake.add_pane("w2:p1", "t-alice", "w2:t1", AgentStatus::Idle);
-    let rig = rig(&fake);
-    sleep(Duration::from_millis(100)).await;
+    let rig = rig_with_primary(&fake).await;
     let delegator = rig.lead("w1:p5", "t-delegator").await;
-    rig.engine
-        .add_member(NewMember {
-            lead: Some(delegator),
-            ..new_member("alice", "w2:p1", "t-alice")
-        })
-        .await
-        .expect("engine");
+    rig.add(NewMember {
+        lead: Some(delegator),
+        ..new_member("alice", "w2:p1", "t-alice")
+    })
+    .await;
     // The delegating lead's pane cannot be read for a while: the binding holds.
     fake.fault("w1:p5", Some(Fault::Transient));
     let id = rig.mail("alice").await;
@@ -119,8 +114,7 @@ async fn a_blip_keeps_the_delegating_lead_and_a_closed_one_falls_back_to_the_pri
 async fn failed_scans_keep_the_primary_and_a_vanished_one_is_replaced() {
     let fake = FakeMux::new();
     fake.add_pane("w1:p1", "t-first", "w1:t1", AgentStatus::Idle);
-    let rig = rig(&fake);
-    sleep(Duration::from_millis(100)).await;
+    let rig = rig_with_primary(&fake).await;
     fake.listing_fails(true);
     sleep(Duration::from_secs(10)).await; // several failed readings
     let id = rig.mail("alice").await;
@@ -182,8 +176,7 @@ async fn nudges_that_may_have_been_typed_spend_the_budget() {
     let fake = FakeMux::new();
     fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
     fake.fault("w1:p1", Some(Fault::LostAnswer));
-    let rig = rig(&fake);
-    sleep(Duration::from_millis(100)).await;
+    let rig = rig_with_primary(&fake).await;
     rig.mail("alice").await;
     sleep(Duration::from_secs(120)).await;
     let nudges = rig.fake.typed_into("w1:p1");
@@ -199,12 +192,8 @@ async fn a_reply_returned_by_a_waiter_is_kept_until_its_caller_calls_again_and_a
     let fake = FakeMux::new();
     fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
-    let rig = rig(&fake);
-    sleep(Duration::from_millis(100)).await; // the pinned primary is resolved
-    rig.engine
-        .add_member(new_member("alice", "w2:p1", "t-a"))
-        .await
-        .expect("engine");
+    let rig = rig_with_primary(&fake).await;
+    rig.add(new_member("alice", "w2:p1", "t-a")).await;
     let alice = Target::new("alice").expect("target");
     let mut handed = Vec::new();
     for round in 0..2 {
@@ -297,12 +286,8 @@ async fn a_wake_holds_its_reply_from_the_nudge_until_read_cancelled_or_lapsed() 
     let fake = FakeMux::new();
     fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
-    let rig = rig(&fake);
-    sleep(Duration::from_millis(100)).await; // the pinned primary is resolved
-    rig.engine
-        .add_member(new_member("alice", "w2:p1", "t-a"))
-        .await
-        .expect("engine");
+    let rig = rig_with_primary(&fake).await;
+    rig.add(new_member("alice", "w2:p1", "t-a")).await;
     let owner = "lead:w1:p1".to_owned();
     let mut wakes = Vec::new();
     for round in 0..3 {
@@ -365,13 +350,9 @@ async fn a_handed_reply_goes_back_to_the_nudge_when_its_holder_goes_or_never_cal
     fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
     fake.add_pane("w3:p1", "t-other", "w3:t1", AgentStatus::Idle);
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
-    let rig = rig(&fake);
-    sleep(Duration::from_millis(100)).await; // the pinned primary is resolved
+    let rig = rig_with_primary(&fake).await;
     rig.lead("w3:p1", "t-other").await;
-    rig.engine
-        .add_member(new_member("alice", "w2:p1", "t-a"))
-        .await
-        .expect("engine");
+    rig.add(new_member("alice", "w2:p1", "t-a")).await;
     let mut handed = Vec::new();
     for round in 0..2 {
         let ticket = alice_with_a_task(&rig).await;

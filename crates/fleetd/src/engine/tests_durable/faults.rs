@@ -243,13 +243,7 @@ async fn a_fleet_state_that_cannot_be_read_stops_the_engine_rather_than_start_an
     disk.store.fail_loads(2);
     let third = disk.start(&fake);
     sleep(Duration::from_secs(5)).await;
-    let names: Vec<String> = third
-        .list()
-        .await
-        .expect("engine")
-        .iter()
-        .map(|m| m.target.to_string())
-        .collect();
+    let names = member_names(&third).await;
     assert_eq!(names, ["ann"], "ann kept through both");
 }
 

@@ -15,7 +15,9 @@ use crate::clock::TokioClock;
 use crate::config::{Config, Environment};
 use crate::mux::fake::FakeMux;
 use crate::store::{InboxStore, MemoryStore, StateStore};
-use crate::test_support::{engine_parts, memory_store, new_member, qualified, reply_from};
+use crate::test_support::{
+    engine_parts, member_names, memory_store, new_member, qualified, reply_from,
+};
 
 mod faults;
 
@@ -177,13 +179,7 @@ async fn members_are_taken_back_and_a_gone_one_is_released_with_its_tickets_fail
     fake.add_pane("w2:p2", "t-other", "w2:t2", AgentStatus::Idle);
     let second = disk.start(&fake);
     settle().await;
-    let names: Vec<String> = second
-        .list()
-        .await
-        .expect("engine")
-        .iter()
-        .map(|m| m.target.to_string())
-        .collect();
+    let names = member_names(&second).await;
     assert_eq!(names, ["ann"], "ann taken back, bo gone");
     assert!(second.list().await.expect("engine")[0].connected);
     assert_eq!(state_of(&second, ticket).await, Some(TicketState::Failed));
@@ -302,33 +298,17 @@ async fn a_task_typed_before_a_restart_is_never_typed_again_and_its_ticket_ends(
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_reply_stored_just_before_the_kill_settles_its_ticket_after_the_restart() {
+/// ann works on the task `job` when fleetd is killed. While it is down `filler` messages of
+/// 900 KiB reach her inbox, then her reply to the task: the store has it, the engine never heard
+/// of it. After the restart the task's ticket is replied.
+async fn check_reply_stored_while_down(filler: usize) {
     let (fake, disk) = ann_pane(AgentStatus::Working);
     let first = with_ann_registered(&disk, &fake).await;
     let ticket = task(&first, "ann", "job").await;
     settle().await;
     disk.kill(first).await;
-    // The member's reply reached the store, but the engine never heard of it.
-    disk.store
-        .publish(reply_from("ann", Some(ticket), "done".to_owned()))
-        .await
-        .expect("publish");
-    let second = disk.start(&fake);
-    settle().await;
-    assert_eq!(state_of(&second, ticket).await, Some(TicketState::Replied));
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_reply_behind_pages_of_other_mail_still_settles_its_ticket_after_the_restart() {
-    let (fake, disk) = ann_pane(AgentStatus::Working);
-    let first = with_ann_registered(&disk, &fake).await;
-    let ticket = task(&first, "ann", "job").await;
-    settle().await;
-    disk.kill(first).await;
-    // Three 900 KiB messages first: the restart reads the inbox a ~1 MiB page at a time.
     let publish = |ticket, text: String| disk.store.publish(reply_from("ann", ticket, text));
-    for _ in 0..3 {
+    for _ in 0..filler {
         publish(None, "x".repeat(900 * 1024))
             .await
             .expect("publish");
@@ -339,6 +319,17 @@ async fn a_reply_behind_pages_of_other_mail_still_settles_its_ticket_after_the_r
     let second = disk.start(&fake);
     settle().await;
     assert_eq!(state_of(&second, ticket).await, Some(TicketState::Replied));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reply_stored_just_before_the_kill_settles_its_ticket_after_the_restart() {
+    check_reply_stored_while_down(0).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reply_behind_pages_of_other_mail_still_settles_its_ticket_after_the_restart() {
+    // Three 900 KiB messages first: the restart reads the inbox a ~1 MiB page at a time.
+    check_reply_stored_while_down(3).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -13,7 +13,7 @@ use super::tests::{Setup, call_as, setup};
 use crate::engine::{LeadRef, NewMember};
 use crate::mcp::Caller;
 use crate::store::InboxStore;
-use crate::test_support::{caller, new_member, qualified};
+use crate::test_support::{caller, member_names, new_member, qualified};
 
 fn t(name: &str) -> Target {
     Target::new(name).expect("target")
@@ -64,11 +64,6 @@ fn operator() -> Caller {
     caller(Role::Operator)
 }
 
-async fn members(s: &Setup) -> Vec<String> {
-    let list = s.fleet.engine.list().await.expect("engine");
-    list.iter().map(|m| m.target.to_string()).collect()
-}
-
 /// A reply from `target`, stored and made known to the engine as a reply is.
 async fn reply_from(s: &Setup, target: &str, text: &str) -> MsgId {
     let message = crate::test_support::reply_from(target, None, text);
@@ -107,7 +102,7 @@ async fn a_delegating_member_stops_only_members_of_its_subtree() {
     refused(stop(member("sib"), "sub").await, "sub");
     refused(stop(member("mid"), "nobody").await, "nobody");
     assert_eq!(
-        members(&s).await,
+        member_names(&s.fleet.engine).await,
         ["deep", "mid", "sib", "sub"],
         "nothing stopped"
     );
@@ -118,7 +113,7 @@ async fn a_delegating_member_stops_only_members_of_its_subtree() {
     stop(operator(), "sib")
         .await
         .expect("the operator stops anyone");
-    assert_eq!(members(&s).await, ["mid", "sub"]);
+    assert_eq!(member_names(&s.fleet.engine).await, ["mid", "sub"]);
 }
 
 #[tokio::test(start_paused = true)]
