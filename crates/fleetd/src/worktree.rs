@@ -504,7 +504,8 @@ async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
 /// Test repositories for other modules' tests (this module is the one that runs git).
 #[cfg(test)]
 pub(crate) use tests::{
-    branches_and_worktrees as test_branches, repo as test_repo, run as test_git,
+    branches_and_worktrees as test_branches, repo as test_repo, request as test_request,
+    run as test_git,
 };
 
 #[cfg(test)]

@@ -28,17 +28,23 @@ pub(crate) fn repo() -> tempfile::TempDir {
     dir
 }
 
+/// A request for member `name`'s worktree of the repository `from` is in, under `root`, on a
+/// `fleet/` branch from the repository's `HEAD`.
+pub(crate) fn request<'a>(from: &'a Path, name: &'a str, root: &'a Path) -> WorktreeRequest<'a> {
+    WorktreeRequest {
+        from,
+        branch_prefix: "fleet/",
+        name,
+        base: None,
+        root,
+    }
+}
+
 #[tokio::test]
 async fn a_worktree_is_made_read_and_removed_only_when_it_holds_nothing() {
     let repo = repo();
     let root = tempfile::tempdir().expect("tmp");
-    let request = WorktreeRequest {
-        from: repo.path(),
-        branch_prefix: "fleet/",
-        name: "ann",
-        base: None,
-        root: root.path(),
-    };
+    let request = request(repo.path(), "ann", root.path());
     let first = create(&request).await.expect("worktree");
     assert_eq!(first.branch, "fleet/ann");
     assert_eq!(first.base_name, "main");
@@ -68,35 +74,15 @@ async fn a_worktree_is_made_read_and_removed_only_when_it_holds_nothing() {
     assert!(first.path.exists());
     assert_eq!(settle(&second).await.expect("settle"), Settled::Removed);
     assert!(!second.path.exists());
-    assert!(
-        git(
-            repo.path(),
-            &["show-ref", "--verify", "--quiet", "refs/heads/fleet/ann-2"]
-        )
-        .await
-        .is_err()
-    );
-    assert!(
-        git(
-            repo.path(),
-            &["show-ref", "--verify", "--quiet", "refs/heads/fleet/ann"]
-        )
-        .await
-        .is_ok()
-    );
+    assert!(!branch_exists(repo.path(), "fleet/ann-2").await);
+    assert!(branch_exists(repo.path(), "fleet/ann").await);
 }
 
 #[tokio::test]
 async fn commits_on_the_branch_are_kept_when_head_moved_back_and_a_moved_branch_is_never_deleted() {
     let repo = repo();
     let root = tempfile::tempdir().expect("tmp");
-    let request = WorktreeRequest {
-        from: repo.path(),
-        branch_prefix: "fleet/",
-        name: "ann",
-        base: None,
-        root: root.path(),
-    };
+    let request = request(repo.path(), "ann", root.path());
     // Attack W5: a commit on fleet/ann, then the base checked out detached — HEAD holds
     // nothing new, the branch does.
     let info = create(&request).await.expect("worktree");
@@ -155,13 +141,7 @@ async fn commits_on_the_branch_are_kept_when_head_moved_back_and_a_moved_branch_
 async fn outside_a_repository_or_from_a_missing_base_it_says_so_and_leaves_nothing() {
     let plain = tempfile::tempdir().expect("tmp");
     let root = tempfile::tempdir().expect("tmp");
-    let mut request = WorktreeRequest {
-        from: plain.path(),
-        branch_prefix: "fleet/",
-        name: "bo",
-        base: None,
-        root: root.path(),
-    };
+    let mut request = request(plain.path(), "bo", root.path());
     let e = create(&request).await.expect_err("no repository");
     assert!(e.contains("is not in a git repository"), "{e}");
     let repo = repo();
@@ -200,13 +180,7 @@ async fn a_checkout_that_fails_takes_back_the_worktree_and_the_branch_git_left()
     std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
     let root = tempfile::tempdir().expect("tmp");
-    let request = WorktreeRequest {
-        from: repo.path(),
-        branch_prefix: "fleet/",
-        name: "hook",
-        base: None,
-        root: root.path(),
-    };
+    let request = request(repo.path(), "hook", root.path());
     let e = create(&request).await.expect_err("the hook fails");
     assert!(e.contains("git worktree add failed"), "{e}");
     assert!(e.contains("refused by the hook"), "git's own words: {e}");
@@ -232,21 +206,12 @@ async fn a_checkout_that_fails_takes_back_the_worktree_and_the_branch_git_left()
 async fn a_worktree_made_from_inside_another_belongs_to_the_main_checkout() {
     let repo = repo();
     let root = tempfile::tempdir().expect("tmp");
-    let request = async |from: &Path, name: &str| {
-        let request = WorktreeRequest {
-            from,
-            branch_prefix: "fleet/",
-            name,
-            base: None,
-            root: root.path(),
-        };
-        create(&request).await
-    };
-    let mid = request(repo.path(), "mid").await.expect("mid's worktree");
+    let create_in = async |from: &Path, name: &str| create(&request(from, name, root.path())).await;
+    let mid = create_in(repo.path(), "mid").await.expect("mid's worktree");
     // A delegating member working in its worktree spawns a worktree member of its own.
     let in_mid = mid.path.join("src");
     std::fs::create_dir_all(&in_mid).expect("mkdir");
-    let sub = request(&in_mid, "sub").await.expect("sub's worktree");
+    let sub = create_in(&in_mid, "sub").await.expect("sub's worktree");
     let real = |p: &Path| std::fs::canonicalize(p).expect("canonical");
     assert_eq!(real(&sub.repo), real(repo.path()), "{sub:?}");
     assert_eq!(
@@ -263,7 +228,7 @@ async fn a_worktree_made_from_inside_another_belongs_to_the_main_checkout() {
 
     // A record from before this fix names mid's removed worktree as its repository: its
     // own directory still leads to the main checkout.
-    let mut old = request(repo.path(), "old").await.expect("old's worktree");
+    let mut old = create_in(repo.path(), "old").await.expect("old's worktree");
     old.repo.clone_from(&mid.path);
     assert_eq!(settle(&old).await.expect("settle old"), Settled::Removed);
     assert!(!old.path.exists());

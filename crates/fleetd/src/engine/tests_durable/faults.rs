@@ -113,13 +113,11 @@ async fn a_worktree_a_spawn_was_making_when_fleetd_died_is_settled_at_the_next_s
             .await
             .expect("engine")
             .expect("reserved");
-        let info = crate::worktree::plan(&crate::worktree::WorktreeRequest {
-            from: repo.path(),
-            branch_prefix: "fleet/",
+        let info = crate::worktree::plan(&crate::worktree::test_request(
+            repo.path(),
             name,
-            base: None,
-            root: root.path(),
-        })
+            root.path(),
+        ))
         .await
         .expect("plan");
         first
@@ -195,13 +193,11 @@ async fn a_released_member_s_worktree_is_judged_only_once_its_pane_is_gone() {
     fake.add_pane("w2:p4", "t-d", "w2:t4", AgentStatus::Working);
     let disk = Disk::new();
     let engine = disk.start(&fake);
-    let info = crate::worktree::create(&crate::worktree::WorktreeRequest {
-        from: repo.path(),
-        branch_prefix: "fleet/",
-        name: "dee",
-        base: None,
-        root: root.path(),
-    })
+    let info = crate::worktree::create(&crate::worktree::test_request(
+        repo.path(),
+        "dee",
+        root.path(),
+    ))
     .await
     .expect("worktree");
     let mut dee = new_member("dee", "w2:p4", "t-d");
