@@ -437,13 +437,7 @@ impl State {
         self.ticket_gauges();
         // Replies stored just before the restart may not have settled their tickets yet.
         for target in self.members.keys() {
-            let tickets: BTreeSet<Ticket> = self
-                .tickets
-                .book
-                .open_for(target)
-                .iter()
-                .map(|r| r.ticket)
-                .collect();
+            let tickets: BTreeSet<Ticket> = self.tickets.open_tickets(target);
             if !tickets.is_empty() {
                 io.push(Io::Reconcile {
                     target: target.clone(),

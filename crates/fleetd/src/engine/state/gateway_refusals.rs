@@ -10,11 +10,10 @@
 
 use std::collections::BTreeMap;
 
-use fleetd_core::{MessageKind, Target};
+use fleetd_core::Target;
 use jiff::{SignedDuration, Timestamp};
 
 use super::{Io, State};
-use crate::events::FleetEvent;
 
 /// How long the refusals of one sender for one reason after the first are folded into one
 /// notice: a forged or broken peer can publish thousands a second, and each would otherwise be
@@ -112,7 +111,7 @@ impl State {
             me = self.me_name(),
             from = sender(refused.from.as_deref()),
         );
-        self.gateway_incident(text, io);
+        self.gateway_incident(&text, io);
     }
 
     /// Windows that closed: a notice of what they folded, and a new window after one (a sender
@@ -147,7 +146,7 @@ impl State {
                 why = last.why,
                 place = self.where_refused(&last),
             );
-            self.gateway_incident(text, io);
+            self.gateway_incident(&text, io);
             self.refusals.windows.insert(
                 key,
                 Window {
@@ -173,20 +172,11 @@ impl State {
 
     /// `text` as an incident in this gateway's own inbox (nudged to the primary lead) and on
     /// `/events`.
-    fn gateway_incident(&mut self, text: String, io: &mut Vec<Io>) {
+    fn gateway_incident(&mut self, text: &str, io: &mut Vec<Io>) {
         let Some(target) = self.gateway_inbox() else {
             return;
         };
-        self.emit(FleetEvent::Incident {
-            targets: vec![target.to_string()],
-            text: text.clone(),
-        });
-        io.push(Io::Notice {
-            target,
-            ticket: None,
-            kind: MessageKind::Incident,
-            text,
-        });
+        self.incident_to(vec![target], text, io);
     }
 
     /// Where a refused message went, as a clause of a notice.

@@ -81,16 +81,7 @@ impl State {
             let text = format!(
                 "[fleet] incident: backend {backend} was removed from the configuration; this member keeps running on the settings it was started with — stop it or add the backend back"
             );
-            self.emit(FleetEvent::Incident {
-                targets: vec![target.to_string()],
-                text: text.clone(),
-            });
-            io.push(Io::Notice {
-                target,
-                ticket: None,
-                kind: MessageKind::Incident,
-                text,
-            });
+            self.incident_to(vec![target], &text, io);
         }
         self.emit(FleetEvent::ConfigReloaded);
     }
@@ -108,6 +99,12 @@ impl State {
             .filter(|(_, m)| which(m))
             .map(|(t, _)| t.clone())
             .collect();
+        self.incident_to(targets, text, io);
+    }
+
+    /// Publishes `text` as an incident to `targets` (each an inbox): on `/events` once, when
+    /// there are any, and a notice in each inbox.
+    pub(super) fn incident_to(&mut self, targets: Vec<Target>, text: &str, io: &mut Vec<Io>) {
         if !targets.is_empty() {
             self.emit(FleetEvent::Incident {
                 targets: targets.iter().map(ToString::to_string).collect(),
@@ -116,7 +113,7 @@ impl State {
         }
         for target in targets {
             io.push(Io::Notice {
-                target: target.clone(),
+                target,
                 ticket: None,
                 kind: MessageKind::Incident,
                 text: text.to_owned(),
@@ -217,13 +214,7 @@ impl State {
             status: m.status,
             connected: self.injector.presence(target),
             queued: self.injector.queued(target),
-            open_tickets: self
-                .tickets
-                .book
-                .open_for(target)
-                .iter()
-                .map(|r| r.ticket)
-                .collect(),
+            open_tickets: self.tickets.open_tickets(target),
             lead: m.lead.as_ref().map(|l| l.0.clone()),
             delegator: self.delegator_of(target),
             depth: self.depth_of(target),
@@ -437,13 +428,7 @@ impl State {
         io.push(Io::Unwatch {
             pane: member.pane.clone(),
         });
-        let open: Vec<Ticket> = self
-            .tickets
-            .book
-            .open_for(target)
-            .iter()
-            .map(|r| r.ticket)
-            .collect();
+        let open: Vec<Ticket> = self.tickets.open_tickets(target);
         for ticket in &open {
             self.apply(*ticket, TicketEvent::MemberGone(cause.to_owned()), now);
             self.settle(*ticket, now);

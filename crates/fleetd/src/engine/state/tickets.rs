@@ -58,6 +58,15 @@ impl Tickets {
         }
     }
 
+    /// The tickets of `target` that have not ended.
+    pub(super) fn open_tickets<C: FromIterator<Ticket>>(&self, target: &Target) -> C {
+        self.book
+            .open_for(target)
+            .iter()
+            .map(|r| r.ticket)
+            .collect()
+    }
+
     /// Opens a ticket with its side data: the one place a ticket is made.
     pub(super) fn open(&mut self, opening: Opening, now: Timestamp) {
         let Opening {
