@@ -8,12 +8,11 @@ use axum::Json;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use fleetd_core::access::Role;
 use fleetd_core::{MuxDaemon, PaneRef, QualifiedPaneId};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, App, caller};
+use super::{ApiError, App, operator_only};
 use crate::engine::{LeadRef, Standing};
 use crate::identity::{ConnInfo, in_members_space};
 
@@ -31,17 +30,16 @@ pub(super) async fn admit(
     headers: HeaderMap,
     Json(body): Json<Admit>,
 ) -> Response {
-    let caller = caller(&app, &conn, &headers).await;
-    if caller.role != Role::Operator {
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            "not_the_operator",
-            format!(
-                "admitting a pane as a lead is for the operator only (you are {}): run `fleetd admit PANE` as fleetd's user from a lead's pane or a shell outside the multiplexer",
-                caller.role.as_str()
-            ),
-        )
-        .into_response();
+    if let Err(refused) = operator_only(
+        &app,
+        &conn,
+        &headers,
+        "admitting a pane as a lead is",
+        "run `fleetd admit PANE` as fleetd's user from a lead's pane or a shell outside the multiplexer",
+    )
+    .await
+    {
+        return refused;
     }
     match admit_pane(&app, &body.pane).await {
         Ok(answer) => Json(answer).into_response(),

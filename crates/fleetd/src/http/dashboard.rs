@@ -31,7 +31,7 @@ use fleetd_core::access::Role;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, App, caller};
+use super::{ApiError, App, caller, operator_only};
 use crate::identity::{ConnInfo, constant_time_eq};
 
 /// How long a key from `fleetd dashboard` can be traded for a session.
@@ -263,17 +263,16 @@ pub(super) async fn keys(
     ConnectInfo(conn): ConnectInfo<ConnInfo>,
     headers: HeaderMap,
 ) -> Response {
-    let caller = caller(&app, &conn, &headers).await;
-    if caller.role != Role::Operator {
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            "not_the_operator",
-            format!(
-                "dashboard sign-in keys are for the operator only (you are {}): run `fleetd dashboard` as fleetd's user on its machine",
-                caller.role.as_str()
-            ),
-        )
-        .into_response();
+    if let Err(refused) = operator_only(
+        &app,
+        &conn,
+        &headers,
+        "dashboard sign-in keys are",
+        "run `fleetd dashboard` as fleetd's user on its machine",
+    )
+    .await
+    {
+        return refused;
     }
     let key = app.sessions.mint_key();
     let host = match app.sessions.local {

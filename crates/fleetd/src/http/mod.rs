@@ -272,6 +272,30 @@ async fn caller(app: &App, conn: &ConnInfo, headers: &HeaderMap) -> Caller {
     .await
 }
 
+/// A call that is the operator's only: `Err` (403 `not_the_operator`) for anyone else, saying
+/// that `what` is for the operator only, who the caller is, and `how` to call as the operator.
+async fn operator_only(
+    app: &App,
+    conn: &ConnInfo,
+    headers: &HeaderMap,
+    what: &str,
+    how: &str,
+) -> Result<(), Response> {
+    let caller = caller(app, conn, headers).await;
+    if caller.role == fleetd_core::access::Role::Operator {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::FORBIDDEN,
+        "not_the_operator",
+        format!(
+            "{what} for the operator only (you are {}): {how}",
+            caller.role.as_str()
+        ),
+    )
+    .into_response())
+}
+
 /// `GET /metrics`: every fleetd metric in Prometheus text (see `telemetry`). Names members, no
 /// bodies: the class of `fleet_list`.
 async fn metrics(
