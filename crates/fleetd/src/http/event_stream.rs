@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use fleetd_core::access::ToolClass;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{ApiError, App, caller};
+use super::{ApiError, App, authorized};
 use crate::events::Published;
 use crate::identity::ConnInfo;
 
@@ -60,9 +60,16 @@ pub(super) async fn latency(
     ConnectInfo(conn): ConnectInfo<ConnInfo>,
     headers: HeaderMap,
 ) -> Response {
-    let caller = caller(&app, &conn, &headers).await;
-    if let Err(e) = caller.authorize(ToolClass::Observe, "GET /events/latency") {
-        return ApiError::tool(e).into_response();
+    if let Err(e) = authorized(
+        &app,
+        &conn,
+        &headers,
+        ToolClass::Observe,
+        "GET /events/latency",
+    )
+    .await
+    {
+        return e.into_response();
     }
     axum::Json(app.fleet.engine.latency()).into_response()
 }
@@ -93,9 +100,8 @@ pub(super) async fn stream(
             .into_response();
         }
     };
-    let caller = caller(&app, &conn, &headers).await;
-    if let Err(e) = caller.authorize(ToolClass::Observe, "GET /events") {
-        return ApiError::tool(e).into_response();
+    if let Err(e) = authorized(&app, &conn, &headers, ToolClass::Observe, "GET /events").await {
+        return e.into_response();
     }
     let last = headers
         .get("last-event-id")

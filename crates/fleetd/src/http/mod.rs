@@ -272,6 +272,19 @@ async fn caller(app: &App, conn: &ConnInfo, headers: &HeaderMap) -> Caller {
     .await
 }
 
+/// The caller, when it may make a call of `class` (`what`, for the refusal); else its refusal.
+async fn authorized(
+    app: &App,
+    conn: &ConnInfo,
+    headers: &HeaderMap,
+    class: ToolClass,
+    what: &str,
+) -> Result<Caller, ApiError> {
+    let caller = caller(app, conn, headers).await;
+    caller.authorize(class, what).map_err(ApiError::tool)?;
+    Ok(caller)
+}
+
 /// A call that is the operator's only: `Err` (403 `not_the_operator`) for anyone else, saying
 /// that `what` is for the operator only, who the caller is, and `how` to call as the operator.
 async fn operator_only(
@@ -303,9 +316,8 @@ async fn metrics(
     ConnectInfo(conn): ConnectInfo<ConnInfo>,
     headers: HeaderMap,
 ) -> Response {
-    let caller = caller(&app, &conn, &headers).await;
-    if let Err(e) = caller.authorize(ToolClass::Public, "GET /metrics") {
-        return ApiError::tool(e).into_response();
+    if let Err(e) = authorized(&app, &conn, &headers, ToolClass::Public, "GET /metrics").await {
+        return e.into_response();
     }
     (
         [(

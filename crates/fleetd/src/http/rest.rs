@@ -9,7 +9,7 @@ use fleetd_core::access::ToolClass;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, App, caller};
+use super::{ApiError, App, authorized, caller};
 use crate::identity::ConnInfo;
 
 pub(super) type ApiResult = Result<Json<Value>, ApiError>;
@@ -91,6 +91,15 @@ fn bad_query(e: &axum::extract::rejection::QueryRejection, route: &str, takes: &
     )
 }
 
+/// A body the route cannot read: 400 `invalid_body`, with what to `send` instead.
+fn bad_body(e: &impl std::fmt::Display, send: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_body",
+        format!("{e}: send {send}"),
+    )
+}
+
 /// `GET /sessions/{target}/replies?limit=&after=` = `fleet_poll{target}`: a page of pending
 /// replies and the open questions, non-destructive.
 pub(super) async fn replies(
@@ -143,10 +152,7 @@ pub(super) async fn drain(
     query: Result<Query<DrainQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
     // The ack's class first, so a caller who may read but not remove learns nothing.
-    let caller = caller(&app, &conn, &headers).await;
-    caller
-        .authorize(ToolClass::Orchestration, "drain")
-        .map_err(ApiError::tool)?;
+    let caller = authorized(&app, &conn, &headers, ToolClass::Orchestration, "drain").await?;
     let Query(query) = query
         .map_err(|e| bad_query(&e, "POST /sessions/{target}/replies/drain", "only `limit`"))?;
     let mut polled = crate::mcp::tools::call(
@@ -227,10 +233,9 @@ pub(super) async fn task(
     body: Result<Json<TaskBody>, axum::extract::rejection::JsonRejection>,
 ) -> ApiResult {
     let Json(body) = body.map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_body",
-            format!("{e}: send JSON {{\"task\": \"...\", \"wait\": bool, \"timeoutSecs\": n}}"),
+        bad_body(
+            &e,
+            r#"JSON {"task": "...", "wait": bool, "timeoutSecs": n}"#,
         )
     })?;
     let args = json!({
@@ -262,13 +267,8 @@ pub(super) async fn stop(
     let body: StopBody = if body.iter().all(u8::is_ascii_whitespace) {
         StopBody::default()
     } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_body",
-                format!("{e}: send nothing, or JSON {{\"cause\": \"...\"}}"),
-            )
-        })?
+        serde_json::from_slice(&body)
+            .map_err(|e| bad_body(&e, r#"nothing, or JSON {"cause": "..."}"#))?
     };
     let mut args = json!({ "target": name });
     if let Some(cause) = body.cause {
@@ -287,10 +287,7 @@ pub(super) async fn questions(
     ConnectInfo(conn): ConnectInfo<ConnInfo>,
     headers: HeaderMap,
 ) -> ApiResult {
-    let caller = caller(&app, &conn, &headers).await;
-    caller
-        .authorize(ToolClass::Observe, "GET /questions")
-        .map_err(ApiError::tool)?;
+    authorized(&app, &conn, &headers, ToolClass::Observe, "GET /questions").await?;
     let open = app
         .fleet
         .engine
@@ -325,13 +322,7 @@ pub(super) async fn answer(
     Path(question_id): Path<String>,
     body: Result<Json<AnswerBody>, axum::extract::rejection::JsonRejection>,
 ) -> ApiResult {
-    let Json(body) = body.map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_body",
-            format!("{e}: send JSON {{\"answer\": \"...\"}}"),
-        )
-    })?;
+    let Json(body) = body.map_err(|e| bad_body(&e, r#"JSON {"answer": "..."}"#))?;
     let args = json!({ "questionId": question_id, "answer": body.answer });
     tool(&app, &conn, &headers, "fleet_answer", args)
         .await
@@ -354,11 +345,8 @@ pub(super) async fn tickets(
     query: Result<Query<TicketsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
     let Query(query) = query.map_err(|e| bad_query(&e, "GET /tickets", "only `target`"))?;
-    let caller = caller(&app, &conn, &headers).await;
     // Every member's tickets: leads and the operator (a delegating member polls its own).
-    caller
-        .authorize(ToolClass::Observe, "GET /tickets")
-        .map_err(ApiError::tool)?;
+    authorized(&app, &conn, &headers, ToolClass::Observe, "GET /tickets").await?;
     let gone = |e| ApiError::tool(crate::mcp::tools::gone(e));
     let targets = match query.target {
         Some(name) => {
