@@ -3,12 +3,12 @@
 use fleetd_core::refusal::Code;
 use std::time::Duration;
 
-use fleetd_core::access::{Role, ToolClass};
+use fleetd_core::access::ToolClass;
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{FleetTool, gone, output};
+use super::{FleetTool, calling_member, gone, output};
 use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
 
 /// Default and longest wait for an answer, in seconds.
@@ -36,9 +36,7 @@ impl FleetTool for Ask {
     type Args = Args;
 
     async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
-        let Role::Member { target, .. } = &caller.role else {
-            return Err(ToolError::new(Code::NotAMember, "fleet_ask is for members"));
-        };
+        let target = calling_member(caller, Self::NAME)?;
         if args.question.trim().is_empty() {
             return Err(ToolError::new(Code::EmptyQuestion, "the question is empty"));
         }

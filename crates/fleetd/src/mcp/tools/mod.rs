@@ -241,6 +241,17 @@ pub(crate) fn gateway_known(fleet: &Fleet, gw: &str) -> Result<Option<String>, T
     }
 }
 
+/// The member the caller is, for a tool (`tool`) that is for members only.
+pub(crate) fn calling_member<'a>(caller: &'a Caller, tool: &str) -> Result<&'a Target, ToolError> {
+    match &caller.role {
+        fleetd_core::access::Role::Member { target, .. } => Ok(target),
+        _ => Err(ToolError::new(
+            Code::NotAMember,
+            format!("{tool} is for members"),
+        )),
+    }
+}
+
 /// The member the caller is, when it is one.
 pub(crate) fn member_of(caller: &Caller) -> Option<Target> {
     match &caller.role {

@@ -1,13 +1,13 @@
 //! `fleet_reply`: a member answers its task. The reply is durable before anyone is told.
 
-use fleetd_core::access::{Role, ToolClass};
+use fleetd_core::access::ToolClass;
 use fleetd_core::refusal::Code;
 use fleetd_core::{Message, MessageKind, MsgId, Ticket};
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{FleetTool, gone, output, store_error};
+use super::{FleetTool, calling_member, gone, output, store_error};
 use crate::engine::TicketAnswer;
 use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
 
@@ -31,12 +31,7 @@ impl FleetTool for Reply {
     type Args = Args;
 
     async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
-        let Role::Member { target, .. } = &caller.role else {
-            return Err(ToolError::new(
-                Code::NotAMember,
-                "fleet_reply is for members",
-            ));
-        };
+        let target = calling_member(caller, Self::NAME)?;
         let ticket = match args.ticket {
             Some(text) => {
                 let ticket = Ticket::parse(&text)
