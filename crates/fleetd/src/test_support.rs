@@ -18,6 +18,12 @@ use crate::mux::MuxRouter;
 use crate::mux::fake::FakeMux;
 use crate::store::{InboxStore, MemoryStore};
 
+/// `yaml` as the daemon's configuration (no environment variables); it must be valid.
+pub(crate) fn config(yaml: &str) -> crate::config::Config {
+    crate::config::Config::parse(yaml, "test", &crate::config::Environment::default())
+        .expect("config")
+}
+
 /// An empty memory store (the inbox and the fleet state) taking messages of up to 1 MiB.
 pub(crate) fn memory_store() -> Arc<MemoryStore> {
     Arc::new(MemoryStore::new(MessageLimits {

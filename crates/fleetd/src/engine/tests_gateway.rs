@@ -14,10 +14,9 @@ use tokio::time::sleep;
 
 use super::state::REFUSAL_WINDOW;
 use super::{Durable, EngineHandle, EngineParts, GatewayOutcome, GatewayParts, PeerRefusal, spawn};
-use crate::config::{Config, Environment};
 use crate::mux::fake::FakeMux;
 use crate::store::{InboxStore, MemoryStore, StateStore};
-use crate::test_support::{engine_parts, memory_store, new_member};
+use crate::test_support::{config, engine_parts, memory_store, new_member};
 
 /// The primary lead's tab is `w1:t1`; one nudge a batch, so the test counts notices, not
 /// reminders.
@@ -48,8 +47,7 @@ fn gateway_rig_with(
     extra: &str,
     peers: std::collections::BTreeMap<String, Vec<crate::config::PeerRight>>,
 ) -> Rig {
-    let config = Config::parse(&format!("{CONFIG}{extra}"), "test", &Environment::default())
-        .expect("config");
+    let config = config(&format!("{CONFIG}{extra}"));
     let store = Arc::clone(store);
     let (forward, outbox) = tokio::sync::mpsc::unbounded_channel();
     let engine = spawn(EngineParts {

@@ -12,12 +12,11 @@ use serde_json::{Value, json};
 use tokio::time::sleep;
 
 use super::SpawnRequest;
-use crate::config::{Config, Environment};
 use crate::engine::EngineHandle;
 use crate::mcp::{Caller, Fleet};
 use crate::mux::Launch;
 use crate::mux::fake::FakeMux;
-use crate::test_support::{caller, engine_parts, fleet, memory_store};
+use crate::test_support::{caller, config, engine_parts, fleet, memory_store};
 
 /// A profile whose agent runs its own command (`Launch::Argv`), and one of a known agent kind
 /// with none (`Launch::Agent`).
@@ -30,7 +29,7 @@ struct Setup {
 
 fn setup() -> Setup {
     let fake = FakeMux::new();
-    let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
+    let config = config(CONFIG);
     let parts = engine_parts(&fake, &memory_store(), crate::config::Live::fixed(config));
     Setup {
         fleet: fleet(parts),

@@ -11,11 +11,10 @@ use jiff::Timestamp;
 use tokio::time::{Instant, sleep};
 
 use super::{EngineHandle, LeadRef, NewMember, Readiness, spawn};
-use crate::config::{Config, Environment};
 use crate::mux::MuxRouter;
 use crate::mux::fake::{FakeMux, Fault, Typed};
 use crate::store::{InboxStore, MemoryStore};
-use crate::test_support::{engine_parts, memory_store, new_member, qualified, reply_from};
+use crate::test_support::{config, engine_parts, memory_store, new_member, qualified, reply_from};
 
 mod push;
 
@@ -31,7 +30,7 @@ const CONFIG: &str =
     "primary:\n  tab: w1:t1\n  pushReminders: 3\n  pushBackoffMs: 1000\n  pushBackoffMaxMs: 3000\n";
 
 fn rig(fake: &FakeMux) -> Rig {
-    let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
+    let config = config(CONFIG);
     let store = memory_store();
     let parts = engine_parts(fake, &store, crate::config::Live::fixed(config));
     let router = parts.mux.clone();
@@ -278,9 +277,7 @@ async fn a_reload_that_removes_a_members_backend_raises_one_unmapped_incident() 
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
     let with_lab = format!("{CONFIG}backends:\n  lab:\n    baseUrl: http://127.0.0.1:9\n");
-    let env = Environment::default();
-    let (publisher, live) =
-        crate::config::channel(Config::parse(&with_lab, "test", &env).expect("config"));
+    let (publisher, live) = crate::config::channel(config(&with_lab));
     let store = memory_store();
     let engine = spawn(engine_parts(&fake, &store, live));
     engine
@@ -292,11 +289,11 @@ async fn a_reload_that_removes_a_members_backend_raises_one_unmapped_incident() 
         .expect("engine");
     let alice = Target::new("alice").expect("target");
     // A reload that keeps the backend changes nothing.
-    publisher.publish(Config::parse(&with_lab, "test", &env).expect("config"));
+    publisher.publish(config(&with_lab));
     sleep(Duration::from_millis(10)).await;
     assert!(store.peek(&alice, 10).await.expect("peek").is_empty());
     for _ in 0..2 {
-        publisher.publish(Config::parse(CONFIG, "test", &env).expect("config"));
+        publisher.publish(config(CONFIG));
         sleep(Duration::from_millis(10)).await;
     }
     let messages = store.peek(&alice, 10).await.expect("peek");

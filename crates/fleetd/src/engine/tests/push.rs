@@ -158,7 +158,7 @@ async fn mail_from_before_a_restart_is_nudged_once_the_lead_is_known() {
         .publish(reply_from("alice", None, "done"))
         .await
         .expect("publish");
-    let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
+    let config = config(CONFIG);
     let _engine = spawn(engine_parts(
         &fake,
         &store,
@@ -256,14 +256,12 @@ async fn a_reload_moves_the_primary_tab_and_the_push_budget_at_once() {
     let fake = FakeMux::new();
     fake.add_pane("w1:p1", "t-one", "w1:t1", AgentStatus::Idle);
     fake.add_pane("w3:p1", "t-three", "w3:t1", AgentStatus::Idle);
-    let env = Environment::default();
-    let (publisher, live) =
-        crate::config::channel(Config::parse(CONFIG, "test", &env).expect("config"));
+    let (publisher, live) = crate::config::channel(config(CONFIG));
     let store = memory_store();
     let engine = spawn(engine_parts(&fake, &store, live));
     sleep(Duration::from_millis(100)).await; // w1:t1's lead is the primary
     let moved = "primary:\n  tab: w3:t1\n  pushReminders: 1\n  pushBackoffMs: 1000\n";
-    publisher.publish(Config::parse(moved, "test", &env).expect("config"));
+    publisher.publish(config(moved));
     sleep(Duration::from_millis(100)).await;
     let alice = Target::new("alice").expect("target");
     store

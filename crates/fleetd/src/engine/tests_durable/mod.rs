@@ -12,11 +12,10 @@ use tokio::time::sleep;
 
 use super::{Durable, EngineHandle, EngineParts, LeadRef, NewMember, TicketAnswer, spawn};
 use crate::clock::TokioClock;
-use crate::config::{Config, Environment};
 use crate::mux::fake::FakeMux;
 use crate::store::{InboxStore, MemoryStore, StateStore};
 use crate::test_support::{
-    engine_parts, member_names, memory_store, new_member, qualified, reply_from,
+    config, engine_parts, member_names, memory_store, new_member, qualified, reply_from,
 };
 
 mod faults;
@@ -53,7 +52,7 @@ impl Disk {
         clock: crate::clock::SharedClock,
         legacy: Option<std::path::PathBuf>,
     ) -> EngineHandle {
-        let config = Config::parse(CONFIG, "test", &Environment::default()).expect("config");
+        let config = config(CONFIG);
         spawn(EngineParts {
             durable: Some(Durable {
                 store: Arc::clone(&self.store) as Arc<dyn StateStore>,

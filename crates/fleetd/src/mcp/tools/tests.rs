@@ -11,11 +11,11 @@ use fleetd_core::{AgentStatus, MessageLimits, MsgId, Target, Ticket};
 use serde_json::{Value, json};
 
 use super::poll::{MAX_LIMIT, PAGE_BYTES};
-use crate::config::{Config, Environment, Publisher};
+use crate::config::Publisher;
 use crate::mcp::{Caller, Fleet};
 use crate::mux::fake::FakeMux;
 use crate::store::{InboxStore, MemoryStore};
-use crate::test_support::{caller, engine_parts, fleet, new_member, reply_from};
+use crate::test_support::{caller, config, engine_parts, fleet, new_member, reply_from};
 
 /// Messages up to 2 MiB, so a reply larger than a page's budget can be stored.
 const MAX_MESSAGE: usize = 2 << 20;
@@ -31,9 +31,7 @@ pub(super) struct Setup {
 pub(super) fn setup(yaml: &str) -> Setup {
     let fake = FakeMux::new();
     fake.add_pane("w2:p1", "t-ann", "w2:t1", AgentStatus::Idle);
-    let (config, live) = crate::config::channel(
-        Config::parse(yaml, "test", &Environment::default()).expect("config"),
-    );
+    let (config, live) = crate::config::channel(config(yaml));
     let store = Arc::new(MemoryStore::new(MessageLimits {
         max_message_bytes: MAX_MESSAGE,
     }));
@@ -331,14 +329,7 @@ async fn the_queue_cap_follows_a_reload_and_drops_nothing_already_queued() {
         send(&s.fleet, "two").await.expect_err("full").0,
         "queue_full"
     );
-    s.config.publish(
-        Config::parse(
-            "limits:\n  maxQueuedTasks: 3\n",
-            "test",
-            &Environment::default(),
-        )
-        .expect("config"),
-    );
+    s.config.publish(config("limits:\n  maxQueuedTasks: 3\n"));
     tokio::time::sleep(Duration::from_millis(10)).await;
     send(&s.fleet, "two").await.expect("the new cap applies");
     send(&s.fleet, "three").await.expect("the new cap applies");
@@ -346,14 +337,7 @@ async fn the_queue_cap_follows_a_reload_and_drops_nothing_already_queued() {
         send(&s.fleet, "four").await.expect_err("full").0,
         "queue_full"
     );
-    s.config.publish(
-        Config::parse(
-            "limits:\n  maxQueuedTasks: 1\n",
-            "test",
-            &Environment::default(),
-        )
-        .expect("config"),
-    );
+    s.config.publish(config("limits:\n  maxQueuedTasks: 1\n"));
     tokio::time::sleep(Duration::from_millis(10)).await;
     let listed = call(&s.fleet, "fleet_list", json!({})).await.expect("list");
     assert_eq!(
