@@ -50,6 +50,24 @@ async fn rig_with_primary(fake: &FakeMux) -> Rig {
     rig
 }
 
+/// A fake multiplexer with an idle lead (pane `w1:p1`, incarnation `t-lead`) in the pinned
+/// primary tab `w1:t1`.
+fn lead_idle() -> FakeMux {
+    let fake = FakeMux::new();
+    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    fake
+}
+
+/// [`lead_idle`] and member alice's pane (`w2:p1`, incarnation `t-a`) in `status`; a
+/// [`rig_with_primary`] on them with alice registered.
+async fn primary_and_alice(status: AgentStatus) -> Rig {
+    let fake = lead_idle();
+    fake.add_pane("w2:p1", "t-a", "w2:t1", status);
+    let rig = rig_with_primary(&fake).await;
+    rig.add(new_member("alice", "w2:p1", "t-a")).await;
+    rig
+}
+
 impl Rig {
     async fn add(&self, new: NewMember) {
         self.engine.add_member(new).await.expect("engine");
@@ -232,8 +250,7 @@ async fn inbox(rig: &Rig, target: &str) -> Vec<Message> {
 
 #[tokio::test(start_paused = true)]
 async fn a_backend_going_down_and_up_is_one_incident_each_for_its_members_only() {
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    let fake = lead_idle();
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
     fake.add_pane("w2:p2", "t-b", "w2:t2", AgentStatus::Idle);
     let rig = rig_with_primary(&fake).await;
@@ -353,11 +370,8 @@ async fn the_engine_ends_when_every_handle_is_dropped() {
 async fn missed_pane_events_make_the_engine_read_every_pane_again() {
     // Review M5: a lagged event stream was only logged, so a Gone lost in the burst left its
     // member listed forever.
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
-    let rig = rig_with_primary(&fake).await;
-    rig.add(new_member("alice", "w2:p1", "t-a")).await;
+    let rig = primary_and_alice(AgentStatus::Idle).await;
+    let fake = &rig.fake;
     sleep(Duration::from_millis(100)).await;
     assert!(listed(&rig, "alice").await);
     // alice's pane goes without a word, and a burst of events (more than any receiver holds)

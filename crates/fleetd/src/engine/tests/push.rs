@@ -7,8 +7,7 @@ use super::*;
 
 #[tokio::test(start_paused = true)]
 async fn reminders_back_off_then_give_up_and_the_mail_stays() {
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    let fake = lead_idle();
     let rig = rig_with_primary(&fake).await;
     rig.mail("alice").await;
     sleep(Duration::from_secs(120)).await;
@@ -150,8 +149,7 @@ async fn with_no_lead_the_mail_waits_for_a_poll() {
 
 #[tokio::test(start_paused = true)]
 async fn mail_from_before_a_restart_is_nudged_once_the_lead_is_known() {
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    let fake = lead_idle();
     let store = memory_store();
     // The mail is in the store before the engine starts (a daemon restarted).
     store
@@ -173,8 +171,7 @@ async fn mail_from_before_a_restart_is_nudged_once_the_lead_is_known() {
 #[tokio::test(start_paused = true)]
 async fn nudges_that_may_have_been_typed_spend_the_budget() {
     // Every nudge goes in and then loses its answer: each one counts, three in all.
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    let fake = lead_idle();
     fake.fault("w1:p1", Some(Fault::LostAnswer));
     let rig = rig_with_primary(&fake).await;
     rig.mail("alice").await;
@@ -189,11 +186,7 @@ async fn a_reply_returned_by_a_waiter_is_kept_until_its_caller_calls_again_and_a
  {
     // Review M3: the waiter acknowledged the reply before its answer was written, and a waiter
     // cancelled after being handed the reply left it un-nudged forever.
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
-    let rig = rig_with_primary(&fake).await;
-    rig.add(new_member("alice", "w2:p1", "t-a")).await;
+    let rig = primary_and_alice(AgentStatus::Working).await;
     let alice = Target::new("alice").expect("target");
     let mut handed = Vec::new();
     for round in 0..2 {
@@ -281,11 +274,7 @@ async fn a_reload_moves_the_primary_tab_and_the_push_budget_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_wake_holds_its_reply_from_the_nudge_until_read_cancelled_or_lapsed() {
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
-    let rig = rig_with_primary(&fake).await;
-    rig.add(new_member("alice", "w2:p1", "t-a")).await;
+    let rig = primary_and_alice(AgentStatus::Working).await;
     let owner = "lead:w1:p1".to_owned();
     let mut wakes = Vec::new();
     for round in 0..3 {
@@ -344,8 +333,7 @@ async fn a_wake_holds_its_reply_from_the_nudge_until_read_cancelled_or_lapsed() 
 async fn a_handed_reply_goes_back_to_the_nudge_when_its_holder_goes_or_never_calls_again() {
     // Review M2: a reply handed to a waiter was uncounted by the push loop until its holder's
     // next call; a holder that closed, or never called again, left it un-nudged for good.
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    let fake = lead_idle();
     fake.add_pane("w3:p1", "t-other", "w3:t1", AgentStatus::Idle);
     fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
     let rig = rig_with_primary(&fake).await;

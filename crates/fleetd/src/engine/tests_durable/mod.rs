@@ -75,6 +75,14 @@ impl Disk {
         self.kill(engine).await;
         self.start(fake)
     }
+
+    /// [`Disk::restart`], ann's pane (`w2:p1`) working normally again by the time the new
+    /// engine starts: the fault was the killed daemon's moment.
+    async fn restart_healed(&self, engine: EngineHandle, fake: &FakeMux) -> EngineHandle {
+        self.kill(engine).await;
+        fake.fault("w2:p1", None);
+        self.start(fake)
+    }
 }
 
 fn t(name: &str) -> Target {
@@ -220,9 +228,7 @@ async fn a_typing_that_wrote_nothing_is_typed_after_a_restart() {
     let ticket = task(&first, "ann", "never reached the pane").await;
     settle().await;
     assert!(fake.typed().is_empty(), "the socket failed: nothing typed");
-    disk.kill(first).await;
-    fake.fault("w2:p1", None);
-    let second = disk.start(&fake);
+    let second = disk.restart_healed(first, &fake).await;
     settle().await;
     typed_once(&fake, "never reached the pane");
     assert_eq!(
@@ -242,9 +248,7 @@ async fn a_task_in_doubt_that_never_reached_its_pane_is_typed_after_the_restart(
     let second_task = task(&first, "ann", "queued behind it").await;
     settle().await;
     assert!(fake.typed().is_empty(), "the typing call never came back");
-    disk.kill(first).await;
-    fake.fault("w2:p1", None);
-    let second = disk.start(&fake);
+    let second = disk.restart_healed(first, &fake).await;
     sleep(Duration::from_secs(5)).await;
     let typed: Vec<String> = fake.typed().into_iter().map(|t| t.text).collect();
     assert_eq!(typed, ["lost in the kill"], "typed once, and first");
@@ -270,9 +274,7 @@ async fn a_task_in_doubt_that_shows_in_its_pane_is_never_typed_again() {
     settle().await;
     assert_eq!(fake.typed().len(), 1);
     assert_eq!(state_of(&first, ticket).await, Some(TicketState::Queued));
-    disk.kill(first).await;
-    fake.fault("w2:p1", None);
-    let second = disk.start(&fake);
+    let second = disk.restart_healed(first, &fake).await;
     sleep(Duration::from_secs(30)).await;
     assert_eq!(fake.typed().len(), 1, "never typed twice");
     assert_eq!(fake.enters("w2:p1"), 1, "its one Enter retry");
