@@ -58,6 +58,16 @@ pub enum GatewayOutcome {
     Spawn(Box<crate::engine::PeerSpawn>),
 }
 
+impl GatewayOutcome {
+    /// Refused under `reason` (one of `gateway_refusals::reason`), saying `why`.
+    pub(super) fn refused(reason: &'static str, why: impl Into<String>) -> Self {
+        Self::Refused {
+            reason,
+            why: why.into(),
+        }
+    }
+}
+
 /// A task's body.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

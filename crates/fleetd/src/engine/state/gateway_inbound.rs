@@ -32,22 +32,18 @@ impl State {
                 .and_then(|g| g.peers.get(src.as_str()))
                 .is_some_and(|rights| rights.contains(&right))
         };
-        let refuse = |reason: &'static str, why: &str| GatewayOutcome::Refused {
-            reason,
-            why: why.to_owned(),
-        };
         match envelope.kind {
             Kind::Task => {
                 if !allowed(PeerRight::Send, self) {
-                    return refuse(
+                    return GatewayOutcome::refused(
                         reason::NOT_ALLOWED,
-                        &format!(
+                        format!(
                             "gateway {src} may not send tasks here (gateway.peers.{src}.allow has no `send`)"
                         ),
                     );
                 }
                 let Ok(body) = serde_json::from_value::<TaskBody>(envelope.body) else {
-                    return refuse(
+                    return GatewayOutcome::refused(
                         reason::MALFORMED,
                         "a task without its ticket, member or text",
                     );
@@ -113,15 +109,15 @@ impl State {
             }
             Kind::Ticket => {
                 let Ok(body) = serde_json::from_value::<TicketBody>(envelope.body) else {
-                    return refuse(
+                    return GatewayOutcome::refused(
                         reason::MALFORMED,
                         "a ticket event without its ticket or event",
                     );
                 };
                 if !self.sent_there(body.ticket, &src) {
-                    return refuse(
+                    return GatewayOutcome::refused(
                         reason::NEVER_SENT,
-                        &format!("ticket {} was never sent to gateway {src}", body.ticket),
+                        format!("ticket {} was never sent to gateway {src}", body.ticket),
                     );
                 }
                 self.apply(body.ticket, body.event, now);
@@ -130,17 +126,20 @@ impl State {
             }
             Kind::Reply => {
                 let Ok(body) = serde_json::from_value::<ReplyBody>(envelope.body) else {
-                    return refuse(reason::MALFORMED, "a reply without its message");
+                    return GatewayOutcome::refused(
+                        reason::MALFORMED,
+                        "a reply without its message",
+                    );
                 };
                 let Some(ticket) = body.message.ticket else {
-                    return refuse(reason::MALFORMED, "a reply for no ticket");
+                    return GatewayOutcome::refused(reason::MALFORMED, "a reply for no ticket");
                 };
                 if !self.sent_there(ticket, &src)
                     || body.message.target.gateway() != Some(src.as_str())
                 {
-                    return refuse(
+                    return GatewayOutcome::refused(
                         reason::NEVER_SENT,
-                        &format!(
+                        format!(
                             "a reply for ticket {ticket}, which was never sent to gateway {src}"
                         ),
                     );
@@ -149,15 +148,15 @@ impl State {
             }
             Kind::Stop => {
                 if !allowed(PeerRight::Stop, self) {
-                    return refuse(
+                    return GatewayOutcome::refused(
                         reason::NOT_ALLOWED,
-                        &format!(
+                        format!(
                             "gateway {src} may not stop members here (gateway.peers.{src}.allow has no `stop`)"
                         ),
                     );
                 }
                 let Ok(body) = serde_json::from_value::<StopBody>(envelope.body) else {
-                    return refuse(reason::MALFORMED, "a stop without its member");
+                    return GatewayOutcome::refused(reason::MALFORMED, "a stop without its member");
                 };
                 if let Ok(member) = Target::local(body.member.as_str()) {
                     let cause = format!("{} (by gateway {src})", body.cause);
@@ -170,7 +169,7 @@ impl State {
             Kind::Question => self.question_in(&src, envelope.body, now, io),
             Kind::Answer => {
                 let Ok(body) = serde_json::from_value::<AnswerBody>(envelope.body) else {
-                    return refuse(
+                    return GatewayOutcome::refused(
                         reason::MALFORMED,
                         "an answer without its question id or text",
                     );
@@ -183,9 +182,9 @@ impl State {
                     // Answered already (a copy), or never asked there: either way nothing to do
                     // unless it is one this gateway knows, which it would have found.
                     if self.questions.contains_key(&body.question_id) {
-                        return refuse(
+                        return GatewayOutcome::refused(
                             reason::NOT_ALLOWED,
-                            &format!(
+                            format!(
                                 "question {} was not asked of gateway {src} (gateway.peers.{src}.allow has no `answer`)",
                                 body.question_id
                             ),
@@ -198,7 +197,9 @@ impl State {
                 }
                 match self.answer(&body.question_id, body.answer, now, io) {
                     Ok(_) => GatewayOutcome::Taken,
-                    Err(refusal) => refuse(reason::UNDELIVERABLE, &refusal.message),
+                    Err(refusal) => {
+                        GatewayOutcome::refused(reason::UNDELIVERABLE, &refusal.message)
+                    }
                 }
             }
             Kind::Spawn => {
@@ -238,28 +239,28 @@ impl State {
         io: &mut Vec<Io>,
     ) -> GatewayOutcome {
         let Ok(body) = serde_json::from_value::<QuestionBody>(body) else {
-            return GatewayOutcome::Refused {
-                reason: reason::MALFORMED,
-                why: "a question without its id, member, ticket or text".to_owned(),
-            };
+            return GatewayOutcome::refused(
+                reason::MALFORMED,
+                "a question without its id, member, ticket or text",
+            );
         };
         let Ok(target) = Target::local(body.member.as_str()).map(|t| t.at(src.as_str())) else {
             // Not quoted: the name is whatever the body held.
-            return GatewayOutcome::Refused {
-                reason: reason::MALFORMED,
-                why: "a question whose member is not a member name".to_owned(),
-            };
+            return GatewayOutcome::refused(
+                reason::MALFORMED,
+                "a question whose member is not a member name",
+            );
         };
         if !self.sent_there(body.ticket, src)
             || self.tickets.book.record(body.ticket).map(|r| &r.target) != Some(&target)
         {
-            return GatewayOutcome::Refused {
-                reason: reason::NEVER_SENT,
-                why: format!(
+            return GatewayOutcome::refused(
+                reason::NEVER_SENT,
+                format!(
                     "a question about ticket {}, which was never sent to {target}",
                     body.ticket
                 ),
-            };
+            );
         }
         if self.questions.contains_key(&body.question_id)
             || self

@@ -88,6 +88,16 @@ pub(super) fn spawn_key(asked: bool, req: &str) -> String {
     format!("{}:{req}", if asked { "asked" } else { "served" })
 }
 
+/// Another gateway's spawn request, or its refusal as malformed.
+fn spawn_request(body: serde_json::Value) -> Result<SpawnBody, GatewayOutcome> {
+    serde_json::from_value(body).map_err(|_| {
+        GatewayOutcome::refused(
+            super::gateway_refusals::reason::MALFORMED,
+            "a spawn request without its id or profile",
+        )
+    })
+}
+
 impl State {
     /// `fleet_spawn` on another gateway: the request is recorded and sent; the receiver gets
     /// what it came to.
@@ -154,11 +164,9 @@ impl State {
         body: serde_json::Value,
         now: Timestamp,
     ) -> GatewayOutcome {
-        let Ok(body) = serde_json::from_value::<SpawnBody>(body) else {
-            return GatewayOutcome::Refused {
-                reason: super::gateway_refusals::reason::MALFORMED,
-                why: "a spawn request without its id or profile".to_owned(),
-            };
+        let body = match spawn_request(body) {
+            Ok(body) => body,
+            Err(malformed) => return malformed,
         };
         if self.served_spawns.contains_key(&body.req) {
             return GatewayOutcome::Taken;
@@ -187,11 +195,9 @@ impl State {
         body: serde_json::Value,
         why: &str,
     ) -> GatewayOutcome {
-        let Ok(body) = serde_json::from_value::<SpawnBody>(body) else {
-            return GatewayOutcome::Refused {
-                reason: super::gateway_refusals::reason::MALFORMED,
-                why: "a spawn request without its id or profile".to_owned(),
-            };
+        let body = match spawn_request(body) {
+            Ok(body) => body,
+            Err(malformed) => return malformed,
         };
         tracing::warn!(req = %body.req, from = %src, reason = why, "a spawn request was refused");
         let answer = SpawnedBody {
@@ -247,10 +253,10 @@ impl State {
         io: &mut Vec<Io>,
     ) -> GatewayOutcome {
         let Ok(body) = serde_json::from_value::<SpawnedBody>(body) else {
-            return GatewayOutcome::Refused {
-                reason: super::gateway_refusals::reason::MALFORMED,
-                why: "a spawn result without its request id".to_owned(),
-            };
+            return GatewayOutcome::refused(
+                super::gateway_refusals::reason::MALFORMED,
+                "a spawn result without its request id",
+            );
         };
         let done = super::gateway::done_key("spawned", &body.req, src);
         if self
@@ -261,13 +267,13 @@ impl State {
             if self.answered.contains_key(&done) {
                 return GatewayOutcome::Taken; // a copy of the answer taken before
             }
-            return GatewayOutcome::Refused {
-                reason: super::gateway_refusals::reason::NEVER_SENT,
-                why: format!(
+            return GatewayOutcome::refused(
+                super::gateway_refusals::reason::NEVER_SENT,
+                format!(
                     "a spawn result for request {}, which was never sent to gateway {src}",
                     body.req
                 ),
-            };
+            );
         }
         let Some(mut asked) = self.asked_spawns.remove(&body.req) else {
             return GatewayOutcome::Taken;
