@@ -236,18 +236,26 @@ fn delegating(outstanding: bool) -> InjectorInput {
     }
 }
 
+/// [`t1_typed`] accepted with `behind` queued; T1's turn starts at @1, hands work to `a`'s own
+/// members at @2 and ends at @3 waiting on it; then `then`.
+fn t1_waiting_on_delegates(behind: &[u64], then: Vec<Step>) -> Vec<Step> {
+    let mut steps = vec![
+        Step(1, status(Activity::Busy)),
+        Step(2, delegating(true)),
+        Step(3, status(Activity::AtRest)),
+    ];
+    steps.extend(then);
+    t1_typed(TypeOutcome::Accepted, behind, steps)
+}
+
 /// A member that handed part of its task to its own members and ended its turn is still on that
 /// task: no fallback, nothing else typed; the turn its nudge starts answers it.
 #[test]
 fn a_turn_that_ends_waiting_on_delegated_work_is_answered_in_a_later_turn() {
     check(
-        t1_typed(
-            TypeOutcome::Accepted,
+        t1_waiting_on_delegates(
             &[2],
             vec![
-                Step(1, status(Activity::Busy)),
-                Step(2, delegating(true)),
-                Step(3, status(Activity::AtRest)),
                 // Its member replied; the nudge starts a turn, in which it answers T1.
                 Step(9, status(Activity::Busy)),
                 Step(10, delegating(false)),
@@ -269,16 +277,7 @@ fn a_turn_that_ends_waiting_on_delegated_work_is_answered_in_a_later_turn() {
 #[test]
 fn a_turn_waiting_on_delegated_work_gets_its_fallback_when_the_work_is_in() {
     check(
-        t1_typed(
-            TypeOutcome::Accepted,
-            &[],
-            vec![
-                Step(1, status(Activity::Busy)),
-                Step(2, delegating(true)),
-                Step(3, status(Activity::AtRest)),
-                Step(5, delegating(false)),
-            ],
-        ),
+        t1_waiting_on_delegates(&[], vec![Step(5, delegating(false))]),
         &[
             "@0 type a T1",
             "@0 T1 Delivered",
@@ -287,13 +286,9 @@ fn a_turn_waiting_on_delegated_work_gets_its_fallback_when_the_work_is_in() {
         ],
     );
     check(
-        t1_typed(
-            TypeOutcome::Accepted,
+        t1_waiting_on_delegates(
             &[],
             vec![
-                Step(1, status(Activity::Busy)),
-                Step(2, delegating(true)),
-                Step(3, status(Activity::AtRest)),
                 Step(9, status(Activity::Busy)),
                 Step(10, delegating(false)),
                 Step(12, status(Activity::AtRest)),
