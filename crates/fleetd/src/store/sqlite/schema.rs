@@ -58,13 +58,7 @@ pub(crate) const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
 /// Opens the read-write connection the writer thread owns: identifies and checks the file, sets
 /// WAL with `synchronous=FULL`, and migrates an older schema.
 pub(crate) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-        | OpenFlags::SQLITE_OPEN_CREATE
-        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let mut conn = Connection::open_with_flags(path, flags)
-        .map_err(|err| classify(path, "open the embedded inbox", err))?;
-    conn.busy_timeout(BUSY_TIMEOUT)
-        .map_err(|err| classify(path, "configure the embedded inbox", err))?;
+    let mut conn = open_with(path, OpenFlags::SQLITE_OPEN_CREATE)?;
     let version = identify(&conn, path)?;
     if version > SCHEMA_VERSION {
         return Err(StoreError::NewerSchema {
@@ -95,14 +89,21 @@ pub(crate) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-/// Opens the checkpointer's connection (see `checkpoint`): `synchronous=FULL`, so a checkpoint
-/// syncs the WAL before it copies frames and the database file before the WAL is reused.
-pub(crate) fn open_checkpointer(path: &Path) -> Result<Connection, StoreError> {
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+/// Opens the embedded inbox at `path` read-write, with `more` flags, one connection a thread
+/// (no mutex), waiting up to `BUSY_TIMEOUT` for a lock.
+fn open_with(path: &Path, more: OpenFlags) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | more;
     let conn = Connection::open_with_flags(path, flags)
         .map_err(|err| classify(path, "open the embedded inbox", err))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|err| classify(path, "configure the embedded inbox", err))?;
+    Ok(conn)
+}
+
+/// Opens the checkpointer's connection (see `checkpoint`): `synchronous=FULL`, so a checkpoint
+/// syncs the WAL before it copies frames and the database file before the WAL is reused.
+pub(crate) fn open_checkpointer(path: &Path) -> Result<Connection, StoreError> {
+    let conn = open_with(path, OpenFlags::empty())?;
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(|err| classify(path, "set synchronous=FULL on the inbox checkpointer", err))?;
     Ok(conn)
@@ -111,11 +112,7 @@ pub(crate) fn open_checkpointer(path: &Path) -> Result<Connection, StoreError> {
 /// Opens a connection used only for reads (peek, depth, targets). WAL lets it read committed data
 /// while the writer commits.
 pub(crate) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(path, flags)
-        .map_err(|err| classify(path, "open the embedded inbox", err))?;
-    conn.busy_timeout(BUSY_TIMEOUT)
-        .map_err(|err| classify(path, "configure the embedded inbox", err))?;
+    let conn = open_with(path, OpenFlags::empty())?;
     conn.pragma_update(None, "query_only", true)
         .map_err(|err| classify(path, "make the inbox reader read-only", err))?;
     Ok(conn)
