@@ -79,6 +79,17 @@ struct Held {
     failures: std::collections::HashMap<Option<std::net::IpAddr>, (u32, Instant)>,
 }
 
+/// Holds `id` in `held` for `ttl` from now, once the expired entries are dropped and, when
+/// `max` are still held, the oldest.
+fn remember(held: &mut Vec<(String, Instant)>, id: String, max: usize, ttl: Duration) {
+    let now = Instant::now();
+    held.retain(|(_, until)| *until > now);
+    if held.len() >= max {
+        held.remove(0);
+    }
+    held.push((id, now + ttl));
+}
+
 impl Sessions {
     /// Sessions for the daemon listening on `local`.
     pub(super) fn new(local: SocketAddr) -> Self {
@@ -94,13 +105,7 @@ impl Sessions {
 
     fn mint_key(&self) -> String {
         let key = secret();
-        let mut held = self.held();
-        let now = Instant::now();
-        held.keys.retain(|(_, until)| *until > now);
-        if held.keys.len() >= MAX_KEYS {
-            held.keys.remove(0);
-        }
-        held.keys.push((key.clone(), now + KEY_TTL));
+        remember(&mut self.held().keys, key.clone(), MAX_KEYS, KEY_TTL);
         key
     }
 
@@ -118,13 +123,12 @@ impl Sessions {
 
     fn open_session(&self) -> String {
         let id = secret();
-        let mut held = self.held();
-        let now = Instant::now();
-        held.sessions.retain(|(_, until)| *until > now);
-        if held.sessions.len() >= MAX_SESSIONS {
-            held.sessions.remove(0);
-        }
-        held.sessions.push((id.clone(), now + SESSION_TTL));
+        remember(
+            &mut self.held().sessions,
+            id.clone(),
+            MAX_SESSIONS,
+            SESSION_TTL,
+        );
         id
     }
 
