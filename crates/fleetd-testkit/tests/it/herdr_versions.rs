@@ -5,12 +5,11 @@
 //! `agent.prompt` answering after its Enter, `recent` reads with on-screen output, and
 //! `workspace.close` with `close_group`.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::time::Duration;
 
 use fleetd::mux::herdr::{Herdr, HerdrConfig};
-use fleetd::mux::{Launch, Multiplexer, OpenPane, PaneEvent, PaneInfo, Placement};
+use fleetd::mux::{Multiplexer, PaneEvent};
 use fleetd_core::AgentStatus;
 use fleetd_testkit::fake_herdr::HerdrVersion;
 use fleetd_testkit::fake_herdr::process::FakeHerdrProcess;
@@ -18,43 +17,13 @@ use fleetd_testkit::rig_herdr::{HerdrRig, sim_profile};
 use fleetd_testkit::{bin_path, http, wait_until};
 use serde_json::{Value, json};
 
-use crate::mux_herdr::{next_event, statuses, wait_tail};
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    fake: FakeHerdrProcess,
-    herdr: Herdr,
-}
+use crate::mux_herdr::Fixture;
+use crate::mux_kit::{next_event, statuses, wait_tail};
 
 fn start(version: HerdrVersion, args: &[&str]) -> Fixture {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("herdr.sock");
-    let fake = FakeHerdrProcess::start_as(&bin_path("fake-herdr"), &socket, version, args)
-        .expect("fake-herdr starts");
-    let herdr = Herdr::new(HerdrConfig::new(&socket));
-    Fixture {
-        _dir: dir,
-        fake,
-        herdr,
-    }
-}
-
-/// Opens a `sim-agent` that herdr detects as `claude`, in a new tab of workspace `fleet`.
-async fn open_agent(fx: &Fixture, args: &[&str]) -> PaneInfo {
-    let mut argv = vec![bin_path("sim-agent").display().to_string()];
-    argv.extend(args.iter().map(|a| (*a).to_owned()));
-    fx.herdr
-        .open_pane(OpenPane {
-            placement: Placement::NewTab {
-                workspace: "fleet".to_owned(),
-            },
-            label: Some("member".to_owned()),
-            cwd: None,
-            env: BTreeMap::from([("HERDR_AGENT".to_owned(), "claude".to_owned())]),
-            launch: Launch::Argv(argv),
-        })
-        .await
-        .expect("open")
+    Fixture::with(|socket| {
+        FakeHerdrProcess::start_as(&bin_path("fake-herdr"), socket, version, args)
+    })
 }
 
 /// A raw call's `result`, or its error object.
@@ -90,10 +59,9 @@ async fn herdr_0_9_protocol_22_with_new_capabilities_is_accepted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn herdr_0_9_events_lost_ends_the_subscription_and_the_watch_resyncs() {
     let fx = start(HerdrVersion::V0_9, &[]);
-    let mut events = fx.herdr.events();
-    let pane = open_agent(&fx, &["--script", "silent", "--work-ms", "20000"]).await;
-    fx.herdr.watch(&pane.pane).await.expect("watch");
-    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
+    let (mut events, pane) = fx
+        .watched_claude(&["--script", "silent", "--work-ms", "20000"])
+        .await;
 
     // The agent starts working while the subscription loses its events.
     fx.fake
@@ -183,10 +151,9 @@ fn herdr_lifecycle_subscriptions_replay_on_0_8_and_start_at_the_live_edge_on_0_9
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn herdr_0_9_a_prompt_whose_enter_failed_is_uncertain() {
     let fx = start(HerdrVersion::V0_9, &[]);
-    let mut events = fx.herdr.events();
-    let pane = open_agent(&fx, &["--script", "silent", "--work-ms", "300"]).await;
-    fx.herdr.watch(&pane.pane).await.expect("watch");
-    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
+    let (_events, pane) = fx
+        .watched_claude(&["--script", "silent", "--work-ms", "300"])
+        .await;
     fx.fake
         .fault(&json!({ "fault": "enter_fails", "count": 1 }))
         .expect("fault");
@@ -219,14 +186,9 @@ async fn herdr_a_prompt_and_a_nudge_run_one_turn_each_on_both_versions() {
         let fx = start(version, &[]);
         let log = fx._dir.path().join("agent.jsonl");
         let log_arg = log.display().to_string();
-        let mut events = fx.herdr.events();
-        let pane = open_agent(
-            &fx,
-            &["--script", "silent", "--work-ms", "800", "--log", &log_arg],
-        )
-        .await;
-        fx.herdr.watch(&pane.pane).await.expect("watch");
-        statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
+        let (mut events, pane) = fx
+            .watched_claude(&["--script", "silent", "--work-ms", "800", "--log", &log_arg])
+            .await;
         let submitted = fx.herdr.submit(&pane.pane, "first task").await;
         assert_eq!(
             submitted.expect("submit").started,
@@ -258,7 +220,7 @@ async fn herdr_a_prompt_and_a_nudge_run_one_turn_each_on_both_versions() {
 async fn herdr_recent_reads_of_a_tall_pane_give_fleetd_the_output_on_both_versions() {
     for version in HerdrVersion::ALL {
         let fx = start(version, &["--rows", "120"]);
-        let pane = open_agent(&fx, &["--script", "silent"]).await;
+        let pane = fx.open_claude(&["--script", "silent"]).await;
         wait_tail(&fx.herdr, &pane.pane, "sim-agent ready").await;
         let small = raw(
             &fx.fake,

@@ -23,6 +23,7 @@ mod locate;
 mod members;
 mod metrics;
 mod mux_herdr;
+mod mux_kit;
 mod mux_tmux;
 mod mux_tmux_control;
 mod paging;

@@ -11,34 +11,14 @@ use fleetd::mux::{
 };
 use fleetd_core::{AgentStatus, PaneId};
 use fleetd_testkit::tmux::TmuxServer;
-use fleetd_testkit::{Service, bin_path, require_tmux, wait_until};
-use tokio::sync::broadcast;
+use fleetd_testkit::{Service, require_tmux, wait_until};
 
-const PATIENCE: Duration = Duration::from_secs(30);
+use crate::mux_kit::{
+    PATIENCE, eventually, gone, member, real_tmux, sim_agent, statuses, wait_tail, write_script,
+};
 
 fn backend(server: &TmuxServer) -> Tmux {
     Tmux::new(server.backend_config())
-}
-
-fn open(workspace: &str, env: &[(&str, &str)], command: Vec<String>) -> OpenPane {
-    OpenPane {
-        placement: Placement::NewTab {
-            workspace: workspace.to_owned(),
-        },
-        label: Some("member".to_owned()),
-        cwd: None,
-        env: env
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect::<BTreeMap<_, _>>(),
-        launch: Launch::Argv(command),
-    }
-}
-
-fn sim_agent(args: &[&str]) -> Vec<String> {
-    let mut argv = vec![bin_path("sim-agent").display().to_string()];
-    argv.extend(args.iter().map(|a| (*a).to_owned()));
-    argv
 }
 
 /// A pane that records every byte typed into it (raw mode, no echo) to a file of `server`'s
@@ -47,7 +27,7 @@ async fn recorder(tmux: &Tmux, server: &TmuxServer) -> (PaneId, std::path::PathB
     let record = server.dir().join("received.bin");
     let script = format!("stty raw -echo; exec cat > '{}'", record.display());
     let pane = tmux
-        .open_pane(open("fleet", &[], vec!["sh".into(), "-c".into(), script]))
+        .open_pane(member("fleet", &[], vec!["sh".into(), "-c".into(), script]))
         .await
         .expect("open recorder");
     // The file exists once `cat` runs, after `stty` put the terminal in raw mode.
@@ -68,33 +48,6 @@ async fn received(record: &std::path::Path, expected: &str) -> String {
     String::from_utf8_lossy(&got).into_owned()
 }
 
-async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    for _ in 0..300 {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
-async fn next_status(rx: &mut broadcast::Receiver<PaneEvent>, pane: &PaneId, want: AgentStatus) {
-    let wait = async {
-        loop {
-            match rx.recv().await {
-                Ok(PaneEvent::StatusChanged {
-                    pane: p, status, ..
-                }) if p == *pane && status == want => return,
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                Err(broadcast::error::RecvError::Closed) => panic!("closed"),
-            }
-        }
-    };
-    tokio::time::timeout(PATIENCE, wait)
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {pane} to be {want}"));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_env_reaches_the_process_and_fleetd_env_does_not() {
     if require_tmux() == Service::Skip {
@@ -104,7 +57,7 @@ async fn member_env_reaches_the_process_and_fleetd_env_does_not() {
     let server = TmuxServer::unstarted().expect("tempdir");
     let tmux = backend(&server);
     let pane = tmux
-        .open_pane(open(
+        .open_pane(member(
             "fleet",
             &[("FLEET_TEST_TOKEN", "s3cr3t"), ("ANOTHER", "a b'c")],
             sim_agent(&["--script", "silent"]),
@@ -133,7 +86,7 @@ async fn member_env_reaches_the_process_and_fleetd_env_does_not() {
     assert_eq!(pane.workspace.as_str(), "fleet");
 
     let second = tmux
-        .open_pane(open("fleet", &[], sim_agent(&["--script", "silent"])))
+        .open_pane(member("fleet", &[], sim_agent(&["--script", "silent"])))
         .await
         .expect("second");
     assert_eq!(second.workspace, pane.workspace);
@@ -248,28 +201,14 @@ async fn one_listing_per_poll_serves_every_watched_pane() {
     // A tmux that writes down each of its subcommands, then runs the real one.
     let calls = server.dir().join("calls.log");
     let wrapper = server.dir().join("tmux-wrapper");
-    let real = String::from_utf8(
-        std::process::Command::new("sh")
-            .args(["-c", "command -v tmux"])
-            .output()
-            .expect("sh")
-            .stdout,
-    )
-    .expect("utf-8");
-    std::fs::write(
+    write_script(
         &wrapper,
-        format!(
+        &format!(
             "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in -*|/*) ;; *) echo \"$a\" >> '{}'; break;; esac; done\nexec {} \"$@\"\n",
             calls.display(),
-            real.trim()
+            real_tmux()
         ),
-    )
-    .expect("write the wrapper");
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
+    );
     let mut config = server.backend_config();
     config.program = wrapper;
     config.poll_interval = Duration::from_millis(50);
@@ -279,7 +218,7 @@ async fn one_listing_per_poll_serves_every_watched_pane() {
     let mut panes = Vec::new();
     for _ in 0..4 {
         let pane = tmux
-            .open_pane(open("fleet", &[], vec!["sleep".into(), "600".into()]))
+            .open_pane(member("fleet", &[], vec!["sleep".into(), "600".into()]))
             .await
             .expect("open");
         panes.push(pane.pane);
@@ -338,51 +277,31 @@ async fn status_follows_the_title_spinner_and_closing_reports_gone() {
     let tmux = backend(&server);
     let mut events = tmux.events();
     let pane = tmux
-        .open_pane(open(
+        .open_pane(member(
             "fleet",
             &[],
             sim_agent(&["--script", "silent", "--work-ms", "4000"]),
         ))
         .await
         .expect("open");
-    eventually("sim-agent to start", async || {
-        tmux.read_tail(&pane.pane, 20)
-            .await
-            .ok()
-            .filter(|t| t.contains("sim-agent ready"))
-    })
-    .await;
+    wait_tail(&tmux, &pane.pane, "sim-agent ready").await;
     tmux.watch(&pane.pane).await.expect("watch");
-    next_status(&mut events, &pane.pane, AgentStatus::Idle).await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     tmux.submit(&pane.pane, "work please")
         .await
         .expect("submit");
-    next_status(&mut events, &pane.pane, AgentStatus::Working).await;
-    next_status(&mut events, &pane.pane, AgentStatus::Idle).await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Working]).await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     // sim-agent drops its spinner before it prints "turn done", and the idle title is read as
     // soon as tmux reports the output that set it: the line may follow the reading.
-    let tail = eventually("the turn's last line", async || {
-        tmux.read_tail(&pane.pane, 50)
-            .await
-            .ok()
-            .filter(|t| t.contains("turn done"))
-    })
-    .await;
+    let tail = wait_tail(&tmux, &pane.pane, "turn done").await;
     assert!(tail.contains("work please"), "{tail}");
 
     tmux.close_pane(&pane.pane).await.expect("close");
-    let gone = tokio::time::timeout(PATIENCE, async {
-        loop {
-            if let Ok(PaneEvent::Gone { pane: p, terminal }) = events.recv().await
-                && p == pane.pane
-            {
-                return terminal;
-            }
-        }
-    })
-    .await
-    .expect("gone event");
-    assert_eq!(gone, Some(pane.terminal.clone()));
+    assert_eq!(
+        gone(&mut events, &pane.pane).await,
+        Some(pane.terminal.clone())
+    );
     assert!(
         tmux.pane(&pane.pane)
             .await
@@ -442,7 +361,7 @@ async fn a_send_keys_that_times_out_may_have_typed() {
     let server = TmuxServer::start().expect("tmux");
     let tmux = backend(&server);
     let pane = tmux
-        .open_pane(open("fleet", &[], vec!["cat".into()]))
+        .open_pane(member("fleet", &[], vec!["cat".into()]))
         .await
         .expect("open");
     // A tmux client killed at its timeout may already have handed the keys to the server: here
@@ -452,16 +371,10 @@ async fn a_send_keys_that_times_out_may_have_typed() {
     // knowing. The screen reads and `set-buffer` that go before the paste answer.
     let bin = tempfile::tempdir().expect("tempdir");
     let program = bin.path().join("tmux-then-hang");
-    std::fs::write(
+    write_script(
         &program,
         "#!/bin/sh\ncase \" $* \" in *\" paste-buffer \"*|*\" send-keys \"*|*\" list-panes \"*) tmux \"$@\"; exec sleep 30;; esac\nexec tmux \"$@\"\n",
-    )
-    .expect("wrapper");
-    std::fs::set_permissions(
-        &program,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
+    );
     let mut config = server.backend_config();
     config.call_timeout = Duration::from_millis(500);
     config.program = program;

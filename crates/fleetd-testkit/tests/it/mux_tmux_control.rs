@@ -4,56 +4,26 @@
 //! is killed (by `kill-server` and by SIGKILL) and tmux comes back, and nothing changes in tmux
 //! while a control client attaches (tmux before 3.7 crashes on it).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fleetd::mux::tmux::Tmux;
-use fleetd::mux::{Launch, Multiplexer, OpenPane, PaneEvent, Placement};
+use fleetd::mux::{Multiplexer, OpenPane, PaneEvent};
 use fleetd_core::{AgentStatus, PaneId, TerminalId};
 use fleetd_testkit::tmux::TmuxServer;
 use fleetd_testkit::{Service, bin_path, require_tmux};
 use tokio::sync::broadcast;
 
-const PATIENCE: Duration = Duration::from_secs(30);
+use crate::mux_kit::{
+    eventually, gone, member, next_event, real_tmux, statuses, wait_tail, write_script,
+};
 
 fn open(workspace: &str, command: &[&str]) -> OpenPane {
-    OpenPane {
-        placement: Placement::NewTab {
-            workspace: workspace.to_owned(),
-        },
-        label: Some("member".to_owned()),
-        cwd: None,
-        env: BTreeMap::new(),
-        launch: Launch::Argv(command.iter().map(|a| (*a).to_owned()).collect()),
-    }
-}
-
-async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    for _ in 0..300 {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
-fn real_tmux() -> String {
-    let out = std::process::Command::new("sh")
-        .args(["-c", "command -v tmux"])
-        .output()
-        .expect("sh");
-    String::from_utf8(out.stdout)
-        .expect("utf-8")
-        .trim()
-        .to_owned()
-}
-
-fn write_script(path: &Path, body: &str) {
-    std::fs::write(path, body).expect("write the wrapper");
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
+    member(
+        workspace,
+        &[],
+        command.iter().map(|a| (*a).to_owned()).collect(),
+    )
 }
 
 /// A tmux that appends each invocation's arguments (one line) to `log`, then runs the real one.
@@ -80,47 +50,17 @@ fn invocations(log: &Path) -> Vec<String> {
 
 /// Waits for `pane`'s next status reading (any status) and returns its incarnation.
 async fn next_reading(rx: &mut broadcast::Receiver<PaneEvent>, pane: &PaneId) -> TerminalId {
-    let wait = async {
-        loop {
-            match rx.recv().await {
-                Ok(PaneEvent::StatusChanged {
-                    pane: p, terminal, ..
-                }) if p == *pane => {
-                    return terminal;
-                }
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                Err(broadcast::error::RecvError::Closed) => panic!("closed"),
-            }
-        }
-    };
-    tokio::time::timeout(PATIENCE, wait)
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for a reading of {pane}"))
-}
-
-async fn gone(rx: &mut broadcast::Receiver<PaneEvent>, pane: &PaneId) -> Option<TerminalId> {
-    let wait = async {
-        loop {
-            match rx.recv().await {
-                Ok(PaneEvent::Gone { pane: p, terminal }) if p == *pane => return terminal,
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                Err(broadcast::error::RecvError::Closed) => panic!("closed"),
-            }
-        }
-    };
-    tokio::time::timeout(PATIENCE, wait)
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {pane} to be gone"))
-}
-
-async fn screen_shows(tmux: &Tmux, pane: &PaneId, text: &str) {
-    eventually(&format!("{text:?} on {pane}'s screen"), async || {
-        tmux.read_tail(pane, 20)
-            .await
-            .ok()
-            .filter(|t| t.contains(text))
-    })
-    .await;
+    let what = format!("a reading of {pane}");
+    match next_event(
+        rx,
+        &what,
+        |e| matches!(e, PaneEvent::StatusChanged { pane: p, .. } if p == pane),
+    )
+    .await
+    {
+        PaneEvent::StatusChanged { terminal, .. } => terminal,
+        _ => unreachable!("a reading"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,7 +88,7 @@ async fn hot_paths_run_no_tmux_process_while_the_control_client_is_up() {
             .expect("submit");
     }
     tmux.press_enter(&pane).await.expect("enter");
-    screen_shows(&tmux, &pane, "line 2").await;
+    wait_tail(&tmux, &pane, "line 2").await;
     tmux.list_panes().await.expect("list");
     tmux.pane(&pane).await.expect("pane");
     tmux.process_info(&pane).await.expect("process info");
@@ -284,7 +224,7 @@ async fn a_control_command_that_gets_no_answer_may_have_typed() {
         assert!(err.is_uncertain() && !err.is_not_found(), "{err}");
     }
     // It was typed: uncertain was the truth.
-    screen_shows(&plain, &pane, "maybe typed").await;
+    wait_tail(&plain, &pane, "maybe typed").await;
     // Other calls that get no answer did nothing worth knowing: still transient.
     let err = impatient.list_panes().await.expect_err("no answer");
     assert!(err.is_transient(), "{err}");
@@ -343,7 +283,7 @@ async fn the_control_client_moves_on_when_its_session_is_destroyed() {
     .await;
     assert_ne!(again, target);
     tmux.submit(&keep, "still here").await.expect("submit");
-    screen_shows(&tmux, &keep, "still here").await;
+    wait_tail(&tmux, &keep, "still here").await;
 }
 
 enum Kill {
@@ -418,7 +358,7 @@ async fn recovers_after(kill: Kill) {
     tmux.submit(&new.pane, "typed after the restart")
         .await
         .expect("submit");
-    screen_shows(&tmux, &new.pane, "typed after the restart").await;
+    wait_tail(&tmux, &new.pane, "typed after the restart").await;
     assert!(!tmux.list_panes().await.expect("list").is_empty());
     assert_eq!(invocations(&log)[before..], [] as [String; 0]);
 }
@@ -460,19 +400,7 @@ async fn watched_status_follows_a_pane_on_the_control_client() {
         .run(&["select-pane", "-t", pane.as_str(), "-T", "\u{2802} busy"])
         .expect("title");
     assert!(out.status.success());
-    let wait = async {
-        loop {
-            if let Ok(PaneEvent::StatusChanged {
-                pane: p, status, ..
-            }) = events.recv().await
-                && p == pane
-                && status == AgentStatus::Working
-            {
-                return;
-            }
-        }
-    };
-    tokio::time::timeout(PATIENCE, wait).await.expect("working");
+    statuses(&mut events, &pane, &[AgentStatus::Working]).await;
     let out = server
         .run(&["kill-pane", "-t", pane.as_str()])
         .expect("kill-pane");
@@ -500,26 +428,20 @@ async fn status_changes_are_read_on_tmux_notifications_not_on_a_poll() {
         ))
         .await
         .expect("open");
-    eventually("sim-agent to start", async || {
-        tmux.read_tail(&pane.pane, 20)
-            .await
-            .ok()
-            .filter(|t| t.contains("sim-agent ready"))
-    })
-    .await;
+    wait_tail(&tmux, &pane.pane, "sim-agent ready").await;
     let mut events = tmux.events();
     tmux.watch(&pane.pane).await.expect("watch");
-    let status = |want: AgentStatus| {
-        let pane = pane.pane.clone();
-        move |event: &PaneEvent| matches!(event, PaneEvent::StatusChanged { pane: p, status, .. } if *p == pane && *status == want)
-    };
-    next_matching(&mut events, status(AgentStatus::Idle)).await;
+    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
     for turn in 0..2 {
         tmux.submit(&pane.pane, &format!("turn {turn}"))
             .await
             .expect("submit");
-        next_matching(&mut events, status(AgentStatus::Working)).await;
-        next_matching(&mut events, status(AgentStatus::Idle)).await;
+        statuses(
+            &mut events,
+            &pane.pane,
+            &[AgentStatus::Working, AgentStatus::Idle],
+        )
+        .await;
     }
     // Closing the window: `%window-close` makes the listing that finds it gone.
     let out = server
@@ -527,19 +449,4 @@ async fn status_changes_are_read_on_tmux_notifications_not_on_a_poll() {
         .expect("kill-pane");
     assert!(out.status.success());
     assert_eq!(gone(&mut events, &pane.pane).await, Some(pane.terminal));
-}
-
-async fn next_matching(rx: &mut broadcast::Receiver<PaneEvent>, want: impl Fn(&PaneEvent) -> bool) {
-    let wait = async {
-        loop {
-            match rx.recv().await {
-                Ok(event) if want(&event) => return,
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                Err(broadcast::error::RecvError::Closed) => panic!("closed"),
-            }
-        }
-    };
-    tokio::time::timeout(PATIENCE, wait)
-        .await
-        .expect("the awaited pane event");
 }

@@ -9,10 +9,8 @@ async fn a_stalled_prompt_is_reported_and_the_adapter_presses_nothing() {
     let fx = start_fake(&[]);
     let log = fx._dir.path().join("sticky.jsonl");
     let log_arg = log.display().to_string();
-    let mut events = fx.herdr.events();
-    let pane = open_claude(
-        &fx.herdr,
-        &[
+    let (mut events, pane) = fx
+        .watched_claude(&[
             "--script",
             "silent",
             "--swallow",
@@ -21,11 +19,8 @@ async fn a_stalled_prompt_is_reported_and_the_adapter_presses_nothing() {
             "500",
             "--log",
             &log_arg,
-        ],
-    )
-    .await;
-    fx.herdr.watch(&pane.pane).await.expect("watch");
-    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
+        ])
+        .await;
     let submitted = fx
         .herdr
         .submit(&pane.pane, "swallowed once")
@@ -34,12 +29,10 @@ async fn a_stalled_prompt_is_reported_and_the_adapter_presses_nothing() {
     // herdr typed it and saw nothing happen within its 5 s: reported, not retried (review M6).
     assert_eq!(submitted.path, SubmitPath::AgentPrompt);
     assert_eq!(submitted.started, Some(false), "{submitted:?}");
-    for _ in 0..300 {
-        if logged(&log, "swallowed") > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the swallowed Enter", async || {
+        (logged(&log, "swallowed") > 0).then_some(())
+    })
+    .await;
     assert_eq!(logged(&log, "swallowed"), 1, "only herdr's own Enter");
     assert_eq!(
         logged(&log, "turn"),
@@ -54,7 +47,7 @@ async fn a_stalled_prompt_is_reported_and_the_adapter_presses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transient_failures_are_never_reported_as_not_found() {
     let fx = start_fake(&[]);
-    let pane = open_claude(&fx.herdr, &["--script", "silent"]).await;
+    let pane = fx.open_claude(&["--script", "silent"]).await;
 
     fx.fake
         .fault(&json!({ "fault": "drop", "count": 3 }))
@@ -79,9 +72,7 @@ async fn transient_failures_are_never_reported_as_not_found() {
         .await
         .expect("works again after the drops");
 
-    let mut impatient = HerdrConfig::new(fx.fake.socket());
-    impatient.call_timeout = Duration::from_millis(300);
-    let impatient = Herdr::new(impatient);
+    let impatient = fx.impatient(300);
     fx.fake
         .fault(&json!({ "fault": "delay", "ms": 1500 }))
         .expect("fault");
@@ -89,7 +80,7 @@ async fn transient_failures_are_never_reported_as_not_found() {
     assert!(err.is_transient() && !err.is_not_found(), "{err}");
     fx.fake.fault(&json!({ "fault": "clear" })).expect("fault");
 
-    let gone_socket = Herdr::new(HerdrConfig::new(fx.fake.socket().with_extension("missing")));
+    let gone_socket = fx.nowhere();
     let err = gone_socket.pane(&pane.pane).await.expect_err("no server");
     assert!(err.is_transient() && !err.is_not_found(), "{err}");
 
@@ -145,10 +136,9 @@ async fn transient_failures_are_never_reported_as_not_found() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_herdr_typed_then_answered_timeout_is_uncertain() {
     let fx = start_fake(&[]);
-    let mut events = fx.herdr.events();
-    let pane = open_claude(&fx.herdr, &["--script", "silent", "--work-ms", "300"]).await;
-    fx.herdr.watch(&pane.pane).await.expect("watch");
-    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
+    let (_events, pane) = fx
+        .watched_claude(&["--script", "silent", "--work-ms", "300"])
+        .await;
     fx.fake
         .fault(&json!({ "fault": "input_timeout", "count": 1, "ms": 200 }))
         .expect("fault");
@@ -170,18 +160,9 @@ async fn a_prompt_herdr_typed_then_answered_timeout_is_uncertain() {
 async fn pane_input_answered_after_the_client_gave_up_is_uncertain() {
     let fx = start_fake(&[]);
     let pane = fx
-        .herdr
-        .open_pane(member(
-            "fleet",
-            &[],
-            sim_agent_command(&["--script", "silent", "--work-ms", "200"]),
-        ))
-        .await
-        .expect("open");
-    wait_tail(&fx.herdr, &pane.pane, "sim-agent ready").await;
-    let mut impatient = HerdrConfig::new(fx.fake.socket());
-    impatient.call_timeout = Duration::from_millis(500);
-    let impatient = Herdr::new(impatient);
+        .open_custom(&["--script", "silent", "--work-ms", "200"])
+        .await;
+    let impatient = fx.impatient(500);
     // The request line is out and applied; the answer comes after the client stopped waiting.
     fx.fake
         .fault(&json!({ "fault": "input_timeout", "count": 2, "ms": 1500 }))
@@ -210,7 +191,7 @@ async fn pane_input_answered_after_the_client_gave_up_is_uncertain() {
         .await
         .expect_err("dropped");
     assert!(err.is_transient(), "{err}");
-    let gone_socket = Herdr::new(HerdrConfig::new(fx.fake.socket().with_extension("missing")));
+    let gone_socket = fx.nowhere();
     for err in [
         gone_socket
             .submit(&pane.pane, "x")
@@ -231,10 +212,7 @@ async fn pane_input_answered_after_the_client_gave_up_is_uncertain() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_watch_survives_a_herdr_restart() {
     let fx = start_fake(&[]);
-    let mut events = fx.herdr.events();
-    let pane = open_claude(&fx.herdr, &["--script", "silent"]).await;
-    fx.herdr.watch(&pane.pane).await.expect("watch");
-    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
+    let (mut events, pane) = fx.watched_claude(&["--script", "silent"]).await;
 
     fx.fake
         .fault(&json!({ "fault": "restart", "down_ms": 800 }))
@@ -290,10 +268,7 @@ async fn status_watch_survives_a_herdr_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exiting_agent_reports_its_incarnation_gone() {
     let fx = start_fake(&[]);
-    let mut events = fx.herdr.events();
-    let pane = open_claude(&fx.herdr, &["--script", "exit"]).await;
-    fx.herdr.watch(&pane.pane).await.expect("watch");
-    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
+    let (mut events, pane) = fx.watched_claude(&["--script", "exit"]).await;
     let _ = fx.herdr.submit(&pane.pane, "please exit").await;
     let terminal: TerminalId = pane.terminal.clone();
     next_event(&mut events, "gone", |e| {

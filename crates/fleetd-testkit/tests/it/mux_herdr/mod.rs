@@ -3,13 +3,14 @@
 //! calls against a local HTTP stub.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetd::mux::herdr::{Herdr, HerdrConfig};
 use fleetd::mux::{
-    Launch, Multiplexer, MuxError, OpenPane, PaneEvent, Placement, SplitDirection, SubmitPath,
+    Launch, Multiplexer, MuxError, OpenPane, PaneEvent, PaneInfo, Placement, SplitDirection,
+    SubmitPath,
 };
 use fleetd_core::{AgentStatus, PaneId, TerminalId};
 use fleetd_testkit::bin_path;
@@ -18,112 +19,85 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::broadcast;
 
+use crate::mux_kit::{eventually, member, next_event, sim_agent, statuses, wait_tail};
+
 mod failures;
 
-/// Generous bound for anything a loaded 2-core machine has to do.
-pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
+pub(crate) struct Fixture {
+    pub(crate) _dir: tempfile::TempDir,
+    pub(crate) fake: FakeHerdrProcess,
+    pub(crate) herdr: Herdr,
+}
 
-struct Fixture {
-    _dir: tempfile::TempDir,
-    fake: FakeHerdrProcess,
-    herdr: Herdr,
+impl Fixture {
+    /// A fake-herdr that `start` runs on a socket in a fresh tempdir, and fleetd's client of it.
+    pub(crate) fn with(start: impl FnOnce(&Path) -> anyhow::Result<FakeHerdrProcess>) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("herdr.sock");
+        let fake = start(&socket).expect("fake-herdr starts");
+        let herdr = Herdr::new(HerdrConfig::new(&socket));
+        Self {
+            _dir: dir,
+            fake,
+            herdr,
+        }
+    }
+
+    /// Opens a pane in workspace `fleet` running sim-agent with `args`, detected as Claude
+    /// Code.
+    pub(crate) async fn open_claude(&self, args: &[&str]) -> PaneInfo {
+        self.herdr
+            .open_pane(member(
+                "fleet",
+                &[("HERDR_AGENT", "claude")],
+                sim_agent(args),
+            ))
+            .await
+            .expect("open")
+    }
+
+    /// [`Fixture::open_claude`], watched from before it opened until it reported idle: the
+    /// events to follow its turns on, and the pane.
+    pub(crate) async fn watched_claude(
+        &self,
+        args: &[&str],
+    ) -> (broadcast::Receiver<PaneEvent>, PaneInfo) {
+        let mut events = self.herdr.events();
+        let pane = self.open_claude(args).await;
+        self.herdr.watch(&pane.pane).await.expect("watch");
+        statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
+        (events, pane)
+    }
+
+    /// Opens a pane in workspace `fleet` running sim-agent with `args` as a custom agent
+    /// (herdr detects none), once sim-agent is ready.
+    async fn open_custom(&self, args: &[&str]) -> PaneInfo {
+        let pane = self
+            .herdr
+            .open_pane(member("fleet", &[], sim_agent(args)))
+            .await
+            .expect("open");
+        wait_tail(&self.herdr, &pane.pane, "sim-agent ready").await;
+        pane
+    }
+
+    /// A client of this fake-herdr that gives up on a call after `ms`.
+    fn impatient(&self, ms: u64) -> Herdr {
+        let mut config = HerdrConfig::new(self.fake.socket());
+        config.call_timeout = Duration::from_millis(ms);
+        Herdr::new(config)
+    }
+
+    /// A client of a socket beside this fake-herdr's where nothing listens.
+    fn nowhere(&self) -> Herdr {
+        Herdr::new(HerdrConfig::new(
+            self.fake.socket().with_extension("missing"),
+        ))
+    }
 }
 
 fn start_fake(args: &[&str]) -> Fixture {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("herdr.sock");
-    let fake = FakeHerdrProcess::start_with_args(&bin_path("fake-herdr"), &socket, args)
-        .expect("fake-herdr starts");
-    let herdr = Herdr::new(HerdrConfig::new(&socket));
-    Fixture {
-        _dir: dir,
-        fake,
-        herdr,
-    }
-}
-
-fn sim_agent_command(args: &[&str]) -> Vec<String> {
-    let mut argv = vec![bin_path("sim-agent").display().to_string()];
-    argv.extend(args.iter().map(|a| (*a).to_owned()));
-    argv
-}
-
-fn member(workspace: &str, env: &[(&str, &str)], command: Vec<String>) -> OpenPane {
-    OpenPane {
-        placement: Placement::NewTab {
-            workspace: workspace.to_owned(),
-        },
-        label: Some("member".to_owned()),
-        cwd: None,
-        env: env
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect::<BTreeMap<_, _>>(),
-        launch: Launch::Argv(command),
-    }
-}
-
-/// Opens a pane in workspace `fleet` running sim-agent with `args`, detected as Claude Code.
-async fn open_claude(herdr: &Herdr, args: &[&str]) -> fleetd::mux::PaneInfo {
-    herdr
-        .open_pane(member(
-            "fleet",
-            &[("HERDR_AGENT", "claude")],
-            sim_agent_command(args),
-        ))
-        .await
-        .expect("open")
-}
-
-pub(crate) async fn next_event(
-    rx: &mut broadcast::Receiver<PaneEvent>,
-    what: &str,
-    mut pred: impl FnMut(&PaneEvent) -> bool,
-) -> PaneEvent {
-    let wait = async {
-        loop {
-            match rx.recv().await {
-                Ok(event) if pred(&event) => return event,
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                Err(broadcast::error::RecvError::Closed) => panic!("event channel closed"),
-            }
-        }
-    };
-    tokio::time::timeout(PATIENCE, wait)
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
-
-/// Waits for `pane` to report each of `steps` in turn (other events pass by): a turn's
-/// transcript, e.g. `[Working, Done]`.
-pub(crate) async fn statuses(
-    rx: &mut broadcast::Receiver<PaneEvent>,
-    pane: &PaneId,
-    steps: &[AgentStatus],
-) {
-    for (i, want) in steps.iter().enumerate() {
-        let what = format!("{pane} {want:?} (step {} of {steps:?})", i + 1);
-        next_event(rx, &what, status_of(pane, *want)).await;
-    }
-}
-
-pub(crate) fn status_of<'a>(
-    pane: &'a PaneId,
-    want: AgentStatus,
-) -> impl FnMut(&PaneEvent) -> bool + 'a {
-    move |e| matches!(e, PaneEvent::StatusChanged { pane: p, status, .. } if p == pane && *status == want)
-}
-
-pub(crate) async fn wait_tail(herdr: &Herdr, pane: &PaneId, needle: &str) -> String {
-    let mut last = String::new();
-    for _ in 0..300 {
-        last = herdr.read_tail(pane, 200).await.unwrap_or_default();
-        if last.contains(needle) {
-            return last;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("pane {pane} never showed {needle:?}; last read:\n{last}");
+    Fixture::with(|socket| FakeHerdrProcess::start_with_args(&bin_path("fake-herdr"), socket, args))
 }
 
 #[test]
@@ -249,7 +223,7 @@ async fn member_pane_gets_env_command_and_herdr_identity() {
     let req = member(
         "fleet",
         &[("FLEET_TEST_TOKEN", "s3cr3t"), ("HERDR_PANE_ID", "w9:p9")],
-        sim_agent_command(&["--script", "silent"]),
+        sim_agent(&["--script", "silent"]),
     );
     let pane = fx.herdr.open_pane(req.clone()).await.expect("open member");
     let info = fx
@@ -301,7 +275,7 @@ async fn member_pane_gets_env_command_and_herdr_identity() {
             label: None,
             cwd: None,
             env: BTreeMap::from([("SPLIT_VAR".to_owned(), "yes".to_owned())]),
-            launch: Launch::Argv(sim_agent_command(&["--script", "silent"])),
+            launch: Launch::Argv(sim_agent(&["--script", "silent"])),
         })
         .await
         .expect("split");
@@ -325,10 +299,9 @@ async fn member_pane_gets_env_command_and_herdr_identity() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn known_agent_turn_streams_working_then_done() {
     let fx = start_fake(&[]);
-    let mut events = fx.herdr.events();
-    let pane = open_claude(&fx.herdr, &["--script", "silent", "--work-ms", "1500"]).await;
-    fx.herdr.watch(&pane.pane).await.expect("watch");
-    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
+    let (mut events, pane) = fx
+        .watched_claude(&["--script", "silent", "--work-ms", "1500"])
+        .await;
     let submitted = fx
         .herdr
         .submit(&pane.pane, "hello \"fleet\" ✓")
@@ -359,15 +332,8 @@ async fn known_agent_turn_streams_working_then_done() {
 async fn custom_agent_is_submitted_with_pane_input() {
     let fx = start_fake(&[]);
     let pane = fx
-        .herdr
-        .open_pane(member(
-            "fleet",
-            &[],
-            sim_agent_command(&["--script", "silent", "--work-ms", "200"]),
-        ))
-        .await
-        .expect("open");
-    wait_tail(&fx.herdr, &pane.pane, "sim-agent ready").await;
+        .open_custom(&["--script", "silent", "--work-ms", "200"])
+        .await;
     assert_eq!(
         fx.herdr.pane(&pane.pane).await.expect("pane").status,
         AgentStatus::Unknown
@@ -470,7 +436,7 @@ async fn sim_agent_replies_and_asks_over_mcp() {
         .open_pane(member(
             "fleet",
             &[("HERDR_AGENT", "claude"), ("FLEETD_URL", url.as_str())],
-            sim_agent_command(&["--script", "reply,ask", "--work-ms", "300"]),
+            sim_agent(&["--script", "reply,ask", "--work-ms", "300"]),
         ))
         .await
         .expect("open");
@@ -492,12 +458,10 @@ async fn sim_agent_replies_and_asks_over_mcp() {
             .filter(|c| c["method"] == "tools/call")
             .count()
     };
-    for _ in 0..300 {
-        if tool_calls() >= 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("three tool calls", async || {
+        (tool_calls() >= 3).then_some(())
+    })
+    .await;
     let calls: Vec<Value> = seen.lock().expect("lock").clone();
     let methods: Vec<&str> = calls.iter().filter_map(|c| c["method"].as_str()).collect();
     assert_eq!(

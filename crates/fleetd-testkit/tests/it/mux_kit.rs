@@ -1,0 +1,141 @@
+//! What the multiplexer backends' tests (`mux_tmux`, `mux_tmux_control`, `mux_herdr`) share:
+//! the pane a member opens in, a sim-agent's command line, and waiting — on a probe, on a
+//! pane's screen, and on the backend's pane events — so each test reads as the transcript of
+//! what it did and what the backend then reported.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use fleetd::mux::{Launch, Multiplexer, OpenPane, PaneEvent, Placement};
+use fleetd_core::{AgentStatus, PaneId, TerminalId};
+use fleetd_testkit::bin_path;
+use tokio::sync::broadcast;
+
+/// Generous bound for anything a loaded 2-core machine has to do.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A member's pane: a new tab in `workspace` labelled `member`, running `command` with `env`.
+pub(crate) fn member(workspace: &str, env: &[(&str, &str)], command: Vec<String>) -> OpenPane {
+    OpenPane {
+        placement: Placement::NewTab {
+            workspace: workspace.to_owned(),
+        },
+        label: Some("member".to_owned()),
+        cwd: None,
+        env: env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<BTreeMap<_, _>>(),
+        launch: Launch::Argv(command),
+    }
+}
+
+/// The built `sim-agent` with `args`.
+pub(crate) fn sim_agent(args: &[&str]) -> Vec<String> {
+    let mut argv = vec![bin_path("sim-agent").display().to_string()];
+    argv.extend(args.iter().map(|a| (*a).to_owned()));
+    argv
+}
+
+/// The real `tmux` on PATH (for wrappers that log or delay it, then run it).
+pub(crate) fn real_tmux() -> String {
+    let out = std::process::Command::new("sh")
+        .args(["-c", "command -v tmux"])
+        .output()
+        .expect("sh");
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_owned()
+}
+
+/// Writes an executable script `body` at `path`.
+pub(crate) fn write_script(path: &Path, body: &str) {
+    std::fs::write(path, body).expect("write the wrapper");
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+}
+
+/// What `probe` finds, polled every 100 ms for 30 s; panics naming `what` when it finds nothing.
+pub(crate) async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    for _ in 0..300 {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// The tail of `pane` once it shows `needle`; panics with the last read when it never does.
+pub(crate) async fn wait_tail(mux: &impl Multiplexer, pane: &PaneId, needle: &str) -> String {
+    let mut last = String::new();
+    for _ in 0..300 {
+        last = mux.read_tail(pane, 200).await.unwrap_or_default();
+        if last.contains(needle) {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("pane {pane} never showed {needle:?}; last read:\n{last}");
+}
+
+/// The next event `pred` accepts (others pass by); panics naming `what` after [`PATIENCE`].
+pub(crate) async fn next_event(
+    rx: &mut broadcast::Receiver<PaneEvent>,
+    what: &str,
+    mut pred: impl FnMut(&PaneEvent) -> bool,
+) -> PaneEvent {
+    let wait = async {
+        loop {
+            match rx.recv().await {
+                Ok(event) if pred(&event) => return event,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("event channel closed"),
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, wait)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// Waits for `pane` to report each of `steps` in turn (other events pass by): a turn's
+/// transcript, e.g. `[Working, Done]`.
+pub(crate) async fn statuses(
+    rx: &mut broadcast::Receiver<PaneEvent>,
+    pane: &PaneId,
+    steps: &[AgentStatus],
+) {
+    for (i, want) in steps.iter().enumerate() {
+        let what = format!("{pane} {want:?} (step {} of {steps:?})", i + 1);
+        next_event(rx, &what, status_of(pane, *want)).await;
+    }
+}
+
+/// Whether an event is `pane` reporting `want`.
+pub(crate) fn status_of<'a>(
+    pane: &'a PaneId,
+    want: AgentStatus,
+) -> impl FnMut(&PaneEvent) -> bool + 'a {
+    move |e| matches!(e, PaneEvent::StatusChanged { pane: p, status, .. } if p == pane && *status == want)
+}
+
+/// Waits for `pane` to be reported gone; the incarnation the report names.
+pub(crate) async fn gone(
+    rx: &mut broadcast::Receiver<PaneEvent>,
+    pane: &PaneId,
+) -> Option<TerminalId> {
+    let what = format!("{pane} to be gone");
+    match next_event(
+        rx,
+        &what,
+        |e| matches!(e, PaneEvent::Gone { pane: p, .. } if p == pane),
+    )
+    .await
+    {
+        PaneEvent::Gone { terminal, .. } => terminal,
+        _ => unreachable!("a Gone event"),
+    }
+}
