@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use fleetd::mux::{Launch, Multiplexer, OpenPane, PaneEvent, Placement};
+use fleetd::mux::{Launch, Multiplexer, MuxError, OpenPane, PaneEvent, Placement};
 use fleetd_core::{AgentStatus, PaneId, TerminalId};
 use fleetd_testkit::bin_path;
 use tokio::sync::broadcast;
@@ -138,4 +138,11 @@ pub(crate) async fn gone(
         PaneEvent::Gone { terminal, .. } => terminal,
         _ => unreachable!("a Gone event"),
     }
+}
+
+/// Asserts that a call failed with not-found (the pane, or its agent, is affirmatively gone);
+/// `why` names the failure expected.
+pub(crate) fn not_found<T: std::fmt::Debug>(result: Result<T, MuxError>, why: &str) {
+    let err = result.expect_err(why);
+    assert!(err.is_not_found(), "{why}: {err}");
 }

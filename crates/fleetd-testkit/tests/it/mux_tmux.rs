@@ -14,7 +14,8 @@ use fleetd_testkit::tmux::TmuxServer;
 use fleetd_testkit::{Service, require_tmux, wait_until};
 
 use crate::mux_kit::{
-    PATIENCE, eventually, gone, member, real_tmux, sim_agent, statuses, wait_tail, write_script,
+    PATIENCE, eventually, gone, member, not_found, real_tmux, sim_agent, statuses, wait_tail,
+    write_script,
 };
 
 fn backend(server: &TmuxServer) -> Tmux {
@@ -302,12 +303,7 @@ async fn status_follows_the_title_spinner_and_closing_reports_gone() {
         gone(&mut events, &pane.pane).await,
         Some(pane.terminal.clone())
     );
-    assert!(
-        tmux.pane(&pane.pane)
-            .await
-            .expect_err("closed")
-            .is_not_found()
-    );
+    not_found(tmux.pane(&pane.pane).await, "closed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -318,24 +314,9 @@ async fn missing_panes_are_not_found_and_a_missing_server_is_transient() {
     let server = TmuxServer::start().expect("tmux");
     let tmux = backend(&server);
     let missing = PaneId::new("%999").expect("id");
-    assert!(
-        tmux.pane(&missing)
-            .await
-            .expect_err("missing")
-            .is_not_found()
-    );
-    assert!(
-        tmux.submit(&missing, "x")
-            .await
-            .expect_err("missing")
-            .is_not_found()
-    );
-    assert!(
-        tmux.close_pane(&missing)
-            .await
-            .expect_err("missing")
-            .is_not_found()
-    );
+    not_found(tmux.pane(&missing).await, "missing");
+    not_found(tmux.submit(&missing, "x").await, "missing");
+    not_found(tmux.close_pane(&missing).await, "missing");
 
     let nowhere = TmuxServer::unstarted().expect("tempdir");
     let dead = backend(&nowhere);

@@ -86,13 +86,7 @@ async fn transient_failures_are_never_reported_as_not_found() {
 
     // Affirmative answers are not-found.
     let missing = PaneId::new("w9:p9").expect("id");
-    assert!(
-        fx.herdr
-            .pane(&missing)
-            .await
-            .expect_err("missing")
-            .is_not_found()
-    );
+    not_found(fx.herdr.pane(&missing).await, "missing");
     wait_tail(&fx.herdr, &pane.pane, "sim-agent ready").await;
     for _ in 0..100 {
         if fx
@@ -110,27 +104,10 @@ async fn transient_failures_are_never_reported_as_not_found() {
     fx.fake
         .fault(&json!({ "fault": "agent_not_found", "count": 1 }))
         .expect("fault");
-    let err = fx
-        .herdr
-        .submit(&pane.pane, "x")
-        .await
-        .expect_err("agent gone");
-    assert!(err.is_not_found(), "{err}");
+    not_found(fx.herdr.submit(&pane.pane, "x").await, "agent gone");
     fx.herdr.close_pane(&pane.pane).await.expect("close");
-    assert!(
-        fx.herdr
-            .pane(&pane.pane)
-            .await
-            .expect_err("closed")
-            .is_not_found()
-    );
-    assert!(
-        fx.herdr
-            .close_pane(&pane.pane)
-            .await
-            .expect_err("closed twice")
-            .is_not_found()
-    );
+    not_found(fx.herdr.pane(&pane.pane).await, "closed");
+    not_found(fx.herdr.close_pane(&pane.pane).await, "closed twice");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,18 +252,6 @@ async fn exiting_agent_reports_its_incarnation_gone() {
         matches!(e, PaneEvent::Gone { pane: p, terminal: Some(t) } if *p == pane.pane && *t == terminal)
     })
     .await;
-    assert!(
-        fx.herdr
-            .pane(&pane.pane)
-            .await
-            .expect_err("closed")
-            .is_not_found()
-    );
-    assert!(
-        fx.herdr
-            .watch(&pane.pane)
-            .await
-            .expect_err("gone")
-            .is_not_found()
-    );
+    not_found(fx.herdr.pane(&pane.pane).await, "closed");
+    not_found(fx.herdr.watch(&pane.pane).await, "gone");
 }

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::broadcast;
 
-use crate::mux_kit::{eventually, member, next_event, sim_agent, statuses, wait_tail};
+use crate::mux_kit::{eventually, member, next_event, not_found, sim_agent, statuses, wait_tail};
 
 mod failures;
 
