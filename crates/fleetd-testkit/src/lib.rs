@@ -101,6 +101,27 @@ pub fn require_tmux() -> Service {
     )
 }
 
+/// Runs `cmd` to its end; panics naming `what`, with what it printed, unless it ran and exited
+/// 0. Returns its output.
+pub fn run_ok(cmd: &mut std::process::Command, what: &str) -> std::process::Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what} did not run: {e}"));
+    succeeded(out, what)
+}
+
+/// `out`, when its command exited 0; panics naming `what`, with what it printed, otherwise.
+pub fn succeeded(out: std::process::Output, what: &str) -> std::process::Output {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// A free loopback port (bound and released: the daemon takes it a moment later).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

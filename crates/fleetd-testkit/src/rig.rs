@@ -71,26 +71,19 @@ impl Rig {
             None => listen.to_owned(),
         };
         let url = format!("FLEETD_URL=http://{listen}");
-        let out = tmux
-            .run(&[
-                "new-window",
-                "-d",
-                "-t",
-                "base",
-                "-n",
-                "lead",
-                "-e",
-                &url,
-                "bash",
-                "--norc",
-                "--noprofile",
-            ])
-            .expect("tmux runs");
-        assert!(
-            out.status.success(),
-            "lead window: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        tmux.run_ok(&[
+            "new-window",
+            "-d",
+            "-t",
+            "base",
+            "-n",
+            "lead",
+            "-e",
+            &url,
+            "bash",
+            "--norc",
+            "--noprofile",
+        ]);
         let daemon = Daemon::start_on(home.path(), &listen, &[]);
         Self {
             tmux,
@@ -233,12 +226,7 @@ impl Rig {
         if enter_first {
             args.splice(0..0, ["send-keys", "-t", pane, "Enter", ";"]);
         }
-        let out = self.tmux.run(&args).expect("tmux runs");
-        assert!(
-            out.status.success(),
-            "send-keys: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.tmux.run_ok(&args);
     }
 
     /// What tmux target `pane` shows now.
@@ -288,12 +276,7 @@ impl Rig {
             args.extend(["-e", kv.as_str()]);
         }
         args.push(&sim);
-        let out = self.tmux.run(&args).expect("tmux runs");
-        assert!(
-            out.status.success(),
-            "agent lead window: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.tmux.run_ok(&args);
         let target = format!("base:{name}");
         wait_until("the agent lead to start", Duration::from_secs(30), || {
             self.screen(&target).contains("sim-agent ready")

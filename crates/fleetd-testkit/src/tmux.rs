@@ -9,6 +9,9 @@ use anyhow::Context as _;
 
 use crate::fake_herdr::process::strip_mux_env;
 
+/// The session a server starts with (a tmux server needs a session to live).
+const BASE_SESSION: [&str; 8] = ["new-session", "-d", "-s", "base", "-x", "200", "-y", "50"];
+
 /// A running private tmux server.
 #[derive(Debug)]
 pub struct TmuxServer {
@@ -32,7 +35,7 @@ impl TmuxServer {
         let out = me
             .command()
             .envs(env.iter().map(|(k, v)| (k, v)))
-            .args(["new-session", "-d", "-s", "base", "-x", "200", "-y", "50"])
+            .args(BASE_SESSION)
             .output()
             .context("running tmux new-session")?;
         anyhow::ensure!(
@@ -89,6 +92,20 @@ impl TmuxServer {
             .args(args)
             .output()
             .with_context(|| format!("running tmux {args:?}"))
+    }
+
+    /// Runs a tmux command on this server; panics with its output unless it succeeds.
+    pub fn run_ok(&self, args: &[&str]) -> Output {
+        crate::succeeded(
+            self.run(args).expect("tmux runs"),
+            &format!("tmux {args:?}"),
+        )
+    }
+
+    /// Starts tmux again on this socket after its server died, with the `base` session
+    /// [`TmuxServer::start`] made; panics unless it starts.
+    pub fn restart(&self) {
+        self.run_ok(&BASE_SESSION);
     }
 }
 

@@ -78,13 +78,7 @@ impl Panes {
     }
 
     fn tmux_out(&self, args: &[&str]) -> String {
-        let out = self.tmux().run(args).expect("tmux runs");
-        assert!(
-            out.status.success(),
-            "tmux {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        String::from_utf8_lossy(&self.tmux().run_ok(args).stdout).into_owned()
     }
 
     /// Opens a window (tmux) or a tab in workspace `main` (herdr) named `name`, in `cwd`,
@@ -111,16 +105,11 @@ impl Panes {
                     args.push(format!("{k}={v}"));
                 }
                 args.extend(argv.iter().map(|a| (*a).to_owned()));
-                let out = tmux
-                    .command()
-                    .envs(user_env.iter().map(|(k, v)| (k, v)))
-                    .args(&args)
-                    .output()
-                    .expect("tmux runs");
-                assert!(
-                    out.status.success(),
-                    "new-window: {}",
-                    String::from_utf8_lossy(&out.stderr)
+                crate::run_ok(
+                    tmux.command()
+                        .envs(user_env.iter().map(|(k, v)| (k, v)))
+                        .args(&args),
+                    "tmux new-window",
                 );
                 format!("base:{name}")
             }

@@ -150,18 +150,13 @@ impl AgentRig {
     /// Runs `fleetd ARGS` as the user would in the lead's working directory; panics with its
     /// output unless it succeeds. Returns stdout.
     pub fn fleetd(&self, args: &[&str]) -> String {
-        let out = Command::new(crate::daemon::fleetd_binary())
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(&self.work)
-            .args(args)
-            .output()
-            .expect("fleetd runs");
-        assert!(
-            out.status.success(),
-            "fleetd {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        let out = crate::run_ok(
+            Command::new(crate::daemon::fleetd_binary())
+                .env_clear()
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
+                .current_dir(&self.work)
+                .args(args),
+            &format!("fleetd {args:?}"),
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }

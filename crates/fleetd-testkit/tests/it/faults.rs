@@ -248,8 +248,7 @@ fn tmux_dies_under_fleetd(death: TmuxDeath) {
     assert!(!old.is_empty(), "{death:?}: the server's pid");
     match death {
         TmuxDeath::KillServer => {
-            let out = rig.tmux.run(&["kill-server"]).expect("kill-server");
-            assert!(out.status.success(), "{out:?}");
+            rig.tmux.run_ok(&["kill-server"]);
         }
         TmuxDeath::Sigkill => {
             let status = Command::new("kill")
@@ -271,11 +270,7 @@ fn tmux_dies_under_fleetd(death: TmuxDeath) {
         || healthz(&rig).0 == 503,
     );
     // tmux is back on the same socket.
-    let out = rig
-        .tmux
-        .run(&["new-session", "-d", "-s", "base", "-x", "200", "-y", "50"])
-        .expect("tmux runs");
-    assert!(out.status.success(), "restart tmux: {out:?}");
+    rig.tmux.restart();
     assert_ne!(pid_of_server(), old);
     // ann's pane went with the old server: the new one's listing lacks it, and she is released.
     wait_until("ann released", Duration::from_secs(30), || {

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::Output;
 
 use fleetd_testkit::daemon::command;
+use fleetd_testkit::run_ok;
 use serde_json::{Value, json};
 
 const START: &str = "<!-- fleetd:charter:start -->";
@@ -25,18 +26,13 @@ fn install(home: &Path, cwd: &Path, args: &[&str]) -> Output {
 /// Runs `fleetd install AGENT args...` in `cwd` with HOME isolated in `home`; panics with its
 /// error output unless it succeeds.
 fn install_for(agent: &str, home: &Path, cwd: &Path, args: &[&str]) -> Output {
-    let out = command(home)
-        .current_dir(cwd)
-        .args(["install", agent])
-        .args(args)
-        .output()
-        .expect("fleetd runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    run_ok(
+        command(home)
+            .current_dir(cwd)
+            .args(["install", agent])
+            .args(args),
+        &format!("fleetd install {agent} {args:?}"),
+    )
 }
 
 /// The charter block in `text`, from its start marker through its end marker's line.

@@ -269,10 +269,7 @@ async fn the_control_client_moves_on_when_its_session_is_destroyed() {
     } else {
         (pane, attached.as_str())
     };
-    let out = server
-        .run(&["kill-session", "-t", &format!("={target}")])
-        .expect("kill-session");
-    assert!(out.status.success(), "{out:?}");
+    server.run_ok(&["kill-session", "-t", &format!("={target}")]);
     // A read whose answer the leaving client took with it is read again: no failure shows.
     let listed = tmux.list_panes().await.expect("list");
     assert!(listed.iter().any(|p| p.pane == keep));
@@ -305,8 +302,7 @@ async fn recovers_after(kill: Kill) {
 
     match kill {
         Kill::Command => {
-            let out = server.run(&["kill-server"]).expect("kill-server");
-            assert!(out.status.success(), "{out:?}");
+            server.run_ok(&["kill-server"]);
         }
         Kill::Sigkill => {
             let out = server
@@ -327,10 +323,7 @@ async fn recovers_after(kill: Kill) {
     .await;
     assert!(err.is_transient(), "{err}");
 
-    let out = server
-        .run(&["new-session", "-d", "-s", "base", "-x", "200", "-y", "50"])
-        .expect("restart tmux");
-    assert!(out.status.success(), "{out:?}");
+    server.restart();
     // The watch's listing from the new server lacks the old pane's incarnation.
     assert_eq!(
         gone(&mut events, &old.pane).await,
@@ -396,15 +389,9 @@ async fn watched_status_follows_a_pane_on_the_control_client() {
     let first = next_reading(&mut events, &pane).await;
     // A spinner in the title: working.
     tmux.submit(&pane, "x").await.expect("submit");
-    let out = server
-        .run(&["select-pane", "-t", pane.as_str(), "-T", "\u{2802} busy"])
-        .expect("title");
-    assert!(out.status.success());
+    server.run_ok(&["select-pane", "-t", pane.as_str(), "-T", "\u{2802} busy"]);
     statuses(&mut events, &pane, &[AgentStatus::Working]).await;
-    let out = server
-        .run(&["kill-pane", "-t", pane.as_str()])
-        .expect("kill-pane");
-    assert!(out.status.success());
+    server.run_ok(&["kill-pane", "-t", pane.as_str()]);
     assert_eq!(gone(&mut events, &pane).await, Some(first));
 }
 
@@ -444,9 +431,6 @@ async fn status_changes_are_read_on_tmux_notifications_not_on_a_poll() {
         .await;
     }
     // Closing the window: `%window-close` makes the listing that finds it gone.
-    let out = server
-        .run(&["kill-pane", "-t", pane.pane.as_str()])
-        .expect("kill-pane");
-    assert!(out.status.success());
+    server.run_ok(&["kill-pane", "-t", pane.pane.as_str()]);
     assert_eq!(gone(&mut events, &pane.pane).await, Some(pane.terminal));
 }

@@ -169,22 +169,18 @@ fn metadata() -> serde_json::Value {
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
         .expect("rustc -vV names the host");
-    let out = Command::new(env!("CARGO"))
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--locked",
-            "--filter-platform",
-            &host,
-        ])
-        .current_dir(repo_root())
-        .output()
-        .expect("cargo metadata runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = fleetd_testkit::run_ok(
+        Command::new(env!("CARGO"))
+            .args([
+                "metadata",
+                "--format-version",
+                "1",
+                "--locked",
+                "--filter-platform",
+                &host,
+            ])
+            .current_dir(repo_root()),
+        "cargo metadata",
     );
     serde_json::from_slice(&out.stdout).expect("metadata JSON")
 }

@@ -18,17 +18,13 @@ const PATIENCE: Duration = Duration::from_secs(90);
 const GIT_ID: &str = "-c user.name=fleet-test -c user.email=fleet-test@example.com";
 
 fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
-        .args(args)
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = fleetd_testkit::run_ok(
+        Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+            .args(args),
+        &format!("git {args:?}"),
     );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
