@@ -125,12 +125,6 @@ fn launch(
         std::time::Duration::from_secs(60),
         ready,
     );
-    rig.wait_log(
-        "the lead to list fleetd's tools",
-        std::time::Duration::from_secs(60),
-        |line| line.contains("MCP tools listed") && line.contains("\"caller\":\"lead "),
-    );
-    // fleetd counts a lister ready TOOLS_SETTLE after its list; so does the test.
-    super::rig::pause(std::time::Duration::from_millis(600));
+    rig.wait_lead_tools();
     lead
 }

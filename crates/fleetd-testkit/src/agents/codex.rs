@@ -35,12 +35,7 @@ pub fn ready(screen: &str) -> bool {
 pub fn start_lead(rig: &mut super::rig::AgentRig, stdio: bool) -> String {
     install(rig, stdio);
     let lead = open(rig, "lead", &[]);
-    rig.wait_log(
-        "the lead to list fleetd's tools",
-        std::time::Duration::from_secs(60),
-        |line| line.contains("MCP tools listed") && line.contains("\"caller\":\"lead "),
-    );
-    super::rig::pause(std::time::Duration::from_millis(600));
+    rig.wait_lead_tools();
     lead
 }
 

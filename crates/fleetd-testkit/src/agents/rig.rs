@@ -213,6 +213,18 @@ impl AgentRig {
         }
     }
 
+    /// Waits until the lead has listed fleetd's tools, then a little longer than fleetd waits
+    /// before it counts a lister ready ([`fleetd::mcp::TOOLS_SETTLE`]): typing earlier would
+    /// start a turn without them.
+    pub fn wait_lead_tools(&mut self) {
+        self.wait_log(
+            "the lead to list fleetd's tools",
+            Duration::from_secs(60),
+            |line| line.contains("MCP tools listed") && line.contains("\"caller\":\"lead "),
+        );
+        pause(Duration::from_millis(600));
+    }
+
     /// fleetd's log so far (every daemon's this rig ran), one JSON object per line.
     pub fn log(&mut self) -> Vec<Value> {
         let current: Vec<String> = self.daemon.logs_so_far().to_vec();

@@ -37,6 +37,20 @@ pub fn nudges(model: &[Logged]) -> Vec<Logged> {
         .collect()
 }
 
+/// The one turn a `[fleet]` nudge started, its prompt holding one `[fleet]` line (one nudge,
+/// submitted by its first Enter: one turn, one copy of the text); panics otherwise.
+pub fn one_nudge(model: &[Logged]) -> Logged {
+    let nudges = nudges(model);
+    assert_eq!(nudges.len(), 1, "nudge turns: {nudges:#?}");
+    assert_eq!(
+        prompt(&nudges[0]).matches("[fleet]").count(),
+        1,
+        "{}",
+        nudges[0]
+    );
+    nudges[0].clone()
+}
+
 /// Whether the request offered a tool named `tool` (Claude Code's `mcp__fleet__fleet_reply`,
 /// Codex's bare `fleet_reply` in its namespace).
 pub fn offers(r: &Logged, tool: &str) -> bool {

@@ -5,19 +5,26 @@
 use std::time::Duration;
 
 use fleetd_testkit::agents::claude::{self, Transport};
-use fleetd_testkit::agents::rig::{ANSWER, AgentRig};
-use fleetd_testkit::agents::turns::{answer, finished, nudges, offers, prompt, read_on_nudge};
+use fleetd_testkit::agents::rig::AgentRig;
+use fleetd_testkit::agents::turns::{answer, finished, nudges, offers, one_nudge, prompt};
 use fleetd_testkit::agents::{Cli, stories, versions};
 use fleetd_testkit::{Service, require_tmux};
 
-/// A rig with a Claude Code lead of `version` (newest when `None`) and a `claude` profile.
-fn claude_fleet(version: Option<&str>, via: Transport) -> Option<(AgentRig, String)> {
+/// A rig for Claude Code of `version` (newest when `None`) with a `claude` profile, and that
+/// CLI; no lead yet.
+fn claude_rig(version: Option<&str>) -> Option<(AgentRig, Cli)> {
     if require_tmux() == Service::Skip {
         return None;
     }
     let newest = versions("claude-code").into_iter().next()?;
     let cli = Cli::require("claude-code", version.unwrap_or(&newest))?;
-    let mut rig = AgentRig::start(&[&cli], &claude::profile("claude"), "");
+    let rig = AgentRig::start(&[&cli], &claude::profile("claude"), "");
+    Some((rig, cli))
+}
+
+/// A rig with a Claude Code lead of `version` (newest when `None`) and a `claude` profile.
+fn claude_fleet(version: Option<&str>, via: Transport) -> Option<(AgentRig, String)> {
+    let (mut rig, cli) = claude_rig(version)?;
     let lead = claude::start_lead(&mut rig, &cli, via);
     Some((rig, lead))
 }
@@ -28,17 +35,8 @@ fn e2e_claude_lead_delegates_reads_the_reply_on_its_first_nudge_and_stops_the_me
         return;
     };
     rig.say(&lead, "@spawn claude alice @reply forty-two");
-    rig.wait(
-        "the lead to poll and ack alice's reply",
-        Duration::from_secs(90),
-        || read_on_nudge(&rig.lead_model.turns(), "forty-two"),
-    );
-    let lead_turns = rig.lead_model.turns();
-    let last = lead_turns.last().expect("turns");
-    assert!(
-        answer(last).contains(r#"\"acked\":true"#),
-        "the lead acknowledged what it read: {last}"
-    );
+    let lead_turns =
+        stories::lead_reads_and_acks(&rig, "alice", "forty-two", Duration::from_secs(90));
     // Fix 2: the task was typed only once the member's agent had the tools, and its first turn
     // offered them, so its model could reply.
     rig.assert_task_typed_after_tools("alice");
@@ -54,18 +52,9 @@ fn e2e_claude_lead_delegates_reads_the_reply_on_its_first_nudge_and_stops_the_me
         member_first["tools"]
     );
     // Fix 1: one nudge, submitted by its first Enter: one turn, one copy of the text.
-    let nudges = nudges(&lead_turns);
-    assert_eq!(nudges.len(), 1, "nudge turns: {nudges:#?}");
-    assert_eq!(prompt(&nudges[0]).matches("[fleet]").count(), 1);
+    one_nudge(&lead_turns);
     rig.assert_member_token_only_with_members(&lead);
-
-    rig.say(&lead, r#"@call fleet_stop {"target":"alice"}"#);
-    rig.wait("alice to be released", Duration::from_secs(60), || {
-        rig.member("alice").is_none()
-    });
-    rig.wait("alice's window to close", Duration::from_secs(30), || {
-        !rig.windows().contains(&"alice".to_owned())
-    });
+    stories::lead_stops(&rig, &lead, "alice");
 }
 
 #[test]
@@ -73,28 +62,7 @@ fn e2e_claude_member_question_is_answered_by_the_lead() {
     let Some((rig, lead)) = claude_fleet(None, Transport::Http) else {
         return;
     };
-    rig.say(&lead, "@spawn claude bob @ask which branch should I use?");
-    rig.wait(
-        "bob's answer-bearing reply to reach the lead",
-        Duration::from_secs(120),
-        || {
-            finished(&rig.lead_model.turns(), |r| {
-                answer(r).contains("the lead answered")
-            })
-        },
-    );
-    let turns = rig.lead_model.turns();
-    assert!(
-        turns.iter().any(|r| answer(r).contains("fleet_answer")),
-        "the lead answered with fleet_answer: {turns:#?}"
-    );
-    let member = rig.member_model.turns();
-    assert!(
-        member
-            .iter()
-            .any(|r| answer(r).contains("fleet_reply") && answer(r).contains(ANSWER)),
-        "the member replied with the lead's answer: {member:#?}"
-    );
+    stories::member_question_is_answered(&rig, &lead, "claude", "bob");
 }
 
 #[test]
@@ -107,13 +75,9 @@ fn e2e_claude_lead_is_never_typed_to_mid_turn() {
 
 #[test]
 fn e2e_claude_with_tasks_off_fleet_send_waits_past_a_minute() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let Some(cli) = Cli::newest("claude-code") else {
+    let Some((mut rig, cli)) = claude_rig(None) else {
         return;
     };
-    let mut rig = AgentRig::start(&[&cli], &claude::profile("claude"), "");
     // Without MCP tasks (an older client, or turned off) the wait is a plain call.
     let lead = claude::start_lead_with(
         &mut rig,
@@ -126,26 +90,16 @@ fn e2e_claude_with_tasks_off_fleet_send_waits_past_a_minute() {
         finished(&rig.lead_model.turns(), |r| answer(r).contains("dave"))
     });
     // Claude Code gives up on a call that sends nothing for 60 s; fleet_send waits 120 s.
-    rig.say(&lead, "@send dave @sleep 70 @reply worth the wait");
-    rig.wait(
-        "fleet_send to return dave's reply",
+    let done = stories::turn(
+        &rig,
+        &lead,
+        "@send dave @sleep 70 @reply worth the wait",
         Duration::from_secs(150),
-        || {
-            finished(&rig.lead_model.turns(), |r| {
-                prompt(r).starts_with("@send dave")
-            })
-        },
     );
-    let turns = rig.lead_model.turns();
-    let done = turns
-        .iter()
-        .rev()
-        .find(|r| prompt(r).starts_with("@send dave"))
-        .expect("the send turn");
     assert!(
-        answer(done).contains("worth the wait") && answer(done).contains("replied"),
+        answer(&done).contains("worth the wait") && answer(&done).contains("replied"),
         "fleet_send returned the reply, not a timeout: {}",
-        answer(done)
+        answer(&done)
     );
 }
 
@@ -159,11 +113,7 @@ fn e2e_claude_older_release_over_the_stdio_shim() {
         return;
     };
     rig.say(&lead, "@spawn claude erin @reply over stdio");
-    rig.wait(
-        "the lead to poll and ack erin's reply",
-        Duration::from_secs(90),
-        || read_on_nudge(&rig.lead_model.turns(), "over stdio"),
-    );
+    stories::lead_reads(&rig, "erin", "over stdio", Duration::from_secs(90));
     rig.assert_task_typed_after_tools("erin");
     let member_first = rig.member_model.turns().into_iter().next().expect("a turn");
     assert!(
@@ -176,17 +126,9 @@ fn e2e_claude_older_release_over_the_stdio_shim() {
 
 #[test]
 fn e2e_claude_lead_started_without_exec_behind_a_shell() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let Some(cli) = versions("claude-code")
-        .into_iter()
-        .next()
-        .and_then(|v| Cli::require("claude-code", &v))
-    else {
+    let Some((mut rig, cli)) = claude_rig(None) else {
         return;
     };
-    let mut rig = AgentRig::start(&[&cli], &claude::profile("claude"), "");
     // A wrapper that does not `exec` the agent: tmux reports the shell in front of it.
     let lead = claude::start_lead_as(
         &mut rig,
@@ -208,11 +150,7 @@ fn e2e_claude_lead_started_without_exec_behind_a_shell() {
     assert_eq!(String::from_utf8_lossy(&command.stdout).trim(), "sh");
     // fleetd still sees Claude Code at rest (its title names it), so the reply is nudged.
     rig.say(&lead, "@spawn claude fay @reply behind a shell");
-    rig.wait(
-        "the lead to poll and ack fay's reply",
-        Duration::from_secs(90),
-        || read_on_nudge(&rig.lead_model.turns(), "behind a shell"),
-    );
+    stories::lead_reads(&rig, "fay", "behind a shell", Duration::from_secs(90));
     let nudges = nudges(&rig.lead_model.turns());
     assert_eq!(nudges.len(), 1, "{nudges:#?}");
 }

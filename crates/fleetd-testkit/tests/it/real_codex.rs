@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use fleetd_testkit::agents::rig::{ANSWER, AgentRig, MEMBER_TOKEN, pause};
-use fleetd_testkit::agents::turns::{answer, finished, nudges, offers, prompt, read_on_nudge};
+use fleetd_testkit::agents::rig::{AgentRig, MEMBER_TOKEN, pause};
+use fleetd_testkit::agents::turns::{answer, nudges, offers, one_nudge, prompt};
 use fleetd_testkit::agents::{Cli, claude, codex, stories};
 use fleetd_testkit::fake_model::Logged;
 use fleetd_testkit::{Service, require_tmux};
@@ -39,22 +39,29 @@ fn codex_fleet() -> Option<(AgentRig, String)> {
     Some((rig, lead))
 }
 
+/// A rig with the newest Claude Code as the lead (over `via`), the newest Codex for members and
+/// `profiles` for them.
+fn claude_led(profiles: &str, via: claude::Transport) -> Option<(AgentRig, String)> {
+    if require_tmux() == Service::Skip {
+        return None;
+    }
+    let (Some(codex_cli), Some(claude_cli)) = (Cli::newest("codex"), Cli::newest("claude-code"))
+    else {
+        return None;
+    };
+    let mut rig = AgentRig::start(&[&codex_cli, &claude_cli], profiles, "");
+    let lead = claude::start_lead(&mut rig, &claude_cli, via);
+    Some((rig, lead))
+}
+
 #[test]
 fn e2e_codex_lead_delegates_to_a_codex_member_and_reads_the_reply_on_its_first_nudge() {
     let Some((mut rig, lead)) = codex_fleet() else {
         return;
     };
     rig.say(&lead, "@spawn codex alice @reply forty-two");
-    rig.wait(
-        "the lead to poll and ack alice's reply",
-        Duration::from_secs(120),
-        || read_on_nudge(&rig.lead_model.turns(), "forty-two"),
-    );
-    let lead_turns = rig.lead_model.turns();
-    assert!(
-        answer(lead_turns.last().expect("turns")).contains(r#"\"acked\":true"#),
-        "the lead acknowledged what it read"
-    );
+    let lead_turns =
+        stories::lead_reads_and_acks(&rig, "alice", "forty-two", Duration::from_secs(120));
     // The task was typed once the member's Codex had fleetd's tools, and started on its first
     // Enter; the lead's nudge likewise (one turn, one copy).
     rig.assert_task_typed_after_tools("alice");
@@ -65,9 +72,7 @@ fn e2e_codex_lead_delegates_to_a_codex_member_and_reads_the_reply_on_its_first_n
         .collect();
     assert_eq!(starts.len(), 1, "the task started one turn: {member:#?}");
     assert!(offers(starts[0], "fleet_reply"), "{}", starts[0]);
-    let nudges = nudges(&lead_turns);
-    assert_eq!(nudges.len(), 1, "{nudges:#?}");
-    assert_eq!(prompt(&nudges[0]).matches("[fleet]").count(), 1);
+    one_nudge(&lead_turns);
     // The member used the members' backend through fleetd's provider entry, and its key is in
     // no file under Codex's home (no shell snapshot), nor anywhere on the lead's side.
     rig.assert_member_token_only_with_members(&lead);
@@ -87,21 +92,12 @@ fn e2e_codex_lead_delegates_to_a_codex_member_and_reads_the_reply_on_its_first_n
 
 #[test]
 fn e2e_codex_member_under_a_claude_lead_over_the_stdio_shim() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let (Some(codex_cli), Some(claude_cli)) = (Cli::newest("codex"), Cli::newest("claude-code"))
+    let Some((mut rig, lead)) = claude_led(&codex::profile("codex"), claude::Transport::Stdio)
     else {
         return;
     };
-    let mut rig = AgentRig::start(&[&codex_cli, &claude_cli], &codex::profile("codex"), "");
-    let lead = claude::start_lead(&mut rig, &claude_cli, claude::Transport::Stdio);
     rig.say(&lead, "@spawn codex bob @reply from codex");
-    rig.wait(
-        "the lead to poll and ack bob's reply",
-        Duration::from_secs(120),
-        || read_on_nudge(&rig.lead_model.turns(), "from codex"),
-    );
+    stories::lead_reads(&rig, "bob", "from codex", Duration::from_secs(120));
     rig.assert_task_typed_after_tools("bob");
     let first = rig.member_model.turns().into_iter().next().expect("a turn");
     assert!(
@@ -113,20 +109,14 @@ fn e2e_codex_member_under_a_claude_lead_over_the_stdio_shim() {
 
 #[test]
 fn e2e_codex_member_at_its_approval_dialog_is_blocked_and_never_typed_into() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let (Some(codex_cli), Some(claude_cli)) = (Cli::newest("codex"), Cli::newest("claude-code"))
-    else {
-        return;
-    };
     // A profile that leaves Codex asking before each of fleetd's tools (its own default).
     let asking = format!(
         "{}    args: [\"-c\", \"mcp_servers.fleet.default_tools_approval_mode=\\\"auto\\\"\"]\n",
         codex::profile("asking")
     );
-    let mut rig = AgentRig::start(&[&codex_cli, &claude_cli], &asking, "");
-    let lead = claude::start_lead(&mut rig, &claude_cli, claude::Transport::Http);
+    let Some((rig, lead)) = claude_led(&asking, claude::Transport::Http) else {
+        return;
+    };
     rig.say(&lead, "@spawn asking frank @reply approved");
     rig.wait(
         "frank to be blocked on its approval dialog",
@@ -146,28 +136,21 @@ fn e2e_codex_member_at_its_approval_dialog_is_blocked_and_never_typed_into() {
     assert!(dialog.contains("to run tool \"fleet_reply\""), "{dialog}");
 
     // A second task for frank waits: nothing is typed into the dialog.
-    rig.say(&lead, "@send-nowait frank @reply second");
-    rig.wait("the lead's send to end", Duration::from_secs(60), || {
-        finished(&rig.lead_model.turns(), |r| {
-            prompt(r).starts_with("@send-nowait")
-        })
-    });
+    stories::turn(
+        &rig,
+        &lead,
+        "@send-nowait frank @reply second",
+        Duration::from_secs(60),
+    );
     pause(Duration::from_secs(8));
     assert_eq!(rig.screen(&pane), dialog, "the dialog changed");
     assert_eq!(rig.member("frank").expect("frank")["status"], "blocked");
 
     // The person answers it; the reply goes through, then the waiting task is typed.
-    let out = rig
-        .panes
+    rig.panes
         .tmux()
-        .run(&["send-keys", "-t", &pane, "Enter"])
-        .expect("tmux");
-    assert!(out.status.success());
-    rig.wait(
-        "the lead to read frank's reply",
-        Duration::from_secs(60),
-        || read_on_nudge(&rig.lead_model.turns(), "approved"),
-    );
+        .run_ok(&["send-keys", "-t", &pane, "Enter"]);
+    stories::lead_reads(&rig, "frank", "approved", Duration::from_secs(60));
     rig.wait("the second task to start", Duration::from_secs(60), || {
         rig.member_model
             .turns()
@@ -178,15 +161,10 @@ fn e2e_codex_member_at_its_approval_dialog_is_blocked_and_never_typed_into() {
 
 #[test]
 fn e2e_a_codex_in_its_shared_daemon_is_refused_by_name_and_members_keep_their_identity() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let (Some(codex_cli), Some(claude_cli)) = (Cli::newest("codex"), Cli::newest("claude-code"))
+    let Some((mut rig, lead)) = claude_led(&codex::profile("codex"), claude::Transport::Http)
     else {
         return;
     };
-    let mut rig = AgentRig::start(&[&codex_cli, &claude_cli], &codex::profile("codex"), "");
-    let lead = claude::start_lead(&mut rig, &claude_cli, claude::Transport::Http);
     // The user's own Codex with its daemon on, as Codex ships: `fleetd install codex` turns the
     // automatic start off, and this user turned it back on. Its threads, and their calls to
     // fleetd, run in `codex app-server`.
@@ -202,11 +180,7 @@ fn e2e_a_codex_in_its_shared_daemon_is_refused_by_name_and_members_keep_their_id
 
     // A Codex member spawned beside it still calls from its own pane.
     rig.say(&lead, "@spawn codex gina @reply kept apart");
-    rig.wait(
-        "the lead to poll and ack gina's reply",
-        Duration::from_secs(120),
-        || read_on_nudge(&rig.lead_model.turns(), "kept apart"),
-    );
+    stories::lead_reads(&rig, "gina", "kept apart", Duration::from_secs(120));
     let first = rig.member_model.turns().into_iter().next().expect("a turn");
     assert!(
         answer(&first).contains("fleet_reply"),
@@ -214,22 +188,16 @@ fn e2e_a_codex_in_its_shared_daemon_is_refused_by_name_and_members_keep_their_id
     );
 
     // The daemon's Codex is told why it is refused, and what to do.
-    rig.say(&solo, r#"@call fleet_poll {"target":"gina"}"#);
-    rig.wait("solo's call to end", Duration::from_secs(60), || {
-        finished(&rig.lead_model.turns(), |r| {
-            prompt(r).starts_with("@call fleet_poll")
-        })
-    });
-    let turns = rig.lead_model.turns();
-    let refused = turns
-        .iter()
-        .rev()
-        .find(|r| prompt(r).starts_with("@call fleet_poll"))
-        .expect("solo's turn");
+    let refused = stories::turn(
+        &rig,
+        &solo,
+        r#"@call fleet_poll {"target":"gina"}"#,
+        Duration::from_secs(60),
+    );
     assert!(
-        answer(refused).contains("shared_daemon") && answer(refused).contains("--no-daemon"),
+        answer(&refused).contains("shared_daemon") && answer(&refused).contains("--no-daemon"),
         "{}",
-        answer(refused)
+        answer(&refused)
     );
     let daemon = rig.codex_daemons();
     assert!(
@@ -268,11 +236,7 @@ fn e2e_codex_lead_and_member_over_the_stdio_shim() {
     std::fs::write(rig.work.join("codex-stdio.sh"), STDIO_MEMBER).expect("script");
     let lead = codex::start_lead(&mut rig, true);
     rig.say(&lead, "@spawn codex-stdio hal @reply over the shim");
-    rig.wait(
-        "the lead to poll and ack hal's reply",
-        Duration::from_secs(120),
-        || read_on_nudge(&rig.lead_model.turns(), "over the shim"),
-    );
+    stories::lead_reads(&rig, "hal", "over the shim", Duration::from_secs(120));
     rig.assert_task_typed_after_tools("hal");
     let first = rig.member_model.turns().into_iter().next().expect("a turn");
     assert!(
@@ -289,28 +253,7 @@ fn e2e_codex_member_question_is_answered_by_a_codex_lead() {
     let Some((rig, lead)) = codex_fleet() else {
         return;
     };
-    rig.say(&lead, "@spawn codex ivy @ask which branch should I use?");
-    rig.wait(
-        "ivy's answer-bearing reply to reach the lead",
-        Duration::from_secs(120),
-        || {
-            finished(&rig.lead_model.turns(), |r| {
-                answer(r).contains("the lead answered")
-            })
-        },
-    );
-    let turns = rig.lead_model.turns();
-    assert!(
-        turns.iter().any(|r| answer(r).contains("fleet_answer")),
-        "the lead answered with fleet_answer: {turns:#?}"
-    );
-    assert!(
-        rig.member_model
-            .turns()
-            .iter()
-            .any(|r| answer(r).contains("fleet_reply") && answer(r).contains(ANSWER)),
-        "the member replied with the lead's answer"
-    );
+    stories::member_question_is_answered(&rig, &lead, "codex", "ivy");
 }
 
 #[test]

@@ -7,8 +7,8 @@ use std::time::Duration;
 use fleetd_testkit::agents::claude::{self, Transport};
 use fleetd_testkit::agents::panes::Mux;
 use fleetd_testkit::agents::rig::AgentRig;
-use fleetd_testkit::agents::turns::{answer, nudges, offers, prompt, read_on_nudge};
-use fleetd_testkit::agents::{Cli, codex};
+use fleetd_testkit::agents::turns::{offers, one_nudge, prompt};
+use fleetd_testkit::agents::{Cli, codex, stories};
 use serde_json::Value;
 
 /// The agent herdr detects in `pane` of the rig's user, and its status.
@@ -28,16 +28,8 @@ fn detected(rig: &AgentRig, pane: &str) -> (Value, Value) {
 /// turn had fleetd's tools, and the members' token stayed with members. Then the lead stops the
 /// member and its tab closes.
 fn delegated_and_stopped(rig: &mut AgentRig, lead: &str, reply_tool: &str) {
-    rig.wait(
-        "the lead to poll and ack alice's reply",
-        Duration::from_secs(120),
-        || read_on_nudge(&rig.lead_model.turns(), "forty-two"),
-    );
-    let lead_turns = rig.lead_model.turns();
-    assert!(
-        answer(lead_turns.last().expect("turns")).contains(r#"\"acked\":true"#),
-        "the lead acknowledged what it read"
-    );
+    let lead_turns =
+        stories::lead_reads_and_acks(rig, "alice", "forty-two", Duration::from_secs(120));
     rig.assert_task_typed_after_tools("alice");
     let member = rig.member_model.turns();
     let first = member
@@ -45,18 +37,9 @@ fn delegated_and_stopped(rig: &mut AgentRig, lead: &str, reply_tool: &str) {
         .find(|r| prompt(r) == "@reply forty-two")
         .expect("the task reached the member's model");
     assert!(offers(first, reply_tool), "{first}");
-    let nudges = nudges(&lead_turns);
-    assert_eq!(nudges.len(), 1, "{nudges:#?}");
-    assert_eq!(prompt(&nudges[0]).matches("[fleet]").count(), 1);
+    one_nudge(&lead_turns);
     rig.assert_member_token_only_with_members(lead);
-
-    rig.say(lead, r#"@call fleet_stop {"target":"alice"}"#);
-    rig.wait("alice to be released", Duration::from_secs(60), || {
-        rig.member("alice").is_none()
-    });
-    rig.wait("alice's tab to close", Duration::from_secs(30), || {
-        !rig.windows().contains(&"alice".to_owned())
-    });
+    stories::lead_stops(rig, lead, "alice");
 }
 
 #[test]
