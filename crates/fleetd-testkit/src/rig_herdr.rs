@@ -150,6 +150,28 @@ impl HerdrRig {
         );
     }
 
+    /// Has lead `lead` spawn `name` from `profile` (`fleet_spawn`, its turn waited out); the
+    /// member's herdr pane, once the operator lists it (panics with the lead's screen if not).
+    pub fn spawned(&self, lead: &str, profile: &str, name: &str) -> String {
+        self.call_from(
+            lead,
+            &format!(r#"fleet_spawn {{"profile":"{profile}","name":"{name}"}}"#),
+        );
+        let member = crate::http::get(self.daemon.operator(), &format!("/sessions/{name}"))
+            .expect("session");
+        assert_eq!(
+            member.status,
+            200,
+            "{name} was spawned and became ready: {}",
+            self.history(lead)
+        );
+        member.json()["paneId"]
+            .as_str()
+            .and_then(|p| p.strip_prefix("lead:"))
+            .expect("a pane id")
+            .to_owned()
+    }
+
     /// The rig's scratch directory.
     pub fn dir(&self) -> &std::path::Path {
         self.home.path()

@@ -41,6 +41,33 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::http::mcp::McpClient;
 
+/// The events a sim-agent's log (`--log` / `SIM_AGENT_LOG`) holds so far, one JSON object a
+/// line; none while it is not there.
+pub fn log_events(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// How many events named `event` a sim-agent's log holds so far.
+pub fn logged(path: &std::path::Path, event: &str) -> usize {
+    log_events(path)
+        .iter()
+        .filter(|e| e["event"] == event)
+        .count()
+}
+
+/// The prompts of the turns a sim-agent's log shows it took, in order.
+pub fn log_turns(path: &std::path::Path) -> Vec<String> {
+    log_events(path)
+        .iter()
+        .filter(|e| e["event"] == "turn")
+        .map(|e| e["prompt"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
 mod config;
 
 pub use config::{Action, Config};

@@ -3,10 +3,10 @@
 //! but answered with its `timeout` error is never typed again (SPEC §13.7), and a prompt herdr
 //! reports stalled gets exactly one Enter retry in all, decided by fleetd's core (review M6).
 
-use std::path::Path;
 use std::time::Duration;
 
 use fleetd_testkit::rig_herdr::{HerdrRig, sim_profile};
+use fleetd_testkit::sim_agent::logged;
 use fleetd_testkit::{bin_path, http, wait_until};
 use serde_json::{Value, json};
 
@@ -45,16 +45,6 @@ fn send_and_wait(rig: &HerdrRig, target: &str, task: &str) -> Value {
     .expect("fleetd answers");
     assert_eq!(answer.status, 200, "{}", answer.body);
     answer.json()
-}
-
-/// How many events named `event` a sim-agent log holds.
-fn logged(log: &Path, event: &str) -> usize {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["event"] == event)
-        .count()
 }
 
 #[test]

@@ -14,6 +14,7 @@ use fleetd_core::AgentStatus;
 use fleetd_testkit::fake_herdr::HerdrVersion;
 use fleetd_testkit::fake_herdr::process::FakeHerdrProcess;
 use fleetd_testkit::rig_herdr::{HerdrRig, sim_profile};
+use fleetd_testkit::sim_agent::log_turns;
 use fleetd_testkit::{bin_path, http, wait_until};
 use serde_json::{Value, json};
 
@@ -167,17 +168,6 @@ async fn herdr_0_9_a_prompt_whose_enter_failed_is_uncertain() {
     assert_eq!(tail.matches("typed without its enter").count(), 1, "{tail}");
 }
 
-/// The prompts a sim-agent log shows it took as turns.
-fn turns(log: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["event"] == "turn")
-        .map(|v| v["prompt"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
-
 /// Both versions: a task's prompt (waited on) and a nudge (not waited on) each start one turn —
 /// the Enter herdr sends (on 0.8 after its answer, on 0.9 before it) is the only one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,7 +197,7 @@ async fn herdr_a_prompt_and_a_nudge_run_one_turn_each_on_both_versions() {
         )
         .await;
         assert_eq!(
-            turns(&log),
+            log_turns(&log),
             ["first task", "then a nudge"],
             "{version:?}: one turn each"
         );
@@ -298,19 +288,7 @@ fn e2e_herdr_0_9_a_member_closed_while_events_were_lost_is_released() {
         HerdrVersion::V0_9,
     );
     let (_, lead) = rig.agent_lead("boss");
-    rig.call_from(&lead, r#"fleet_spawn {"profile":"slow","name":"nia"}"#);
-    let member = http::get(rig.daemon.operator(), "/sessions/nia").expect("session");
-    assert_eq!(
-        member.status,
-        200,
-        "nia was spawned: {}",
-        rig.history(&lead)
-    );
-    let pane = member.json()["paneId"]
-        .as_str()
-        .and_then(|p| p.strip_prefix("lead:"))
-        .expect("a pane id")
-        .to_owned();
+    let pane = rig.spawned(&lead, "slow", "nia");
     rig.herdr
         .fault(&json!({ "fault": "events_lost", "ms": 1500, "linger_ms": 60000 }))
         .expect("fault");

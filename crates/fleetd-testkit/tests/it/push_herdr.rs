@@ -30,6 +30,13 @@ fn nudge(target: &str) -> String {
     format!("[fleet] 1 message from {target}")
 }
 
+/// Waits (naming `what`) for the nudge about `from`'s reply in `pane`.
+fn nudged(rig: &HerdrRig, pane: &str, from: &str, what: &str) {
+    wait_until(what, Duration::from_secs(60), || {
+        rig.history(pane).contains(&nudge(from))
+    });
+}
+
 fn spawn(rig: &HerdrRig, lead: &str, profile: &str, name: &str) {
     rig.call_from(
         lead,
@@ -104,11 +111,7 @@ fn late_reply_nudges_the_idle_lead(version: HerdrVersion) {
     let (_, lead) = rig.agent_lead("boss");
     spawn(&rig, &lead, "slow", "nia");
     send(&rig, &lead, "nia", 1);
-    wait_until(
-        "the nudge in the lead's pane",
-        Duration::from_secs(60),
-        || rig.history(&lead).contains(&nudge("nia")),
-    );
+    nudged(&rig, &lead, "nia", "the nudge in the lead's pane");
     assert!(
         !rig.history(&lead).contains("sim-agent did: job"),
         "no payload"
@@ -143,29 +146,27 @@ fn e2e_herdr_closing_the_delegating_lead_sends_the_nudge_to_the_primary() {
     spawn(&rig, &delegator, "slow", "nia");
     send(&rig, &delegator, "nia", 1);
     rig.call("pane.close", &json!({ "pane_id": delegator }));
-    wait_until(
-        "the nudge in the primary's pane",
-        Duration::from_secs(60),
-        || rig.history(&primary).contains(&nudge("nia")),
+    nudged(&rig, &primary, "nia", "the nudge in the primary's pane");
+}
+
+/// herdr restarts while the lead works and nia's reply waits; the user starts the lead agent
+/// again in the primary tab with `start_again`: fleetd finds it and nudges it, and the reply is
+/// still in the inbox.
+fn restart_then_the_lead_started_again_is_nudged(start_again: impl FnOnce(&HerdrRig, &str)) {
+    let rig = rig();
+    let lead = lead_busy_when_nia_replies(&rig);
+    restart_herdr(&rig);
+    start_again(&rig, &lead);
+    nudged(&rig, &lead, "nia", "the nudge in the restarted lead");
+    assert!(
+        reply_waiting(&rig, "nia"),
+        "the reply is still in the inbox"
     );
 }
 
 #[test]
 fn e2e_herdr_restart_between_reply_and_nudge_loses_nothing() {
-    let rig = rig();
-    let lead = lead_busy_when_nia_replies(&rig);
-    restart_herdr(&rig);
-    // The user starts the lead agent again in the primary tab: fleetd finds it and nudges it.
-    rig.start_agent(&lead);
-    wait_until(
-        "the nudge in the restarted lead",
-        Duration::from_secs(60),
-        || rig.history(&lead).contains(&nudge("nia")),
-    );
-    assert!(
-        reply_waiting(&rig, "nia"),
-        "the reply is still in the inbox"
-    );
+    restart_then_the_lead_started_again_is_nudged(|rig, lead| rig.start_agent(lead));
 }
 
 #[test]
@@ -173,33 +174,21 @@ fn e2e_herdr_restart_the_lead_started_again_is_found_even_when_herdr_names_no_ag
     // Seen on a real herdr 0.8.2: the agent started again in the primary tab was not detected
     // (no agent kind), so the tab scanner had nothing to pick and the mail waited. Its MCP
     // connection at start is enough: fleetd registers it as the lead there and nudges it.
-    let rig = rig();
-    let lead = lead_busy_when_nia_replies(&rig);
-    restart_herdr(&rig);
-    rig.start_agent_with(&lead, &["HERDR_AGENT=none".to_owned()]);
-    let listed = rig.call("pane.get", &json!({ "pane_id": lead }));
-    assert!(
-        listed["pane"]["agent"].is_null(),
-        "herdr names no agent in it: {listed}"
-    );
-    wait_until(
-        "the nudge in the restarted lead",
-        Duration::from_secs(60),
-        || rig.history(&lead).contains(&nudge("nia")),
-    );
-    assert!(
-        reply_waiting(&rig, "nia"),
-        "the reply is still in the inbox"
-    );
+    restart_then_the_lead_started_again_is_nudged(|rig, lead| {
+        rig.start_agent_with(lead, &["HERDR_AGENT=none".to_owned()]);
+        let listed = rig.call("pane.get", &json!({ "pane_id": lead }));
+        assert!(
+            listed["pane"]["agent"].is_null(),
+            "herdr names no agent in it: {listed}"
+        );
+    });
 }
 
 #[test]
 fn e2e_herdr_a_working_lead_is_nudged_only_after_its_turn() {
     let rig = rig();
     let lead = lead_busy_when_nia_replies(&rig);
-    wait_until("the nudge after the turn", Duration::from_secs(60), || {
-        rig.history(&lead).contains(&nudge("nia"))
-    });
+    nudged(&rig, &lead, "nia", "the nudge after the turn");
     let screen = rig.history(&lead);
     let turn_end = screen
         .match_indices("turn done")
@@ -247,11 +236,7 @@ fn e2e_herdr_a_nudge_herdr_typed_but_answered_timeout_is_typed_once() {
     rig.herdr
         .fault(&json!({ "fault": "input_timeout", "count": 1, "ms": 0 }))
         .expect("fault");
-    wait_until(
-        "the nudge in the lead's pane",
-        Duration::from_secs(60),
-        || rig.history(&lead).contains(&nudge("nia")),
-    );
+    nudged(&rig, &lead, "nia", "the nudge in the lead's pane");
     rig.daemon.wait_for_log(
         "the push loop to spend its budget",
         Duration::from_secs(60),
@@ -322,11 +307,7 @@ fn e2e_herdr_a_lead_herdr_does_not_know_is_nudged_when_idle() {
     assert_eq!(info["pane"]["agent_status"], "unknown", "{info}");
     spawn(&rig, &lead, "slow", "nia");
     send(&rig, &lead, "nia", 1);
-    wait_until(
-        "the nudge in the lead's pane",
-        Duration::from_secs(60),
-        || rig.history(&lead).contains(&nudge("nia")),
-    );
+    nudged(&rig, &lead, "nia", "the nudge in the lead's pane");
 }
 
 #[test]

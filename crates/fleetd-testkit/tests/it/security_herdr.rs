@@ -101,6 +101,42 @@ fn read_when_there(path: &Path, what: &str) -> String {
     std::fs::read_to_string(path).expect("read")
 }
 
+/// The answers an attack script wrote to `out` (once it is there): the text, and each line's
+/// [`code`].
+fn codes_in(out: &Path, what: &str) -> (String, Vec<String>) {
+    let text = read_when_there(out, what);
+    let codes = text
+        .lines()
+        .map(|l| code(&serde_json::from_str(l).expect("JSON line")))
+        .collect();
+    (text, codes)
+}
+
+/// mallory splits pane `target` (`$HERDR_PANE_ID`: its own) through herdr's API, towards
+/// `direction`; the pane that opened.
+fn mallory_splits(rig: &HerdrRig, lead: &str, target: &str, direction: &str, what: &str) -> String {
+    let m = bin_path("mcp-call").display().to_string();
+    let panes_before: BTreeSet<String> = pane_ids(rig);
+    run_in(
+        rig,
+        lead,
+        "mallory",
+        &format!(
+            r#"{m} --herdr "{{\"id\":\"1\",\"method\":\"pane.split\",\"params\":{{\"target_pane_id\":\"{target}\",\"direction\":\"{direction}\",\"focus\":false,\"env\":{{}}}}}}""#
+        ),
+    );
+    let mut opened = String::new();
+    wait_until(what, PATIENCE, || {
+        opened = pane_ids(rig)
+            .difference(&panes_before)
+            .next()
+            .cloned()
+            .unwrap_or_default();
+        !opened.is_empty()
+    });
+    opened
+}
+
 #[test]
 fn e2e_herdr_security_backend_secrets_reach_only_their_member() {
     let (rig, lead, _home) = rig();
@@ -207,24 +243,13 @@ fn e2e_herdr_security_a_pane_a_member_opens_is_nobody_and_its_escaped_child_anon
 
     // mallory opens a pane in its own workspace through herdr's API (its environment names
     // the socket and its pane), and something runs in it.
-    let panes_before: BTreeSet<String> = pane_ids(&rig);
-    run_in(
+    let opened = mallory_splits(
         &rig,
         &lead,
-        "mallory",
-        &format!(
-            r#"{m} --herdr "{{\"id\":\"1\",\"method\":\"pane.split\",\"params\":{{\"target_pane_id\":\"$HERDR_PANE_ID\",\"direction\":\"right\",\"focus\":false,\"env\":{{}}}}}}""#
-        ),
+        "$HERDR_PANE_ID",
+        "right",
+        "the pane mallory opened",
     );
-    let mut opened = String::new();
-    wait_until("the pane mallory opened", PATIENCE, || {
-        opened = pane_ids(&rig)
-            .difference(&panes_before)
-            .next()
-            .cloned()
-            .unwrap_or_default();
-        !opened.is_empty()
-    });
     let split = rig.call("pane.get", &json!({ "pane_id": opened }));
     assert_eq!(
         split["pane"]["workspace_id"],
@@ -233,40 +258,21 @@ fn e2e_herdr_security_a_pane_a_member_opens_is_nobody_and_its_escaped_child_anon
     );
     let (script, out) = attack("split");
     rig.type_line(&opened, &format!("sh {}", script.display()));
-    let text = read_when_there(&out, "the opened pane's calls");
-    let codes: Vec<String> = text
-        .lines()
-        .map(|l| code(&serde_json::from_str(l).expect("JSON line")))
-        .collect();
+    let (text, codes) = codes_in(&out, "the opened pane's calls");
     assert_eq!(codes, vec!["unregistered_pane"; 5], "{text}");
 
     // mallory splits the lead's own pane through herdr's API (review H1): outside the members'
     // workspace, in the primary tab beside the live lead, opened while members ran — a stray.
-    let panes_before: BTreeSet<String> = pane_ids(&rig);
-    run_in(
+    let beside_lead = mallory_splits(
         &rig,
         &lead,
-        "mallory",
-        &format!(
-            r#"{m} --herdr "{{\"id\":\"1\",\"method\":\"pane.split\",\"params\":{{\"target_pane_id\":\"{lead}\",\"direction\":\"down\",\"focus\":false,\"env\":{{}}}}}}""#
-        ),
+        &lead,
+        "down",
+        "the pane mallory opened beside the lead",
     );
-    let mut beside_lead = String::new();
-    wait_until("the pane mallory opened beside the lead", PATIENCE, || {
-        beside_lead = pane_ids(&rig)
-            .difference(&panes_before)
-            .next()
-            .cloned()
-            .unwrap_or_default();
-        !beside_lead.is_empty()
-    });
     let (script, out) = attack("beside-lead");
     rig.type_line(&beside_lead, &format!("sh {}", script.display()));
-    let text = read_when_there(&out, "the calls from beside the lead");
-    let codes: Vec<String> = text
-        .lines()
-        .map(|l| code(&serde_json::from_str(l).expect("JSON line")))
-        .collect();
+    let (text, codes) = codes_in(&out, "the calls from beside the lead");
     assert_eq!(codes, vec!["stray_pane"; 5], "{text}");
 
     // A `setsid -f` child of mallory: out of its pane's tree, so anonymous.
@@ -277,11 +283,7 @@ fn e2e_herdr_security_a_pane_a_member_opens_is_nobody_and_its_escaped_child_anon
         "mallory",
         &format!("setsid -f sh {}", script.display()),
     );
-    let text = read_when_there(&out, "the escaped child's calls");
-    let codes: Vec<String> = text
-        .lines()
-        .map(|l| code(&serde_json::from_str(l).expect("JSON line")))
-        .collect();
+    let (text, codes) = codes_in(&out, "the escaped child's calls");
     assert_eq!(
         codes,
         [

@@ -19,14 +19,7 @@ fn e2e_herdr_spawn_starts_a_known_agent_kind_with_agent_start() {
         bin.path().display()
     ));
     let (_, lead) = rig.agent_lead("boss");
-    rig.call_from(&lead, r#"fleet_spawn {"profile":"cl","name":"ann"}"#);
-    let member = http::get(rig.daemon.operator(), "/sessions/ann").expect("session");
-    assert_eq!(member.status, 200, "ann was spawned and became ready");
-    let pane = member.json()["paneId"]
-        .as_str()
-        .and_then(|p| p.strip_prefix("lead:"))
-        .expect("a pane id")
-        .to_owned();
+    let pane = rig.spawned(&lead, "cl", "ann");
     let info = rig.call("pane.process_info", &json!({ "pane_id": pane }));
     let argv0 = info["process_info"]["foreground_processes"][0]["argv0"]
         .as_str()
@@ -75,14 +68,8 @@ fn e2e_herdr_agent_start_waits_for_a_shell_still_starting() {
         &shell.display().to_string(),
     );
     let (_, lead) = rig.agent_lead("boss");
-    rig.call_from(&lead, r#"fleet_spawn {"profile":"cl","name":"ann"}"#);
-    let member = http::get(rig.daemon.operator(), "/sessions/ann").expect("session");
-    assert_eq!(
-        member.status,
-        200,
-        "ann was spawned once the shell was free: {}",
-        rig.history(&lead)
-    );
+    // ann was spawned once the shell was free.
+    rig.spawned(&lead, "cl", "ann");
 }
 
 #[test]
@@ -94,19 +81,7 @@ fn e2e_herdr_a_custom_agent_herdr_does_not_know_is_spawned_and_served() {
         bin_path("sim-agent").display()
     ));
     let (_, lead) = rig.agent_lead("boss");
-    rig.call_from(&lead, r#"fleet_spawn {"profile":"own","name":"ann"}"#);
-    let member = http::get(rig.daemon.operator(), "/sessions/ann").expect("session");
-    assert_eq!(
-        member.status,
-        200,
-        "ann became ready: {}",
-        rig.history(&lead)
-    );
-    let pane = member.json()["paneId"]
-        .as_str()
-        .and_then(|p| p.strip_prefix("lead:"))
-        .expect("a pane id")
-        .to_owned();
+    let pane = rig.spawned(&lead, "own", "ann");
     let info = rig.call("pane.get", &json!({ "pane_id": pane }));
     assert_eq!(
         info["pane"]["agent_status"], "unknown",

@@ -15,6 +15,7 @@ use fleetd::mux::{
 use fleetd_core::{AgentStatus, PaneId, TerminalId};
 use fleetd_testkit::bin_path;
 use fleetd_testkit::fake_herdr::process::FakeHerdrProcess;
+use fleetd_testkit::sim_agent::logged;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::broadcast;
@@ -346,16 +347,6 @@ async fn custom_agent_is_submitted_with_pane_input() {
     assert_eq!(submitted.path, SubmitPath::PaneInput);
     assert_eq!(submitted.started, None);
     wait_tail(&fx.herdr, &pane.pane, "turn done").await;
-}
-
-/// How many `event` lines a sim-agent log holds.
-fn logged(log: &std::path::Path, event: &str) -> usize {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["event"] == event)
-        .count()
 }
 
 /// A tiny MCP-over-HTTP stub that records every JSON-RPC body and answers like a stateless
