@@ -52,6 +52,12 @@ impl Rig {
         Self::start_on(extra, "127.0.0.1:0")
     }
 
+    /// [`Rig::start`] where tmux is there; `None` (the test returns, having said why) where it
+    /// is not, outside CI (under CI a missing tmux fails the test).
+    pub fn start_if_tmux(extra: &str) -> Option<Self> {
+        (crate::require_tmux() == crate::Service::Present).then(|| Self::start(extra))
+    }
+
     /// Like [`Rig::start`], with fleetd listening on `listen` (port 0: a free port, picked
     /// before fleetd starts).
     ///

@@ -12,16 +12,13 @@ fn rig(profiles: &[(&str, &[(&str, &str)])]) -> Option<Rig> {
 }
 
 fn rig_with(extra: &str, profiles: &[(&str, &[(&str, &str)])]) -> Option<Rig> {
-    if require_tmux() == Service::Skip {
-        return None;
-    }
     // The lead pane is a shell running mcp-call: it must never be nudged (typed-in text would
     // corrupt the next command), so the push budget is zero here; push tests use agent leads.
     let mut yaml = format!("primary:\n  tab: base:lead\n  pushReminders: 0\n{extra}profiles:\n");
     for (name, env) in profiles {
         yaml.push_str(&sim_profile(name, env));
     }
-    Some(Rig::start(&yaml))
+    Rig::start_if_tmux(&yaml)
 }
 
 fn poll_until(rig: &Rig, args: &Value, what: &str, cond: impl Fn(&Value) -> bool) -> Value {

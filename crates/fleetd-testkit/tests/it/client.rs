@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use fleetd_testkit::daemon::{Daemon, command, isolated_config, write_config};
 use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
-use fleetd_testkit::{Service, bin_path, require_tmux, wait_until};
+use fleetd_testkit::{bin_path, wait_until};
 use serde_json::Value;
 
 /// Runs `fleetd args...` isolated in `home`.
@@ -174,13 +174,10 @@ fn client_presents_the_api_token_from_the_config() {
 }
 
 fn rig(profiles: &str) -> Option<Rig> {
-    if require_tmux() == Service::Skip {
-        return None;
-    }
     // No nudges: the lead pane is a shell (see bridge.rs).
-    Some(Rig::start(&format!(
+    Rig::start_if_tmux(&format!(
         "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{profiles}"
-    )))
+    ))
 }
 
 #[test]

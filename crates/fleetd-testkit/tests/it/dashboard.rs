@@ -123,10 +123,7 @@ fn e2e_dashboard_in_a_real_browser_follows_the_fleet_and_answers_a_question() {
     );
 
     // Its status changes when it works, and its reply is counted.
-    structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "nia", "task": "count the pebbles", "wait": false }),
-    ));
+    rig.send_task("nia", "count the pebbles");
     browser.wait_for(
         "nia working",
         PATIENCE,

@@ -13,7 +13,8 @@ use std::time::Duration;
 use fleetd_testkit::daemon::state_dir;
 use fleetd_testkit::http::{self, Endpoint};
 use fleetd_testkit::rig::{LEAD, Rig, error_code, sim_profile, structured_ok};
-use fleetd_testkit::{Service, require_tmux, wait_until};
+use fleetd_testkit::sim_agent::{log_events, log_turns};
+use fleetd_testkit::wait_until;
 use serde_json::{Value, json};
 
 const PATIENCE: Duration = Duration::from_secs(90);
@@ -25,12 +26,9 @@ const PATIENCE: Duration = Duration::from_secs(90);
 /// about its task, then replies with the answer). The primary (the rig's shell lead) is nudged
 /// at most once per batch. `extra` is added at the top level.
 fn rig(logs: &Path, leaf_ms: u64, extra: &str) -> Option<Rig> {
-    if require_tmux() == Service::Skip {
-        return None;
-    }
     let log = |name: &str| logs.join(format!("{name}.log")).display().to_string();
     let delegate = "    allowDelegation: true\n";
-    Some(Rig::start(&format!(
+    Rig::start_if_tmux(&format!(
         "primary:\n  tab: base:lead\n  pushReminders: 1\n  pushBackoffMs: 500\n{extra}profiles:\n{}{delegate}{}{}{delegate}{}{delegate}{}",
         sim_profile(
             "mid",
@@ -74,25 +72,7 @@ fn rig(logs: &Path, leaf_ms: u64, extra: &str) -> Option<Rig> {
                 ("SIM_AGENT_LOG", &log("sub")),
             ]
         ),
-    )))
-}
-
-/// The JSON lines of a sim-agent log.
-fn log_lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
-/// The prompts of the turns a sim-agent took.
-fn prompts(path: &Path) -> Vec<String> {
-    log_lines(path)
-        .iter()
-        .filter(|e| e["event"] == "turn")
-        .filter_map(|e| e["prompt"].as_str().map(str::to_owned))
-        .collect()
+    ))
 }
 
 fn members(rig: &Rig) -> Vec<Value> {
@@ -154,6 +134,25 @@ fn first_reply(rig: &Rig, target: &str) -> Value {
     reply
 }
 
+/// The tool result `target` replied with to the first task it was handed (a `caller` member
+/// calls the tool its task names and replies with the result).
+fn first_task_result(rig: &Rig, target: &str) -> Value {
+    let text = first_reply(rig, target)["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{target}'s tool result: {e}"))
+}
+
+/// Asserts that tool result `result` was refused with `code`, its message saying each of `says`.
+fn assert_refused(result: &Value, code: &str, says: &[&str]) {
+    assert_eq!(result["structuredContent"]["code"], code, "{result}");
+    let message = result["structuredContent"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(says.iter().all(|s| message.contains(s)), "{result}");
+}
+
 #[test]
 fn e2e_delegation_a_sub_members_reply_nudges_its_delegating_member_whose_reply_reaches_the_lead() {
     let logs = logs_dir();
@@ -177,7 +176,7 @@ fn e2e_delegation_a_sub_members_reply_nudges_its_delegating_member_whose_reply_r
     assert_eq!(member(&list, "mid").expect("mid")["depth"], 1);
 
     // sub's reply was nudged into mid's pane (its second turn's prompt) ...
-    let mid_prompts = prompts(&logs.join("mid.log"));
+    let mid_prompts = log_turns(&logs.join("mid.log"));
     assert_eq!(mid_prompts.len(), 2, "{mid_prompts:?}");
     assert!(
         mid_prompts[1].starts_with("[fleet] 1 message from sub waiting"),
@@ -191,11 +190,11 @@ fn e2e_delegation_a_sub_members_reply_nudges_its_delegating_member_whose_reply_r
         !primary.contains("from sub"),
         "the primary was nudged about sub:\n{primary}"
     );
-    let leaf_prompts = prompts(&logs.join("leaf.log"));
+    let leaf_prompts = log_turns(&logs.join("leaf.log"));
     assert_eq!(leaf_prompts, ["count the stones"]);
 
     // mid polls the ticket it sent sub (a delegating member reads the tickets it delegated).
-    let sub_ticket = log_lines(&logs.join("mid.log"))
+    let sub_ticket = log_events(&logs.join("mid.log"))
         .iter()
         .find(|e| e["event"] == "tool" && e["name"] == "fleet_send")
         .and_then(|e| {
@@ -230,12 +229,7 @@ fn e2e_delegation_depth_and_width_limits_refuse_clearly() {
     rig.spawn("leaf", "l2");
     let third = rig.lead("fleet_spawn", &json!({ "profile": "leaf", "name": "l3" }));
     assert_eq!(error_code(&third), "too_many_members");
-    assert!(
-        third["structuredContent"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("maxMembersPerLead = 2")),
-        "{third}"
-    );
+    assert_refused(&third, "too_many_members", &["maxMembersPerLead = 2"]);
     assert!(member(&members(&rig), "l3").is_none(), "nothing half-made");
 
     // Depth: `up` (depth 1) spawns `deep` (depth 2, the default maxDelegationDepth) and hands
@@ -257,20 +251,10 @@ fn e2e_delegation_depth_and_width_limits_refuse_clearly() {
     let polled = call("up", "fleet_poll", json!({ "ticket": delegated }));
     assert_eq!(polled["isError"], false, "{polled}");
     assert_eq!(polled["structuredContent"]["ticket"], delegated, "{polled}");
-    let answer = first_reply(&rig, "deep")["text"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let refused: Value = serde_json::from_str(&answer).expect("deep's tool result");
-    assert_eq!(
-        refused["structuredContent"]["code"], "delegation_too_deep",
-        "{refused}"
-    );
-    assert!(
-        refused["structuredContent"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("maxDelegationDepth is 2") && m.contains("spawn members")),
-        "{refused}"
+    assert_refused(
+        &first_task_result(&rig, "deep"),
+        "delegation_too_deep",
+        &["maxDelegationDepth is 2", "spawn members"],
     );
     // A send from depth 2 is refused the same way: `deep2`'s first task is to hand `l2` work.
     let send = json!({ "target": "l2", "task": "x", "wait": false });
@@ -280,20 +264,10 @@ fn e2e_delegation_depth_and_width_limits_refuse_clearly() {
         json!({ "profile": "caller", "name": "deep2", "task": format!("fleet_send {send}") }),
     );
     assert_eq!(spawned["isError"], false, "{spawned}");
-    let answer = first_reply(&rig, "deep2")["text"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let refused: Value = serde_json::from_str(&answer).expect("deep2's tool result");
-    assert_eq!(
-        refused["structuredContent"]["code"], "delegation_too_deep",
-        "{refused}"
-    );
-    assert!(
-        refused["structuredContent"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("maxDelegationDepth is 2") && m.contains("hand out tasks")),
-        "{refused}"
+    assert_refused(
+        &first_task_result(&rig, "deep2"),
+        "delegation_too_deep",
+        &["maxDelegationDepth is 2", "hand out tasks"],
     );
     let l2 = members(&rig);
     let l2 = member(&l2, "l2").expect("l2");
@@ -305,17 +279,10 @@ fn e2e_delegation_depth_and_width_limits_refuse_clearly() {
         "fleet_spawn",
         json!({ "profile": "leaf", "name": "l4" }),
     );
-    assert_eq!(
-        third["structuredContent"]["code"], "too_many_members",
-        "{third}"
-    );
-    assert!(
-        third["structuredContent"]["message"]
-            .as_str()
-            .is_some_and(
-                |m| m.contains("member up has 2 members") && m.contains("maxMembersPerLead = 2")
-            ),
-        "{third}"
+    assert_refused(
+        &third,
+        "too_many_members",
+        &["member up has 2 members", "maxMembersPerLead = 2"],
     );
     assert!(member(&members(&rig), "l4").is_none(), "nothing half-made");
     // Nor may a member hand work up its own tree.
@@ -324,10 +291,7 @@ fn e2e_delegation_depth_and_width_limits_refuse_clearly() {
         "fleet_send",
         json!({ "target": "up", "task": "x", "wait": false }),
     );
-    assert_eq!(
-        cycle["structuredContent"]["code"], "delegation_cycle",
-        "{cycle}"
-    );
+    assert_refused(&cycle, "delegation_cycle", &[]);
     assert!(member(&members(&rig), "deeper").is_none());
 }
 
@@ -347,7 +311,7 @@ fn e2e_delegation_a_sub_members_question_goes_to_its_delegating_member_whose_ans
         "{text}"
     );
     // The question was nudged into mid's pane (its second turn) ...
-    let mid_prompts = prompts(&logs.join("mid.log"));
+    let mid_prompts = log_turns(&logs.join("mid.log"));
     assert_eq!(mid_prompts.len(), 3, "{mid_prompts:?}");
     assert!(
         mid_prompts[1].starts_with("[fleet] question ") && mid_prompts[1].contains(" from sub "),
@@ -364,7 +328,7 @@ fn e2e_delegation_a_sub_members_question_goes_to_its_delegating_member_whose_ans
         "the primary was nudged about sub:\n{primary}"
     );
     // mid's fleet_answer reached sub while it still waited in fleet_ask.
-    let answered = log_lines(&logs.join("mid.log"))
+    let answered = log_events(&logs.join("mid.log"))
         .into_iter()
         .find(|e| e["event"] == "tool" && e["name"] == "fleet_answer")
         .expect("mid called fleet_answer");
@@ -372,7 +336,7 @@ fn e2e_delegation_a_sub_members_question_goes_to_its_delegating_member_whose_ans
         answered["result"]["structuredContent"]["deliveredTo"], "waiter",
         "{answered}"
     );
-    let asked = log_lines(&logs.join("sub.log"))
+    let asked = log_events(&logs.join("sub.log"))
         .into_iter()
         .find(|e| e["event"] == "tool" && e["name"] == "fleet_ask")
         .expect("sub called fleet_ask");
@@ -395,10 +359,7 @@ fn e2e_delegation_a_delegating_member_may_not_stop_read_or_take_over_a_member_ou
     };
     rig.spawn("caller", "up");
     rig.spawn("leaf", "sib");
-    structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "sib", "task": "tidy the shed", "wait": false }),
-    ));
+    rig.send_task("sib", "tidy the shed");
     let reply = first_reply(&rig, "sib");
     assert_eq!(reply["text"], "leaf did: tidy the shed");
     let msg_id = reply["msgId"].clone();
@@ -418,16 +379,10 @@ fn e2e_delegation_a_delegating_member_may_not_stop_read_or_take_over_a_member_ou
     ] {
         let refused = via(&rig, "up", tool, &args);
         assert_eq!(refused["isError"], true, "{tool}: {refused}");
-        assert_eq!(
-            refused["structuredContent"]["code"], "not_your_member",
-            "{tool}: {refused}"
-        );
-        let message = refused["structuredContent"]["message"]
-            .as_str()
-            .unwrap_or_default();
-        assert!(
-            message.contains("sib is not in your delegation tree") && message.contains("subtree"),
-            "{tool}: {message}"
+        assert_refused(
+            &refused,
+            "not_your_member",
+            &["sib is not in your delegation tree", "subtree"],
         );
         assert!(
             !refused.to_string().contains("tidy the shed"),
@@ -463,11 +418,7 @@ fn e2e_delegation_releasing_a_delegating_member_hands_its_members_to_its_lead() 
         return;
     };
     rig.spawn("mid", "mid");
-    let sent = structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "mid", "task": "weigh the sand", "wait": false }),
-    ));
-    let _ = sent;
+    rig.send_task("mid", "weigh the sand");
     wait_until("sub to be working for mid", PATIENCE, || {
         member(&members(&rig), "sub")
             .is_some_and(|s| s["openTickets"].as_array().is_some_and(|t| !t.is_empty()))
@@ -508,7 +459,7 @@ fn e2e_delegation_a_kill_9_in_the_middle_of_the_tree_loses_nothing() {
     let ticket = rig.send_task("mid", "sort the shells");
     // sub is at work on mid's task when fleetd dies.
     wait_until("sub to start its turn", PATIENCE, || {
-        prompts(&logs.join("leaf.log"))
+        log_turns(&logs.join("leaf.log"))
             .iter()
             .any(|p| p == "sort the shells")
     });
@@ -522,7 +473,7 @@ fn e2e_delegation_a_kill_9_in_the_middle_of_the_tree_loses_nothing() {
     );
     let text = replied(&rig, &ticket);
     assert_eq!(text, "collected: leaf did: sort the shells");
-    let tool_errors: Vec<Value> = log_lines(&logs.join("leaf.log"))
+    let tool_errors: Vec<Value> = log_events(&logs.join("leaf.log"))
         .into_iter()
         .filter(|e| e["event"] == "tool_error")
         .collect();

@@ -7,7 +7,6 @@
 use fleetd_testkit::daemon::state_dir;
 use fleetd_testkit::http::events::{SseEvent, SseReader};
 use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
-use fleetd_testkit::{Service, require_tmux};
 use serde_json::json;
 
 const TASK: &str = "count the pebbles in the north garden";
@@ -19,16 +18,15 @@ fn target_is(e: &SseEvent, kind: &str, target: &str) -> bool {
 
 #[test]
 fn e2e_events_follow_the_fleet_and_resume_after_the_last_event_id() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let rig = Rig::start(&format!(
+    let Some(rig) = Rig::start_if_tmux(&format!(
         "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{}",
         sim_profile(
             "sim",
             &[("SIM_AGENT_WORK_MS", "1200"), ("SIM_AGENT_REPLY", REPLY)]
         ),
-    ));
+    )) else {
+        return;
+    };
     let socket = state_dir(rig.dir()).join("api.sock");
     let mut first = SseReader::unix(&socket, None).expect("open /events");
     assert_eq!(first.status, 200, "{}", first.refusal);
@@ -48,11 +46,7 @@ fn e2e_events_follow_the_fleet_and_resume_after_the_last_event_id() {
     assert!(spawned.data["at"].is_string());
 
     // A task, worked and answered: what the stream says of it, in order.
-    let sent = structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "nia", "task": TASK, "wait": false }),
-    ));
-    let ticket = sent["ticket"].as_str().expect("ticket").to_owned();
+    let ticket = rig.send_task("nia", TASK);
     let seen = first.until("nia's reply stored", |e| {
         target_is(e, "reply.stored", "nia")
     });
@@ -152,13 +146,12 @@ fn e2e_events_fleetd_watch_follows_on_a_pipe_and_reconnects() {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let mut rig = Rig::start(&format!(
+    let Some(mut rig) = Rig::start_if_tmux(&format!(
         "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{}",
         sim_profile("sim", &[("SIM_AGENT_WORK_MS", "200")]),
-    ));
+    )) else {
+        return;
+    };
     rig.spawn("sim", "ada");
     let mut child = fleetd_testkit::daemon::command(rig.dir())
         .arg("watch")
@@ -196,10 +189,7 @@ fn e2e_events_fleetd_watch_follows_on_a_pipe_and_reconnects() {
     wait_for("bo joining", &|l| {
         l.contains("member.spawned") && l.contains("bo joined")
     });
-    structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "bo", "task": "a task", "wait": false }),
-    ));
+    rig.send_task("bo", "a task");
     wait_for("bo's reply", &|l| {
         l.contains("reply.stored") && l.contains("bo replied")
     });

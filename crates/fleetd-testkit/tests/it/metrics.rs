@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
-use fleetd_testkit::{Service, http, require_tmux, wait_until};
+use fleetd_testkit::{http, wait_until};
 use prometheus_parse::{Scrape, Value as Metric};
 use serde_json::json;
 
@@ -32,13 +32,12 @@ fn value(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
 
 #[test]
 fn e2e_metrics_parse_and_move_when_tools_are_called() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let rig = Rig::start(&format!(
+    let Some(rig) = Rig::start_if_tmux(&format!(
         "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{}",
         sim_profile("sim", &[("SIM_AGENT_WORK_MS", "200")])
-    ));
+    )) else {
+        return;
+    };
     let before = scrape(&rig);
     let list_ok = [("tool", "fleet_list"), ("outcome", "ok")];
     for _ in 0..2 {
@@ -52,10 +51,7 @@ fn e2e_metrics_parse_and_move_when_tools_are_called() {
     ));
     assert_eq!(sent["status"], "replied", "{sent}");
     // A reply nobody waits for sits in the inbox: depth and a push decision are recorded.
-    structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "alice", "task": "later", "wait": false }),
-    ));
+    rig.send_task("alice", "later");
     // The second task is typed (a delivery recorded) on its own time: wait for both.
     wait_until(
         "alice's inbox depth to read 1 and both tasks to be delivered",

@@ -9,11 +9,18 @@ use std::time::Duration;
 
 use fleetd::mux::{Launch, Multiplexer, MuxError, OpenPane, PaneEvent, Placement};
 use fleetd_core::{AgentStatus, PaneId, TerminalId};
-use fleetd_testkit::bin_path;
+use fleetd_testkit::tmux::TmuxServer;
+use fleetd_testkit::{Service, bin_path, require_tmux};
 use tokio::sync::broadcast;
 
 /// Generous bound for anything a loaded 2-core machine has to do.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A private tmux server where tmux is there; `None` (the test returns, having said why) where
+/// it is not, outside CI (under CI a missing tmux fails the test).
+pub(crate) fn tmux_server() -> Option<TmuxServer> {
+    (require_tmux() == Service::Present).then(|| TmuxServer::start().expect("tmux"))
+}
 
 /// A member's pane: a new tab in `workspace` labelled `member`, running `command` with `env`.
 pub(crate) fn member(workspace: &str, env: &[(&str, &str)], command: Vec<String>) -> OpenPane {

@@ -14,8 +14,8 @@ use fleetd_testkit::tmux::TmuxServer;
 use fleetd_testkit::{Service, require_tmux, wait_until};
 
 use crate::mux_kit::{
-    PATIENCE, eventually, gone, member, not_found, real_tmux, sim_agent, statuses, wait_tail,
-    write_script,
+    PATIENCE, eventually, gone, member, not_found, real_tmux, sim_agent, statuses, tmux_server,
+    wait_tail, write_script,
 };
 
 fn backend(server: &TmuxServer) -> Tmux {
@@ -131,10 +131,9 @@ async fn member_env_reaches_the_process_and_fleetd_env_does_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_keys_deliver_quotes_unicode_and_newlines_literally() {
-    if require_tmux() == Service::Skip {
+    let Some(server) = tmux_server() else {
         return;
-    }
-    let server = TmuxServer::start().expect("tmux");
+    };
     let tmux = backend(&server);
     let (pane, record) = recorder(&tmux, &server).await;
     let text = "it's \"quoted\" $HOME `id` \\ -n ünïcödé ✓ 日本\n";
@@ -195,10 +194,9 @@ async fn one_listing_per_poll_serves_every_watched_pane() {
     // Review L11: each watched pane had its own poll, a `list-panes` and a `capture-pane` every
     // 400 ms; now one `list-panes -a` per poll serves them all (the screen is still read for an
     // agent whose status depends on it).
-    if require_tmux() == Service::Skip {
+    let Some(server) = tmux_server() else {
         return;
-    }
-    let server = TmuxServer::start().expect("tmux");
+    };
     // A tmux that writes down each of its subcommands, then runs the real one.
     let calls = server.dir().join("calls.log");
     let wrapper = server.dir().join("tmux-wrapper");
@@ -271,10 +269,9 @@ async fn one_listing_per_poll_serves_every_watched_pane() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_follows_the_title_spinner_and_closing_reports_gone() {
-    if require_tmux() == Service::Skip {
+    let Some(server) = tmux_server() else {
         return;
-    }
-    let server = TmuxServer::start().expect("tmux");
+    };
     let tmux = backend(&server);
     let mut events = tmux.events();
     let pane = tmux
@@ -308,10 +305,9 @@ async fn status_follows_the_title_spinner_and_closing_reports_gone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_panes_are_not_found_and_a_missing_server_is_transient() {
-    if require_tmux() == Service::Skip {
+    let Some(server) = tmux_server() else {
         return;
-    }
-    let server = TmuxServer::start().expect("tmux");
+    };
     let tmux = backend(&server);
     let missing = PaneId::new("%999").expect("id");
     not_found(tmux.pane(&missing).await, "missing");
@@ -336,10 +332,9 @@ async fn missing_panes_are_not_found_and_a_missing_server_is_transient() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_keys_that_times_out_may_have_typed() {
-    if require_tmux() == Service::Skip {
+    let Some(server) = tmux_server() else {
         return;
-    }
-    let server = TmuxServer::start().expect("tmux");
+    };
     let tmux = backend(&server);
     let pane = tmux
         .open_pane(member("fleet", &[], vec!["cat".into()]))

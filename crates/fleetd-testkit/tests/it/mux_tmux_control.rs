@@ -8,22 +8,21 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fleetd::mux::tmux::Tmux;
-use fleetd::mux::{Multiplexer, OpenPane, PaneEvent};
+use fleetd::mux::{Multiplexer, PaneEvent, PaneInfo};
 use fleetd_core::{AgentStatus, PaneId, TerminalId};
 use fleetd_testkit::tmux::TmuxServer;
-use fleetd_testkit::{Service, bin_path, require_tmux};
 use tokio::sync::broadcast;
 
 use crate::mux_kit::{
-    eventually, gone, member, next_event, real_tmux, statuses, wait_tail, write_script,
+    eventually, gone, member, next_event, real_tmux, sim_agent, statuses, tmux_server, wait_tail,
+    write_script,
 };
 
-fn open(workspace: &str, command: &[&str]) -> OpenPane {
-    member(
-        workspace,
-        &[],
-        command.iter().map(|a| (*a).to_owned()).collect(),
-    )
+/// Opens a pane running `cat` in a new tab of `workspace`.
+async fn open_cat(tmux: &Tmux, workspace: &str) -> PaneInfo {
+    tmux.open_pane(member(workspace, &[], vec!["cat".to_owned()]))
+        .await
+        .expect("open")
 }
 
 /// A tmux that appends each invocation's arguments (one line) to `log`, then runs the real one.
@@ -65,19 +64,14 @@ async fn next_reading(rx: &mut broadcast::Receiver<PaneEvent>, pane: &PaneId) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_paths_run_no_tmux_process_while_the_control_client_is_up() {
-    if require_tmux() == Service::Skip {
+    let Some(server) = tmux_server() else {
         return;
-    }
-    let server = TmuxServer::start().expect("tmux");
+    };
     let log = server.dir().join("invocations.log");
     let mut config = server.backend_config();
     config.program = logging_tmux(server.dir(), &log);
     let tmux = Tmux::new(config);
-    let pane = tmux
-        .open_pane(open("fleet", &["cat"]))
-        .await
-        .expect("open")
-        .pane;
+    let pane = open_cat(&tmux, "fleet").await.pane;
     let mut events = tmux.events();
     tmux.watch(&pane).await.expect("watch");
     next_reading(&mut events, &pane).await;
@@ -143,27 +137,20 @@ fn attach_time(log: &Path, kind: &str, session: &str) -> Option<u128> {
 async fn nothing_changes_in_tmux_while_a_control_client_attaches() {
     // tmux before 3.7 segfaults when it notifies a control client still identifying itself —
     // here a session created while the watch's event client attaches (fleetd's AttachGate).
-    if require_tmux() == Service::Skip {
+    let Some(server) = tmux_server() else {
         return;
-    }
-    let server = TmuxServer::start().expect("tmux");
+    };
     let log = server.dir().join("attaches.log");
     let mut config = server.backend_config();
     config.program = slow_attaching_tmux(server.dir(), &log);
     let tmux = Tmux::new(config);
-    let pane = tmux
-        .open_pane(open("fleet", &["cat"]))
-        .await
-        .expect("open")
-        .pane;
+    let pane = open_cat(&tmux, "fleet").await.pane;
     tmux.watch(&pane).await.expect("watch");
     eventually("the event client's tmux to be asked for", async || {
         attach_time(&log, "start", "fleet")
     })
     .await;
-    tmux.open_pane(open("other", &["cat"]))
-        .await
-        .expect("open a pane in a new session");
+    open_cat(&tmux, "other").await;
     // Read with `date`, as the wrapper reads its times.
     let out = std::process::Command::new("date")
         .arg("+%s%3N")
@@ -187,10 +174,9 @@ async fn nothing_changes_in_tmux_while_a_control_client_attaches() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_control_command_that_gets_no_answer_may_have_typed() {
-    if require_tmux() == Service::Skip {
+    let Some(server) = tmux_server() else {
         return;
-    }
-    let server = TmuxServer::start().expect("tmux");
+    };
     let bin = tempfile::tempdir().expect("tempdir");
     // A control client that attaches, answers the two commands a submit sends before it types
     // (the screen read and `set-buffer`) and then passes on nothing more: tmux carries out each
@@ -204,11 +190,7 @@ async fn a_control_command_that_gets_no_answer_may_have_typed() {
         ),
     );
     let plain = Tmux::new(server.backend_config());
-    let pane = plain
-        .open_pane(open("fleet", &["cat"]))
-        .await
-        .expect("open")
-        .pane;
+    let pane = open_cat(&plain, "fleet").await.pane;
     let mut config = server.backend_config();
     config.call_timeout = Duration::from_millis(500);
     config.program = program;
@@ -246,21 +228,12 @@ fn control_session(server: &TmuxServer) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_control_client_moves_on_when_its_session_is_destroyed() {
-    if require_tmux() == Service::Skip {
+    let Some(server) = tmux_server() else {
         return;
-    }
-    let server = TmuxServer::start().expect("tmux");
+    };
     let tmux = Tmux::new(server.backend_config());
-    let pane = tmux
-        .open_pane(open("fleet", &["cat"]))
-        .await
-        .expect("open")
-        .pane;
-    let spare = tmux
-        .open_pane(open("spare", &["cat"]))
-        .await
-        .expect("open")
-        .pane;
+    let pane = open_cat(&tmux, "fleet").await.pane;
+    let spare = open_cat(&tmux, "spare").await.pane;
     tmux.list_panes().await.expect("list");
     let attached = control_session(&server).expect("a control client is attached");
     // Destroy the session it is attached to (keeping a pane to type into elsewhere).
@@ -289,13 +262,15 @@ enum Kill {
 }
 
 async fn recovers_after(kill: Kill) {
-    let server = TmuxServer::start().expect("tmux");
+    let Some(server) = tmux_server() else {
+        return;
+    };
     let log = server.dir().join("invocations.log");
     let mut config = server.backend_config();
     config.program = logging_tmux(server.dir(), &log);
     config.poll_interval = Duration::from_millis(200);
     let tmux = Tmux::new(config);
-    let old = tmux.open_pane(open("fleet", &["cat"])).await.expect("open");
+    let old = open_cat(&tmux, "fleet").await;
     let mut events = tmux.events();
     tmux.watch(&old.pane).await.expect("watch");
     next_reading(&mut events, &old.pane).await;
@@ -329,10 +304,7 @@ async fn recovers_after(kill: Kill) {
         gone(&mut events, &old.pane).await,
         Some(old.terminal.clone())
     );
-    let new = tmux
-        .open_pane(open("fleet", &["cat"]))
-        .await
-        .expect("open on the new server");
+    let new = open_cat(&tmux, "fleet").await;
     tmux.watch(&new.pane).await.expect("watch");
     next_reading(&mut events, &new.pane).await;
     // Once the control client is back (at most a reconnect backoff later), nothing runs a
@@ -358,32 +330,21 @@ async fn recovers_after(kill: Kill) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backend_recovers_when_the_tmux_server_is_killed() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
     recovers_after(Kill::Command).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backend_recovers_when_the_tmux_server_is_sigkilled() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
     recovers_after(Kill::Sigkill).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watched_status_follows_a_pane_on_the_control_client() {
-    if require_tmux() == Service::Skip {
+    let Some(server) = tmux_server() else {
         return;
-    }
-    let server = TmuxServer::start().expect("tmux");
+    };
     let tmux = Tmux::new(server.backend_config());
-    let pane = tmux
-        .open_pane(open("fleet", &["cat"]))
-        .await
-        .expect("open")
-        .pane;
+    let pane = open_cat(&tmux, "fleet").await.pane;
     let mut events = tmux.events();
     tmux.watch(&pane).await.expect("watch");
     let first = next_reading(&mut events, &pane).await;
@@ -399,19 +360,18 @@ async fn watched_status_follows_a_pane_on_the_control_client() {
 async fn status_changes_are_read_on_tmux_notifications_not_on_a_poll() {
     // Both polls a minute apart: every reading after the first must come from tmux's `%output`
     // and window notifications (the test gives up long before a poll).
-    if require_tmux() == Service::Skip {
+    let Some(server) = tmux_server() else {
         return;
-    }
-    let server = TmuxServer::start().expect("tmux");
+    };
     let mut config = server.backend_config();
     config.poll_interval = Duration::from_secs(60);
     config.safety_poll_interval = Duration::from_secs(60);
     let tmux = Tmux::new(config);
-    let agent = bin_path("sim-agent").display().to_string();
     let pane = tmux
-        .open_pane(open(
+        .open_pane(member(
             "fleet",
-            &[&agent, "--script", "silent", "--work-ms", "1500"],
+            &[],
+            sim_agent(&["--script", "silent", "--work-ms", "1500"]),
         ))
         .await
         .expect("open");

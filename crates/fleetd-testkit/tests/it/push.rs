@@ -6,20 +6,17 @@
 use std::time::Duration;
 
 use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
-use fleetd_testkit::{Service, http, require_tmux, wait_until};
+use fleetd_testkit::{http, wait_until};
 
 /// Primary pinned to the window named `boss` (an agent lead the test opens), three reminders 1 s then
 /// 2 s apart; profiles `slow` (a 2.5 s turn) and `slower` (8 s).
 fn rig() -> Option<Rig> {
-    if require_tmux() == Service::Skip {
-        return None;
-    }
     let yaml = format!(
         "primary:\n  tab: base:boss\n  pushReminders: 3\n  pushBackoffMs: 1000\n  pushBackoffMaxMs: 2000\nprofiles:\n{}{}",
         sim_profile("slow", &[("SIM_AGENT_WORK_MS", "2500")]),
         sim_profile("slower", &[("SIM_AGENT_WORK_MS", "8000")]),
     );
-    Some(Rig::start(&yaml))
+    Rig::start_if_tmux(&yaml)
 }
 
 /// A nudge about `n` message(s) from `target`, as it appears in a pane.
@@ -153,14 +150,13 @@ fn e2e_closing_the_delegating_lead_sends_the_next_nudge_to_the_primary() {
 
 #[test]
 fn e2e_with_no_lead_at_all_the_reply_waits_for_a_poll() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
     // No primary configured: the only lead is the agent that spawns and delegates, then leaves.
-    let rig = Rig::start(&format!(
+    let Some(rig) = Rig::start_if_tmux(&format!(
         "profiles:\n{}",
         sim_profile("slow", &[("SIM_AGENT_WORK_MS", "2500")])
-    ));
+    )) else {
+        return;
+    };
     let lead = rig.agent_lead("solo");
     let done = rig.history(&lead).matches("turn done").count();
     rig.type_line(&lead, r#"fleet_spawn {"profile":"slow","name":"nia"}"#);

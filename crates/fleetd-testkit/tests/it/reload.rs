@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use fleetd_testkit::daemon::{Daemon, isolated_config, write_config};
 use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
-use fleetd_testkit::{Service, http, require_tmux, wait_until};
+use fleetd_testkit::{http, wait_until};
 use serde_json::{Value, json};
 
 /// Generous: a 2-core machine running other daemons' tests, a 300 ms debounce, and inotify.
@@ -278,10 +278,9 @@ fn the_watcher_follows_config_reload_and_ignores_the_directorys_other_files() {
 
 #[test]
 fn e2e_reload_a_profile_added_by_reload_spawns_a_member() {
-    if require_tmux() == Service::Skip {
+    let Some(rig) = Rig::start_if_tmux("configReload: true\n") else {
         return;
-    }
-    let rig = Rig::start("configReload: true\n");
+    };
     let path = config_path(rig.dir());
     let before = std::fs::read_to_string(&path).expect("read the rig's config");
     save_atomically(

@@ -87,14 +87,13 @@ fn kill_9_and_restart(rig: &mut Rig) {
 
 #[test]
 fn e2e_scenario_kill_9_between_reply_and_nudge_loses_nothing() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let mut rig = Rig::start(&format!(
+    let Some(mut rig) = Rig::start_if_tmux(&format!(
         "primary:\n  tab: base:boss\n  pushReminders: 3\n  pushBackoffMs: 1000\nprofiles:\n{}{}",
         sim_profile("slow", &[("SIM_AGENT_WORK_MS", "2500")]),
         sim_profile("slower", &[("SIM_AGENT_WORK_MS", "30000")]),
-    ));
+    )) else {
+        return;
+    };
     let lead = rig.agent_lead("boss");
     rig.spawn("slow", "nia");
     rig.spawn("slower", "zed");
@@ -268,13 +267,12 @@ fn every_scenario_in_the_table_exists() {
 
 #[test]
 fn e2e_scenario_a_member_mid_turn_across_kill_9_still_delivers_its_reply() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let mut rig = Rig::start(&format!(
+    let Some(mut rig) = Rig::start_if_tmux(&format!(
         "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{}",
         sim_profile("slow", &[("SIM_AGENT_WORK_MS", "4000")])
-    ));
+    )) else {
+        return;
+    };
     rig.spawn("slow", "nia");
     let sent = rig.lead(
         "fleet_send",

@@ -11,7 +11,7 @@ use std::time::Duration;
 use fleetd_testkit::daemon::state_dir;
 use fleetd_testkit::http::{self, Endpoint};
 use fleetd_testkit::rig::{LEAD, Rig, error_code, sim_profile, structured_ok};
-use fleetd_testkit::{Service, require_tmux, wait_until};
+use fleetd_testkit::wait_until;
 use serde_json::{Value, json};
 
 const PATIENCE: Duration = Duration::from_secs(90);
@@ -42,16 +42,13 @@ fn repository() -> PathBuf {
 /// A rig whose profile `wt` gives each member a worktree (its agent runs its task as a shell
 /// command and replies with the output); `extra` is more of that profile's keys.
 fn rig(worktree: &str) -> Option<Rig> {
-    if require_tmux() == Service::Skip {
-        return None;
-    }
-    Some(Rig::start(&format!(
+    Rig::start_if_tmux(&format!(
         "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{}    worktree: {worktree}\n",
         sim_profile(
             "wt",
             &[("SIM_AGENT_SCRIPT", "shell"), ("SIM_AGENT_WORK_MS", "100")]
         ),
-    )))
+    ))
 }
 
 fn member(rig: &Rig, name: &str) -> Value {

@@ -49,10 +49,7 @@ pub(crate) fn rig_with_mail(extra_profiles: &str) -> Option<(Rig, String)> {
     std::mem::forget(home);
     rig.spawn("sim", "alice");
     rig.spawn("shell", "mallory");
-    structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "alice", "task": "the report", "wait": false }),
-    ));
+    rig.send_task("alice", "the report");
     let mut id = String::new();
     wait_until("alice's reply in her inbox", PATIENCE, || {
         let inbox = http::get(rig.daemon.operator(), "/sessions/alice/replies")
