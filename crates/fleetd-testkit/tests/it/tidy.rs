@@ -36,6 +36,25 @@ fn all_rust_files() -> Vec<PathBuf> {
     files
 }
 
+/// Every Rust file of the daemon (`crates/fleetd/src`): its path below that directory, and its
+/// text.
+fn daemon_sources() -> Vec<(String, String)> {
+    let src = repo_root().join("crates/fleetd/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files
+        .iter()
+        .map(|file| {
+            let rel = file
+                .strip_prefix(&src)
+                .expect("under src")
+                .to_string_lossy()
+                .into_owned();
+            (rel, std::fs::read_to_string(file).expect("readable source"))
+        })
+        .collect()
+}
+
 #[test]
 fn every_rust_file_starts_with_a_module_doc() {
     let bad: Vec<_> = all_rust_files()
@@ -95,22 +114,14 @@ fn platform_specific_lines(text: &str) -> Vec<String> {
 
 #[test]
 fn platform_specific_code_stays_behind_its_seams() {
-    let root = repo_root();
-    let mut files = Vec::new();
-    rust_files(&root.join("crates/fleetd/src"), &mut files);
     let mut bad = Vec::new();
     let mut seams_seen = std::collections::BTreeSet::new();
-    for file in files {
-        let rel = file
-            .strip_prefix(&root)
-            .expect("under the root")
-            .to_string_lossy()
-            .into_owned();
+    for (rel, text) in daemon_sources() {
+        let rel = format!("crates/fleetd/src/{rel}");
         if let Some(seam) = PLATFORM_SEAMS.iter().find(|seam| rel.starts_with(**seam)) {
             seams_seen.insert(*seam);
             continue;
         }
-        let text = std::fs::read_to_string(&file).expect("readable source");
         bad.extend(
             platform_specific_lines(&text)
                 .into_iter()
@@ -131,7 +142,7 @@ fn platform_specific_code_stays_behind_its_seams() {
         bad.join("\n")
     );
     // The scan itself: a seam's own code is what it would flag.
-    let seam = std::fs::read_to_string(root.join("crates/fleetd/src/ops/readiness.rs"))
+    let seam = std::fs::read_to_string(repo_root().join("crates/fleetd/src/ops/readiness.rs"))
         .expect("readiness");
     assert!(
         !platform_specific_lines(&seam).is_empty(),
@@ -348,19 +359,10 @@ const ENV_READERS: &[(&str, &str)] = &[
 
 #[test]
 fn only_the_named_modules_read_the_environment() {
-    let src = repo_root().join("crates/fleetd/src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
     let needles = ["env::var(", "env::var_os(", "env::vars("];
     let mut bad = Vec::new();
     let mut seen = 0;
-    for file in files {
-        let rel = file
-            .strip_prefix(&src)
-            .expect("under src")
-            .to_string_lossy()
-            .into_owned();
-        let text = std::fs::read_to_string(&file).unwrap_or_default();
+    for (rel, text) in daemon_sources() {
         let reads = text
             .lines()
             .filter(|l| !l.trim_start().starts_with("//"))
@@ -383,36 +385,26 @@ fn only_the_named_modules_read_the_environment() {
 fn only_the_inbox_facade_takes_mail_out_of_the_store() {
     // Review L2: "after a store mutation, tell the engine" was a convention repeated in four
     // places; `inbox::Inbox` does both, so nothing else may ack or drain the store directly.
-    let src = repo_root().join("crates/fleetd/src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
     let needles = [
         "store.ack(",
         "store().ack(",
         "store.drain(",
         "store().drain(",
     ];
-    let bad: Vec<String> = files
-        .iter()
-        .filter(|f| !is_test_file(f))
-        .map(|f| {
-            f.strip_prefix(&src)
-                .expect("under src")
-                .to_string_lossy()
-                .into_owned()
-        })
+    let bad: Vec<String> = daemon_sources()
+        .into_iter()
+        .filter(|(rel, _)| !is_test_file(Path::new(rel)))
         // The engine's own I/O may: it reports the inbox's depth back to the engine as it does
         // (a reply on its way to the gateway that owns its ticket leaves this host's inbox).
-        .filter(|rel| rel != "inbox.rs" && rel != "engine/effects.rs" && !rel.starts_with("store/"))
-        .filter(|rel| {
+        .filter(|(rel, _)| {
+            rel != "inbox.rs" && rel != "engine/effects.rs" && !rel.starts_with("store/")
+        })
+        .filter(|(_, text)| {
             // Whitespace removed: a call chain split over lines still reads `store.ack(`.
-            let text: String = std::fs::read_to_string(src.join(rel))
-                .unwrap_or_default()
-                .chars()
-                .filter(|c| !c.is_whitespace())
-                .collect();
+            let text: String = text.chars().filter(|c| !c.is_whitespace()).collect();
             needles.iter().any(|n| text.contains(n))
         })
+        .map(|(rel, _)| rel)
         .collect();
     assert!(
         bad.is_empty(),
@@ -427,18 +419,9 @@ const PROGRAM_RUNNERS: &[(&str, &[&str])] = &[("git", &["worktree.rs", "worktree
 
 #[test]
 fn only_the_worktree_module_runs_git() {
-    let src = repo_root().join("crates/fleetd/src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
     let mut bad = Vec::new();
     let mut seen = 0;
-    for file in files {
-        let rel = file
-            .strip_prefix(&src)
-            .expect("under src")
-            .to_string_lossy()
-            .into_owned();
-        let text = std::fs::read_to_string(&file).unwrap_or_default();
+    for (rel, text) in daemon_sources() {
         for (program, owners) in PROGRAM_RUNNERS {
             let needle = format!("Command::new(\"{program}\")");
             if text.contains(&needle) {
