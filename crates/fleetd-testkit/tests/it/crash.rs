@@ -169,6 +169,25 @@ async fn check_and_drain(
     must_have.len()
 }
 
+/// Reopens the store at `spec` the way a restarted daemon would, after the writer of cycle
+/// `context` was killed, and checks and drains it ([`check_and_drain`]); how many acknowledged
+/// publishes it checked.
+async fn reopen_and_check(
+    spec: &StoreSpec,
+    targets: &[Target],
+    claims: &Claims,
+    history: &mut HashSet<MsgId>,
+    context: &str,
+    settle: Duration,
+) -> usize {
+    let store: Arc<dyn InboxStore> = store::open(spec, &StoreOptions::default())
+        .await
+        .unwrap_or_else(|err| panic!("{context}: reopen after kill -9 failed: {err}"));
+    let checked = check_and_drain(&*store, targets, claims, history, context, settle).await;
+    store.close().await.expect("close");
+    checked
+}
+
 /// The seed comes from `FLEETD_CRASH_SEED` when set (to replay a failure), else at random.
 fn seed() -> u64 {
     let seed = std::env::var("FLEETD_CRASH_SEED")
@@ -203,11 +222,8 @@ async fn embedded_store_survives_kill_9_without_loss_or_duplicates() {
             kills_before_ready += 1;
         }
         let context = format!("seed {seed}, cycle {cycle}, kill after {delay:?}");
-        let store = store::open(&spec, &StoreOptions::default())
-            .await
-            .unwrap_or_else(|err| panic!("{context}: reopen after kill -9 failed: {err}"));
-        checked += check_and_drain(
-            &*store,
+        checked += reopen_and_check(
+            &spec,
             &targets,
             &claims,
             &mut history,
@@ -215,7 +231,6 @@ async fn embedded_store_survives_kill_9_without_loss_or_duplicates() {
             Duration::ZERO,
         )
         .await;
-        store.close().await.expect("close");
     }
     eprintln!(
         "{CYCLES} kill -9 cycles: {checked} acknowledged publishes checked, 0 lost, 0 duplicated ({kills_before_ready} kills before the first publish)"
@@ -255,11 +270,8 @@ async fn amqp_store_survives_kill_9_without_loss_or_duplicates() {
         let delay = Duration::from_millis(rng.u64(50..=600));
         let claims = run_and_kill(location, Some(RABBITMQ_URL), &targets, delay).await;
         let context = format!("seed {seed}, cycle {cycle}, kill after {delay:?}");
-        let store: Arc<dyn InboxStore> = store::open(&spec, &StoreOptions::default())
-            .await
-            .unwrap_or_else(|err| panic!("{context}: reopen after kill -9 failed: {err}"));
-        checked += check_and_drain(
-            &*store,
+        checked += reopen_and_check(
+            &spec,
             &targets,
             &claims,
             &mut history,
@@ -267,7 +279,6 @@ async fn amqp_store_survives_kill_9_without_loss_or_duplicates() {
             Duration::from_secs(20),
         )
         .await;
-        store.close().await.expect("close");
     }
     eprintln!(
         "{CYCLES} kill -9 cycles against RabbitMQ: {checked} confirmed publishes checked, 0 lost, 0 duplicated"
