@@ -66,6 +66,21 @@ pub(crate) struct TwoHosts {
     pub(crate) fleet: FleetVhost,
 }
 
+impl TwoHosts {
+    /// Waits until both gateways have linked to the broker.
+    fn wait_linked(&mut self) {
+        for rig in [&mut self.a, &mut self.b] {
+            wait_linked(rig);
+        }
+    }
+}
+
+/// A proxy in front of the local RabbitMQ, for a test to cut one gateway's link.
+fn broker_proxy() -> fleetd_testkit::proxy::Proxy {
+    fleetd_testkit::proxy::Proxy::start(fleetd_testkit::RABBITMQ_ADDR.parse().expect("addr"))
+        .expect("a proxy to the broker")
+}
+
 /// How a gateway reaches the broker: its URLs up to the vhost (`host:port`, or a whole
 /// `amqps://` prefix), tried in turn, and its `tls:` block (YAML, indented by four) followed by
 /// any other keys of its `gateway:` block (indented by two).
@@ -133,9 +148,7 @@ fn two_hosts_at(
         &[BrokerAt::plain(&a_brokers), BrokerAt::plain(&[broker(1)])],
         work_ms,
     )?;
-    for rig in [&mut hosts.a, &mut hosts.b] {
-        wait_linked(rig);
-    }
+    hosts.wait_linked();
     Some(hosts)
 }
 
@@ -193,9 +206,7 @@ pub(crate) fn start_hosts(
         member_env,
         nudge_a,
     );
-    for rig in [&mut hosts.a, &mut hosts.b] {
-        wait_linked(rig);
-    }
+    hosts.wait_linked();
     hosts
 }
 

@@ -85,12 +85,8 @@ fn e2e_gateway_rides_out_a_dead_broker_url_and_its_queue_deleted_under_it() {
 /// finds). Every task reaches b once and every reply reaches a once.
 #[test]
 fn e2e_gateway_link_cuts_on_either_side_lose_and_duplicate_nothing() {
-    let pa =
-        fleetd_testkit::proxy::Proxy::start(fleetd_testkit::RABBITMQ_ADDR.parse().expect("addr"))
-            .expect("proxy a");
-    let pb =
-        fleetd_testkit::proxy::Proxy::start(fleetd_testkit::RABBITMQ_ADDR.parse().expect("addr"))
-            .expect("proxy b");
+    let pa = broker_proxy();
+    let pb = broker_proxy();
     // Each task takes alice 1.5 s: long enough that b's link is surely cut while she works on
     // one, whatever the machine's load.
     let Some(mut hosts) = two_hosts_with(Some([pa.addr, pb.addr]), 1500) else {
@@ -211,11 +207,7 @@ fn e2e_gateway_link_cuts_on_either_side_lose_and_duplicate_nothing() {
 /// answer once: her one reply carries it, and it never comes again as a task.
 #[test]
 fn e2e_gateway_link_cuts_during_a_question_and_its_answer_lose_and_duplicate_nothing() {
-    let proxy = || {
-        fleetd_testkit::proxy::Proxy::start(fleetd_testkit::RABBITMQ_ADDR.parse().expect("addr"))
-            .expect("proxy")
-    };
-    let (pa, pb) = (proxy(), proxy());
+    let (pa, pb) = (broker_proxy(), broker_proxy());
     // Alice works 3 s on a task before she asks: the cut is in place by then, whatever the
     // load. a's lead is not nudged: its pane is a shell the test types calls into.
     let Some(mut hosts) = start_two_hosts_env(
@@ -232,9 +224,7 @@ fn e2e_gateway_link_cuts_during_a_question_and_its_answer_lose_and_duplicate_not
     ) else {
         return;
     };
-    for rig in [&mut hosts.a, &mut hosts.b] {
-        wait_linked(rig);
-    }
+    hosts.wait_linked();
     let (a, b) = (&hosts.a, &hosts.b);
     b.spawn("sim", "alice");
     let alice = format!("alice@{}", hosts.fleet.gateways[1]);
@@ -333,9 +323,7 @@ fn e2e_gateway_link_cuts_during_a_question_and_its_answer_lose_and_duplicate_not
 /// answered once, and `/healthz` is ok again.
 #[test]
 fn e2e_gateway_outbox_over_its_alarm_degrades_healthz_and_drains_once_the_link_is_back() {
-    let pa =
-        fleetd_testkit::proxy::Proxy::start(fleetd_testkit::RABBITMQ_ADDR.parse().expect("addr"))
-            .expect("proxy a");
+    let pa = broker_proxy();
     let Some(mut hosts) = start_two_hosts_env(
         &[
             BrokerAt::plain(&[pa.addr.to_string()]).and_gateway("  outboxAlarm: 2\n"),
@@ -349,9 +337,7 @@ fn e2e_gateway_outbox_over_its_alarm_degrades_healthz_and_drains_once_the_link_i
     ) else {
         return;
     };
-    for rig in [&mut hosts.a, &mut hosts.b] {
-        wait_linked(rig);
-    }
+    hosts.wait_linked();
     let patience = std::time::Duration::from_secs(90);
     let (a, b) = (&hosts.a, &hosts.b);
     b.spawn("sim", "alice");

@@ -19,9 +19,7 @@ fn e2e_gateway_over_tls_a_lead_sends_across_and_gets_the_reply() {
     ) else {
         return;
     };
-    for rig in [&mut hosts.a, &mut hosts.b] {
-        wait_linked(rig);
-    }
+    hosts.wait_linked();
     assert!(proxy.handshakes() >= 1, "a linked through the TLS proxy");
     assert_eq!(healthz_gateway(&hosts.a)["linked"], true);
     hosts.b.spawn("sim", "alice");
