@@ -58,6 +58,21 @@ fn e2e_security_state_is_owner_only_and_a_loose_one_is_tightened() {
     }
 }
 
+/// A one-time dashboard key, asked for on the operator's socket `operator`.
+fn dashboard_key(operator: &http::Endpoint) -> String {
+    http::request(operator, "POST", "/dashboard/keys", None)
+        .expect("a key")
+        .json()["key"]
+        .as_str()
+        .expect("key")
+        .to_owned()
+}
+
+/// The dashboard's sign-in (`POST /dashboard/login`) with `body` (a key or the API token).
+fn sign_in(addr: std::net::SocketAddr, body: &str) -> http::Response {
+    http::request(addr, "POST", "/dashboard/login", Some(body)).expect("login answers")
+}
+
 /// The dashboard's doors and the operator routes it uses (`/dashboard/keys`, the sign-in, the
 /// session cookie, `/questions`, an answer, a stop, `/tickets`), tried by an anonymous process,
 /// a member's agent, another uid and a web page: each refused, nothing changed. The operator's
@@ -69,15 +84,7 @@ fn e2e_security_guessing_the_dashboard_token_is_slowed_down_per_address() {
         return;
     };
     let addr = rig.daemon.addr;
-    let login = |token: &str| {
-        http::request(
-            addr,
-            "POST",
-            "/dashboard/login",
-            Some(&format!(r#"{{"token":"{token}"}}"#)),
-        )
-        .expect("login answers")
-    };
+    let login = |token: &str| sign_in(addr, &format!(r#"{{"token":"{token}"}}"#));
     // Review L5: five typos are free; the sixth wrong guess makes this address wait.
     for n in 1..=6 {
         let wrong = login(&format!("guess-{n}"));
@@ -105,12 +112,7 @@ fn e2e_security_guessing_the_dashboard_token_is_slowed_down_per_address() {
     assert!((1..=60).contains(&wait), "{wait}");
     // The operator's own socket is another address: it is not held up.
     let operator = rig.daemon.operator();
-    let key = http::request(&operator, "POST", "/dashboard/keys", None)
-        .expect("a key")
-        .json()["key"]
-        .as_str()
-        .expect("key")
-        .to_owned();
+    let key = dashboard_key(&operator);
     assert!(!key.is_empty());
     // After the wait the right token signs in, and the count starts again.
     fleetd_testkit::agents::rig::pause(Duration::from_millis(wait * 1000 + 200));
@@ -229,14 +231,9 @@ fn e2e_security_dashboard_sign_in_and_operator_routes_are_the_operators_alone() 
     }
 
     // The operator's key, traded once for a session.
-    let key = http::request(&operator, "POST", "/dashboard/keys", None)
-        .expect("a key")
-        .json()["key"]
-        .as_str()
-        .expect("key")
-        .to_owned();
+    let key = dashboard_key(&operator);
     let login = format!(r#"{{"key":"{key}"}}"#);
-    let signed = http::request(addr, "POST", "/dashboard/login", Some(&login)).expect("login");
+    let signed = sign_in(addr, &login);
     assert_eq!(signed.status, 200, "{}", signed.body);
     let set = signed.headers("set-cookie").join("\n");
     for attribute in ["HttpOnly", "SameSite=Strict", "Path=/"] {
@@ -248,28 +245,16 @@ fn e2e_security_dashboard_sign_in_and_operator_routes_are_the_operators_alone() 
         .and_then(|pair| pair.strip_prefix("fleetd_session="))
         .expect("the session cookie")
         .to_owned();
-    let again = http::request(addr, "POST", "/dashboard/login", Some(&login)).expect("login");
+    let again = sign_in(addr, &login);
     assert_eq!(
         (again.status, again.error_code().as_str()),
         (401, "bad_credential"),
         "a key works once"
     );
-    let wrong_token = http::request(
-        addr,
-        "POST",
-        "/dashboard/login",
-        Some(r#"{"token":"guess"}"#),
-    )
-    .expect("login");
+    let wrong_token = sign_in(addr, r#"{"token":"guess"}"#);
     assert_eq!(wrong_token.error_code(), "bad_credential");
     // The API token itself signs a browser in (how one on another host does).
-    let by_token = http::request(
-        addr,
-        "POST",
-        "/dashboard/login",
-        Some(&format!(r#"{{"token":"{TOKEN}"}}"#)),
-    )
-    .expect("login");
+    let by_token = sign_in(addr, &format!(r#"{{"token":"{TOKEN}"}}"#));
     assert_eq!(by_token.status, 200, "{}", by_token.body);
     assert!(
         by_token
