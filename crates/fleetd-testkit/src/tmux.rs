@@ -109,6 +109,18 @@ impl TmuxServer {
     }
 }
 
+/// Attaches a control-mode client (`tmux -C`, the way fleetd's backend does: at no size of its
+/// own) to `session` with `tmux`, a command naming the server; its stdin and stdout piped.
+pub fn attach_control(mut tmux: Command, session: &str) -> anyhow::Result<std::process::Child> {
+    tmux.args(["-C", "attach-session", "-t", &format!("={session}")])
+        .args(["-f", "ignore-size"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("tmux -C attach-session")
+}
+
 impl Drop for TmuxServer {
     fn drop(&mut self) {
         let _ = self.run(&["kill-server"]);

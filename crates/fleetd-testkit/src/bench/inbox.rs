@@ -463,7 +463,7 @@ fn table(raw: &Latency, [embedded, amqp, rabbit]: [&Column; 3], sizes: Sizes) ->
         acks(rabbit),
         String::new(),
     ]);
-    let mut out = render(
+    let mut out = super::markdown_table(
         &[
             "workload",
             "raw fdatasync",
@@ -493,33 +493,4 @@ fn versus(amqp: &Column, rabbit: &Column, pick: fn(&Latency) -> Duration) -> Str
             |l| micros(pick(&l)),
         ),
     }
-}
-
-fn render(header: &[&str; 6], rows: &[[String; 6]]) -> String {
-    let mut widths = header.map(|h| h.chars().count());
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: [&str; 6]| {
-        let mut out = String::from("|");
-        for (cell, w) in cells.iter().zip(widths) {
-            let pad = w - cell.chars().count();
-            let _ = write!(out, " {cell}{} |", " ".repeat(pad));
-        }
-        out.push('\n');
-        out
-    };
-    let mut out = line(*header);
-    let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
-    out.push_str(&line([
-        &rule[0], &rule[1], &rule[2], &rule[3], &rule[4], &rule[5],
-    ]));
-    for row in rows {
-        out.push_str(&line([
-            &row[0], &row[1], &row[2], &row[3], &row[4], &row[5],
-        ]));
-    }
-    out
 }

@@ -162,13 +162,18 @@ pub fn render(rows: &[Row]) -> String {
             ]
         })
         .collect();
+    markdown_table(&header, &cells)
+}
+
+/// A Markdown table of six columns, each padded to its widest cell.
+pub(crate) fn markdown_table(header: &[&str; 6], rows: &[[String; 6]]) -> String {
     let mut widths = header.map(|h| h.chars().count());
-    for row in &cells {
+    for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let line = |cells: &[&str]| {
+    let line = |cells: [&str; 6]| {
         let mut out = String::from("|");
         for (cell, w) in cells.iter().zip(widths) {
             let pad = w - cell.chars().count();
@@ -177,11 +182,15 @@ pub fn render(rows: &[Row]) -> String {
         out.push('\n');
         out
     };
-    let mut out = line(&header);
+    let mut out = line(*header);
     let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
-    out.push_str(&line(&rule.iter().map(String::as_str).collect::<Vec<_>>()));
-    for row in &cells {
-        out.push_str(&line(&row.iter().map(String::as_str).collect::<Vec<_>>()));
+    out.push_str(&line([
+        &rule[0], &rule[1], &rule[2], &rule[3], &rule[4], &rule[5],
+    ]));
+    for row in rows {
+        out.push_str(&line([
+            &row[0], &row[1], &row[2], &row[3], &row[4], &row[5],
+        ]));
     }
     out
 }

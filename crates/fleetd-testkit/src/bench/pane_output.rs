@@ -6,7 +6,7 @@
 //! core away from the daemon being measured).
 
 use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -36,14 +36,7 @@ impl PaneOutput {
         let (pane_id, session) = text
             .split_once(' ')
             .with_context(|| format!("no pane {pane}: {text:?}"))?;
-        let mut child = tmux()
-            .args(["-C", "attach-session", "-t", &format!("={session}")])
-            .args(["-f", "ignore-size"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("tmux -C attach-session")?;
+        let mut child = crate::tmux::attach_control(tmux(), session)?;
         let stdout = child.stdout.take().context("stdout is piped")?;
         let (tx, seen) = mpsc::channel();
         let prefix = format!("%output {pane_id} ");

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::process::{Child, ChildStdin, Stdio};
+use std::process::{Child, ChildStdin};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -45,15 +45,7 @@ struct Client {
 
 impl Client {
     fn attach(server: &TmuxServer, session: &str) -> anyhow::Result<Self> {
-        let mut child = server
-            .command()
-            .args(["-C", "attach-session", "-t", &format!("={session}")])
-            .args(["-f", "ignore-size"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("tmux -C attach-session")?;
+        let mut child = crate::tmux::attach_control(server.command(), session)?;
         let stdin = child.stdin.take().context("stdin")?;
         let stdout = child.stdout.take().context("stdout")?;
         let (tx, seen) = mpsc::channel();

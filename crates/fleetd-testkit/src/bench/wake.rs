@@ -44,10 +44,11 @@ const LEAD_BUSY_MS: u32 = 1200;
 const TARGET: Duration = Duration::from_millis(50);
 
 /// A lead agent's pane, as the rig of one backend drives it.
-trait Lead {
-    fn type_line(&self, line: &str);
+struct Lead<'a> {
+    /// Types a line into it (and presses Enter).
+    type_line: Box<dyn Fn(&str) + 'a>,
     /// How the bench sees a nudge show in it.
-    fn sight(&self) -> &Sight<'_>;
+    sight: Sight<'a>,
 }
 
 /// One backend's series.
@@ -224,36 +225,6 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
-struct TmuxLead<'a> {
-    rig: &'a crate::rig::Rig,
-    pane: String,
-    sight: Sight<'a>,
-}
-
-impl Lead for TmuxLead<'_> {
-    fn type_line(&self, line: &str) {
-        self.rig.type_line(&self.pane, line);
-    }
-    fn sight(&self) -> &Sight<'_> {
-        &self.sight
-    }
-}
-
-struct HerdrLead<'a> {
-    rig: &'a crate::rig_herdr::HerdrRig,
-    pane: String,
-    sight: Sight<'a>,
-}
-
-impl Lead for HerdrLead<'_> {
-    fn type_line(&self, line: &str) {
-        self.rig.type_line(&self.pane, line);
-    }
-    fn sight(&self) -> &Sight<'_> {
-        &self.sight
-    }
-}
-
 /// The two agents' logs.
 struct Logs {
     dir: tempfile::TempDir,
@@ -289,9 +260,8 @@ fn on_tmux(rounds: usize) -> anyhow::Result<Series> {
     let pane = rig.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", logs.lead.display())]);
     rig.spawn("bench", "nia");
     let sight = Sight::tmux(&rig, &pane)?;
-    let lead = TmuxLead {
-        rig: &rig,
-        pane,
+    let lead = Lead {
+        type_line: Box::new(|line| rig.type_line(&pane, line)),
         sight,
     };
     let mut series = Series::default();
@@ -330,9 +300,8 @@ fn on_herdr(rounds: usize) -> anyhow::Result<Series> {
         let (rig, pane) = (&rig, pane.clone());
         move || rig.history(&pane)
     };
-    let lead = HerdrLead {
-        rig: &rig,
-        pane,
+    let lead = Lead {
+        type_line: Box::new(|line| rig.type_line(&pane, line)),
         sight: Sight::Poll(Box::new(history)),
     };
     let mut series = Series::default();
@@ -453,14 +422,14 @@ fn measure_round(
     round: usize,
     operator: &http::Endpoint,
     logs: &Logs,
-    lead: &dyn Lead,
+    lead: &Lead<'_>,
     statuses: Option<&StatusLog>,
     series: &mut Series,
 ) -> anyhow::Result<()> {
     let (member_from, lead_from) = (line_count(&logs.member), line_count(&logs.lead));
-    let seen = lead.sight().before();
-    send_then_busy(round, logs, lead_from, &|l| lead.type_line(l), LEAD_BUSY_MS)?;
-    let visible_at = lead.sight().shown(seen)?;
+    let seen = lead.sight.before();
+    send_then_busy(round, logs, lead_from, &*lead.type_line, LEAD_BUSY_MS)?;
+    let visible_at = lead.sight.shown(seen)?;
     let turn_at = wait_for(&logs.lead, lead_from, Duration::from_secs(60), |e| {
         e["event"] == "turn"
             && e["prompt"]
