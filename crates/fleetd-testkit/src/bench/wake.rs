@@ -378,12 +378,7 @@ fn restart_on_tmux(restarts: usize) -> anyhow::Result<(Vec<Duration>, Vec<Durati
         samples.push(Duration::from_micros(
             u64::try_from(visible_at - started_us).unwrap_or(0),
         ));
-        let turn_at = wait_for(&logs.lead, lead_from, Duration::from_secs(60), |e| {
-            e["event"] == "turn"
-                && e["prompt"]
-                    .as_str()
-                    .is_some_and(|p| p.starts_with("[fleet]"))
-        })?;
+        let turn_at = nudge_turn(&logs, lead_from)?;
         turns.push(Duration::from_micros(
             u64::try_from(turn_at - started_us).unwrap_or(0),
         ));
@@ -430,12 +425,7 @@ fn measure_round(
     let seen = lead.sight.before();
     send_then_busy(round, logs, lead_from, &*lead.type_line, LEAD_BUSY_MS)?;
     let visible_at = lead.sight.shown(seen)?;
-    let turn_at = wait_for(&logs.lead, lead_from, Duration::from_secs(60), |e| {
-        e["event"] == "turn"
-            && e["prompt"]
-                .as_str()
-                .is_some_and(|p| p.starts_with("[fleet]"))
-    })?;
+    let turn_at = nudge_turn(logs, lead_from)?;
     let lead_events = events(&logs.lead, lead_from);
     let busy = lead_events
         .iter()
@@ -487,6 +477,17 @@ fn settle(operator: &http::Endpoint, lead_log: &Path, lead_from: usize) -> anyho
 
 /// Waits until the log at `path` (from line `from`) has an event matching `pred`; returns its
 /// `at_us`.
+/// When the lead's log shows the turn a `[fleet]` nudge started, after its line `from` (60 s at
+/// most).
+fn nudge_turn(logs: &Logs, from: usize) -> anyhow::Result<i64> {
+    wait_for(&logs.lead, from, Duration::from_secs(60), |e| {
+        e["event"] == "turn"
+            && e["prompt"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("[fleet]"))
+    })
+}
+
 fn wait_for(
     path: &Path,
     from: usize,
