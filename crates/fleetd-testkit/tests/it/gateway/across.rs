@@ -10,8 +10,7 @@ fn e2e_gateway_a_lead_on_one_host_sends_to_a_member_on_another_and_gets_its_repl
         return;
     };
     let (a, b) = (&hosts.a, &hosts.b);
-    b.spawn("sim", "alice");
-    let alice = format!("alice@{}", hosts.fleet.gateways[1]);
+    let alice = hosts.alice_on_b();
 
     // With wait: the reply comes back to the waiting fleet_send on host a.
     let sent = fleetd_testkit::rig::structured_ok(&a.lead(

@@ -67,6 +67,12 @@ pub(crate) struct TwoHosts {
 }
 
 impl TwoHosts {
+    /// Spawns member `alice` from b's `sim` profile; her address as a's lead names her.
+    fn alice_on_b(&self) -> String {
+        self.b.spawn("sim", "alice");
+        format!("alice@{}", self.fleet.gateways[1])
+    }
+
     /// Waits until both gateways have linked to the broker.
     fn wait_linked(&mut self) {
         for rig in [&mut self.a, &mut self.b] {

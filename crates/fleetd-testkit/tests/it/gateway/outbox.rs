@@ -93,8 +93,7 @@ fn e2e_gateway_link_cuts_on_either_side_lose_and_duplicate_nothing() {
         return;
     };
     let (a, b) = (&hosts.a, &hosts.b);
-    b.spawn("sim", "alice");
-    let alice = format!("alice@{}", hosts.fleet.gateways[1]);
+    let alice = hosts.alice_on_b();
     let patience = std::time::Duration::from_secs(90);
     let mut tickets = Vec::new();
     let mut tasks = Vec::new();
@@ -226,8 +225,7 @@ fn e2e_gateway_link_cuts_during_a_question_and_its_answer_lose_and_duplicate_not
     };
     hosts.wait_linked();
     let (a, b) = (&hosts.a, &hosts.b);
-    b.spawn("sim", "alice");
-    let alice = format!("alice@{}", hosts.fleet.gateways[1]);
+    let alice = hosts.alice_on_b();
     let patience = std::time::Duration::from_secs(90);
     let linked = |rig: &fleetd_testkit::rig::Rig| healthz_gateway(rig)["linked"].clone();
     for (round, (at_ask, at_answer)) in [(&pa, &pb), (&pb, &pa)].into_iter().enumerate() {
@@ -339,9 +337,8 @@ fn e2e_gateway_outbox_over_its_alarm_degrades_healthz_and_drains_once_the_link_i
     };
     hosts.wait_linked();
     let patience = std::time::Duration::from_secs(90);
-    let (a, b) = (&hosts.a, &hosts.b);
-    b.spawn("sim", "alice");
-    let alice = format!("alice@{}", hosts.fleet.gateways[1]);
+    let a = &hosts.a;
+    let alice = hosts.alice_on_b();
     let outbox_gauge = |rig: &fleetd_testkit::rig::Rig| {
         samples(&scrape(rig), "fleetd_gateway_outbox", "")
             .first()
@@ -424,8 +421,7 @@ fn e2e_gateway_kill_9_of_either_gateway_mid_flight_loses_and_repeats_nothing() {
         return;
     };
     let patience = std::time::Duration::from_secs(90);
-    let alice = format!("alice@{}", hosts.fleet.gateways[1]);
-    hosts.b.spawn("sim", "alice");
+    let alice = hosts.alice_on_b();
 
     // b dies while alice works on a's first task.
     let first = send_nowait(&hosts.a, &alice, "task b-kill");

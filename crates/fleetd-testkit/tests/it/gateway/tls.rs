@@ -22,8 +22,7 @@ fn e2e_gateway_over_tls_a_lead_sends_across_and_gets_the_reply() {
     hosts.wait_linked();
     assert!(proxy.handshakes() >= 1, "a linked through the TLS proxy");
     assert_eq!(healthz_gateway(&hosts.a)["linked"], true);
-    hosts.b.spawn("sim", "alice");
-    let alice = format!("alice@{}", hosts.fleet.gateways[1]);
+    let alice = hosts.alice_on_b();
     let sent = fleetd_testkit::rig::structured_ok(&hosts.a.lead(
         "fleet_send",
         &serde_json::json!({ "target": alice, "task": "count the shells over TLS" }),
@@ -77,8 +76,7 @@ fn e2e_gateway_over_tls_does_not_link_to_a_broker_its_ca_did_not_sign_and_says_w
     assert_eq!(proxy.handshakes(), 0, "no TLS session was completed");
 
     // What a's lead sends meanwhile is kept, not lost.
-    hosts.b.spawn("sim", "alice");
-    let alice = format!("alice@{}", hosts.fleet.gateways[1]);
+    let alice = hosts.alice_on_b();
     let task = "task sent while unlinked";
     let ticket = send_nowait(&hosts.a, &alice, task);
     hold(std::time::Duration::from_secs(2));
