@@ -75,6 +75,16 @@ fn restart_herdr(rig: &HerdrRig) {
     });
 }
 
+/// fleetd's log lines so far that hold `needle`.
+fn logged_with(rig: &mut HerdrRig, needle: &str) -> Vec<String> {
+    rig.daemon
+        .logs_so_far()
+        .iter()
+        .filter(|l| l.contains(needle))
+        .cloned()
+        .collect()
+}
+
 fn reply_waiting(rig: &HerdrRig, target: &str) -> bool {
     http::get(
         rig.daemon.operator(),
@@ -116,12 +126,7 @@ fn late_reply_nudges_the_idle_lead(version: HerdrVersion) {
         !rig.history(&lead).contains("sim-agent did: job"),
         "no payload"
     );
-    let protocol_warnings: Vec<&String> = rig
-        .daemon
-        .logs_so_far()
-        .iter()
-        .filter(|l| l.contains("newer protocol"))
-        .collect();
+    let protocol_warnings = logged_with(&mut rig, "newer protocol");
     assert!(
         protocol_warnings.is_empty(),
         "{version:?}: {protocol_warnings:#?}"
@@ -279,12 +284,7 @@ fn e2e_herdr_a_blocked_lead_gets_nothing_typed_and_no_warnings() {
         history.contains("Enter to confirm"),
         "the dialog is still up"
     );
-    let warnings: Vec<&String> = rig
-        .daemon
-        .logs_so_far()
-        .iter()
-        .filter(|l| l.contains("\"WARN\""))
-        .collect();
+    let warnings = logged_with(&mut rig, "\"WARN\"");
     assert!(
         warnings.is_empty(),
         "a blocked lead is busy, not a failure: {warnings:#?}"
