@@ -202,6 +202,18 @@ fn e2e_worktrees_parallel_members_work_on_their_own_branches_and_release_keeps_o
     );
 }
 
+/// Asserts that spawning `name` from `wt` fails with `worktree_failed`, its message saying
+/// `says`, and that no member is left.
+fn spawn_refused(rig: &Rig, name: &str, says: &str) {
+    let refused = rig.lead("fleet_spawn", &json!({ "profile": "wt", "name": name }));
+    assert_eq!(error_code(&refused), "worktree_failed", "{refused}");
+    let message = refused["structuredContent"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains(says), "{message}");
+    assert!(member(rig, name).is_null(), "no member");
+}
+
 #[test]
 fn e2e_worktrees_a_spawn_whose_worktree_cannot_be_made_fails_clearly_and_leaves_nothing() {
     let plain = tempfile::tempdir().expect("tempdir").keep();
@@ -213,13 +225,7 @@ fn e2e_worktrees_a_spawn_whose_worktree_cannot_be_made_fails_clearly_and_leaves_
         String::from_utf8_lossy(&out.stdout).lines().count()
     };
     let before = windows(&rig);
-    let refused = rig.lead("fleet_spawn", &json!({ "profile": "wt", "name": "dee" }));
-    assert_eq!(error_code(&refused), "worktree_failed", "{refused}");
-    let message = refused["structuredContent"]["message"]
-        .as_str()
-        .unwrap_or_default();
-    assert!(message.contains("is not in a git repository"), "{message}");
-    assert!(member(&rig, "dee").is_null(), "no member");
+    spawn_refused(&rig, "dee", "is not in a git repository");
     assert_eq!(windows(&rig), before, "no pane left");
     // The name is free again, and nothing was written under the worktrees directory.
     let worktrees = state_dir(rig.dir()).join("worktrees");
@@ -241,13 +247,7 @@ fn e2e_worktrees_a_failing_post_checkout_hook_fails_the_spawn_and_leaves_no_bran
     let Some(rig) = rig(&format!("{{repo: {}}}", repo.display())) else {
         return;
     };
-    let refused = rig.lead("fleet_spawn", &json!({ "profile": "wt", "name": "eli" }));
-    assert_eq!(error_code(&refused), "worktree_failed", "{refused}");
-    let message = refused["structuredContent"]["message"]
-        .as_str()
-        .unwrap_or_default();
-    assert!(message.contains("no checkouts today"), "{message}");
-    assert!(member(&rig, "eli").is_null(), "no member");
+    spawn_refused(&rig, "eli", "no checkouts today");
     assert_eq!(
         git(&repo, &["branch", "--format=%(refname:short)"]),
         "main",
