@@ -462,17 +462,17 @@ fn cpu_of(pids: &[u32], broker: Option<u32>) -> Vec<u64> {
 
 /// The machine's busy and total CPU ticks so far (`/proc/stat`; idle and iowait are not busy).
 fn machine_ticks() -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let fields: Vec<u64> = stat
-        .lines()
-        .next()?
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    let all: u64 = fields.iter().sum();
-    let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
-    Some((all - idle, all))
+    use procfs::CurrentSI as _;
+    let t = procfs::KernelStats::current().ok()?.total;
+    let idle = t.idle + t.iowait.unwrap_or(0);
+    let busy = t.user
+        + t.nice
+        + t.system
+        + [t.irq, t.softirq, t.steal]
+            .into_iter()
+            .map(|v| v.unwrap_or(0))
+            .sum::<u64>();
+    Some((busy, busy + idle))
 }
 
 fn cores() -> usize {
@@ -481,14 +481,11 @@ fn cores() -> usize {
 
 /// `VmRSS` of `pid` in MiB (0 when it cannot be read).
 fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+    i32::try_from(pid)
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
+        .and_then(|pid| procfs::process::Process::new(pid).ok())
+        .and_then(|p| p.status().ok()?.vmrss)
+        .map_or(0.0, |kib| kib as f64 / 1024.0)
 }
 
 /// Tickets still open on the members of every gateway.
