@@ -1,5 +1,5 @@
 //! fleetd's pure core: identifiers, the message model and the domain decisions (registry, tickets,
-//! push-loop policy). Architecture invariant: this crate does no I/O and has no async runtime — it
+//! push-loop policy, model usage and budgets). Architecture invariant: this crate does no I/O and has no async runtime — it
 //! takes `now` and randomness as arguments and returns decisions as data.
 
 pub mod access;
@@ -12,6 +12,7 @@ pub mod push;
 pub mod refusal;
 pub mod sanitize;
 pub mod ticket;
+pub mod usage;
 
 pub use ids::{IdError, MsgId, Target, Ticket};
 pub use message::{Message, MessageError, MessageKind, MessageLimits};
