@@ -92,6 +92,7 @@ codes! {
         TooManyMembers = "too_many_members",
         TooManyCalls = "too_many_calls",
         GatewayBacklog = "gateway_backlog",
+        BudgetReached = "budget_reached",
     }
     Conflict {
         NameTaken = "name_taken",
@@ -108,11 +109,13 @@ codes! {
         DelegationCycle = "delegation_cycle",
         DelegationTooDeep = "delegation_too_deep",
         NoGateway = "no_gateway",
+        ModelKeyRefused = "model_key_refused",
     }
     Trouble {
         StoreUnavailable = "store_unavailable",
         StoreFailed = "store_failed",
         SpawnFailed = "spawn_failed",
+        BackendUnreachable = "backend_unreachable",
         SpawnInterrupted = "spawn_interrupted",
         RemoteSpawnFailed = "remote_spawn_failed",
         WorktreeFailed = "worktree_failed",

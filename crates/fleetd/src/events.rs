@@ -148,6 +148,24 @@ pub enum FleetEvent {
     /// The configuration was reloaded.
     #[serde(rename = "config.reloaded")]
     ConfigReloaded,
+    /// A model response through fleetd's gateway ended and was counted (never its body).
+    #[serde(rename = "usage", rename_all = "camelCase")]
+    Usage {
+        /// The member that made the request.
+        target: String,
+        /// Its profile.
+        profile: String,
+        /// The delegation tree it belongs to (its top member).
+        tree: String,
+        /// This response's tokens by kind.
+        tokens: fleetd_core::usage::Tokens,
+        /// What they cost, in micro-dollars (millionths of a US dollar).
+        cost_micros: u64,
+        /// The member's tokens so far, every kind.
+        total_tokens: u64,
+        /// The member's cost so far, in micro-dollars.
+        total_cost_micros: u64,
+    },
 }
 
 /// A published event, serialised once for every subscriber.
@@ -405,6 +423,7 @@ fn kind_of(event: &FleetEvent) -> &'static str {
         FleetEvent::Nudge { .. } => "nudge",
         FleetEvent::Incident { .. } => "incident",
         FleetEvent::ConfigReloaded => "config.reloaded",
+        FleetEvent::Usage { .. } => "usage",
     }
 }
 

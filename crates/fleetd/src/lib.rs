@@ -20,6 +20,7 @@ pub mod inbox;
 pub mod locate;
 pub mod mcp;
 pub mod members;
+pub mod model_gateway;
 pub mod mux;
 pub mod ops;
 pub mod reload;

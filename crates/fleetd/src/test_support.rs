@@ -121,6 +121,7 @@ pub(crate) fn new_member(name: &str, pane: &str, terminal: &str) -> NewMember {
         backend: None,
         lead: None,
         worktree: None,
+        model: None,
     }
 }
 

@@ -7,6 +7,7 @@ mod delegation;
 mod diff;
 mod gateway;
 mod live;
+mod models;
 mod profiles;
 mod raw;
 mod validate;
@@ -19,6 +20,7 @@ use serde::Serialize;
 
 pub use diff::{Change, ConfigDiff, KeyClass};
 pub use live::{Live, Publisher, channel};
+pub use models::{BudgetSpec, Prices, micros};
 pub use profiles::{is_env_name, is_known_agent};
 pub use raw::{LogFormat, MultiplexerChoice, StoreKind};
 
@@ -469,6 +471,10 @@ pub struct Profile {
     pub env: BTreeMap<String, String>,
     /// A git worktree per member, when set.
     pub worktree: Option<Worktree>,
+    /// What each member of this profile may spend on its model backend.
+    pub budget: Option<BudgetSpec>,
+    /// What the delegation tree a member of this profile heads may spend.
+    pub tree_budget: Option<BudgetSpec>,
 }
 
 /// A profile's `worktree:` (SPEC §7): at spawn, `git worktree add` on a new branch for the
@@ -496,6 +502,11 @@ pub struct Backend {
     pub health_url: Option<String>,
     /// Probe interval.
     pub health_interval_secs: u64,
+    /// Members reach it through fleetd's model gateway (`/model/<name>`), with a token of their
+    /// own, and never see its credential (the default); `false`: they get its URL and token.
+    pub through_fleetd: bool,
+    /// What its tokens cost, for accounting and budgets.
+    pub prices: Prices,
 }
 
 /// Where a secret's value comes from.

@@ -82,6 +82,8 @@ pub(super) fn backends(
                     auth_token_secret: b.value.auth_token_secret.clone(),
                     health_url: b.value.health_url,
                     health_interval_secs: interval,
+                    through_fleetd: b.value.through_fleetd.unwrap_or(true),
+                    prices: super::models::prices(judge, &key, b.value.prices.as_ref())?,
                 },
             ))
         })
@@ -131,6 +133,8 @@ pub(super) fn profiles(
                     format!("{bad:?} is not an environment variable name: use letters, digits and '_', not starting with a digit"),
                 ));
             }
+            let budget = super::models::budget(judge, &format!("{key}.budget"), p.value.budget.as_ref())?;
+            let tree_budget = super::models::budget(judge, &format!("{key}.treeBudget"), p.value.tree_budget.as_ref())?;
             let raw = p.value;
             Ok((
                 name,
@@ -145,6 +149,8 @@ pub(super) fn profiles(
                     allow_delegation: raw.allow_delegation.unwrap_or(false),
                     env: raw.env.unwrap_or_default(),
                     worktree: super::delegation::worktree(judge, &key, raw.worktree)?,
+                    budget,
+                    tree_budget,
                 },
             ))
         })

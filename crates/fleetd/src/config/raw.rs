@@ -187,6 +187,8 @@ pub(crate) struct RawProfile {
     pub(crate) allow_delegation: Option<bool>,
     pub(crate) env: Option<BTreeMap<String, String>>,
     pub(crate) worktree: Option<At<RawWorktree>>,
+    pub(crate) budget: Option<At<super::models::RawBudget>>,
+    pub(crate) tree_budget: Option<At<super::models::RawBudget>>,
 }
 
 /// A profile's `worktree:` — each member gets a git worktree on a branch of its own.
@@ -206,6 +208,8 @@ pub(crate) struct RawBackend {
     pub(crate) auth_token_secret: Option<String>,
     pub(crate) health_url: Option<String>,
     pub(crate) health_interval_secs: Option<u64>,
+    pub(crate) through_fleetd: Option<bool>,
+    pub(crate) prices: Option<At<super::models::RawPrices>>,
 }
 
 /// One entry of `secrets:` — exactly one of `env` or `file`.

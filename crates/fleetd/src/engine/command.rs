@@ -93,6 +93,30 @@ pub(crate) enum Command {
     List {
         reply: oneshot::Sender<Vec<MemberView>>,
     },
+    /// The model gateway asks whether a member may send a model request (`spend`).
+    ModelAdmit {
+        target: Target,
+        key_hash: String,
+        backend: String,
+        reply: oneshot::Sender<Result<u64, Refusal>>,
+    },
+    /// A model response on an account ended with this usage; answered once it is durable.
+    ModelUsage {
+        account: u64,
+        tokens: fleetd_core::usage::Tokens,
+        cost_micros: u64,
+        reply: oneshot::Sender<Result<(), Refusal>>,
+    },
+    /// The operator sets a member's (or its tree's) model budget.
+    SetBudget {
+        target: Target,
+        tree: bool,
+        budget: Option<crate::config::BudgetSpec>,
+        reply: oneshot::Sender<Result<super::UsageView, Refusal>>,
+    },
+    UsageTotals {
+        reply: oneshot::Sender<super::UsageTotals>,
+    },
     Recent {
         target: Target,
         reply: oneshot::Sender<Vec<TicketView>>,

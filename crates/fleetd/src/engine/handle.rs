@@ -285,6 +285,61 @@ impl EngineHandle {
         self.ask(|reply| Command::List { reply }).await
     }
 
+    /// May member `target`, presenting a model key whose hash is `key_hash`, send a request to
+    /// `backend`? The account to count it on, or why not (`state::spend`).
+    pub async fn model_admit(
+        &self,
+        target: Target,
+        key_hash: String,
+        backend: String,
+    ) -> Result<Result<u64, Refusal>, EngineGone> {
+        self.ask(|reply| Command::ModelAdmit {
+            target,
+            key_hash,
+            backend,
+            reply,
+        })
+        .await
+    }
+
+    /// A model response on `account` ended with `tokens` costing `cost_micros`: returns once
+    /// that is durable.
+    pub async fn model_usage(
+        &self,
+        account: u64,
+        tokens: fleetd_core::usage::Tokens,
+        cost_micros: u64,
+    ) -> Result<Result<(), Refusal>, EngineGone> {
+        self.ask(|reply| Command::ModelUsage {
+            account,
+            tokens,
+            cost_micros,
+            reply,
+        })
+        .await
+    }
+
+    /// Sets `target`'s model budget (`tree`: the budget of the tree it heads; `None` lifts it).
+    pub async fn set_budget(
+        &self,
+        target: Target,
+        tree: bool,
+        budget: Option<crate::config::BudgetSpec>,
+    ) -> Result<Result<super::UsageView, Refusal>, EngineGone> {
+        self.ask(|reply| Command::SetBudget {
+            target,
+            tree,
+            budget,
+            reply,
+        })
+        .await
+    }
+
+    /// Model spending totals by member, profile, tree and lead.
+    pub async fn usage_totals(&self) -> Result<super::UsageTotals, EngineGone> {
+        self.ask(|reply| Command::UsageTotals { reply }).await
+    }
+
     /// `target`'s recent tickets, newest first.
     pub async fn recent(&self, target: Target) -> Result<Vec<TicketView>, EngineGone> {
         self.ask(|reply| Command::Recent { target, reply }).await

@@ -31,7 +31,9 @@ use crate::store::InboxStore;
 
 pub use gateway_handle::{PeerSpawn, RemoteSpawned, SpawnAnswer, SpawnRemote};
 pub use run::spawn;
-pub use state::{Delegator, GatewayOutcome, PeerRefusal, Standing};
+pub use state::{
+    Delegator, GatewayOutcome, MemberModel, PeerRefusal, Standing, UsageTotals, UsageView,
+};
 pub use wake::WakeView;
 
 pub(crate) use command::Command;

@@ -38,6 +38,7 @@ mod tests {
             backend: Some("lab".to_owned()),
             lead: None,
             worktree: None,
+            model: None,
         }
     }
 

@@ -39,6 +39,12 @@ pub struct MemberView {
     pub worktree: Option<WorktreeView>,
     /// When it joined.
     pub joined_at: Timestamp,
+    /// What it spent on its model backend, when that is served through fleetd.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<super::UsageView>,
+    /// What the delegation tree it heads spent, when it heads one that spent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tree_usage: Option<super::UsageView>,
 }
 
 /// A member's worktree as tools show it.
@@ -173,6 +179,9 @@ pub struct NewMember {
     /// Its git worktree, when its profile gives it one (removed or kept at release).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worktree: Option<crate::worktree::WorktreeInfo>,
+    /// Its model key and budgets, when its backend is served through fleetd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<super::MemberModel>,
 }
 
 /// A lead, by its pane and incarnation.

@@ -61,6 +61,8 @@ fn spawn_for_peer(engine: EngineHandle, spawner: &Spawner, request: PeerSpawn) {
         lead: None,
         by: None,
         origin: None,
+        budget: None,
+        tree_budget: None,
     });
     tokio::spawn(async move {
         let outcome = match saga.await {

@@ -92,6 +92,7 @@ pub fn router(
         .route("/questions", get(rest::questions))
         .route("/questions/{question_id}/answer", post(rest::answer))
         .route("/tickets", get(rest::tickets))
+        .route("/model/{*rest}", axum::routing::any(model))
         .nest_service("/mcp", mcp)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(app.clone(), guard))
@@ -137,6 +138,11 @@ async fn guard(
             return e.into_response();
         }
         let path = request.uri().path();
+        // The model gateway checks a member's model key and connection itself: a bearer token
+        // there is that key, never fleetd's API token.
+        if path.starts_with("/model/") {
+            return next.run(request).await;
+        }
         let exempt = path == "/healthz"
             || dashboard::open_to_remote(path)
             || app.sessions.signed_in(request.headers());
@@ -247,6 +253,15 @@ fn check_origin(
             "a {method} from the web page at {origin:?} is refused: fleetd changes nothing for another site (cross-site request). Use the fleetd CLI, an agent's MCP tools, or fleetd's own pages"
         ),
     ))
+}
+
+/// `/model/<backend>/...`: a member's model traffic (`model_gateway`).
+async fn model(
+    State(app): State<App>,
+    ConnectInfo(conn): ConnectInfo<ConnInfo>,
+    request: Request,
+) -> Response {
+    crate::model_gateway::forward(app.fleet.clone(), conn, request).await
 }
 
 async fn healthz(State(app): State<App>) -> impl IntoResponse {

@@ -56,12 +56,20 @@ pub(super) struct MemberEnv<'a> {
     pub(super) url: &'a str,
 }
 
+/// What a member's environment holds beyond its variables: the hash of the model key it was
+/// given, when its backend is served through fleetd.
+pub(super) struct Built {
+    pub(super) env: BTreeMap<String, String>,
+    pub(super) key_hash: Option<String>,
+}
+
 impl MemberEnv<'_> {
     /// The member's environment: profile env, backend URL and token (members only), its name
     /// and fleetd's URL.
-    pub(super) fn build(&self) -> Result<BTreeMap<String, String>, Refusal> {
+    pub(super) fn build(&self) -> Result<Built, Refusal> {
         let profile = self.profile;
         let mut env = profile.env.clone();
+        let mut key_hash = None;
         if let Some(name) = &profile.backend {
             let backend = self.config.backends.get(name).ok_or_else(|| {
                 Refusal::new(
@@ -70,8 +78,27 @@ impl MemberEnv<'_> {
                 )
             })?;
             let (url_var, token_var) = super::kinds::backend_vars(&profile.agent);
-            env.insert(url_var.to_owned(), backend.base_url.clone());
-            if let Some(secret) = &backend.auth_token_secret {
+            let url = crate::model_gateway::member_url(self.config, name, self.url)
+                .unwrap_or_else(|| backend.base_url.clone());
+            env.insert(url_var.to_owned(), url);
+            if backend.through_fleetd {
+                // The member gets a key of its own, worth nothing outside fleetd; the backend's
+                // credential stays here (it must still resolve: fleetd adds it to each request).
+                if let Some(secret) = &backend.auth_token_secret {
+                    let value = Secrets::new(&self.config.secrets, &crate::secrets::process_env)
+                        .resolve(secret)
+                        .map_err(|e| Refusal::new(Code::ProfileNotReady, e.to_string()))?;
+                    self.redactor.remember(secret, &value);
+                }
+                let key = crate::model_gateway::key::mint().map_err(|e| {
+                    Refusal::new(
+                        Code::NoRandomness,
+                        format!("the OS gave no randomness for the member's model key: {e}"),
+                    )
+                })?;
+                env.insert(token_var.to_owned(), key.secret);
+                key_hash = Some(key.hash);
+            } else if let Some(secret) = &backend.auth_token_secret {
                 let value = Secrets::new(&self.config.secrets, &crate::secrets::process_env)
                     .resolve(secret)
                     .map_err(|e| Refusal::new(Code::ProfileNotReady, e.to_string()))?;
@@ -88,6 +115,6 @@ impl MemberEnv<'_> {
         }
         env.insert("FLEETD_TARGET".to_owned(), self.target.to_string());
         env.insert("FLEETD_URL".to_owned(), self.url.to_owned());
-        Ok(env)
+        Ok(Built { env, key_hash })
     }
 }

@@ -42,6 +42,10 @@ pub struct SpawnRequest {
     /// The caller's pane directory (its pane process's working directory): where a worktree
     /// profile branches from when neither its `repo` nor `cwd` says.
     pub origin: Option<std::path::PathBuf>,
+    /// Its model budget, over the profile's.
+    pub budget: Option<crate::config::BudgetSpec>,
+    /// The model budget of the tree it will head, over the profile's.
+    pub tree_budget: Option<crate::config::BudgetSpec>,
 }
 
 /// A member that was spawned and is ready.
@@ -173,7 +177,7 @@ impl Saga<'_> {
             target,
             request,
         } = self;
-        let env = MemberEnv {
+        let super::env::Built { env, key_hash } = MemberEnv {
             config,
             profile,
             target: &target,
@@ -202,13 +206,13 @@ impl Saga<'_> {
             Some(w) => Some(w.path.clone()),
             None => request.cwd.map(Into::into).or_else(|| profile.cwd.clone()),
         };
+        let backend_url = profile
+            .backend
+            .as_deref()
+            .and_then(|b| crate::model_gateway::member_url(config, b, &spawner.url));
         let kind_args = MemberArgs {
             agent: &profile.agent,
-            backend_url: profile
-                .backend
-                .as_deref()
-                .and_then(|b| config.backends.get(b))
-                .map(|b| b.base_url.as_str()),
+            backend_url: backend_url.as_deref(),
             model: profile.model.as_deref(),
             fleet_url: &spawner.url,
             cwd: cwd.as_deref(),
@@ -245,6 +249,14 @@ impl Saga<'_> {
                 backend: profile.backend.clone(),
                 lead: request.lead.clone(),
                 worktree: worktree.clone(),
+                model: key_hash
+                    .zip(profile.backend.clone())
+                    .map(|(key_hash, backend)| crate::engine::MemberModel {
+                        backend,
+                        key_hash,
+                        budget: request.budget.or(profile.budget),
+                        tree_budget: request.tree_budget.or(profile.tree_budget),
+                    }),
             })
             .await?;
         undo.held.registered = true;

@@ -240,6 +240,8 @@ async fn a_saga_cancelled_midway_is_undone_by_its_guard() {
         lead: None,
         by: None,
         origin: None,
+        budget: None,
+        tree_budget: None,
     };
     // Cancelled with its member registered, waiting for the agent: released, pane closed.
     let saga = fleet.spawner.start(request("ann"));

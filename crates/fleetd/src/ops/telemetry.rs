@@ -128,7 +128,95 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "counter",
         "Outbox messages handed to the broker, by kind and outcome (confirmed, unroutable, parked)",
     ),
+    (
+        "fleetd_model_tokens",
+        "gauge",
+        "Model tokens counted through the model gateway, every account kept (a restart keeps them), by member name and kind (input, output, cache_read, cache_write)",
+    ),
+    (
+        "fleetd_model_cost_usd",
+        "gauge",
+        "What those tokens cost at the backends' configured prices, by member name",
+    ),
+    (
+        "fleetd_model_tree_tokens",
+        "gauge",
+        "Model tokens by delegation tree (its top member) and kind",
+    ),
+    (
+        "fleetd_model_tree_cost_usd",
+        "gauge",
+        "Model cost by delegation tree (its top member)",
+    ),
+    (
+        "fleetd_model_profile_tokens",
+        "gauge",
+        "Model tokens by profile and kind",
+    ),
+    (
+        "fleetd_model_profile_cost_usd",
+        "gauge",
+        "Model cost by profile",
+    ),
+    (
+        "fleetd_model_lead_tokens",
+        "gauge",
+        "Model tokens by lead (its pane; operator for trees no lead spawned) and kind",
+    ),
+    ("fleetd_model_lead_cost_usd", "gauge", "Model cost by lead"),
 ];
+
+/// What a group of model accounts spent, for the `fleetd_model_*` gauges.
+#[derive(Debug, Clone, Copy)]
+pub enum SpentBy {
+    /// By member name.
+    Member,
+    /// By delegation tree.
+    Tree,
+    /// By profile.
+    Profile,
+    /// By lead.
+    Lead,
+}
+
+/// Sets the model gauges of `key` (a member, tree, profile or lead, as `by` says) to `spent`.
+pub fn model_spent(by: SpentBy, key: &str, spent: &fleetd_core::usage::Spent) {
+    let t = &spent.tokens;
+    let kinds = [
+        ("input", t.input),
+        ("output", t.output),
+        ("cache_read", t.cache_read),
+        ("cache_write", t.cache_write),
+    ];
+    let key = key.to_owned();
+    let cost = spent.cost_micros as f64 / 1e6;
+    macro_rules! set {
+        ($tokens:literal, $cost:literal, $label:literal) => {{
+            for (kind, n) in kinds {
+                metrics::gauge!($tokens, $label => key.clone(), "kind" => kind).set(n as f64);
+            }
+            metrics::gauge!($cost, $label => key).set(cost);
+        }};
+    }
+    match by {
+        SpentBy::Member => set!("fleetd_model_tokens", "fleetd_model_cost_usd", "member"),
+        SpentBy::Tree => set!(
+            "fleetd_model_tree_tokens",
+            "fleetd_model_tree_cost_usd",
+            "tree"
+        ),
+        SpentBy::Profile => set!(
+            "fleetd_model_profile_tokens",
+            "fleetd_model_profile_cost_usd",
+            "profile"
+        ),
+        SpentBy::Lead => set!(
+            "fleetd_model_lead_tokens",
+            "fleetd_model_lead_cost_usd",
+            "lead"
+        ),
+    }
+}
 
 /// Sets the open-connection gauge.
 pub fn connections_open(open: usize) {

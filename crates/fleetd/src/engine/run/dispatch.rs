@@ -151,6 +151,43 @@ impl Engine {
             Command::List { reply } => {
                 let _ = reply.send(s.list());
             }
+            Command::ModelAdmit {
+                target,
+                key_hash,
+                backend,
+                reply,
+            } => {
+                let _ = reply.send(s.model_admit(&target, &key_hash, &backend, io));
+            }
+            Command::ModelUsage {
+                account,
+                tokens,
+                cost_micros,
+                reply,
+            } => {
+                s.model_usage(account, tokens, cost_micros, io);
+                replies.push(Box::new(move |stored| {
+                    let _ = reply.send(stored.map_err(|e| {
+                        Refusal::new(Code::StoreUnavailable, format!("fleetd failed to {e}"))
+                    }));
+                }));
+            }
+            Command::SetBudget {
+                target,
+                tree,
+                budget,
+                reply,
+            } => {
+                let set = s.set_budget(&target, tree, budget);
+                replies.push(Box::new(move |stored| {
+                    let _ = reply.send(held(stored, set, |_| {
+                        "the budget is set in memory".to_owned()
+                    }));
+                }));
+            }
+            Command::UsageTotals { reply } => {
+                let _ = reply.send(s.usage_totals());
+            }
             Command::Recent { target, reply } => {
                 let _ = reply.send(s.recent(&target));
             }

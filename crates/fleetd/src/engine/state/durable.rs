@@ -53,6 +53,8 @@ pub(super) struct Dirty {
     pub(super) wakes: BTreeSet<String>,
     /// The lead rule's busy spans.
     pub(super) busy: bool,
+    /// Model accounts, by id.
+    pub(super) accounts: BTreeSet<u64>,
 }
 
 /// A ticket as kept on disk.
@@ -116,6 +118,8 @@ pub(in crate::engine) struct Restored {
     wakes: Vec<(String, String)>,
     /// The lead rule's busy spans (JSON value).
     busy: Option<String>,
+    /// Model accounts (id, JSON value).
+    accounts: Vec<(String, String)>,
 }
 
 impl Restored {
@@ -167,6 +171,11 @@ impl Restored {
                     out.wakes.push((record.key.clone(), record.value.clone()));
                     Ok(())
                 }
+                super::spend::ACCOUNT => {
+                    out.accounts
+                        .push((record.key.clone(), record.value.clone()));
+                    Ok(())
+                }
                 META if record.key == PRIMARY => {
                     serde_json::from_str::<Option<String>>(&record.value)
                         .map(|p| out.primary = p.map(LeadId))
@@ -201,6 +210,7 @@ impl Restored {
             && self.outbox.is_empty()
             && self.spawns.is_empty()
             && self.wakes.is_empty()
+            && self.accounts.is_empty()
             && self.busy.is_none()
     }
 }
@@ -319,6 +329,12 @@ impl State {
             }
         }
         ops.extend(dirty.wakes.into_iter().filter_map(|id| self.wake_op(id)));
+        ops.extend(
+            dirty
+                .accounts
+                .into_iter()
+                .filter_map(|id| self.account_op(id)),
+        );
         if dirty.busy {
             ops.extend(self.busy_op());
         }
@@ -369,6 +385,10 @@ impl State {
         for (key, value) in kept.spawns {
             self.restore_spawn(&key, &value, now);
         }
+        for (key, value) in kept.accounts {
+            self.restore_account(&key, &value);
+        }
+        self.publish_all_gauges();
         for (id, value) in kept.wakes {
             self.restore_wake(id, &value);
         }
@@ -478,6 +498,9 @@ impl State {
                 worktree_state: None,
             },
         );
+        if let Some(model) = &member.model {
+            self.open_account(&target, &member.profile, model, now);
+        }
         self.inspect_worktree(&target, io);
         // Written again: a member imported from the legacy file reaches the store.
         self.dirty.members.insert(target.clone());

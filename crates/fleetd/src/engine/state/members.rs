@@ -221,6 +221,8 @@ impl State {
             branch: self.worktree_view(target, m).map(|w| w.branch),
             worktree: self.worktree_view(target, m),
             joined_at: m.joined_at,
+            usage: self.usage_of(target),
+            tree_usage: self.tree_usage_of(target),
         }
     }
 
@@ -343,6 +345,11 @@ impl State {
                 worktree_state: None,
             },
         );
+        if let Some(model) = &new.model
+            && let Some(profile) = self.members.get(&new.target).map(|m| m.profile.clone())
+        {
+            self.open_account(&new.target, &profile, model, now);
+        }
         self.inspect_worktree(&new.target, io);
         self.inject(
             InjectorInput::MemberAdded {
@@ -424,6 +431,7 @@ impl State {
             let _ = waiter.send(Readiness::Gone);
         }
         self.registry.remove(target);
+        self.close_account(target);
         self.dirty.members.insert(target.clone());
         io.push(Io::Unwatch {
             pane: member.pane.clone(),

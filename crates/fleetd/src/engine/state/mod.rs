@@ -21,6 +21,7 @@ mod members;
 mod push;
 mod questions;
 mod remote_spawns;
+mod spend;
 mod standing;
 mod tickets;
 mod wakes;
@@ -37,6 +38,7 @@ pub(in crate::engine) use gateway_refusals::REFUSAL_WINDOW;
 #[cfg(test)]
 pub(in crate::engine) use handed_replies::HANDED_TTL;
 pub(in crate::engine) use push::push_config;
+pub use spend::{MemberModel, UsageTotals, UsageView};
 pub use standing::Standing;
 #[cfg(test)]
 pub(in crate::engine) use wakes::WAKE_GRACE;
@@ -288,6 +290,8 @@ pub(super) struct State {
     busy: standing::Busy,
     /// Stray pane incarnations already warned about (cleared past a bound).
     strays_told: std::collections::HashSet<(QualifiedPaneId, TerminalId)>,
+    /// What members spend on their model backends (durable).
+    ledger: spend::Ledger,
 }
 
 /// How many not-yet-member pane incarnations are remembered as having spoken MCP. Only the
@@ -365,6 +369,7 @@ impl State {
             answered: BTreeMap::new(),
             busy: standing::Busy::default(),
             strays_told: std::collections::HashSet::new(),
+            ledger: spend::Ledger::default(),
         }
     }
 

@@ -69,6 +69,8 @@ impl FleetTool for Spawn {
                 lead: caller.lead(),
                 by: member_of(caller),
                 origin,
+                budget: None,
+                tree_budget: None,
             })
             .await?;
         let value = json!({
