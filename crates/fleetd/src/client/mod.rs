@@ -3,6 +3,7 @@
 //! JSON as it came. Owns the commands' output and exit status; never decides anything about the
 //! fleet itself (the daemon does), and speaks HTTP only through `wire`.
 
+mod status;
 pub mod watch;
 pub(crate) mod wire;
 
@@ -193,7 +194,7 @@ pub async fn run(
         return Ok(settled_ok(request, &answer.body));
     }
     match request {
-        Request::Status => render_status(&answer.body, out)?,
+        Request::Status => status::render(&answer.body, out)?,
         Request::Inbox { target, .. } => render_inbox(target, &answer.body, out)?,
         Request::Ack { target, .. } => render_ack(target, &answer.body, out)?,
         Request::Send { target, .. } => render_send(target, &answer.body, out)?,
@@ -335,71 +336,8 @@ fn settled_ok(request: &Request, body: &Value) -> bool {
     }
 }
 
-fn text<'a>(v: &'a Value, key: &str) -> &'a str {
+pub(super) fn text<'a>(v: &'a Value, key: &str) -> &'a str {
     v[key].as_str().unwrap_or("-")
-}
-
-fn render_status(body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
-    let members = body["members"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-    if members.is_empty() {
-        return writeln!(
-            out,
-            "no members (a lead starts them with fleet_spawn; profiles are in the config)"
-        );
-    }
-    let header = [
-        "TARGET", "PROFILE", "PANE", "STATUS", "INBOX", "OPEN", "LEAD",
-    ];
-    let rows: Vec<[String; 7]> = tree_order(members)
-        .into_iter()
-        .map(|m| {
-            // A member a member delegated to sits under it, one step in per level.
-            let depth = m["depth"].as_u64().unwrap_or(1).max(1);
-            let indent = usize::try_from(depth - 1).unwrap_or(0);
-            let name = if indent == 0 {
-                text(m, "target").to_owned()
-            } else {
-                format!("{}└─{}", "  ".repeat(indent - 1), text(m, "target"))
-            };
-            let lead = m["delegator"]
-                .as_str()
-                .map_or_else(|| text(m, "lead").to_owned(), |d| format!("member {d}"));
-            [
-                name,
-                text(m, "profile").to_owned(),
-                text(m, "paneId").to_owned(),
-                text(m, "status").to_owned(),
-                m["inboxDepth"]
-                    .as_u64()
-                    .map_or_else(|| "?".to_owned(), |d| d.to_string()),
-                m["openTickets"].as_array().map_or(0, Vec::len).to_string(),
-                lead,
-            ]
-        })
-        .collect();
-    table(&header, &rows, out)
-}
-
-/// Members in tree order: each one a lead delegated to, then the members under it, depth
-/// first.
-fn tree_order(members: &[Value]) -> Vec<&Value> {
-    fn under<'a>(up: Option<&str>, members: &'a [Value], out: &mut Vec<&'a Value>, walked: usize) {
-        for m in members.iter().filter(|m| m["delegator"].as_str() == up) {
-            out.push(m);
-            if walked < 16 {
-                under(m["target"].as_str(), members, out, walked + 1);
-            }
-        }
-    }
-    let mut out = Vec::with_capacity(members.len());
-    under(None, members, &mut out, 0);
-    // One whose delegator is not listed (it was released a moment ago) still shows.
-    for m in members {
-        if !out.iter().any(|o| std::ptr::eq(*o, m)) {
-            out.push(m);
-        }
-    }
-    out
 }
 
 fn render_inbox(target: &str, body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
@@ -565,7 +503,7 @@ fn render_dashboard(body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
 }
 
 /// Writes `rows` under `header` as aligned columns.
-fn table<const N: usize>(
+pub(super) fn table<const N: usize>(
     header: &[&str; N],
     rows: &[[String; N]],
     out: &mut dyn Write,

@@ -14,20 +14,22 @@ fn status_is_an_aligned_table() {
         { "target": "alice", "profile": "sim", "paneId": "lead:%3", "status": "idle",
           "inboxDepth": 2, "openTickets": [], "lead": null },
         { "target": "bo", "profile": "cheap-model", "paneId": "member:w1:p12", "status": "working",
-          "inboxDepth": 0, "openTickets": ["t1"], "lead": "lead:w1:p1" },
+          "inboxDepth": 0, "openTickets": ["t1"], "lead": "lead:w1:p1",
+          "usage": { "totalTokens": 12345, "costUsd": 0.0412, "budget": "12,345 of 100,000 tokens" },
+          "treeUsage": { "totalTokens": 40100, "costUsd": 0.12 } },
     ]});
-    let text = rendered(|out| render_status(&body, out));
+    let text = rendered(|out| status::render(&body, out));
     assert_eq!(
         text,
-        "TARGET  PROFILE      PANE           STATUS   INBOX  OPEN  LEAD\n\
-         alice   sim          lead:%3        idle     2      0     -\n\
-         bo      cheap-model  member:w1:p12  working  0      1     lead:w1:p1\n"
+        "TARGET  PROFILE      PANE           STATUS   INBOX  OPEN  LEAD        MODEL\n\
+         alice   sim          lead:%3        idle     2      0     -           -\n\
+         bo      cheap-model  member:w1:p12  working  0      1     lead:w1:p1  12.3k tok $0.04 (tree 40.1k tok $0.12) [12,345 of 100,000 tokens]\n"
     );
 }
 
 #[test]
 fn empty_answers_say_so() {
-    let text = rendered(|out| render_status(&json!({ "members": [] }), out));
+    let text = rendered(|out| status::render(&json!({ "members": [] }), out));
     assert!(text.starts_with("no members"), "{text}");
     let text = rendered(|out| render_inbox("alice", &json!({ "replies": [] }), out));
     assert_eq!(text, "alice: no replies waiting\n");

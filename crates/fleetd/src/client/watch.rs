@@ -261,6 +261,23 @@ fn summary(event: &SseEvent) -> String {
         },
         "incident" => format!("incident: {}", s("text")),
         "config.reloaded" => "configuration reloaded".to_owned(),
+        "usage" => {
+            let t = &d["tokens"];
+            let n = |k: &str| t[k].as_u64().unwrap_or(0);
+            let micros = |k: &str| d[k].as_u64().unwrap_or(0);
+            format!(
+                "{} used {} tokens (in {}, out {}, cache read {}, cache write {}) ${:.4}; {} tokens ${:.2} so far",
+                s("target"),
+                n("input") + n("output") + n("cacheRead") + n("cacheWrite"),
+                n("input"),
+                n("output"),
+                n("cacheRead"),
+                n("cacheWrite"),
+                micros("costMicros") as f64 / 1e6,
+                d["totalTokens"].as_u64().unwrap_or(0),
+                micros("totalCostMicros") as f64 / 1e6,
+            )
+        }
         "stream.gap" | "stream.lagged" => s("message"),
         _ => d.to_string(),
     };

@@ -19,6 +19,7 @@ use crate::test_support::{
 };
 
 mod faults;
+mod spend;
 
 /// No pinned primary; reminders every second, so a nudge shows quickly.
 const CONFIG: &str = "primary:\n  tab: w9:t9\n  pushReminders: 3\n  pushBackoffMs: 1000\n";

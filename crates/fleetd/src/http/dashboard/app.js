@@ -289,6 +289,8 @@
           inboxDepth: m.inboxDepth ?? 0,
           openTickets: new Set(m.openTickets || []),
           lead: m.lead || null,
+          spent: spentOf(m.usage),
+          treeSpent: spentOf(m.treeUsage),
         });
       }
       model.questions.clear();
@@ -330,8 +332,21 @@
         model.members.set(d.target, {
           target: d.target, status: 'unknown', profile: d.profile, backend: d.backend || null,
           branch: d.branch || null, inboxDepth: 0, openTickets: new Set(), lead: d.lead || null,
+          spent: null, treeSpent: null,
         });
         break;
+      case 'usage': {
+        // The member's own running total comes with the event; its tree's head adds it up.
+        if (m) m.spent = { tokens: d.totalTokens, usd: d.totalCostMicros / 1e6 };
+        const head = model.members.get(d.tree);
+        if (head) {
+          const t = head.treeSpent || { tokens: 0, usd: 0 };
+          const n = d.tokens.input + d.tokens.output + d.tokens.cacheRead + d.tokens.cacheWrite;
+          head.treeSpent = { tokens: t.tokens + n, usd: t.usd + d.costMicros / 1e6 };
+          dirty.members.add(d.tree);
+        }
+        break;
+      }
       case 'member.status':
         if (m) m.status = d.status;
         break;
@@ -526,11 +541,12 @@
     const cell = (cls) => el('td', { class: cls });
     const c = {
       status: el('span', { class: 'status' }), profile: cell(), backend: cell(), branch: cell(),
-      inbox: cell('num inbox'), open: cell('open'), lead: cell(),
+      inbox: cell('num inbox'), open: cell('open'), lead: cell(), spent: cell('num spent'),
     };
     const tr = el('tr', { class: 'member', 'data-target': target, onclick: () => select(target) },
       el('td', { class: 'name', text: target }), el('td', {}, c.status), c.profile, c.backend,
-      c.branch, c.inbox, c.open, c.lead, el('td', {}, el('button', { type: 'button', text: 'details' })));
+      c.branch, c.inbox, c.open, c.lead, c.spent,
+      el('td', {}, el('button', { type: 'button', text: 'details' })));
     return { tr, c };
   }
 
@@ -549,6 +565,9 @@
       ? `${m.openTickets.size}${Number.isFinite(oldest) ? ` (oldest ${human(now - oldest)})` : ''}`
       : '—');
     setText(c.lead, m.lead || 'primary');
+    const tree = m.treeSpent && m.spent && m.treeSpent.tokens > m.spent.tokens
+      ? ` · tree ${spentText(m.treeSpent)}` : '';
+    setText(c.spent, m.spent ? `${spentText(m.spent)}${tree}` : '—');
     row.tr.classList.toggle('selected', model.selected === m.target);
   }
 
@@ -632,6 +651,16 @@
     dirty.tickets = false;
   }
 
+  // A member's model spending (its `usage` in /sessions), as the table keeps it.
+  function spentOf(u) {
+    return u ? { tokens: u.totalTokens, usd: u.costUsd } : null;
+  }
+
+  function spentText(s) {
+    const k = s.tokens >= 1e6 ? `${(s.tokens / 1e6).toFixed(1)}M` : s.tokens >= 1e3 ? `${(s.tokens / 1e3).toFixed(1)}k` : String(s.tokens);
+    return `${k} tok $${s.usd.toFixed(2)}`;
+  }
+
   function describe(kind, d) {
     switch (kind) {
       case 'member.spawned': return `${d.target} joined (profile ${d.profile}${d.backend ? `, backend ${d.backend}` : ''})`;
@@ -646,6 +675,7 @@
       case 'nudge': return `${d.outcome}${d.lead ? ` → ${d.lead}` : ''}`;
       case 'incident': return d.text;
       case 'config.reloaded': return 'configuration reloaded';
+      case 'usage': return `${d.target} used ${d.tokens.input + d.tokens.output + d.tokens.cacheRead + d.tokens.cacheWrite} tokens ($${(d.costMicros / 1e6).toFixed(4)})`;
       default: return JSON.stringify(d);
     }
   }
