@@ -74,7 +74,7 @@ fn tree_order(members: &[Value]) -> Vec<&Value> {
 
 /// What a member spent on its model (`-` when its backend is not served through fleetd), and
 /// its tree's total when it heads a tree that spent more than itself.
-fn model(m: &Value) -> String {
+pub(super) fn model(m: &Value) -> String {
     let Some(own) = m.get("usage").filter(|u| u.is_object()) else {
         return "-".to_owned();
     };

@@ -354,8 +354,9 @@ impl View {
             "INBOX",
             "OPEN TICKETS (AGE)",
             "LEAD",
+            "MODEL",
         ];
-        let rows: Vec<[String; 6]> = members
+        let rows: Vec<[String; 7]> = members
             .iter()
             .map(|m| {
                 let text = |k: &str| m[k].as_str().unwrap_or("-").to_owned();
@@ -382,6 +383,7 @@ impl View {
                         open.join(", ")
                     },
                     text("lead"),
+                    super::status::model(m),
                 ]
             })
             .collect();
