@@ -53,7 +53,7 @@ pub(crate) async fn members_json(fleet: &Fleet) -> Result<Vec<serde_json::Value>
 
 impl FleetTool for List {
     const NAME: &'static str = "fleet_list";
-    const DESCRIPTION: &'static str = "List every member: target name, profile, pane id, status (idle/working/blocked/done/unknown), whether its agent is connected, inbox depth (replies waiting for fleet_poll), open tickets, its delegating lead, and its place in the delegation tree: `delegator` (the member it reports to, when a member delegated to it) and `depth` (1 under a lead); with a worktree profile, `branch` and `worktree` {path, branch, base, uncommitted, ahead}. In a fleet across hosts, other gateways' members follow as `name@gateway` (send to them by that name) with `gateway`, `stale` and `seenSecsAgo`; a gateway not heard from for three of its presence intervals shows its members `unreachable`.";
+    const DESCRIPTION: &'static str = "List every member: target name, profile, pane id, status (idle/working/blocked/done/unknown), whether its agent is connected, inbox depth (replies waiting for fleet_poll), open tickets, its delegating lead, and its place in the delegation tree: `delegator` (the member it reports to, when a member delegated to it) and `depth` (1 under a lead); with a worktree profile, `branch` and `worktree` {path, branch, base, uncommitted, ahead}; when its model backend is served through fleetd, `usage` (tokens by kind, totalTokens, costUsd, its budget) and, heading a delegation tree, `treeUsage`. `usage` beside the members totals what was spent by profile, tree and lead, released members included. In a fleet across hosts, other gateways' members follow as `name@gateway` (send to them by that name) with `gateway`, `stale` and `seenSecsAgo`; a gateway not heard from for three of its presence intervals shows its members `unreachable`.";
     const CLASS: ToolClass = ToolClass::Public;
     type Args = Args;
 
@@ -81,6 +81,28 @@ impl FleetTool for List {
                     .join(", ")
             ),
         };
-        output(json!({ "members": members }), summary)
+        // What members spent through the model gateway, released ones included: by profile,
+        // delegation tree and lead (each member's own is on its entry).
+        let totals = fleet.engine.usage_totals().await.map_err(gone)?;
+        let spent = |map: &std::collections::BTreeMap<String, fleetd_core::usage::Spent>| {
+            map.iter()
+                .map(|(k, s)| {
+                    (
+                        k.clone(),
+                        json!({
+                            "tokens": s.tokens,
+                            "totalTokens": s.tokens.total(),
+                            "costUsd": s.cost_micros as f64 / 1e6,
+                        }),
+                    )
+                })
+                .collect::<serde_json::Map<_, _>>()
+        };
+        let usage = json!({
+            "profiles": spent(&totals.profiles),
+            "trees": spent(&totals.trees),
+            "leads": spent(&totals.leads),
+        });
+        output(json!({ "members": members, "usage": usage }), summary)
     }
 }
