@@ -208,6 +208,7 @@ async fn send_overhead(rounds: usize) -> anyhow::Result<Stats> {
             backend: None,
             lead: None,
             worktree: None,
+            model: None,
         })
         .await?;
     engine.presence(target.clone()).await?;
