@@ -8,6 +8,7 @@
 use serde_json::{Value, json};
 
 use super::script::{Conversation, Plan, Reply, Step, ToolName};
+use super::served::Usage;
 
 /// Claude Code's own reminders, which share a user message with what was typed.
 const REMINDER_OPEN: &str = "<system-reminder>";
@@ -144,13 +145,14 @@ fn result_text(content: &Value) -> String {
     }
 }
 
-/// Usage reported for every answer (the numbers are made up; the shape is the API's).
-fn usage() -> Value {
+/// The usage object of a message (the numbers are made up, see [`Usage::planned`]; the shape is
+/// the API's).
+fn usage_of(usage: Usage) -> Value {
     json!({
-        "input_tokens": 100,
-        "output_tokens": 20,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "input_tokens": usage.input,
+        "output_tokens": usage.output,
+        "cache_creation_input_tokens": usage.cache_write,
+        "cache_read_input_tokens": usage.cache_read,
     })
 }
 
@@ -171,7 +173,7 @@ fn block_of(plan: &Plan, n: u64) -> (Value, &'static str) {
 }
 
 /// The whole answer as one JSON message (`stream: false`).
-pub fn message(plan: &Plan, model: &str, n: u64) -> Value {
+pub fn message(plan: &Plan, model: &str, n: u64, usage: Usage) -> Value {
     let (block, stop) = block_of(plan, n);
     json!({
         "id": format!("msg_fake{n:08}"),
@@ -181,16 +183,19 @@ pub fn message(plan: &Plan, model: &str, n: u64) -> Value {
         "content": [block],
         "stop_reason": stop,
         "stop_sequence": null,
-        "usage": usage(),
+        "usage": usage_of(usage),
     })
 }
 
-/// The answer as server-sent events, in order: each `(event name, data)`.
-pub fn events(plan: &Plan, model: &str, n: u64) -> Vec<(String, Value)> {
+/// The answer as server-sent events, in order: each `(event name, data)`. As the API does,
+/// `message_start` counts the input and the first output token, `message_delta` the whole
+/// output (its counts are cumulative).
+pub fn events(plan: &Plan, model: &str, n: u64, usage: Usage) -> Vec<(String, Value)> {
     let (block, stop) = block_of(plan, n);
-    let mut start = message(plan, model, n);
+    let mut start = message(plan, model, n, usage);
     start["content"] = json!([]);
     start["stop_reason"] = Value::Null;
+    start["usage"]["output_tokens"] = json!(1);
     let mut out = vec![(
         "message_start".to_owned(),
         json!({"type": "message_start", "message": start}),
@@ -226,7 +231,7 @@ pub fn events(plan: &Plan, model: &str, n: u64) -> Vec<(String, Value)> {
         json!({
             "type": "message_delta",
             "delta": {"stop_reason": stop, "stop_sequence": null},
-            "usage": {"output_tokens": 20},
+            "usage": {"output_tokens": usage.output},
         }),
     ));
     out.push(("message_stop".to_owned(), json!({"type": "message_stop"})));

@@ -1,16 +1,22 @@
 //! fake-model: a scripted stand-in for a model backend, as fake-herdr is for herdr. It serves the
-//! Anthropic Messages API (Claude Code) and the OpenAI Responses API (Codex) on loopback HTTP,
-//! answers each request from the conversation it carries (`script`), and logs every request —
-//! its headers and whole body — as one JSON line, so a test can see what an agent sent (which
-//! tools its turn had, whether a secret leaked into a request, when a reply reached the lead's
-//! model). A test double: it must not be used by the daemon.
+//! Anthropic Messages API (Claude Code), the OpenAI Responses API (Codex) and the OpenAI Chat
+//! Completions API on loopback HTTP, answers each request from the conversation it carries
+//! (`script`), and logs every request — its headers and whole body — as one JSON line, so a test
+//! can see what an agent sent (which tools its turn had, whether a secret leaked into a request,
+//! when a reply reached the lead's model). Each answer then logs one more line, `served` (see
+//! [`served`]): the token usage it reported, once it was handed over whole, or that the client
+//! cut it off — what a test compares a gateway's token counts with. A test double: it must not be
+//! used by the daemon.
 //!
 //! Routes: `POST …/messages` (streamed or not), `POST …/messages/count_tokens`, `POST
-//! …/responses` (streamed), `GET …/models`; anything else answers 404 and is logged.
+//! …/responses` (streamed), `POST …/chat/completions` (streamed or not), `GET …/models`; anything
+//! else answers 404 and is logged.
 
 pub mod anthropic;
+pub mod chat;
 pub mod openai;
 pub mod script;
+pub mod served;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -28,12 +34,15 @@ use serde_json::{Value, json};
 const KEEPALIVE: Duration = Duration::from_millis(500);
 
 /// How to run a fake model.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Options {
     /// Where every request is logged (one JSON line each); `None` logs nothing.
     pub log: Option<PathBuf>,
     /// The script's knobs.
     pub script: script::Options,
+    /// How long every stream waits between one event and the next (zero: not at all), so a test
+    /// can act while a stream is under way.
+    pub stream_gap: Duration,
 }
 
 #[derive(Debug)]
@@ -95,26 +104,31 @@ async fn handle(
     let path = uri.path().to_owned();
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let model = body["model"].as_str().unwrap_or("fake").to_owned();
-    let api = if method == axum::http::Method::POST && path.ends_with("/messages") {
+    let post = method == axum::http::Method::POST;
+    let api = if post && path.ends_with("/messages") {
         "anthropic"
-    } else if method == axum::http::Method::POST && path.ends_with("/responses") {
+    } else if post && path.ends_with("/responses") {
         "openai"
+    } else if post && path.ends_with("/chat/completions") {
+        "openai-chat"
     } else {
         "other"
     };
     let conv = match api {
         "anthropic" => Some(anthropic::conversation(&body)),
         "openai" => Some(openai::conversation(&body)),
+        "openai-chat" => Some(chat::conversation(&body)),
         _ => None,
     };
     let plan = conv.as_ref().map(|c| script::next(c, &shared.opts.script));
+    let key = key_of(&headers);
     shared.record(&json!({
         "t": unix_ms(),
         "n": n,
         "api": api,
         "method": method.as_str(),
         "path": path,
-        "key": key_of(&headers),
+        "key": key,
         "userAgent": headers.get("user-agent").and_then(|v| v.to_str().ok()),
         "prompt": conv.as_ref().map(|c| c.prompt.clone()),
         "side": conv.as_ref().map(|c| c.side),
@@ -124,27 +138,52 @@ async fn handle(
         "headers": headers.iter().map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_owned())).collect::<std::collections::BTreeMap<_, _>>(),
         "body": body,
     }));
-    match (api, plan) {
-        ("anthropic", Some(plan)) => {
-            if body["stream"].as_bool().unwrap_or(false) {
-                stream(plan.delay, anthropic::events(&plan, &model, n), true)
-            } else {
-                tokio::time::sleep(plan.delay).await;
-                json_response(StatusCode::OK, &anthropic::message(&plan, &model, n))
-            }
+    let (Some(plan), Some(conv)) = (plan, conv) else {
+        return other(&path);
+    };
+    let usage = served::Usage::planned(n, &conv.prompt);
+    let mut ledger = served::Ledger::new(Arc::clone(&shared), n, key, api);
+    let streamed = body["stream"].as_bool().unwrap_or(false);
+    let gap = shared.opts.stream_gap;
+    let whole = match api {
+        "anthropic" if streamed => {
+            let events = anthropic::events(&plan, &model, n, usage);
+            return stream(ledger, plan.delay, gap, events, true);
         }
-        ("openai", Some(plan)) => stream(plan.delay, openai::events(&plan, &model, n), false),
-        _ if path.ends_with("/count_tokens") => {
-            json_response(StatusCode::OK, &json!({"input_tokens": 100}))
+        "anthropic" => anthropic::message(&plan, &model, n, usage),
+        "openai" => {
+            let events = openai::events(&plan, &model, n, usage);
+            return stream(ledger, plan.delay, gap, events, false);
         }
-        _ if path.ends_with("/models") => json_response(
+        _ if streamed => {
+            let include_usage = body["stream_options"]["include_usage"]
+                .as_bool()
+                .unwrap_or(false);
+            let events = chat::chunks(&plan, &model, n, usage, include_usage);
+            return stream(ledger, plan.delay, gap, events, false);
+        }
+        _ => chat::completion(&plan, &model, n, usage),
+    };
+    tokio::time::sleep(plan.delay).await;
+    ledger.observe(&whole);
+    ledger.served();
+    json_response(StatusCode::OK, &whole)
+}
+
+/// The answer to a request no API of the script's takes.
+fn other(path: &str) -> Response {
+    if path.ends_with("/count_tokens") {
+        json_response(StatusCode::OK, &json!({"input_tokens": 100}))
+    } else if path.ends_with("/models") {
+        json_response(
             StatusCode::OK,
             &json!({"object": "list", "data": [{"id": "fake", "object": "model"}]}),
-        ),
-        _ => json_response(
+        )
+    } else {
+        json_response(
             StatusCode::NOT_FOUND,
             &json!({"type": "error", "error": {"type": "not_found_error", "message": format!("fake-model serves no {path}")}}),
-        ),
+        )
     }
 }
 
@@ -156,17 +195,36 @@ fn json_response(status: StatusCode, value: &Value) -> Response {
         .unwrap_or_default()
 }
 
+/// One server-sent event on the wire: `event:` and `data:` lines, or only `data:` for an event
+/// with no name (Chat Completions), whose data is written as it is when it is a string (`[DONE]`).
+fn frame((name, data): &(String, Value)) -> Bytes {
+    let data = match data {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    if name.is_empty() {
+        Bytes::from(format!("data: {data}\n\n"))
+    } else {
+        Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
+    }
+}
+
 /// Streams `events` as server-sent events: the first at once, the rest after `delay` (with the
-/// Messages API's `ping` every [`KEEPALIVE`] meanwhile when `pings`).
-fn stream(delay: Duration, events: Vec<(String, Value)>, pings: bool) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+/// Messages API's `ping` every [`KEEPALIVE`] meanwhile when `pings`), `gap` apart. `ledger` sees
+/// every event the connection takes, and logs the answer served when the connection has taken
+/// the last one and asked for more, or cut when the body is dropped before (the client went away).
+fn stream(
+    ledger: served::Ledger,
+    delay: Duration,
+    gap: Duration,
+    events: Vec<(String, Value)>,
+    pings: bool,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<(String, Value)>(16);
     tokio::spawn(async move {
-        let frame = |(name, data): &(String, Value)| {
-            Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
-        };
         let mut events = events.into_iter();
         if let Some(first) = events.next()
-            && tx.send(frame(&first)).await.is_err()
+            && tx.send(first).await.is_err()
         {
             return;
         }
@@ -174,18 +232,30 @@ fn stream(delay: Duration, events: Vec<(String, Value)>, pings: bool) -> Respons
         while tokio::time::Instant::now() < until {
             let step = KEEPALIVE.min(until - tokio::time::Instant::now());
             tokio::time::sleep(step).await;
-            if pings && tx.send(frame(&anthropic::ping())).await.is_err() {
+            if pings && tx.send(anthropic::ping()).await.is_err() {
                 return;
             }
         }
         for event in events {
-            if tx.send(frame(&event)).await.is_err() {
+            if !gap.is_zero() {
+                tokio::time::sleep(gap).await;
+            }
+            if tx.send(event).await.is_err() {
                 return;
             }
         }
     });
-    let body = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
+    let body = futures_util::stream::unfold((rx, ledger), |(mut rx, mut ledger)| async move {
+        match rx.recv().await {
+            Some(event) => {
+                ledger.observe(&event.1);
+                Some((Ok::<_, std::io::Error>(frame(&event)), (rx, ledger)))
+            }
+            None => {
+                ledger.served();
+                None
+            }
+        }
     });
     Response::builder()
         .status(StatusCode::OK)
@@ -207,15 +277,31 @@ impl Shared {
     }
 }
 
-/// One logged request, as a test reads it back.
+/// One logged line (a request, or an answer's `served` line), as a test reads it back.
 pub type Logged = Value;
 
-/// Every request logged at `path` so far (a missing log is none).
-pub fn read_log(path: &Path) -> Vec<Logged> {
+fn read_lines(path: &Path) -> Vec<Logged> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Every request logged at `path` so far (a missing log is none); the answers' `served` lines
+/// left out.
+pub fn read_log(path: &Path) -> Vec<Logged> {
+    read_lines(path)
+        .into_iter()
+        .filter(|l: &Value| l.get("served").is_none())
+        .collect()
+}
+
+/// Every answer's `served` line logged at `path` so far, served or cut (see [`served`]).
+pub fn read_served(path: &Path) -> Vec<Logged> {
+    read_lines(path)
+        .into_iter()
+        .filter(|l: &Value| l.get("served").is_some())
         .collect()
 }
 
@@ -233,10 +319,16 @@ pub struct FakeModel {
 impl FakeModel {
     /// Starts one logging to `<dir>/<name>.jsonl`, answering questions with `answer`.
     pub fn start(dir: &Path, name: &str, answer: &str) -> Self {
+        Self::start_with(dir, name, answer, &[])
+    }
+
+    /// [`FakeModel::start`] with more of the binary's options, e.g. `["--stream-gap-ms", "200"]`.
+    pub fn start_with(dir: &Path, name: &str, answer: &str, extra_args: &[&str]) -> Self {
         use std::io::BufRead as _;
         let log = dir.join(format!("{name}.jsonl"));
         let mut child = std::process::Command::new(crate::bin_path("fake-model"))
             .args(["--log", &log.display().to_string(), "--answer", answer])
+            .args(extra_args)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -270,6 +362,22 @@ impl FakeModel {
             .into_iter()
             .filter(|r| r["api"] != "other" && r["side"] != true)
             .collect()
+    }
+
+    /// Every answer's `served` line so far: `"served": true` for one handed over whole, `false`
+    /// with `"cut": true` for one the client went away from (see [`served`]).
+    pub fn served(&self) -> Vec<Logged> {
+        read_served(&self.log)
+    }
+
+    /// The usage of every answer served whole to a request that presented `key`, summed: what a
+    /// gateway that counted `key`'s traffic exactly must have counted.
+    pub fn served_usage(&self, key: &str) -> served::Usage {
+        self.served()
+            .iter()
+            .filter(|l| l["served"] == true && l["key"] == key)
+            .filter_map(|l| serde_json::from_value::<served::Usage>(l["usage"].clone()).ok())
+            .fold(served::Usage::default(), served::Usage::plus)
     }
 }
 

@@ -10,6 +10,7 @@
 use serde_json::{Value, json};
 
 use super::script::{Conversation, Plan, Reply, Step, ToolName};
+use super::served::Usage;
 
 /// Codex's own context messages, sent as user messages before what was typed.
 const CONTEXT_TAGS: &[&str] = &[
@@ -137,7 +138,20 @@ fn item_of(plan: &Plan, n: u64) -> Value {
     }
 }
 
-fn response(model: &str, n: u64, status: &str, output: &[Value]) -> Value {
+/// The usage object of a response: the input counts the cached tokens too (the numbers are made
+/// up, see [`Usage::planned`]; the shape is the API's).
+fn usage_of(usage: Usage) -> Value {
+    let input = usage.input + usage.cache_read;
+    json!({
+        "input_tokens": input,
+        "input_tokens_details": {"cached_tokens": usage.cache_read},
+        "output_tokens": usage.output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input + usage.output,
+    })
+}
+
+fn response(model: &str, n: u64, status: &str, output: &[Value], usage: Usage) -> Value {
     let mut r = json!({
         "id": format!("resp_fake{n:08}"),
         "object": "response",
@@ -147,19 +161,13 @@ fn response(model: &str, n: u64, status: &str, output: &[Value]) -> Value {
         "output": output,
     });
     if status == "completed" {
-        r["usage"] = json!({
-            "input_tokens": 100,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": 20,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": 120,
-        });
+        r["usage"] = usage_of(usage);
     }
     r
 }
 
 /// The answer as server-sent events, in order: each `(event name, data)`.
-pub fn events(plan: &Plan, model: &str, n: u64) -> Vec<(String, Value)> {
+pub fn events(plan: &Plan, model: &str, n: u64, usage: Usage) -> Vec<(String, Value)> {
     let item = item_of(plan, n);
     let item_id = item["id"].clone();
     let mut seq = 0_u64;
@@ -172,11 +180,11 @@ pub fn events(plan: &Plan, model: &str, n: u64) -> Vec<(String, Value)> {
     };
     push(
         "response.created",
-        json!({"response": response(model, n, "in_progress", &[])}),
+        json!({"response": response(model, n, "in_progress", &[], usage)}),
     );
     push(
         "response.in_progress",
-        json!({"response": response(model, n, "in_progress", &[])}),
+        json!({"response": response(model, n, "in_progress", &[], usage)}),
     );
     let mut added = item.clone();
     added["status"] = json!("in_progress");
@@ -229,7 +237,7 @@ pub fn events(plan: &Plan, model: &str, n: u64) -> Vec<(String, Value)> {
     );
     push(
         "response.completed",
-        json!({"response": response(model, n, "completed", &[item_of(plan, n)])}),
+        json!({"response": response(model, n, "completed", &[item_of(plan, n)], usage)}),
     );
     out
 }

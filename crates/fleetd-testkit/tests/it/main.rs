@@ -14,6 +14,7 @@ mod delegation;
 mod delivery_herdr;
 mod demo;
 mod events;
+mod fake_model;
 mod faults;
 mod gateway;
 mod gateway_cluster;
