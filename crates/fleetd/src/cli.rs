@@ -113,6 +113,12 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Set, replace or lift a member's model budget (or, with --tree, the budget of the
+    /// delegation tree it heads): what it may spend on its model backend through fleetd before
+    /// its requests are refused. The limits given replace the whole budget; the answer shows
+    /// what was set and what was spent so far. Needs the operator's role (the default unix
+    /// socket).
+    Budget(BudgetArgs),
     /// Sign a browser in to the dashboard: prints fleetd's address with a one-time key (valid
     /// two minutes, used once). Needs the operator's role (the default unix socket).
     Dashboard(ClientArgs),
@@ -167,6 +173,33 @@ pub struct ClientArgs {
     /// Print the daemon's JSON answer instead of the human form.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Flags of `fleetd budget`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("limit").required(true).args(["tokens", "cost_usd", "lift"])))]
+pub struct BudgetArgs {
+    /// The member's name.
+    pub target: String,
+    /// A limit on tokens of every kind together (input, output, cache reads and writes).
+    #[arg(long, value_name = "N")]
+    pub tokens: Option<u64>,
+    /// A limit on cost, in US dollars at the backend's configured prices.
+    #[arg(long, value_name = "USD")]
+    pub cost_usd: Option<f64>,
+    /// Warn the member's lead at this fraction of a limit (0 to 1; default 0.8).
+    #[arg(long, value_name = "F")]
+    pub warn_at: Option<f64>,
+    /// Set the budget of the delegation tree TARGET heads (it and every member under it
+    /// together) rather than its own.
+    #[arg(long)]
+    pub tree: bool,
+    /// Lift the budget: no limit.
+    #[arg(long, conflicts_with_all = ["tokens", "cost_usd", "warn_at"])]
+    pub lift: bool,
+    /// How to reach the daemon.
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 /// Flags of `fleetd send`.

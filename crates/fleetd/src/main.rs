@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use fleetd::cli::{
-    Cli, ClientArgs, Command, ConfigCommand, DemoArgs, GatewayCommand, InstallClaudeArgs,
-    InstallCodexArgs, InstallCommand, InstallScope, SendArgs, ServeArgs,
+    BudgetArgs, Cli, ClientArgs, Command, ConfigCommand, DemoArgs, GatewayCommand,
+    InstallClaudeArgs, InstallCodexArgs, InstallCommand, InstallScope, SendArgs, ServeArgs,
 };
 use fleetd::client::Request;
 use fleetd::config::{Config, Environment, Overrides};
@@ -66,6 +66,7 @@ fn main() -> ExitCode {
         }
         Command::Dashboard(client) => ask(config, &env, &client, &Request::Dashboard),
         Command::Admit { pane, client } => ask(config, &env, &client, &Request::Admit { pane }),
+        Command::Budget(args) => budget(config, &env, args),
         Command::Watch(client) => watch(config, &env, &client).map(|()| true),
         Command::Install(InstallCommand::Claude(args)) => {
             install_claude(config, &env, &args).map(|()| true)
@@ -115,6 +116,29 @@ fn client_session(
         .build()
         .context("failed to start the async runtime")?;
     Ok((conn, runtime))
+}
+
+/// `fleetd budget`: sets the budget and prints what was set and spent.
+fn budget(
+    config_path: Option<&std::path::Path>,
+    env: &Environment,
+    args: BudgetArgs,
+) -> anyhow::Result<bool> {
+    let (conn, runtime) = client_session(config_path, env, &args.client)?;
+    let budget = fleetd::client::budget::Budget {
+        target: args.target,
+        tokens: args.tokens,
+        cost_usd: args.cost_usd,
+        warn_at: args.warn_at,
+        tree: args.tree,
+    };
+    let mut out = std::io::stdout().lock();
+    Ok(runtime.block_on(fleetd::client::budget::run(
+        &conn,
+        &budget,
+        args.client.json,
+        &mut out,
+    ))?)
 }
 
 fn watch(

@@ -1,8 +1,10 @@
-//! The human CLI's client commands (`fleetd status`, `inbox`, `ack`, `send`): find the running
-//! daemon, ask its REST API, and print the answer for a person or, with `--json`, the daemon's
-//! JSON as it came. Owns the commands' output and exit status; never decides anything about the
-//! fleet itself (the daemon does), and speaks HTTP only through `wire`.
+//! The human CLI's client commands (`fleetd status`, `inbox`, `ack`, `send`; `budget` in
+//! `client::budget`, `watch` in `client::watch`, the status table in `client::status`): find the
+//! running daemon, ask its REST API, and print the answer for a person or, with `--json`, the
+//! daemon's JSON as it came. Owns the commands' output and exit status; never decides anything
+//! about the fleet itself (the daemon does), and speaks HTTP only through `wire`.
 
+pub mod budget;
 mod status;
 pub mod watch;
 pub(crate) mod wire;
@@ -174,20 +176,7 @@ pub async fn run(
     )
     .await?;
     if !(200..300).contains(&answer.status) {
-        if json {
-            writeln!(out, "{}", answer.body)?;
-        }
-        return Err(ClientError::Refused {
-            status: answer.status,
-            code: answer.body["error"]
-                .as_str()
-                .unwrap_or("unknown")
-                .to_owned(),
-            message: answer.body["message"]
-                .as_str()
-                .unwrap_or("no reason given")
-                .to_owned(),
-        });
+        return Err(refused(&answer, json, out));
     }
     if json {
         writeln!(out, "{}", answer.body)?;
@@ -216,6 +205,20 @@ pub async fn run(
         )?,
     }
     Ok(settled_ok(request, &answer.body))
+}
+
+/// The daemon's refusal in `answer` (written to `out` as it came when `json`).
+fn refused(answer: &wire::Answer, json: bool, out: &mut dyn Write) -> ClientError {
+    if json && let Err(e) = writeln!(out, "{}", answer.body) {
+        return e.into();
+    }
+    let said =
+        |key: &str, otherwise: &str| answer.body[key].as_str().unwrap_or(otherwise).to_owned();
+    ClientError::Refused {
+        status: answer.status,
+        code: said("error", "unknown"),
+        message: said("message", "no reason given"),
+    }
 }
 
 fn route(

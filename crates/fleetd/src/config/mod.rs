@@ -20,7 +20,7 @@ use serde::Serialize;
 
 pub use diff::{Change, ConfigDiff, KeyClass};
 pub use live::{Live, Publisher, channel};
-pub use models::{BudgetSpec, Prices, micros};
+pub use models::{BudgetError, BudgetSpec, Prices, budget_from, micros};
 pub use profiles::{is_env_name, is_known_agent};
 pub use raw::{LogFormat, MultiplexerChoice, StoreKind};
 

@@ -128,36 +128,128 @@ pub(super) fn budget(
         return Ok(None);
     };
     let b = &raw.value;
-    if b.tokens.is_none() && b.cost_usd.is_none() {
-        return Err(judge.at(
+    match budget_from(b.tokens, b.cost_usd, b.warn_at) {
+        Ok(Some(spec)) => Ok(Some(spec)),
+        Ok(None) => Err(judge.at(
             key,
             raw,
             "sets no limit: give `tokens:` (all kinds together) and/or `costUsd:`",
-        ));
+        )),
+        Err(e) => Err(judge.at(&format!("{key}.{}", e.field), raw, e.message)),
     }
-    let cost_micros = match b.cost_usd {
+}
+
+/// Which part of a budget was refused, and why (a sentence saying what to give instead).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{field}`: {message}")]
+pub struct BudgetError {
+    /// The field, as the configuration, the REST body and `fleet_spawn` spell it
+    /// (`costUsd`, `warnAt`).
+    pub field: &'static str,
+    /// Why, and what to give.
+    pub message: String,
+}
+
+/// A budget from its parts as people give them (a token count, dollars, a warning fraction:
+/// `0.8` warns at 80%, the default) — the one check behind the configuration's `budget:`, the
+/// operator's `POST /sessions/{target}/budget` and `fleet_spawn`'s `budget`. `None` when it
+/// sets neither limit (each caller says what that means: an error in a profile, lifting the
+/// budget for the operator).
+pub fn budget_from(
+    tokens: Option<u64>,
+    cost_usd: Option<f64>,
+    warn_at: Option<f64>,
+) -> Result<Option<BudgetSpec>, BudgetError> {
+    let cost_micros = match cost_usd {
         None => None,
-        Some(v) => Some(micros(v).ok_or_else(|| {
-            judge.at(
-                &format!("{key}.costUsd"),
-                raw,
-                format!("{v} is not an amount: give dollars, from 0 to 1e9"),
-            )
+        Some(v) => Some(micros(v).ok_or_else(|| BudgetError {
+            field: "costUsd",
+            message: format!("{v} is not an amount: give dollars, from 0 to 1e9"),
         })?),
     };
-    let warn_at = b.warn_at.unwrap_or(DEFAULT_WARN_AT);
+    let warn_at = warn_at.unwrap_or(DEFAULT_WARN_AT);
     if !(0.0..=1.0).contains(&warn_at) {
-        return Err(judge.at(
-            &format!("{key}.warnAt"),
-            raw,
-            format!("{warn_at} is not a fraction: give one from 0 to 1 (0.8 warns at 80%)"),
-        ));
+        return Err(BudgetError {
+            field: "warnAt",
+            message: format!(
+                "{warn_at} is not a fraction: give one from 0 to 1 (0.8 warns at 80%)"
+            ),
+        });
+    }
+    if tokens.is_none() && cost_micros.is_none() {
+        return Ok(None);
     }
     // Within 0..=1 by the check above, so 0..=1000: the cast is exact.
     let warn_permille = (warn_at * 1000.0).round() as u16;
     Ok(Some(BudgetSpec {
-        tokens: b.tokens,
+        tokens,
         cost_micros,
         warn_permille,
     }))
+}
+
+impl BudgetSpec {
+    /// This budget held under `cap` (a profile's): each limit the lower of the two, a limit
+    /// only one of them sets kept, this budget's warning fraction. So a budget an agent gives
+    /// at spawn can tighten the operator's, never loosen it.
+    #[must_use]
+    pub fn within(self, cap: Option<Self>) -> Self {
+        let Some(cap) = cap else {
+            return self;
+        };
+        let lower = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Self {
+            tokens: lower(self.tokens, cap.tokens),
+            cost_micros: lower(self.cost_micros, cap.cost_micros),
+            warn_permille: self.warn_permille,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_names_the_field_it_refuses() {
+        let e = budget_from(Some(5), Some(-1.0), None).expect_err("negative dollars");
+        assert_eq!(e.field, "costUsd");
+        let e = budget_from(Some(5), None, Some(1.5)).expect_err("not a fraction");
+        assert_eq!(e.field, "warnAt");
+        assert_eq!(budget_from(None, None, Some(0.5)), Ok(None));
+        assert_eq!(
+            budget_from(Some(7), Some(0.25), None),
+            Ok(Some(BudgetSpec {
+                tokens: Some(7),
+                cost_micros: Some(250_000),
+                warn_permille: 800,
+            }))
+        );
+    }
+
+    #[test]
+    fn a_budget_within_a_cap_only_tightens_it() {
+        let cap = BudgetSpec {
+            tokens: Some(100),
+            cost_micros: None,
+            warn_permille: 800,
+        };
+        let asked = BudgetSpec {
+            tokens: Some(1_000),
+            cost_micros: Some(5),
+            warn_permille: 500,
+        };
+        assert_eq!(
+            asked.within(Some(cap)),
+            BudgetSpec {
+                tokens: Some(100),
+                cost_micros: Some(5),
+                warn_permille: 500,
+            }
+        );
+        assert_eq!(asked.within(None), asked);
+    }
 }

@@ -20,6 +20,7 @@
 //!   (everything but `/healthz` and the dashboard's page and sign-in, see `dashboard`).
 
 mod admit;
+mod budget;
 mod dashboard;
 mod event_stream;
 pub mod listen;
@@ -89,6 +90,7 @@ pub fn router(
         .route("/sessions/{target}/replies/{msg_id}/ack", post(rest::ack))
         .route("/sessions/{target}/tasks", post(rest::task))
         .route("/sessions/{target}/stop", post(rest::stop))
+        .route("/sessions/{target}/budget", post(budget::set))
         .route("/questions", get(rest::questions))
         .route("/questions/{question_id}/answer", post(rest::answer))
         .route("/tickets", get(rest::tickets))

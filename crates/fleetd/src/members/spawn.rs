@@ -42,9 +42,9 @@ pub struct SpawnRequest {
     /// The caller's pane directory (its pane process's working directory): where a worktree
     /// profile branches from when neither its `repo` nor `cwd` says.
     pub origin: Option<std::path::PathBuf>,
-    /// Its model budget, over the profile's.
+    /// Its model budget, held within the profile's (`BudgetSpec::within`).
     pub budget: Option<crate::config::BudgetSpec>,
-    /// The model budget of the tree it will head, over the profile's.
+    /// The model budget of the tree it will head, held within the profile's.
     pub tree_budget: Option<crate::config::BudgetSpec>,
 }
 
@@ -254,8 +254,13 @@ impl Saga<'_> {
                     .map(|(key_hash, backend)| crate::engine::MemberModel {
                         backend,
                         key_hash,
-                        budget: request.budget.or(profile.budget),
-                        tree_budget: request.tree_budget.or(profile.tree_budget),
+                        // A budget given at spawn tightens the profile's, never loosens it.
+                        budget: request
+                            .budget
+                            .map_or(profile.budget, |b| Some(b.within(profile.budget))),
+                        tree_budget: request
+                            .tree_budget
+                            .map_or(profile.tree_budget, |b| Some(b.within(profile.tree_budget))),
                     }),
             })
             .await?;

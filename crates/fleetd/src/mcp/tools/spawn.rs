@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{FleetTool, member_of, output};
+use crate::config::BudgetSpec;
 use crate::mcp::{Caller, Fleet, ToolError, ToolOutput};
 use crate::members::SpawnRequest;
 
@@ -29,6 +30,53 @@ pub(crate) struct Args {
     /// The gateway (host) to spawn it on, for a fleet across hosts; default: this one. Its
     /// profiles are that gateway's (fleet_profiles shows them as `profile@gateway`).
     gateway: Option<String>,
+    /// A model budget for the member, when its backend is served through fleetd: its model
+    /// requests are refused once it is spent. It tightens the profile's `budget`, never
+    /// loosens it.
+    budget: Option<BudgetArg>,
+    /// A model budget for the delegation tree the member heads (itself and every member under
+    /// it together); it tightens the profile's `treeBudget`, never loosens it.
+    #[serde(rename = "treeBudget")]
+    tree_budget: Option<BudgetArg>,
+}
+
+/// A model budget as `fleet_spawn` takes it.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct BudgetArg {
+    /// Tokens of every kind together (input, output, cache reads and writes).
+    tokens: Option<u64>,
+    /// Cost in US dollars, at the backend's configured prices.
+    cost_usd: Option<f64>,
+    /// The fraction of a limit at which your lead is warned (0 to 1; default 0.8).
+    warn_at: Option<f64>,
+}
+
+/// Whether `profile`'s backend is served through fleetd's model gateway (an unknown profile
+/// counts as served: the spawn refuses it, naming it).
+fn served_through_fleetd(config: &crate::config::Config, profile: &str) -> bool {
+    config.profiles.get(profile).is_none_or(|p| {
+        p.backend
+            .as_ref()
+            .and_then(|b| config.backends.get(b))
+            .is_some_and(|b| b.through_fleetd)
+    })
+}
+
+/// `arg` (named `name` in the arguments) as a budget, or the refusal naming its bad field.
+fn budget(name: &str, arg: Option<&BudgetArg>) -> Result<Option<BudgetSpec>, ToolError> {
+    let Some(arg) = arg else {
+        return Ok(None);
+    };
+    let invalid = |message: String| ToolError::new(Code::InvalidArguments, message);
+    match crate::config::budget_from(arg.tokens, arg.cost_usd, arg.warn_at) {
+        Ok(Some(spec)) => Ok(Some(spec)),
+        Ok(None) => Err(invalid(format!(
+            "`{name}` sets no limit: give `tokens` (all kinds together) and/or `costUsd`"
+        ))),
+        Err(e) => Err(invalid(format!("`{name}.{}`: {}", e.field, e.message))),
+    }
 }
 
 /// How long `fleet_spawn` on another gateway waits for its answer: that gateway's own wait for
@@ -40,7 +88,7 @@ pub(crate) struct Spawn;
 
 impl FleetTool for Spawn {
     const NAME: &'static str = "fleet_spawn";
-    const DESCRIPTION: &'static str = "Start a member from a profile (see fleet_profiles) in a new pane and wait until its agent is ready. Returns {target, paneId, terminalId, profile} and, with `task`, the first task's ticket. A profile with `worktree` starts the member in a git worktree of its own on a new branch. Fails clearly without leaving a half-registered member, pane, worktree or branch: profile not ready, pane closed, agent not ready in time; worktree_failed when the worktree cannot be made (not a git repository, an unknown base, git or a hook refusing; git's own words follow); too_many_members when the lead (you, or the member you are) has maxMembersPerLead members already; delegation_too_deep when you are a member at maxDelegationDepth of its delegation tree.";
+    const DESCRIPTION: &'static str = "Start a member from a profile (see fleet_profiles) in a new pane and wait until its agent is ready. Returns {target, paneId, terminalId, profile} and, with `task`, the first task's ticket. A profile with `worktree` starts the member in a git worktree of its own on a new branch. Fails clearly without leaving a half-registered member, pane, worktree or branch: profile not ready, pane closed, agent not ready in time; worktree_failed when the worktree cannot be made (not a git repository, an unknown base, git or a hook refusing; git's own words follow); too_many_members when the lead (you, or the member you are) has maxMembersPerLead members already; delegation_too_deep when you are a member at maxDelegationDepth of its delegation tree. `budget` / `treeBudget` ({tokens, costUsd, warnAt}) limit what the member (or the tree it heads) may spend on its model backend, within its profile's budgets.";
     const CLASS: ToolClass = ToolClass::Orchestration;
     type Args = Args;
 
@@ -51,8 +99,27 @@ impl FleetTool for Spawn {
             .gateway
             .as_ref()
             .map(|g| g.name.to_string());
+        let own_budget = budget("budget", args.budget.as_ref())?;
+        let tree_budget = budget("treeBudget", args.tree_budget.as_ref())?;
         if let Some(gateway) = args.gateway.clone().filter(|g| Some(g) != me.as_ref()) {
+            if own_budget.is_some() || tree_budget.is_some() {
+                return Err(ToolError::new(
+                    Code::InvalidArguments,
+                    "`budget` and `treeBudget` apply where the member runs: a member on another gateway has its profile's budgets there",
+                ));
+            }
             return remote(fleet, caller, args, gateway).await;
+        }
+        if (own_budget.is_some() || tree_budget.is_some())
+            && !served_through_fleetd(&fleet.config.current(), &args.profile)
+        {
+            return Err(ToolError::new(
+                Code::InvalidArguments,
+                format!(
+                    "profile {} has no backend served through fleetd (throughFleetd), so fleetd sees none of its model requests: `budget` and `treeBudget` cannot apply",
+                    args.profile
+                ),
+            ));
         }
         // Where a worktree profile branches from by default: the caller's pane directory.
         let origin = match &caller.pane {
@@ -69,8 +136,8 @@ impl FleetTool for Spawn {
                 lead: caller.lead(),
                 by: member_of(caller),
                 origin,
-                budget: None,
-                tree_budget: None,
+                budget: own_budget,
+                tree_budget,
             })
             .await?;
         let value = json!({
