@@ -55,6 +55,37 @@ pub fn environ(pid: u32) -> std::collections::HashMap<String, String> {
         .collect()
 }
 
+/// The environment of process `pid` and of every process under it, one string per process
+/// (`/proc/PID/environ`, NULs as newlines): what a pane's whole process tree holds.
+pub fn tree_environments(pid: u32) -> Vec<String> {
+    // Every process's parent, from /proc/PID/stat (field 4, after the parenthesised name).
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
+            Some((pid, ppid.parse().ok()?))
+        })
+        .collect();
+    let mut pids = vec![pid];
+    let mut i = 0;
+    while i < pids.len() {
+        let parent = pids[i];
+        pids.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    pids.iter()
+        .filter_map(|p| std::fs::read(format!("/proc/{p}/environ")).ok())
+        .map(|e| String::from_utf8_lossy(&e).replace('\0', "\n"))
+        .collect()
+}
+
 /// Outcome of asking for an external service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Service {
@@ -160,6 +191,7 @@ pub mod fake_herdr;
 pub mod fake_model;
 pub mod http;
 pub mod malformed;
+pub mod model_call;
 pub mod recovery;
 pub mod rig;
 pub mod rig_herdr;

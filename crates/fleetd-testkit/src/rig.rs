@@ -235,6 +235,19 @@ impl Rig {
         self.tmux.run_ok(&args);
     }
 
+    /// The pid of the process tmux started in target `pane` (a member's agent, once its
+    /// launcher has exec'd it).
+    pub fn pane_pid(&self, pane: &str) -> u32 {
+        let out = self
+            .tmux
+            .run(&["list-panes", "-t", pane, "-F", "#{pane_pid}"])
+            .expect("tmux runs");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("no pane pid for {pane}"))
+    }
+
     /// What tmux target `pane` shows now.
     pub fn screen(&self, pane: &str) -> String {
         let out = self

@@ -311,33 +311,7 @@ impl AgentRig {
     /// The environment of `target`'s process and every process under it, one string per
     /// process (`/proc/PID/environ`, NULs as newlines).
     pub fn environments(&self, target: &str) -> Vec<String> {
-        let root = self.panes.pid(target);
-        // Every process's parent, from /proc/PID/stat (field 4, after the parenthesised name).
-        let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-            .expect("/proc")
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter_map(|pid| {
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-                let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
-                Some((pid, ppid.parse().ok()?))
-            })
-            .collect();
-        let mut pids = vec![root];
-        let mut i = 0;
-        while i < pids.len() {
-            let parent = pids[i];
-            pids.extend(
-                parents
-                    .iter()
-                    .filter(|(_, pp)| *pp == parent)
-                    .map(|(p, _)| *p),
-            );
-            i += 1;
-        }
-        pids.iter()
-            .filter_map(|p| std::fs::read(format!("/proc/{p}/environ")).ok())
-            .map(|e| String::from_utf8_lossy(&e).replace('\0', "\n"))
-            .collect()
+        crate::tree_environments(self.panes.pid(target))
     }
 
     /// Prints every pane's screen and what each model was asked.

@@ -23,6 +23,7 @@ mod install;
 mod locate;
 mod members;
 mod metrics;
+mod model_gateway;
 mod mux_herdr;
 mod mux_kit;
 mod mux_tmux;
