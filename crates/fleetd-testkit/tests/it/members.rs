@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 
 const SECRET: &str = "sk-fleetd-test-9f8e7d6c5b4a";
 
-/// A rig with backend `lab` whose token is a file secret, and profiles `sim` (claude kind, on
+/// A rig with backend `lab` whose token is a file secret, handed to its members themselves
+/// (`throughFleetd: false`: what these tests check is that path; the model gateway's, where a
+/// member holds only a key of its own, is `model_gateway`'s), and profiles `sim` (claude kind, on
 /// `lab`), `hang` (a member whose turns never end) and `slow` (an agent that starts after 2 s).
 fn rig() -> Option<Rig> {
     if require_tmux() == Service::Skip {
@@ -24,7 +26,7 @@ fn rig() -> Option<Rig> {
     let sim = bin_path("sim-agent").display().to_string();
     Some(Rig::start(&format!(
         "primary:\n  tab: base:lead\n  pushReminders: 0\n\
-         backends:\n  lab:\n    baseUrl: http://127.0.0.1:9/v1\n    authTokenSecret: lab-token\n\
+         backends:\n  lab:\n    baseUrl: http://127.0.0.1:9/v1\n    authTokenSecret: lab-token\n    throughFleetd: false\n\
          secrets:\n  lab-token:\n    file: {}\n\
          profiles:\n  sim:\n    agent: claude\n    command: {sim}\n    backend: lab\n    env:\n      SIM_AGENT_WORK_MS: \"300\"\n\
          \x20 hang:\n    agent: custom\n    command: {sim}\n    env:\n      SIM_AGENT_SCRIPT: hang\n\

@@ -20,7 +20,8 @@ use serde_json::{Value, json};
 const PATIENCE: Duration = Duration::from_secs(90);
 const SECRET: &str = "sk-herdr-lab-0c4e77a1d95b";
 
-/// A herdr rig with a lead agent, a backend whose token is [`SECRET`], a `shell` member on it
+/// A herdr rig with a lead agent, a backend whose token is [`SECRET`] handed to its members
+/// themselves (`throughFleetd: false`, the path whose leaks this suite looks for), a `shell` member on it
 /// (mallory), a plain replying member without a backend (alice) holding one unread reply.
 fn rig() -> (HerdrRig, String, tempfile::TempDir) {
     let home = tempfile::tempdir().expect("tempdir");
@@ -32,7 +33,7 @@ fn rig() -> (HerdrRig, String, tempfile::TempDir) {
         fleetd_testkit::rig_herdr::sim_profile("shell", 100)
     );
     let rig = HerdrRig::start(&format!(
-        "primary:\n  tab: w1:t1\n  pushReminders: 0\nbackends:\n  lab:\n    baseUrl: http://127.0.0.1:9/v1\n    authTokenSecret: labtoken\nsecrets:\n  labtoken:\n    file: {}\nprofiles:\n{shell}{}",
+        "primary:\n  tab: w1:t1\n  pushReminders: 0\nbackends:\n  lab:\n    baseUrl: http://127.0.0.1:9/v1\n    authTokenSecret: labtoken\n    throughFleetd: false\nsecrets:\n  labtoken:\n    file: {}\nprofiles:\n{shell}{}",
         secret_file.display(),
         fleetd_testkit::rig_herdr::sim_profile("plain", 100),
     ));

@@ -214,6 +214,9 @@ fn e2e_security_backend_secrets_reach_only_their_members() {
         return;
     }
     let secret = "sk-lab-5e3f9a1c2b7d4e60";
+    // The backend hands its token to its members themselves (`throughFleetd: false`): the
+    // path whose leaks this test looks for. Through fleetd a member holds a key of its own
+    // (`model_gateway`).
     let home = tempfile::tempdir().expect("tempdir");
     let secret_file = home.path().join("lab-token");
     std::fs::write(&secret_file, secret).expect("write");
@@ -228,7 +231,7 @@ fn e2e_security_backend_secrets_reach_only_their_members() {
         )
     };
     let rig = Rig::start(&format!(
-        "primary:\n  tab: base:lead\n  pushReminders: 0\nbackends:\n  lab:\n    baseUrl: http://127.0.0.1:9/v1\n    authTokenSecret: labtoken\nsecrets:\n  labtoken:\n    file: {}\nprofiles:\n{}{}{}",
+        "primary:\n  tab: base:lead\n  pushReminders: 0\nbackends:\n  lab:\n    baseUrl: http://127.0.0.1:9/v1\n    authTokenSecret: labtoken\n    throughFleetd: false\nsecrets:\n  labtoken:\n    file: {}\nprofiles:\n{}{}{}",
         secret_file.display(),
         with_backend("shell", "shell", "100"),
         // Turns long enough for tmux's status poll to see the member working, then idle.
