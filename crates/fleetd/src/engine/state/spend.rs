@@ -366,6 +366,20 @@ impl State {
         } else {
             self.ledger.live.get(target).copied()
         };
+        // A tree's budget is read on its top member's account only: set anywhere else it
+        // would limit nothing.
+        if let Some(top) = id
+            .and_then(|id| self.ledger.accounts.get(&id))
+            .map(|a| &a.tree)
+            .filter(|top| tree && *top != target)
+        {
+            return Err(Refusal::new(
+                Code::InvalidArguments,
+                format!(
+                    "{target} does not head a delegation tree: it is in the tree {top} heads, whose budget is set on {top} (fleetd budget {top} --tree ...)"
+                ),
+            ));
+        }
         let Some(account) = id.and_then(|id| self.ledger.accounts.get_mut(&id)) else {
             return Err(Refusal::new(
                 Code::UnknownTarget,

@@ -208,6 +208,21 @@ async fn a_tree_budget_counts_every_member_under_its_head() {
         .find(|m| m.target.as_str() == "ann")
         .expect("ann");
     assert_eq!(ann.tree_usage.as_ref().map(|u| u.total_tokens), Some(65));
+    // The tree's budget is its head's: set on bo it would limit nothing, so it is refused.
+    let refused = engine
+        .set_budget(t("bo"), true, tokens(1000))
+        .await
+        .expect("engine")
+        .expect_err("bo heads no tree");
+    assert!(
+        refused.message.contains("the tree ann heads"),
+        "{}",
+        refused.message
+    );
+    assert!(
+        admit(&engine, "bo", "bo-key").await.is_err(),
+        "nothing changed"
+    );
     engine
         .set_budget(t("ann"), true, None)
         .await
