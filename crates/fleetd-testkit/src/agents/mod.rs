@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 pub mod claude;
 pub mod codex;
+pub mod gateway;
 pub mod panes;
 pub mod rig;
 pub mod stories;

@@ -95,6 +95,7 @@ pub fn member_question_is_answered(rig: &AgentRig, lead: &str, profile: &str, me
             .any(|r| answer(r).contains("fleet_reply") && answer(r).contains(ANSWER)),
         "the member replied with the lead's answer: {replies:#?}"
     );
+    gateway_kept_its_books(rig, lead, member);
 }
 
 /// The lead in pane `lead` spawns `member` from profile `profile` with a model that replies
@@ -129,4 +130,12 @@ pub fn reply_waits_for_the_busy_lead(rig: &AgentRig, lead: &str, profile: &str, 
         "the nudge started a turn {} ms before the busy turn ended",
         busy_end.saturating_sub(nudged)
     );
+    gateway_kept_its_books(rig, lead, member);
+}
+
+/// What every story ends with while its one member, `member`, is still there: the members'
+/// token went only to the members' model, and each member and the lead in pane `lead` held what
+/// they should ([`AgentRig::assert_member_token_only_with_members`]).
+pub fn gateway_kept_its_books(rig: &AgentRig, lead: &str, _member: &str) {
+    rig.assert_member_token_only_with_members(lead);
 }

@@ -101,6 +101,7 @@ fn e2e_claude_with_tasks_off_fleet_send_waits_past_a_minute() {
         "fleet_send returned the reply, not a timeout: {}",
         answer(&done)
     );
+    stories::gateway_kept_its_books(&rig, &lead, "dave");
 }
 
 #[test]
@@ -121,7 +122,7 @@ fn e2e_claude_older_release_over_the_stdio_shim() {
         "{member_first}"
     );
     assert_eq!(nudges(&rig.lead_model.turns()).len(), 1);
-    rig.assert_member_token_only_with_members(&lead);
+    stories::gateway_kept_its_books(&rig, &lead, "erin");
 }
 
 #[test]
@@ -153,4 +154,5 @@ fn e2e_claude_lead_started_without_exec_behind_a_shell() {
     stories::lead_reads(&rig, "fay", "behind a shell", Duration::from_secs(90));
     let nudges = nudges(&rig.lead_model.turns());
     assert_eq!(nudges.len(), 1, "{nudges:#?}");
+    stories::gateway_kept_its_books(&rig, &lead, "fay");
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use fleetd_testkit::agents::claude::{self, Transport};
 use fleetd_testkit::agents::rig::AgentRig;
 use fleetd_testkit::agents::turns::{answer, finished, nudges, prompt};
-use fleetd_testkit::agents::{Cli, versions};
+use fleetd_testkit::agents::{Cli, stories, versions};
 use fleetd_testkit::fake_model::Logged;
 use fleetd_testkit::{Service, require_tmux};
 
@@ -61,7 +61,8 @@ fn logged_ms(rig: &mut AgentRig, tool: &str, caller: &str) -> i64 {
 }
 
 /// The lead sent alice `task` with `fleet_send`'s default wait: a task came back at once, the
-/// turn ended, and a later turn started by itself with alice's reply.
+/// turn ended, and a later turn started by itself with alice's reply; the model gateway kept its
+/// books (`stories::gateway_kept_its_books`).
 fn woken_with(rig: &mut AgentRig, lead: &str, reply: &str) -> Logged {
     rig.wait(
         "a task notification to start the lead's next turn",
@@ -95,6 +96,7 @@ fn woken_with(rig: &mut AgentRig, lead: &str, reply: &str) -> Logged {
         .iter()
         .any(|l| l["message"] == "push decision" && l["metric"] == "Nudged");
     assert!(!nudged, "fleetd decided to nudge");
+    stories::gateway_kept_its_books(rig, lead, "alice");
     wakes(&turns)
         .into_iter()
         .find(|w| prompt(w).contains(reply))

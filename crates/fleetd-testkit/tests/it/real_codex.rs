@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use fleetd_testkit::agents::gateway::KEY_PREFIX;
 use fleetd_testkit::agents::rig::{AgentRig, MEMBER_TOKEN, pause};
 use fleetd_testkit::agents::turns::{answer, nudges, offers, one_nudge, prompt};
 use fleetd_testkit::agents::{Cli, claude, codex, stories};
@@ -80,16 +81,19 @@ fn e2e_codex_lead_delegates_to_a_codex_member_and_reads_the_reply_on_its_first_n
     assert_eq!(starts.len(), 1, "the task started one turn: {member:#?}");
     assert!(offers(starts[0], "fleet_reply"), "{}", starts[0]);
     one_nudge(&lead_turns);
-    // The member used the members' backend through fleetd's provider entry, and its key is in
-    // no file under Codex's home (no shell snapshot), nor anywhere on the lead's side.
+    // The member used the members' backend through fleetd's provider entry with its own model
+    // key, which is in no file under Codex's home (no shell snapshot), nor anywhere on the
+    // lead's side; the backend's token is in none of them either.
     rig.assert_member_token_only_with_members(&lead);
     assert_eq!(
         rig.codex_daemons(),
         Vec::<u32>::new(),
         "a plain `codex` after `fleetd install codex` runs no shared daemon"
     );
-    let leaked = files_holding(&rig.home().join(".codex"), MEMBER_TOKEN);
-    assert!(leaked.is_empty(), "the token is on disk in {leaked:?}");
+    for secret in [MEMBER_TOKEN, KEY_PREFIX] {
+        let leaked = files_holding(&rig.home().join(".codex"), secret);
+        assert!(leaked.is_empty(), "{secret} is on disk in {leaked:?}");
+    }
 
     rig.say(&lead, r#"@call fleet_stop {"target":"alice"}"#);
     rig.wait("alice to be released", Duration::from_secs(60), || {
@@ -111,7 +115,7 @@ fn e2e_codex_member_under_a_claude_lead_over_the_stdio_shim() {
         offers(&first, "fleet_reply") && answer(&first).contains("fleet_reply"),
         "bob replied with fleet_reply: {first}"
     );
-    rig.assert_member_token_only_with_members(&lead);
+    stories::gateway_kept_its_books(&rig, &lead, "bob");
 }
 
 #[test]
@@ -164,6 +168,7 @@ fn e2e_codex_member_at_its_approval_dialog_is_blocked_and_never_typed_into() {
             .iter()
             .any(|r| prompt(r) == "@reply second")
     });
+    stories::gateway_kept_its_books(&rig, &lead, "frank");
 }
 
 #[test]
@@ -215,6 +220,7 @@ fn e2e_a_codex_in_its_shared_daemon_is_refused_by_name_and_members_keep_their_id
             && daemon.iter().any(|d| l["daemon"] == *d)),
         "fleetd's log names the daemon {daemon:?}"
     );
+    stories::gateway_kept_its_books(&rig, &lead, "gina");
 }
 
 /// A Codex member a user set up by hand to speak to fleetd over the stdio shim: the profile runs
@@ -251,7 +257,7 @@ fn e2e_codex_lead_and_member_over_the_stdio_shim() {
         "hal replied with fleet_reply: {first}"
     );
     assert_eq!(nudges(&rig.lead_model.turns()).len(), 1);
-    rig.assert_member_token_only_with_members(&lead);
+    stories::gateway_kept_its_books(&rig, &lead, "hal");
     assert!(rig.codex_daemons().is_empty());
 }
 
