@@ -1,16 +1,23 @@
 //! What every real-agent story checks of fleetd's model gateway: the members' backend
 //! credential ([`MEMBER_TOKEN`]) reached the members' model on every request and nothing else —
 //! each member holds only a model key of its own (`fleetd-mk-…`) and the URL of fleetd's
-//! gateway, the lead holds neither.
+//! gateway, the lead holds neither — and what fleetd counted a member as having spent is exactly
+//! what the members' model served it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use serde_json::Value;
 
 use super::rig::{AgentRig, MEMBER_TOKEN};
+use crate::fake_model::served::Usage;
 
 /// What a member's model key starts with (`fleetd::model_gateway::key`).
 pub const KEY_PREFIX: &str = "fleetd-mk-";
+
+/// How long fleetd and the members' model may take to agree once an answer is under way: the
+/// fake logs an answer served when its stream ended, fleetd counts it at its last event.
+const SETTLE: Duration = Duration::from_secs(15);
 
 /// Every model key in `text`: [`KEY_PREFIX`] and the 64 hex digits after it.
 pub fn model_keys(text: &str) -> BTreeSet<String> {
@@ -33,6 +40,11 @@ fn pane_of(member: &Value) -> String {
         .and_then(|p| p.split_once(':'))
         .map(|(_, pane)| pane.to_owned())
         .unwrap_or_else(|| panic!("a member's pane: {member}"))
+}
+
+/// The token usage in `value` (`{tokens: {input, output, cacheRead, cacheWrite}}`).
+fn tokens(value: &Value) -> Option<Usage> {
+    serde_json::from_value(value["tokens"].clone()).ok()
 }
 
 impl AgentRig {
@@ -145,6 +157,92 @@ impl AgentRig {
         assert!(
             model_keys(&asked).is_empty(),
             "a request to the lead's model carries a model key"
+        );
+    }
+
+    /// What the members' model served whole so far (every answer it logged `served`), and
+    /// whether every request it got that an answer was planned for has its `served` line (no
+    /// answer under way).
+    fn served_so_far(&self) -> (Usage, bool) {
+        let planned: BTreeSet<u64> = self
+            .member_model
+            .requests()
+            .iter()
+            .filter(|r| r["api"] != "other")
+            .filter_map(|r| r["n"].as_u64())
+            .collect();
+        let ended: BTreeSet<u64> = self
+            .member_model
+            .served()
+            .iter()
+            .filter_map(|l| l["n"].as_u64())
+            .collect();
+        (
+            self.member_model.served_usage(MEMBER_TOKEN),
+            planned.is_subset(&ended),
+        )
+    }
+
+    /// `member`, the one member of this story that used the members' model (so every answer
+    /// that model served was served to it), has spent, as `fleet_list` shows it, exactly the
+    /// tokens of each kind the model served it. Waits (up to a few seconds) for an answer under
+    /// way to end and for fleetd to agree; returns what was served.
+    pub fn assert_usage_is_what_was_served(&self, member: &str) -> Usage {
+        let counted = || -> Option<Usage> {
+            let members = self.live_members();
+            let others: Vec<&Value> = members.iter().filter(|m| m["target"] != member).collect();
+            assert!(
+                others.is_empty(),
+                "{member} is this story's one member: {others:?}"
+            );
+            members.first().and_then(|m| tokens(&m["usage"]))
+        };
+        let mut last = (None, (Usage::default(), false));
+        self.wait(
+            &format!("{member}'s usage to equal what the members' model served it"),
+            SETTLE,
+            || {
+                last = (counted(), self.served_so_far());
+                let (counted, (served, ended)) = last;
+                ended && counted == Some(served)
+            },
+        );
+        let (counted, (served, _)) = last;
+        assert_eq!(counted, Some(served), "{member}'s usage");
+        assert!(
+            served.input > 0 && served.output > 0 && served.cache_read > 0,
+            "the members' model served {member} something: {served:?}"
+        );
+        // No other account spent anything: the profiles' totals are this member's.
+        let totals = &self.members()["usage"]["profiles"];
+        let spent = totals
+            .as_object()
+            .map(|p| {
+                p.values()
+                    .filter_map(tokens)
+                    .fold(Usage::default(), Usage::plus)
+            })
+            .unwrap_or_default();
+        assert_eq!(spent, served, "the profiles' totals: {totals}");
+        served
+    }
+
+    /// After `member` was released: its profile's total in `fleet_list` still counts exactly
+    /// what the members' model served (`served`, from [`AgentRig::assert_usage_is_what_was_served`]),
+    /// and the model served nothing more.
+    pub fn assert_usage_outlives(&self, member: &str, profile: &str, served: Usage) {
+        let (now, ended) = self.served_so_far();
+        assert!(ended, "an answer to {member} is still under way");
+        assert_eq!(
+            now, served,
+            "the members' model served {member} more after its usage was read"
+        );
+        let listed = self.members();
+        assert_eq!(
+            tokens(&listed["usage"]["profiles"][profile]),
+            Some(served),
+            "profile {profile}'s total after {member} was released: {}",
+            listed["usage"]
         );
     }
 }

@@ -134,8 +134,10 @@ pub fn reply_waits_for_the_busy_lead(rig: &AgentRig, lead: &str, profile: &str, 
 }
 
 /// What every story ends with while its one member, `member`, is still there: the members'
-/// token went only to the members' model, and each member and the lead in pane `lead` held what
-/// they should ([`AgentRig::assert_member_token_only_with_members`]).
-pub fn gateway_kept_its_books(rig: &AgentRig, lead: &str, _member: &str) {
+/// token went only to the members' model, each member and the lead in pane `lead` held what they
+/// should ([`AgentRig::assert_member_token_only_with_members`]), and fleetd counted `member`
+/// exactly what that model served it ([`AgentRig::assert_usage_is_what_was_served`]).
+pub fn gateway_kept_its_books(rig: &AgentRig, lead: &str, member: &str) {
     rig.assert_member_token_only_with_members(lead);
+    rig.assert_usage_is_what_was_served(member);
 }

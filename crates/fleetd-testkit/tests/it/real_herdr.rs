@@ -25,8 +25,8 @@ fn detected(rig: &AgentRig, pane: &str) -> (Value, Value) {
 
 /// What a lead's delegation leaves behind, checked the same way for both agents: the lead read
 /// the reply on its first nudge (one turn, one copy) and acknowledged it, the member's first
-/// turn had fleetd's tools, and the members' token stayed with the members' model. Then the
-/// lead stops the member and its tab closes.
+/// turn had fleetd's tools, the members' token stayed with the members' model and fleetd
+/// counted what it served. Then the lead stops the member and its tab closes.
 fn delegated_and_stopped(rig: &mut AgentRig, lead: &str, reply_tool: &str) {
     let lead_turns =
         stories::lead_reads_and_acks(rig, "alice", "forty-two", Duration::from_secs(120));
