@@ -96,7 +96,13 @@ fn client_status_of_a_daemon_without_members() {
     let text = ok(&fleetd(home.path(), &["status"]));
     assert!(text.starts_with("no members"), "{text}");
     let v = json(&fleetd(home.path(), &["status", "--json"]));
-    assert_eq!(v, serde_json::json!({ "members": [] }));
+    assert_eq!(
+        v,
+        serde_json::json!({
+            "members": [],
+            "usage": { "leads": {}, "profiles": {}, "trees": {} },
+        })
+    );
     let text = ok(&fleetd(home.path(), &["inbox", "alice"]));
     assert_eq!(text, "alice: no replies waiting\n");
 }
@@ -220,7 +226,7 @@ fn e2e_cli_sends_reads_and_acknowledges() {
     assert_eq!(
         header,
         [
-            "TARGET", "PROFILE", "PANE", "STATUS", "INBOX", "OPEN", "LEAD"
+            "TARGET", "PROFILE", "PANE", "STATUS", "INBOX", "OPEN", "LEAD", "MODEL"
         ]
     );
     let row: Vec<&str> = lines.next().expect("a row").split_whitespace().collect();
@@ -233,6 +239,8 @@ fn e2e_cli_sends_reads_and_acknowledges() {
     assert_eq!(member["inboxDepth"], 1, "{status}");
     // The lead column is the lead that spawned it (a CLI send binds no lead of its own).
     assert_eq!(row[6], member["lead"].as_str().unwrap_or("-"), "{table}");
+    // Its profile names no backend: nothing goes through the model gateway, nothing is spent.
+    assert_eq!(row[7], "-", "{table}");
 
     // ack removes it; a second ack is not an error.
     let text = ok(&run(&["ack", "alice", &msg_id]));
