@@ -12,7 +12,7 @@ fn help_describes_every_subcommand() {
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
     for sub in [
-        "serve", "config", "mcp", "status", "inbox", "ack", "send", "install", "demo",
+        "serve", "config", "mcp", "status", "inbox", "ack", "send", "budget", "install", "demo",
     ] {
         let line = help
             .lines()
@@ -52,4 +52,24 @@ fn unknown_subcommand_fails_with_usage() {
         .expect("fleetd runs");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("Usage"));
+}
+
+#[test]
+fn budget_needs_a_limit_or_lift_and_not_both() {
+    let home = tempfile::tempdir().expect("tempdir");
+    for args in [
+        &["budget", "ann"][..],
+        &["budget", "ann", "--lift", "--tokens", "5"][..],
+    ] {
+        let out = command(home.path())
+            .args(args)
+            .output()
+            .expect("fleetd runs");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            said.contains("--tokens") && said.contains("--lift"),
+            "{args:?}: {said}"
+        );
+    }
 }
