@@ -69,6 +69,12 @@ pub async fn serve(listener: tokio::net::TcpListener, opts: Options) -> anyhow::
         count: AtomicU64::new(0),
     });
     let app = axum::Router::new().fallback(handle).with_state(shared);
+    // Each event leaves as it is written, as a model API's server sends it: with Nagle on, an
+    // event written while the previous one is unacknowledged waits for the client's delayed
+    // ACK (40 ms on Linux), which is the fake's stall, not the client's.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app).await?;
     Ok(())
 }
