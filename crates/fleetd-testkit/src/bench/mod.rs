@@ -11,6 +11,8 @@ pub mod inbox;
 mod inbox_amqp;
 pub mod locate;
 pub mod mailbox;
+pub mod model;
+pub mod model_load;
 pub mod nudge;
 pub mod pane_client;
 pub mod pane_output;

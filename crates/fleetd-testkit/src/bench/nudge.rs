@@ -44,7 +44,7 @@ const FSYNC_PROBES: usize = 200;
     clippy::disallowed_methods,
     reason = "a benchmark paces its probes on the wall clock"
 )]
-fn fsync_floor() -> anyhow::Result<Summary> {
+pub(super) fn fsync_floor() -> anyhow::Result<Summary> {
     let dir = tempfile::tempdir()?;
     let mut log = super::inbox::RawLog::create(&dir.path().join("probe.log"))?;
     let mut samples = Vec::with_capacity(FSYNC_PROBES);
