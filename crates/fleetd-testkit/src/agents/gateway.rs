@@ -183,63 +183,98 @@ impl AgentRig {
         )
     }
 
+    /// One consistent reading of what was counted and what was served: `fleet_list` (operator
+    /// `GET /sessions`) read between two readings of the members' model's log that agree, with
+    /// no answer under way. `None` while something moves.
+    fn books(&self) -> Option<(Value, Usage)> {
+        let (before, ended) = self.served_so_far();
+        let listed = self.members();
+        let after = self.served_so_far();
+        (ended && after == (before, true)).then_some((listed, before))
+    }
+
+    /// Waits (up to [`SETTLE`]) for a reading of [`AgentRig::books`] that `agrees`; returns the
+    /// last reading (for the caller to assert on, whether it agreed or not). `agrees` must not
+    /// panic.
+    fn settled(&self, what: &str, agrees: impl Fn(&Value, Usage) -> bool) -> (Value, Usage) {
+        let mut last = None;
+        let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            crate::wait_until(what, SETTLE, || {
+                let Some((listed, served)) = self.books() else {
+                    return false;
+                };
+                let agreed = agrees(&listed, served);
+                last = Some((listed, served));
+                agreed
+            });
+        }));
+        if waited.is_err() && last.is_none() {
+            self.dump();
+            panic!("timed out waiting for the members' model to stop answering, for {what}");
+        }
+        last.unwrap_or_default()
+    }
+
     /// `member`, the one member of this story that used the members' model (so every answer
     /// that model served was served to it), has spent, as `fleet_list` shows it, exactly the
-    /// tokens of each kind the model served it. Waits (up to a few seconds) for an answer under
-    /// way to end and for fleetd to agree; returns what was served.
-    pub fn assert_usage_is_what_was_served(&self, member: &str) -> Usage {
-        let counted = || -> Option<Usage> {
-            let members = self.live_members();
-            let others: Vec<&Value> = members.iter().filter(|m| m["target"] != member).collect();
-            assert!(
-                others.is_empty(),
-                "{member} is this story's one member: {others:?}"
-            );
-            members.first().and_then(|m| tokens(&m["usage"]))
+    /// tokens of each kind the model served it, and no other account spent anything (the
+    /// profiles' totals, released members included, are its usage). Waits (up to a few seconds)
+    /// for an answer under way to end and for fleetd to agree.
+    pub fn assert_usage_is_what_was_served(&self, member: &str) {
+        let own = |listed: &Value| {
+            listed["members"]
+                .as_array()?
+                .iter()
+                .find(|m| m["target"] == member)
+                .and_then(|m| tokens(&m["usage"]))
         };
-        let mut last = (None, (Usage::default(), false));
-        self.wait(
+        let all = |listed: &Value| {
+            listed["usage"]["profiles"]
+                .as_object()
+                .map(|p| {
+                    p.values()
+                        .filter_map(tokens)
+                        .fold(Usage::default(), Usage::plus)
+                })
+                .unwrap_or_default()
+        };
+        let (listed, served) = self.settled(
             &format!("{member}'s usage to equal what the members' model served it"),
-            SETTLE,
-            || {
-                last = (counted(), self.served_so_far());
-                let (counted, (served, ended)) = last;
-                ended && counted == Some(served)
-            },
+            |listed, served| own(listed) == Some(served) && all(listed) == served,
         );
-        let (counted, (served, _)) = last;
-        assert_eq!(counted, Some(served), "{member}'s usage");
+        let others: Vec<&Value> = listed["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|m| m["target"] != member)
+            .collect();
+        assert!(
+            others.is_empty(),
+            "{member} is this story's one member: {others:?}"
+        );
+        assert_eq!(own(&listed), Some(served), "{member}'s usage");
+        assert_eq!(
+            all(&listed),
+            served,
+            "the profiles' totals: {}",
+            listed["usage"]
+        );
         assert!(
             served.input > 0 && served.output > 0 && served.cache_read > 0,
             "the members' model served {member} something: {served:?}"
         );
-        // No other account spent anything: the profiles' totals are this member's.
-        let totals = &self.members()["usage"]["profiles"];
-        let spent = totals
-            .as_object()
-            .map(|p| {
-                p.values()
-                    .filter_map(tokens)
-                    .fold(Usage::default(), Usage::plus)
-            })
-            .unwrap_or_default();
-        assert_eq!(spent, served, "the profiles' totals: {totals}");
-        served
     }
 
-    /// After `member` was released: its profile's total in `fleet_list` still counts exactly
-    /// what the members' model served (`served`, from [`AgentRig::assert_usage_is_what_was_served`]),
-    /// and the model served nothing more.
-    pub fn assert_usage_outlives(&self, member: &str, profile: &str, served: Usage) {
-        let (now, ended) = self.served_so_far();
-        assert!(ended, "an answer to {member} is still under way");
-        assert_eq!(
-            now, served,
-            "the members' model served {member} more after its usage was read"
+    /// After `member` was released, `profile`'s total in `fleet_list` counts exactly what the
+    /// members' model served (all of it to `member`, the story's one member).
+    pub fn assert_usage_outlives(&self, member: &str, profile: &str) {
+        let total = |listed: &Value| tokens(&listed["usage"]["profiles"][profile]);
+        let (listed, served) = self.settled(
+            &format!("profile {profile}'s total to count what {member} was served"),
+            |listed, served| total(listed) == Some(served),
         );
-        let listed = self.members();
         assert_eq!(
-            tokens(&listed["usage"]["profiles"][profile]),
+            total(&listed),
             Some(served),
             "profile {profile}'s total after {member} was released: {}",
             listed["usage"]

@@ -54,9 +54,9 @@ fn e2e_claude_lead_delegates_reads_the_reply_on_its_first_nudge_and_stops_the_me
     // Fix 1: one nudge, submitted by its first Enter: one turn, one copy of the text.
     one_nudge(&lead_turns);
     rig.assert_member_token_only_with_members(&lead);
-    let served = rig.assert_usage_is_what_was_served("alice");
+    rig.assert_usage_is_what_was_served("alice");
     stories::lead_stops(&rig, &lead, "alice");
-    rig.assert_usage_outlives("alice", "claude", served);
+    rig.assert_usage_outlives("alice", "claude");
 }
 
 #[test]
