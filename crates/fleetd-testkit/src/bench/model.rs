@@ -6,26 +6,32 @@
 //! backend pointing at it (`throughFleetd`, its credential in a secret file) and [`MEMBERS`]
 //! members of a `custom` profile on that backend, each in its own pane. Each member's agent is
 //! the load generator ([`super::model_load`]): it opens its MCP session as an agent does (so the
-//! spawn sees it ready), then, at a moment the benchmark gives on the wall clock, runs its ticks
-//! [`PERIOD_MS`] apart — even ticks straight to the fake model, odd ones through fleetd with the
-//! key fleetd gave it, so at every tick all members stream at once on the same path — each path
-//! over its own kept-alive connection, as an agent's HTTP client keeps one. fleetd locates each
-//! connection's caller from the connection, as it does for a real agent. The answer is a text of
-//! [`TEXT_BYTES`] after [`THINK_MS`] of "thinking" (`message_start` at once, the rest after it):
-//! the first byte is fleetd's admission and the backend's first frame, the end includes the
-//! relay of every frame and the usage's durable commit before the last one. The first
-//! [`WARMUP`] ticks (connections opened, callers located, the upstream pool filled) are not
-//! counted.
+//! spawn sees it ready), then, from a moment the benchmark gives on the wall clock, runs its
+//! ticks — even ticks straight to the fake model, odd ones through fleetd with the key fleetd
+//! gave it — each path over its own kept-alive connection, as an agent's HTTP client keeps one.
+//! fleetd locates each connection's caller from the connection, as it does for a real agent.
+//! The answer is a text of [`TEXT_BYTES`] after some "thinking" (`message_start` at once, the
+//! rest after it): the first byte is fleetd's admission and the backend's first frame, the end
+//! includes the relay of every frame and the usage's durable commit before the last one. The
+//! first [`WARMUP`] ticks (connections opened, callers located, the upstream pool filled) are
+//! not counted. Two loads ([`LOADS`]), one after the other on the same fleet:
 //!
-//! `fleetd-bench model [--rounds N] [--members N] [--period-ms N] [--think-ms N]` (`--rounds`:
-//! requests each way per member). Prints; never asserts.
+//! - *all at once*: every member's request leaves at the same instant (ticks 25 ms apart, the
+//!   same path for all), and the eight answers stream together for 10 ms — the worst case for
+//!   the first byte, eight admissions at once on the machine's cores;
+//! - *spread*: member `i`'s ticks start `i × 5 ms` after member 0's (ticks 40 ms apart), and each
+//!   answer streams for 30 ms, so six to eight streams are under way at any moment, as agents'
+//!   turns overlap, and their requests arrive one by one.
+//!
+//! `fleetd-bench model [--rounds N] [--members N]` (`--rounds`: requests each way per member in
+//! each load). Prints; never asserts.
 
 use std::time::Duration;
 
 use anyhow::Context as _;
 use serde_json::{Value, json};
 
-use super::pane_client::{Control, HerdrFleet};
+use super::pane_client::{Control, HerdrFleet, PaneClient};
 use super::{Met, Row, Summary, arg_number, cpu_ticks, progress};
 use crate::bin_path;
 
@@ -33,10 +39,6 @@ const AREA: &str = "model gateway";
 const DEFAULT_ROUNDS: usize = 200;
 /// Members streaming at once.
 const MEMBERS: usize = 8;
-/// From one tick to the next: longer than a whole answer, so a member's ticks do not overlap.
-const PERIOD_MS: usize = 25;
-/// How long the model "thinks" between its first event and the rest.
-const THINK_MS: usize = 10;
 /// The answer's text (its stream is a little longer: the events around it).
 const TEXT_BYTES: usize = 3000;
 /// Ticks not counted (both paths).
@@ -45,79 +47,123 @@ const WARMUP: u64 = 20;
 const TARGET: Duration = Duration::from_millis(2);
 const TARGET_TEXT: &str = "added p99 ≤ 2 ms (model gateway, SPEC §18)";
 
-/// What one run measured.
+/// How the members' requests are placed in time.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    name: &'static str,
+    /// From one of a member's ticks to its next.
+    period_ms: u64,
+    /// How long the model "thinks" between its first event and the rest.
+    think_ms: u64,
+    /// Whether member `i` starts `i × period / members` after member 0 (else all together).
+    stagger: bool,
+}
+
+/// The loads, in the order they run.
+const LOADS: [Load; 2] = [
+    Load {
+        name: "all at once",
+        period_ms: 25,
+        think_ms: 10,
+        stagger: false,
+    },
+    Load {
+        name: "spread",
+        period_ms: 40,
+        think_ms: 30,
+        stagger: true,
+    },
+];
+
+/// What one load measured.
 struct Measured {
+    load: Load,
     first: [Summary; 2],
     whole: [Summary; 2],
-    /// The streamed answer's size, straight and through fleetd (bytes).
-    bytes: [u64; 2],
-    /// fleetd's CPU time over the ticks, per request through it.
+    /// The streamed answer's size through fleetd (bytes).
+    bytes: u64,
+    /// fleetd's CPU time over the load, per request through it.
     cpu_per_request: Duration,
+    /// The fake model's, per request it answered (both paths).
+    model_cpu_per_request: Duration,
     late: u64,
     reopened: u64,
     samples: usize,
+}
+
+impl Measured {
+    fn met(s: &[Summary; 2]) -> bool {
+        s[1].p99.saturating_sub(s[0].p99) <= TARGET
+    }
 }
 
 /// Runs the benchmark, prints its table and returns its rows.
 pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
     let rounds = arg_number(args, "--rounds", DEFAULT_ROUNDS)?.max(1);
     let members = arg_number(args, "--members", MEMBERS)?.max(1);
-    let period = arg_number(args, "--period-ms", PERIOD_MS)?.max(1);
-    let think = arg_number(args, "--think-ms", THINK_MS)?;
     let before = loadavg();
     progress(&format!(
-        "{members} members, {rounds} requests each way each, ticks {period} ms apart…"
+        "{members} members, {rounds} requests each way each, in each of {} loads…",
+        LOADS.len()
     ));
-    let m = measure(rounds, members, period, think)?;
+    let measured = measure(rounds, members)?;
     let after = loadavg();
     // The disk's floor under the usage commit each answer waits for before its last frame.
     let floor = super::nudge::fsync_floor();
     let added = |i: fn(&Summary) -> Duration, s: &[Summary; 2]| signed_ms(i(&s[1]), i(&s[0]));
     println!(
-        "\n## Model gateway: {members} members streaming at once, {rounds} requests each way each \
-         ({} B answers, {think} ms of thinking, ticks {period} ms apart, straight and through \
-         fleetd alternating)\n",
-        m.bytes[1]
+        "\n## Model gateway: {members} members streaming, {rounds} requests each way each, straight \
+         to the model and through fleetd on alternate ticks ({} B answers)\n",
+        measured.first().map_or(0, |m| m.bytes)
     );
-    println!("| path | first byte p50 | p99 | max | whole answer p50 | p99 | max |");
-    println!("|---|---|---|---|---|---|---|");
-    for (name, i) in [("straight to the model", 0), ("through fleetd", 1)] {
+    println!("| load | path | first byte p50 | p99 | max | whole answer p50 | p99 | max |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for m in &measured {
+        for (name, i) in [("straight to the model", 0), ("through fleetd", 1)] {
+            println!(
+                "| {} | {name} | {} | {} | {} | {} | {} | {} |",
+                m.load.name,
+                super::ms(m.first[i].p50),
+                super::ms(m.first[i].p99),
+                super::ms(m.first[i].max),
+                super::ms(m.whole[i].p50),
+                super::ms(m.whole[i].p99),
+                super::ms(m.whole[i].max),
+            );
+        }
         println!(
-            "| {name} | {} | {} | {} | {} | {} | {} |",
-            super::ms(m.first[i].p50),
-            super::ms(m.first[i].p99),
-            super::ms(m.first[i].max),
-            super::ms(m.whole[i].p50),
-            super::ms(m.whole[i].p99),
-            super::ms(m.whole[i].max),
+            "| {} | **added by fleetd** | {} | {} | — | {} | {} | — |",
+            m.load.name,
+            added(|s| s.p50, &m.first),
+            added(|s| s.p99, &m.first),
+            added(|s| s.p50, &m.whole),
+            added(|s| s.p99, &m.whole),
         );
     }
-    println!(
-        "| added by fleetd | {} | {} | — | {} | {} | — |",
-        added(|s| s.p50, &m.first),
-        added(|s| s.p99, &m.first),
-        added(|s| s.p50, &m.whole),
-        added(|s| s.p99, &m.whole),
-    );
-    let met = |s: &[Summary; 2]| s[1].p99.saturating_sub(s[0].p99) <= TARGET;
-    println!(
-        "\ntarget {TARGET_TEXT}: first byte {}, whole answer {}",
-        if met(&m.first) { "PASS" } else { "MISS" },
-        if met(&m.whole) { "PASS" } else { "MISS" },
-    );
-    println!(
-        "({} samples a path; fleetd's CPU {} a request through it; {} ticks started late, {} \
-         connections reopened; load average {before} before, {after} after)",
-        m.samples,
-        super::ms(m.cpu_per_request),
-        m.late,
-        m.reopened,
-    );
+    println!();
+    let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
+    for m in &measured {
+        println!(
+            "{}: target {TARGET_TEXT}: first byte {}, whole answer {} ({} samples a path; CPU a \
+             request: fleetd {} (through it), the fake model {}; {} ticks started late, {} \
+             connections reopened; {} ms of thinking, ticks {} ms apart)",
+            m.load.name,
+            verdict(Measured::met(&m.first)),
+            verdict(Measured::met(&m.whole)),
+            m.samples,
+            super::ms(m.cpu_per_request),
+            super::ms(m.model_cpu_per_request),
+            m.late,
+            m.reopened,
+            m.load.think_ms,
+            m.load.period_ms,
+        );
+    }
     let floor = match floor {
         Ok(f) => {
             println!(
-                "(the disk's floor under the usage commit, right after: raw fdatasync of a 200 B \
-                 append p50 {} / p99 {} / max {})",
+                "the disk's floor under the usage commit, right after: raw fdatasync of a 200 B \
+                 append p50 {} / p99 {} / max {}",
                 super::ms(f.p50),
                 super::ms(f.p99),
                 super::ms(f.max)
@@ -126,30 +172,52 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
         }
         Err(e) => format!("not measured: {e:#}"),
     };
-    let row = |what: &str, s: &[Summary; 2]| {
-        Row::new(
-            AREA,
-            format!("{what}, {members} members streaming at once, through fleetd"),
-            format!(
-                "{} (added p50 {} / p99 {})",
-                s[1].cell(),
-                added(|s| s.p50, s),
-                added(|s| s.p99, s)
-            ),
-        )
-        .alternatives(format!("straight to the model {}", s[0].cell()))
-        .target(TARGET_TEXT, Met::from_bool(met(s)))
+    println!("load average {before} before, {after} after");
+    let mut rows = Vec::new();
+    for m in &measured {
+        for (what, s) in [
+            ("time to the first streamed byte", &m.first),
+            ("time to the whole answer", &m.whole),
+        ] {
+            rows.push(
+                Row::new(
+                    AREA,
+                    format!(
+                        "{what}, {members} members streaming, {}, through fleetd",
+                        m.load.name
+                    ),
+                    format!(
+                        "{} (added p50 {} / p99 {})",
+                        s[1].cell(),
+                        added(|s| s.p50, s),
+                        added(|s| s.p99, s)
+                    ),
+                )
+                .alternatives(format!("straight to the model {}", s[0].cell()))
+                .target(TARGET_TEXT, Met::from_bool(Measured::met(s))),
+            );
+        }
+    }
+    let cpu = |f: fn(&Measured) -> Duration| {
+        measured
+            .iter()
+            .map(|m| format!("{} {}", m.load.name, super::ms(f(m))))
+            .collect::<Vec<_>>()
+            .join("; ")
     };
-    Ok(vec![
-        row("time to the first streamed byte", &m.first),
-        row("time to the whole answer", &m.whole),
+    rows.push(
         Row::new(
             AREA,
             "fleetd's CPU per request through it",
-            super::ms(m.cpu_per_request),
-        ),
-        Row::new(AREA, "raw fdatasync, right after", floor),
-    ])
+            cpu(|m| m.cpu_per_request),
+        )
+        .alternatives(format!(
+            "the fake model's per request it answers: {}",
+            cpu(|m| m.model_cpu_per_request)
+        )),
+    );
+    rows.push(Row::new(AREA, "raw fdatasync, right after", floor));
+    Ok(rows)
 }
 
 /// `a − b` in milliseconds, signed.
@@ -207,7 +275,7 @@ impl Drop for Fake {
 /// The request every tick sends: a streamed Messages request whose prompt makes the fake model
 /// think `think_ms`, then answer with [`TEXT_BYTES`] of text (a tool offered, as an agent's
 /// turns offer tools: a request without is a side request, answered at once with a title).
-fn request_body(think_ms: usize) -> String {
+fn request_body(think_ms: u64) -> String {
     let sentence = "The member streams its answer through fleetd, frame by frame, as it comes. ";
     let text = sentence.repeat(TEXT_BYTES / sentence.len() + 1);
     let think = if think_ms == 0 {
@@ -241,7 +309,8 @@ fn now_us() -> i64 {
     jiff::Timestamp::now().as_microsecond()
 }
 
-fn measure(rounds: usize, members: usize, period: usize, think: usize) -> anyhow::Result<Measured> {
+/// The fleet, then every load in turn.
+fn measure(rounds: usize, members: usize) -> anyhow::Result<Vec<Measured>> {
     use std::os::unix::fs::PermissionsExt as _;
     let fake = Fake::start()?;
     let dir = tempfile::tempdir()?;
@@ -265,20 +334,50 @@ fn measure(rounds: usize, members: usize, period: usize, think: usize) -> anyhow
     let mut clients = (0..members)
         .map(|_| control.accept())
         .collect::<anyhow::Result<Vec<_>>>()?;
+    LOADS
+        .into_iter()
+        .map(|load| {
+            progress(&format!("{}…", load.name));
+            run_load(
+                load,
+                rounds,
+                &mut clients,
+                (fleet.daemon_pid(), fake.child.id()),
+            )
+        })
+        .collect()
+}
+
+/// One load on every member at once; `pids`: fleetd's and the fake model's.
+fn run_load(
+    load: Load,
+    rounds: usize,
+    clients: &mut [PaneClient],
+    pids: (u32, u32),
+) -> anyhow::Result<Measured> {
+    let members = clients.len();
     let ticks = WARMUP + 2 * rounds as u64;
-    let args = json!({
-        "start_us": now_us() + 500_000,
-        "ticks": ticks,
-        "warmup": WARMUP,
-        "period_us": period as u64 * 1000,
-        "body": request_body(think),
-    });
-    let cpu_before = cpu_ticks(fleet.daemon_pid())?;
+    let period_us = load.period_ms * 1000;
+    let start = now_us() + 500_000;
+    let body = request_body(load.think_ms);
+    let cpu_before = (cpu_ticks(pids.0)?, cpu_ticks(pids.1)?);
     let answers: Vec<anyhow::Result<Value>> = std::thread::scope(|scope| {
         let running: Vec<_> = clients
             .iter_mut()
-            .map(|client| {
-                let args = args.clone();
+            .enumerate()
+            .map(|(i, client)| {
+                let offset = if load.stagger {
+                    period_us * i as u64 / members as u64
+                } else {
+                    0
+                };
+                let args = json!({
+                    "start_us": start + i64::try_from(offset).unwrap_or(0),
+                    "ticks": ticks,
+                    "warmup": WARMUP,
+                    "period_us": period_us,
+                    "body": body,
+                });
                 scope.spawn(move || client.call("load", args).map(|t| t.result))
             })
             .collect();
@@ -290,9 +389,10 @@ fn measure(rounds: usize, members: usize, period: usize, think: usize) -> anyhow
             })
             .collect()
     });
-    let cpu = cpu_ticks(fleet.daemon_pid())? - cpu_before;
+    let cpu = cpu_ticks(pids.0)? - cpu_before.0;
+    let model_cpu = cpu_ticks(pids.1)? - cpu_before.1;
     let (mut first, mut whole) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
-    let (mut bytes, mut late, mut reopened) = ([0, 0], 0, 0);
+    let (mut bytes, mut late, mut reopened) = (0, 0, 0);
     for answer in answers {
         let answer = answer.context("a member's load")?;
         for (i, path) in ["direct", "fleetd"].into_iter().enumerate() {
@@ -301,23 +401,27 @@ fn measure(rounds: usize, members: usize, period: usize, think: usize) -> anyhow
                 first[i].push(us(0));
                 whole[i].push(us(1));
             }
-            bytes[i] = answer["bytes"][i].as_u64().unwrap_or(0);
             reopened += answer["reopened"][i].as_u64().unwrap_or(0);
         }
+        bytes = answer["bytes"][1].as_u64().unwrap_or(0);
         late += answer["late"].as_u64().unwrap_or(0);
     }
     let samples = first[1].len();
     anyhow::ensure!(samples > 0, "no request was measured");
     // Every request through fleetd in the window, the warm-up's too; USER_HZ: 100 a second.
     let through = samples + members * usize::try_from(WARMUP / 2)?;
-    let cpu_per_request = Duration::from_millis(cpu * 10) / u32::try_from(through)?;
+    let per = |ticks: u64, requests: usize| -> anyhow::Result<Duration> {
+        Ok(Duration::from_millis(ticks * 10) / u32::try_from(requests)?)
+    };
     let [d, f] = first;
     let [dw, fw] = whole;
     Ok(Measured {
+        load,
         first: [Summary::of(d), Summary::of(f)],
         whole: [Summary::of(dw), Summary::of(fw)],
         bytes,
-        cpu_per_request,
+        cpu_per_request: per(cpu, through)?,
+        model_cpu_per_request: per(model_cpu, 2 * through)?,
         late,
         reopened,
         samples,
