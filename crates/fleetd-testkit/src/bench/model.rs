@@ -10,18 +10,19 @@
 //! ticks — even ticks straight to the fake model, odd ones through fleetd with the key fleetd
 //! gave it — each path over its own kept-alive connection, as an agent's HTTP client keeps one.
 //! fleetd locates each connection's caller from the connection, as it does for a real agent.
-//! The answer is a text of [`TEXT_BYTES`] after some "thinking" (`message_start` at once, the
-//! rest after it): the first byte is fleetd's admission and the backend's first frame, the end
-//! includes the relay of every frame and the usage's durable commit before the last one. The
+//! The answer is a text of [`TEXT_BYTES`], streamed as a model streams it: `message_start` at
+//! once, then after some "thinking" the other events, [`STREAM_GAP_MS`] apart, each its own
+//! frame. The first byte is fleetd's admission and the backend's first frame; the end includes
+//! the relay of every frame and the usage's durable commit before the last one. The
 //! first [`WARMUP`] ticks (connections opened, callers located, the upstream pool filled) are
 //! not counted. Two loads ([`LOADS`]), one after the other on the same fleet:
 //!
 //! - *all at once*: every member's request leaves at the same instant (ticks 25 ms apart, the
-//!   same path for all), and the eight answers stream together for 10 ms — the worst case for
-//!   the first byte, eight admissions at once on the machine's cores;
+//!   same path for all), and the eight answers stream together for about 15 ms — the worst case
+//!   for the first byte, eight admissions at once on the machine's cores;
 //! - *spread*: member `i`'s ticks start `i × 5 ms` after member 0's (ticks 40 ms apart), and each
-//!   answer streams for 30 ms, so six to eight streams are under way at any moment, as agents'
-//!   turns overlap, and their requests arrive one by one.
+//!   answer streams for about 32 ms, so six to eight streams are under way at any moment, as
+//!   agents' turns overlap, and their requests arrive one by one.
 //!
 //! `fleetd-bench model [--rounds N] [--members N]` (`--rounds`: requests each way per member in
 //! each load). Prints; never asserts.
@@ -41,6 +42,8 @@ const DEFAULT_ROUNDS: usize = 200;
 const MEMBERS: usize = 8;
 /// The answer's text (its stream is a little longer: the events around it).
 const TEXT_BYTES: usize = 3000;
+/// Between one event of an answer and the next, after the first (the fake model's knob).
+const STREAM_GAP_MS: u64 = 2;
 /// Ticks not counted (both paths).
 const WARMUP: u64 = 20;
 /// The target: what fleetd may add at p99, to the first byte and to the whole answer.
@@ -53,7 +56,7 @@ struct Load {
     name: &'static str,
     /// From one of a member's ticks to its next.
     period_ms: u64,
-    /// How long the model "thinks" between its first event and the rest.
+    /// How long the model "thinks" between its first event and the rest (a `ping` at its end).
     think_ms: u64,
     /// Whether member `i` starts `i × period / members` after member 0 (else all together).
     stagger: bool,
@@ -64,13 +67,13 @@ const LOADS: [Load; 2] = [
     Load {
         name: "all at once",
         period_ms: 25,
-        think_ms: 10,
+        think_ms: 0,
         stagger: false,
     },
     Load {
         name: "spread",
         period_ms: 40,
-        think_ms: 30,
+        think_ms: 15,
         stagger: true,
     },
 ];
@@ -146,7 +149,8 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
         println!(
             "{}: target {TARGET_TEXT}: first byte {}, whole answer {} ({} samples a path; CPU a \
              request: fleetd {} (through it), the fake model {}; {} ticks started late, {} \
-             connections reopened; {} ms of thinking, ticks {} ms apart)",
+             connections reopened; {} ms of thinking, events {STREAM_GAP_MS} ms apart, ticks {} \
+             ms apart)",
             m.load.name,
             verdict(Measured::met(&m.first)),
             verdict(Measured::met(&m.whole)),
@@ -244,6 +248,7 @@ impl Fake {
     fn start() -> anyhow::Result<Self> {
         use std::io::BufRead as _;
         let mut child = std::process::Command::new(bin_path("fake-model"))
+            .args(["--stream-gap-ms", &STREAM_GAP_MS.to_string()])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .spawn()
