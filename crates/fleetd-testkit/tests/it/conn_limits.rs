@@ -479,6 +479,16 @@ fn e2e_a_full_gate_refuses_clearly_on_the_shim_and_on_http() {
     let daemon = Daemon::start(home.path(), &[]);
     let state = state_dir(home.path());
     let shim = state.join("fleetd.sock");
+    // `Daemon::start` knew the operator's socket was up by connecting to it once. That probe is
+    // a never-served connection too: accepted late, under load, it took a slot beside the two
+    // sessions below and the looks at /metrics then closed both sessions (seen in CI: every
+    // look read one connection, its own). So the probe is first seen gone: a request on the
+    // operator's socket is accepted after it, and then only a look itself is left open.
+    http::get(daemon.operator(), "/healthz").expect("the operator's socket answers");
+    wait_until("the start-up probe closed", Duration::from_secs(30), || {
+        let look = http::get(daemon.addr, "/metrics").map(|r| open_gauge(&r.body));
+        matches!(look, Ok(Some(open)) if open <= 1.0)
+    });
 
     // Attack C3: idle stdio sessions hold every slot. They are idle (no call under way), so
     // `/healthz` closes one to get in, and the session's relay reads its end.
