@@ -119,6 +119,7 @@ codes! {
         SpawnInterrupted = "spawn_interrupted",
         RemoteSpawnFailed = "remote_spawn_failed",
         WorktreeFailed = "worktree_failed",
+        SandboxUnavailable = "sandbox_unavailable",
         ProfileNotReady = "profile_not_ready",
         AgentNotReady = "agent_not_ready",
         NoRandomness = "no_randomness",

@@ -24,6 +24,7 @@ pub mod model_gateway;
 pub mod mux;
 pub mod ops;
 pub mod reload;
+pub mod sandbox;
 pub mod secrets;
 pub mod serve;
 pub mod shim;

@@ -330,9 +330,13 @@ fn config_check(file: &std::path::Path, env: &Environment) -> anyhow::Result<()>
 }
 
 fn mcp_shim(config_path: Option<&std::path::Path>, env: &Environment) -> anyhow::Result<()> {
-    let config = Config::load(config_path, env)?;
+    // Inside a member's sandbox the state directory is not there, only its door.
+    let socket = match std::env::var_os(fleetd::sandbox::SHIM_SOCKET_VAR) {
+        Some(socket) => std::path::PathBuf::from(socket),
+        None => fleetd::shim::socket_path(&Config::load(config_path, env)?.state_dir),
+    };
     let runtime = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
-    runtime.block_on(fleetd::shim::relay(&config.state_dir))
+    runtime.block_on(fleetd::shim_relay::run(&socket))
 }
 
 fn serve(

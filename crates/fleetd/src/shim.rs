@@ -69,6 +69,9 @@ pub async fn listen(
     crate::state_dir::private_dir(state_dir)?;
     let path = socket_path(state_dir);
     let listener = bind_private(&path)?;
+    if let Err(e) = crate::sandbox::link_door(state_dir, &path) {
+        tracing::warn!(error = %e, "cannot give the shim's socket its second name in <state>/door: sandboxed members cannot use the stdio shim");
+    }
     let task = tokio::spawn(async move {
         loop {
             let (stream, _) = match listener.accept().await {
@@ -137,10 +140,4 @@ pub async fn listen(
         }
     });
     Ok(ShimListener { task, path })
-}
-
-/// `fleetd mcp`: relays this process's stdin/stdout to the daemon's shim socket until the client
-/// closes stdin, riding out a restart of the daemon (see `shim_relay`).
-pub async fn relay(state_dir: &Path) -> anyhow::Result<()> {
-    crate::shim_relay::run(&socket_path(state_dir)).await
 }

@@ -37,6 +37,7 @@ mod real_codex;
 mod real_herdr;
 mod recovery;
 mod reload;
+mod sandbox;
 mod scenarios;
 mod security;
 mod security_herdr;

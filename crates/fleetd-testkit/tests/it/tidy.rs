@@ -88,6 +88,7 @@ fn no_test_is_ignored() {
 const PLATFORM_SEAMS: &[&str] = &[
     "crates/fleetd/src/locate/platform/",
     "crates/fleetd/src/ops/readiness.rs",
+    "crates/fleetd/src/sandbox/",
 ];
 
 /// Code (not comments) that works on Linux alone, or picks a platform: `/proc` paths, the
@@ -354,6 +355,10 @@ const ENV_READERS: &[(&str, &str)] = &[
     (
         "mux/tmux/launch.rs",
         "the allowlist tmux runs with, when the backend is built",
+    ),
+    (
+        "sandbox/mod.rs",
+        "PATH and HOME a member's pane inherits, at a sandboxed spawn",
     ),
 ];
 

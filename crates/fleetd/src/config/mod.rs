@@ -10,6 +10,7 @@ mod live;
 mod models;
 mod profiles;
 mod raw;
+mod sandbox;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -23,6 +24,7 @@ pub use live::{Live, Publisher, channel};
 pub use models::{BudgetError, BudgetSpec, Prices, budget_from, micros};
 pub use profiles::{is_env_name, is_known_agent};
 pub use raw::{LogFormat, MultiplexerChoice, StoreKind};
+pub use sandbox::Sandbox;
 
 /// Default listener (SPEC §10).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7797";
@@ -475,6 +477,8 @@ pub struct Profile {
     pub budget: Option<BudgetSpec>,
     /// What the delegation tree a member of this profile heads may spend.
     pub tree_budget: Option<BudgetSpec>,
+    /// The sandbox its members run in, when set.
+    pub sandbox: Option<Sandbox>,
 }
 
 /// A profile's `worktree:` (SPEC §7): at spawn, `git worktree add` on a new branch for the

@@ -151,6 +151,7 @@ pub(super) fn profiles(
                     worktree: super::delegation::worktree(judge, &key, raw.worktree)?,
                     budget,
                     tree_budget,
+                    sandbox: super::sandbox::sandbox(judge, &key, raw.sandbox)?,
                 },
             ))
         })

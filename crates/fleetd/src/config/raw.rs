@@ -189,6 +189,7 @@ pub(crate) struct RawProfile {
     pub(crate) worktree: Option<At<RawWorktree>>,
     pub(crate) budget: Option<At<super::models::RawBudget>>,
     pub(crate) tree_budget: Option<At<super::models::RawBudget>>,
+    pub(crate) sandbox: Option<At<super::sandbox::RawSandbox>>,
 }
 
 /// A profile's `worktree:` — each member gets a git worktree on a branch of its own.

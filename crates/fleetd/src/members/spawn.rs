@@ -219,12 +219,32 @@ impl Saga<'_> {
             fleet_over_stdio: codex_fleet_over_stdio(profile, &config.codex_home).await,
         }
         .build();
+        let mut launch = launch(profile, &target, kind_args);
+        let _home = match &profile.sandbox {
+            Some(spec) => {
+                let (boxed, claim) = spawner
+                    .boxed(
+                        config,
+                        &request.profile,
+                        spec,
+                        &target,
+                        &cwd,
+                        worktree.is_some(),
+                        &env,
+                        &launch,
+                    )
+                    .await?;
+                launch = boxed;
+                Some(claim)
+            }
+            None => None,
+        };
         let open = OpenPane {
             placement: Placement::NewTab {
                 workspace: config.members_workspace.clone(),
             },
             label: Some(target.to_string()),
-            launch: launch(profile, &target, kind_args),
+            launch,
             cwd,
             env,
         };
@@ -360,6 +380,47 @@ fn launch(profile: &Profile, target: &Target, kind_args: Vec<String>) -> Launch 
 }
 
 impl Spawner {
+    /// `launch` boxed as the profile's `spec` says (SPEC §19), and the hold on the member's home
+    /// until it is registered; a sandbox this machine cannot give fails the spawn.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one spawn's facts, each from another step"
+    )]
+    async fn boxed(
+        &self,
+        config: &Config,
+        profile: &str,
+        spec: &crate::config::Sandbox,
+        target: &Target,
+        cwd: &Option<std::path::PathBuf>,
+        worktree: bool,
+        env: &std::collections::BTreeMap<String, String>,
+        launch: &Launch,
+    ) -> Result<(Launch, crate::sandbox::Claim), Refusal> {
+        let claim = crate::sandbox::claim(&config.state_dir, target);
+        let current: Vec<Target> = self
+            .engine
+            .list()
+            .await?
+            .into_iter()
+            .map(|m| m.target)
+            .collect();
+        crate::sandbox::sweep_homes(&config.state_dir, &current);
+        let request = crate::sandbox::Request {
+            profile,
+            spec,
+            state_dir: &config.state_dir,
+            target,
+            workdir: cwd.as_deref(),
+            worktree,
+            env,
+        };
+        let argv = crate::sandbox::boxed(&request, &launch.argv())
+            .await
+            .map_err(|e| Refusal::new(Code::SandboxUnavailable, format!("{target}: {e}")))?;
+        Ok((Launch::Argv(argv), claim))
+    }
+
     /// Waits for the engine to say `target` is ready; fails when it goes or the time is up.
     async fn wait_ready(&self, target: &Target) -> Result<(), Refusal> {
         let ready = self.engine.when_ready(target.clone()).await?;

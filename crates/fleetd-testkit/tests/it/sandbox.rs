@@ -1,0 +1,423 @@
+//! Members in a sandbox (issue 38, SPEC §19), end to end with the built daemon, real tmux, real
+//! git and the real bubblewrap: from inside a sandboxed member, as a shell its agent could run,
+//! the state directory, the user's home, the lead's checkout, another member's worktree, other
+//! processes and the user's tmux server are out of reach, while its task, `fleet_reply`,
+//! `fleet_ask`, its model calls through fleetd, the stdio shim and git on its own branch work.
+//! A profile asking for a sandbox the machine cannot give fails the spawn and says why.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use fleetd_testkit::daemon::state_dir;
+use fleetd_testkit::fake_model::FakeModel;
+use fleetd_testkit::rig::{LEAD, Rig, error_code, sim_profile, structured_ok};
+use fleetd_testkit::{bin_path, wait_until};
+use serde_json::{Value, json};
+
+const PATIENCE: Duration = Duration::from_secs(90);
+
+/// The machine has bubblewrap: CI installs it; elsewhere a missing one skips, loudly.
+fn require_bwrap() -> bool {
+    let found = Command::new("bwrap")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the sandbox tests need bubblewrap: install it (apt-get install bubblewrap); .ci/run does"
+        );
+        eprintln!("skipping: no bubblewrap (apt-get install bubblewrap)");
+    }
+    found
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = fleetd_testkit::run_ok(
+        Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+            .args(args),
+        &format!("git {args:?}"),
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The lead's repository: `main` with one commit, and an uncommitted file of the lead's.
+fn repository() -> PathBuf {
+    let dir = tempfile::tempdir().expect("tempdir").keep();
+    git(&dir, &["init", "--quiet", "-b", "main"]);
+    std::fs::write(dir.join("README"), "hello\n").expect("write");
+    git(&dir, &["add", "README"]);
+    git(&dir, &["commit", "--quiet", "-m", "first"]);
+    std::fs::write(dir.join("lead-notes.txt"), "the lead's own draft\n").expect("write");
+    dir
+}
+
+/// A boxed fleet: profile `boxed` (a worktree each, runs its task as a shell command and
+/// replies with the output, model backend `lab` through fleetd) and `asker` (boxed in a
+/// directory of its own, asks its lead before replying).
+struct Boxed {
+    rig: Rig,
+    repo: PathBuf,
+    _model: FakeModel,
+    _files: tempfile::TempDir,
+}
+
+fn start() -> Option<Boxed> {
+    if !require_bwrap() {
+        return None;
+    }
+    let files = tempfile::tempdir().expect("tempdir");
+    let model = FakeModel::start(files.path(), "lab", "boxed answer");
+    let token = files.path().join("lab-token");
+    std::fs::write(&token, "sk-lab-SECRET").expect("write the credential");
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    let asker_dir = files.path().join("asker");
+    std::fs::create_dir(&asker_dir).expect("mkdir");
+    let rig = Rig::start_if_tmux(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\n\
+         backends:\n  lab:\n    baseUrl: {url}\n    authTokenSecret: lab-token\n\
+         secrets:\n  lab-token:\n    file: {token}\n\
+         profiles:\n{boxed}    backend: lab\n    worktree: {{}}\n    sandbox: {{}}\n\
+         {asker}    cwd: {asker_dir}\n    sandbox: {{}}\n",
+        url = model.url(),
+        token = token.display(),
+        boxed = sim_profile(
+            "boxed",
+            &[("SIM_AGENT_SCRIPT", "shell"), ("SIM_AGENT_WORK_MS", "100")]
+        ),
+        asker = sim_profile(
+            "asker",
+            &[("SIM_AGENT_SCRIPT", "ask"), ("SIM_AGENT_WORK_MS", "100")]
+        ),
+        asker_dir = asker_dir.display(),
+    ))?;
+    let repo = repository();
+    // The lead works in the repository: members branch from there.
+    rig.type_line(LEAD, &format!("cd {}", repo.display()));
+    Some(Boxed {
+        rig,
+        repo,
+        _model: model,
+        _files: files,
+    })
+}
+
+impl Boxed {
+    /// Runs `command` in member `name`'s shell; its reply (`exit N` and the output).
+    fn run(&self, name: &str, command: &str) -> String {
+        let ticket = self.rig.send_task(name, command);
+        let mut last = Value::Null;
+        wait_until(&format!("{name}'s reply to {command:?}"), PATIENCE, || {
+            last = structured_ok(&self.rig.lead("fleet_poll", &json!({ "ticket": ticket })));
+            last["state"] == "replied"
+        });
+        last["reply"]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// `command` fails in `name`'s box, and its output says `why`.
+    fn refused(&self, name: &str, command: &str, why: &str) {
+        let out = self.run(name, command);
+        assert!(
+            !out.starts_with("exit 0") && out.contains(why),
+            "{command:?} from inside the box: {out}"
+        );
+    }
+
+    fn worktree(&self, name: &str) -> PathBuf {
+        let members = structured_ok(&self.rig.lead("fleet_list", &json!({})));
+        let member = members["members"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["target"] == name).cloned())
+            .unwrap_or(Value::Null);
+        PathBuf::from(
+            member["worktree"]["path"]
+                .as_str()
+                .expect("a worktree path"),
+        )
+    }
+}
+
+#[test]
+fn e2e_sandbox_a_member_reaches_only_its_worktree_and_fleetd() {
+    let Some(fleet) = start() else {
+        return;
+    };
+    let rig = &fleet.rig;
+    rig.spawn("boxed", "ann");
+    rig.spawn("boxed", "bob");
+    let ann = fleet.worktree("ann");
+    let bob = fleet.worktree("bob");
+    let state = state_dir(rig.dir());
+    let home = rig.dir();
+    std::fs::write(home.join("user-secret.txt"), "the user's own\n").expect("write");
+    let no_such = "No such file or directory";
+
+    // Refused or impossible: fleetd's state, the user's home, the lead's checkout, another
+    // member's worktree, writing outside its own, other processes, the user's tmux server.
+    // Of the state directory, only the paths down to its door and to ann's own worktree exist.
+    let listing = fleet.run("ann", &format!("ls -A {0} {0}/worktrees", state.display()));
+    let names: Vec<&str> = listing
+        .lines()
+        .filter(|l| !l.is_empty() && !l.ends_with(':'))
+        .collect();
+    let ann_root = ann
+        .strip_prefix(state.join("worktrees"))
+        .ok()
+        .and_then(|p| p.components().next())
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .expect("ann's worktree is under the state directory");
+    assert_eq!(
+        names,
+        ["exit 0", "door", "worktrees", &ann_root],
+        "{listing}"
+    );
+    fleet.refused(
+        "ann",
+        &format!("cat {}", state.join("inbox.db").display()),
+        no_such,
+    );
+    fleet.refused(
+        "ann",
+        &format!("cat {}", home.join("user-secret.txt").display()),
+        no_such,
+    );
+    fleet.refused(
+        "ann",
+        &format!("cat {}", fleet.repo.join("lead-notes.txt").display()),
+        no_such,
+    );
+    fleet.refused("ann", &format!("ls {}", bob.display()), no_such);
+    fleet.refused("ann", "touch /usr/ann-was-here", "Read-only file system");
+    // (The lead's checkout is no more than the path to its git directory: a file made there
+    // lands in the box's own /tmp, never in the checkout.)
+    fleet.run(
+        "ann",
+        &format!("touch {}", fleet.repo.join("ann-was-here").display()),
+    );
+    assert!(!fleet.repo.join("ann-was-here").exists());
+    fleet.refused(
+        "ann",
+        &format!("touch {}", fleet.repo.join(".git/ann-was-here").display()),
+        "Read-only file system",
+    );
+    // Nor can it point git at a configuration of its own, for fleetd's and the lead's git
+    // run outside the box on its worktree (core.fsmonitor and the like would run there).
+    fleet.refused(
+        "ann",
+        "echo 'gitdir: /tmp/evil' > .git",
+        "Read-only file system",
+    );
+    let admin = fleet.repo.join(".git/worktrees/ann");
+    for file in ["commondir", "gitdir", "config.worktree"] {
+        let path = admin.join(file);
+        fleet.refused(
+            "ann",
+            &format!("echo /tmp/evil > {}", path.display()),
+            "Read-only file system",
+        );
+    }
+    fleet.refused(
+        "ann",
+        &format!("echo x >> {}", fleet.repo.join(".git/config").display()),
+        "Read-only file system",
+    );
+    let daemon = rig.daemon.pid();
+    fleet.refused("ann", &format!("kill -0 {daemon}"), "");
+    fleet.refused("ann", &format!("cat /proc/{daemon}/environ"), no_such);
+    let processes = fleet.run("ann", "ls /proc | grep -c '^[0-9]'");
+    let count: usize = processes
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(99);
+    assert!(
+        count <= 6,
+        "ann sees only her own box's processes: {processes}"
+    );
+    // No tmux server of the user's, so no send-keys into the lead and no pane of its own
+    // outside the members' workspace (the review's identity hole cannot open here).
+    let socket = rig.tmux.socket().display().to_string();
+    fleet.refused(
+        "ann",
+        &format!("tmux -S {socket} send-keys -t {LEAD} 'echo owned' Enter"),
+        "",
+    );
+    fleet.refused("ann", &format!("tmux -S {socket} new-window"), "");
+    fleet.refused("ann", "tmux new-window", "");
+    fleet.refused("ann", "env | grep -E '^(TMUX|HERDR_SOCKET_PATH)='", "");
+    assert!(
+        !rig.history(LEAD).contains("owned"),
+        "nothing typed into the lead"
+    );
+
+    // Working: its own home and /tmp, git on its branch (which the lead then sees), its model.
+    let own = fleet.run(
+        "ann",
+        "echo mine > $HOME/note && cat $HOME/note && echo t > /tmp/t && pwd",
+    );
+    assert!(own.starts_with("exit 0") && own.contains("mine"), "{own}");
+    assert!(
+        own.contains(&ann.display().to_string()),
+        "ann starts in her worktree: {own}"
+    );
+    let commit = fleet.run(
+        "ann",
+        "echo ann > README && git -c user.name=ann -c user.email=ann@example.com commit -qam 'ann edits' && git rev-parse --abbrev-ref HEAD",
+    );
+    assert!(
+        commit.starts_with("exit 0") && commit.lines().any(|l| l == "fleet/ann"),
+        "{commit}"
+    );
+    assert_eq!(
+        git(&fleet.repo, &["log", "-1", "--format=%s", "fleet/ann"]),
+        "ann edits"
+    );
+    assert_eq!(
+        std::fs::read_to_string(fleet.repo.join("README")).expect("read"),
+        "hello\n"
+    );
+    let call = fleet.run(
+        "ann",
+        &format!(
+            "{} --prompt hello --out answer.json && cat answer.json",
+            bin_path("model-call").display()
+        ),
+    );
+    assert!(
+        call.starts_with("exit 0") && call.contains("\"status\":200"),
+        "ann's model call: {call}"
+    );
+}
+
+#[test]
+fn e2e_sandbox_a_member_asks_and_replies_and_uses_the_stdio_shim() {
+    let Some(fleet) = start() else {
+        return;
+    };
+    let rig = &fleet.rig;
+    rig.spawn("asker", "cy");
+    let ticket = rig.send_task("cy", "which branch?");
+    let mut inbox = Value::Null;
+    wait_until("cy's question", PATIENCE, || {
+        inbox = structured_ok(&rig.lead("fleet_poll", &json!({ "target": "cy" })));
+        inbox["questions"].as_array().is_some_and(|q| !q.is_empty())
+    });
+    let question = &inbox["questions"][0];
+    assert_eq!(question["question"], "sim-agent asks about: which branch?");
+    structured_ok(&rig.lead(
+        "fleet_answer",
+        &json!({ "questionId": question["questionId"], "answer": "use main" }),
+    ));
+    let mut last = Value::Null;
+    wait_until("cy's reply", PATIENCE, || {
+        last = structured_ok(&rig.lead("fleet_poll", &json!({ "ticket": ticket })));
+        last["state"] == "replied"
+    });
+    assert!(
+        last["reply"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("use main")),
+        "{last}"
+    );
+
+    // The stdio relay inside a box finds fleetd through the door, and fleetd knows the caller
+    // by its pane as over HTTP: the reply it sends is dee's reply to dee's task.
+    rig.spawn("boxed", "dee");
+    let lines = session(&json!({ "text": "replied over the stdio shim" }));
+    let out = fleet.run(
+        "dee",
+        &format!(
+            "printf '%s\\n' {} > in.jsonl && (cat in.jsonl; sleep 3) | {} mcp",
+            lines
+                .iter()
+                .map(|l| format!("'{l}'"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            fleetd_testkit::daemon::fleetd_binary().display()
+        ),
+    );
+    assert_eq!(
+        out, "replied over the stdio shim",
+        "dee's reply came over the shim"
+    );
+
+    // The door is the shim's socket under another name, behind the same policy: a process in
+    // no pane is no one there, and nothing reaches anyone's inbox.
+    let door = state_dir(rig.dir()).join("door/fleetd.sock");
+    let answer = shim_exchange(&door, &session(&json!({ "text": "from nowhere" })));
+    assert!(answer.contains("anonymous_caller"), "{answer}");
+    let dee = structured_ok(&rig.lead("fleet_poll", &json!({ "target": "dee" })));
+    assert!(!dee.to_string().contains("from nowhere"), "{dee}");
+}
+
+/// An MCP session over the stdio shim that calls `fleet_reply` with `args`, one JSON-RPC
+/// message a line.
+fn session(args: &Value) -> Vec<String> {
+    [
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"box","version":"1"}}}),
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+        json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"fleet_reply","arguments":args}}),
+    ]
+    .iter()
+    .map(Value::to_string)
+    .collect()
+}
+
+/// Sends `lines` to the shim's socket at `path` and returns the answer to request 2.
+fn shim_exchange(path: &Path, lines: &[String]) -> String {
+    use std::io::{BufRead as _, Write as _};
+    let mut stream = std::os::unix::net::UnixStream::connect(path).expect("the door");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    for line in lines {
+        writeln!(stream, "{line}").expect("write");
+    }
+    std::io::BufReader::new(stream)
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains("\"id\":2"))
+        .expect("an answer to the call")
+}
+
+#[test]
+fn e2e_sandbox_a_spawn_the_machine_cannot_box_fails_and_says_why() {
+    if !require_bwrap() {
+        return;
+    }
+    let empty = tempfile::tempdir().expect("tempdir");
+    let Some(rig) = Rig::start_if_tmux(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{}    cwd: /tmp\n    sandbox: {{}}\n",
+        sim_profile("nobox", &[("PATH", &empty.path().display().to_string())]),
+    )) else {
+        return;
+    };
+    let refused = rig.lead("fleet_spawn", &json!({ "profile": "nobox", "name": "eve" }));
+    assert_eq!(error_code(&refused), "sandbox_unavailable", "{refused}");
+    let message = refused.to_string();
+    assert!(
+        message.contains("bubblewrap is not installed")
+            && message.contains("apt-get install bubblewrap"),
+        "{message}"
+    );
+    let members = structured_ok(&rig.lead("fleet_list", &json!({})));
+    assert_eq!(
+        members["members"],
+        json!([]),
+        "no member was left: {members}"
+    );
+    let windows = fleetd_testkit::run_ok(
+        rig.tmux.command().args(["list-windows", "-a", "-F", "#W"]),
+        "tmux list-windows",
+    );
+    let windows = String::from_utf8_lossy(&windows.stdout).to_string();
+    assert!(!windows.contains("eve"), "no pane was left: {windows}");
+}
