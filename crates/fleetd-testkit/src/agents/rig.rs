@@ -152,10 +152,16 @@ impl AgentRig {
     /// Runs `fleetd ARGS` as the user would in the lead's working directory; panics with its
     /// output unless it succeeds. Returns stdout.
     pub fn fleetd(&self, args: &[&str]) -> String {
+        self.fleetd_with(&[], args)
+    }
+
+    /// [`AgentRig::fleetd`] with `env` over the user's environment (another `HOME`, say).
+    pub fn fleetd_with(&self, env: &[(&str, &str)], args: &[&str]) -> String {
         let out = crate::run_ok(
             Command::new(crate::daemon::fleetd_binary())
                 .env_clear()
                 .envs(self.env.iter().map(|(k, v)| (k, v)))
+                .envs(env.iter().copied())
                 .current_dir(&self.work)
                 .args(args),
             &format!("fleetd {args:?}"),

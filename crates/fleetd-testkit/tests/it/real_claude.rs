@@ -18,7 +18,12 @@ fn claude_rig(version: Option<&str>) -> Option<(AgentRig, Cli)> {
     }
     let newest = versions("claude-code").into_iter().next()?;
     let cli = Cli::require("claude-code", version.unwrap_or(&newest))?;
-    let rig = AgentRig::start(&[&cli], &claude::profile("claude"), "");
+    let boxed = "  boxed:\n    agent: claude\n    backend: model\n    cwd: {work}/../boxed-work\n    sandbox:\n      homeFrom: {work}/../boxed-home\n";
+    let rig = AgentRig::start(
+        &[&cli],
+        &format!("{}{boxed}", claude::profile("claude")),
+        "",
+    );
     Some((rig, cli))
 }
 
@@ -157,4 +162,45 @@ fn e2e_claude_lead_started_without_exec_behind_a_shell() {
     let nudges = nudges(&rig.lead_model.turns());
     assert_eq!(nudges.len(), 1, "{nudges:#?}");
     stories::gateway_kept_its_books(&rig, &lead, "fay");
+}
+
+#[test]
+fn e2e_claude_member_in_a_sandbox_works_end_to_end() {
+    let Some((mut rig, cli)) = claude_rig(None) else {
+        return;
+    };
+    if std::process::Command::new("bwrap")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "a sandboxed member needs bubblewrap: apt-get install bubblewrap (.ci/run does)"
+        );
+        return;
+    }
+    // The member's home is a template the user made once, as they would: Claude Code set up
+    // for fleetd (`fleetd install claude` with HOME there) and its working directory trusted.
+    let template = rig.home().join("boxed-home");
+    let workdir = rig.home().join("boxed-work");
+    std::fs::create_dir_all(&template).expect("template");
+    std::fs::create_dir_all(&workdir).expect("workdir");
+    let home = template.display().to_string();
+    rig.fleetd_with(
+        &[("HOME", &home)],
+        &["install", "claude", "--scope", "user"],
+    );
+    claude::seed_home(&template, &cli.version, "unused-key", &[workdir.as_path()]);
+    let lead = claude::start_lead(&mut rig, &cli, Transport::Http);
+    rig.say(&lead, "@spawn boxed bob @reply from inside the box");
+    stories::lead_reads_and_acks(&rig, "bob", "from inside the box", Duration::from_secs(120));
+    // Its agent ran under bubblewrap, and its model calls went through fleetd from in there.
+    let envs = rig.environments("fleet:bob");
+    assert!(
+        envs.iter().any(|e| e.contains("FLEETD_SHIM_SOCKET=")),
+        "bob's agent runs in a box: {envs:?}"
+    );
+    rig.assert_usage_is_what_was_served("bob");
+    stories::lead_stops(&rig, &lead, "bob");
 }
