@@ -38,6 +38,20 @@ pub enum Command {
     /// server command for agents that only speak stdio MCP. The daemon identifies the calling
     /// agent by this process (SO_PEERCRED), exactly as over HTTP.
     Mcp,
+    /// Inside a sandbox without a network: listen on fleetd's address, forward each connection
+    /// to fleetd's door for boxed members, and run the member's command (started by fleetd).
+    #[command(hide = true)]
+    BoxRelay {
+        /// fleetd's address, as the member is given it.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// fleetd's door for boxed members (`<state>/door/http.sock`).
+        #[arg(long)]
+        socket: std::path::PathBuf,
+        /// The member's command.
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
     /// Show the running daemon's members: target, profile, pane, status, inbox depth, open
     /// tickets and delegating lead.
     Status(ClientArgs),

@@ -22,6 +22,11 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(config, &env, &args).map(|()| true),
         Command::Config(ConfigCommand::Check { file }) => config_check(&file, &env).map(|()| true),
         Command::Mcp => mcp_shim(config, &env).map(|()| true),
+        Command::BoxRelay {
+            listen,
+            socket,
+            argv,
+        } => box_relay(listen, socket, &argv),
         Command::Status(client) => ask(config, &env, &client, &Request::Status),
         Command::Inbox {
             target,
@@ -327,6 +332,17 @@ fn config_check(file: &std::path::Path, env: &Environment) -> anyhow::Result<()>
     print!("{}", config.to_yaml());
     eprintln!("{}: configuration is valid", file.display());
     Ok(())
+}
+
+/// `fleetd box-relay`: ends this process with the member's exit status.
+fn box_relay(
+    listen: std::net::SocketAddr,
+    socket: std::path::PathBuf,
+    argv: &[String],
+) -> anyhow::Result<bool> {
+    let runtime = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
+    let code = runtime.block_on(fleetd::sandbox::relay::run(listen, socket, argv))?;
+    std::process::exit(code)
 }
 
 fn mcp_shim(config_path: Option<&std::path::Path>, env: &Environment) -> anyhow::Result<()> {

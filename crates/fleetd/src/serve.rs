@@ -170,6 +170,11 @@ impl Daemon {
         let operator_path = operator_socket_path(&config.state_dir);
         let operator = crate::shim::bind_private(&operator_path)
             .context("failed to open the operator's socket")?;
+        let boxed_path = crate::sandbox::http_door(&config.state_dir);
+        crate::state_dir::private_dir(&crate::sandbox::door_dir(&config.state_dir))
+            .context("failed to make the sandbox door's directory")?;
+        let boxed = crate::shim::bind_private(&boxed_path)
+            .context("failed to open the sandboxed members' HTTP door")?;
         let store = Arc::clone(&self.inner.store);
         let engine = fleet.engine.clone();
         let probe = self.probe(engine.clone(), link);
@@ -218,11 +223,17 @@ impl Daemon {
             ),
             crate::http::listen::serve(
                 crate::http::listen::Listener::Operator(operator),
+                parts.clone(),
+                stop.clone(),
+            ),
+            crate::http::listen::serve(
+                crate::http::listen::Listener::Boxed(boxed),
                 parts,
                 stop.clone(),
             ),
         );
         let _ = std::fs::remove_file(&operator_path);
+        let _ = std::fs::remove_file(&boxed_path);
         shim.stop();
         let died = died.load(std::sync::atomic::Ordering::Acquire);
         // Members are released (cause `shutdown`) and their notices stored before the store

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use fleetd_testkit::daemon::state_dir;
 use fleetd_testkit::fake_model::FakeModel;
+use fleetd_testkit::http::{self, Endpoint};
 use fleetd_testkit::rig::{LEAD, Rig, error_code, sim_profile, structured_ok};
 use fleetd_testkit::{bin_path, wait_until};
 use serde_json::{Value, json};
@@ -57,12 +58,13 @@ fn repository() -> PathBuf {
 }
 
 /// A boxed fleet: profile `boxed` (a worktree each, runs its task as a shell command and
-/// replies with the output, model backend `lab` through fleetd) and `asker` (boxed in a
-/// directory of its own, asks its lead before replying).
+/// replies with the output, model backend `lab` through fleetd), `asker` (boxed in a
+/// directory of its own, asks its lead before replying) and `offline` (as `boxed` in that
+/// directory, with no network but fleetd).
 struct Boxed {
     rig: Rig,
     repo: PathBuf,
-    _model: FakeModel,
+    model: FakeModel,
     _files: tempfile::TempDir,
 }
 
@@ -83,7 +85,8 @@ fn start() -> Option<Boxed> {
          backends:\n  lab:\n    baseUrl: {url}\n    authTokenSecret: lab-token\n\
          secrets:\n  lab-token:\n    file: {token}\n\
          profiles:\n{boxed}    backend: lab\n    worktree: {{}}\n    sandbox: {{}}\n\
-         {asker}    cwd: {asker_dir}\n    sandbox: {{}}\n",
+         {asker}    cwd: {asker_dir}\n    sandbox: {{}}\n\
+         {offline}    backend: lab\n    cwd: {asker_dir}\n    sandbox:\n      network: false\n",
         url = model.url(),
         token = token.display(),
         boxed = sim_profile(
@@ -94,6 +97,10 @@ fn start() -> Option<Boxed> {
             "asker",
             &[("SIM_AGENT_SCRIPT", "ask"), ("SIM_AGENT_WORK_MS", "100")]
         ),
+        offline = sim_profile(
+            "offline",
+            &[("SIM_AGENT_SCRIPT", "shell"), ("SIM_AGENT_WORK_MS", "100")]
+        ),
         asker_dir = asker_dir.display(),
     ))?;
     let repo = repository();
@@ -102,7 +109,7 @@ fn start() -> Option<Boxed> {
     Some(Boxed {
         rig,
         repo,
-        _model: model,
+        model,
         _files: files,
     })
 }
@@ -356,6 +363,28 @@ fn e2e_sandbox_a_member_asks_and_replies_and_uses_the_stdio_shim() {
     assert!(answer.contains("anonymous_caller"), "{answer}");
     let dee = structured_ok(&rig.lead("fleet_poll", &json!({ "target": "dee" })));
     assert!(!dee.to_string().contains("from nowhere"), "{dee}");
+
+    // The boxes' HTTP door places callers as TCP does: what the operator's socket grants the
+    // same process (dee's replies) is refused there, and a web page's Origin is refused too.
+    let boxed = Endpoint::Unix(state_dir(rig.dir()).join("door/http.sock"));
+    let path = "/sessions/dee/replies";
+    assert_eq!(
+        http::get(rig.daemon.operator(), path)
+            .expect("answer")
+            .status,
+        200
+    );
+    let refused = http::get(boxed.clone(), path).expect("an answer");
+    assert_eq!(refused.error_code(), "anonymous_caller", "{refused:?}");
+    let page = http::request_with(
+        boxed,
+        "GET",
+        path,
+        &[("Origin", "https://evil.example")],
+        None,
+    )
+    .expect("an answer");
+    assert_eq!(page.status, 403, "{page:?}");
 }
 
 /// An MCP session over the stdio shim that calls `fleet_reply` with `args`, one JSON-RPC
@@ -420,4 +449,39 @@ fn e2e_sandbox_a_spawn_the_machine_cannot_box_fails_and_says_why() {
     );
     let windows = String::from_utf8_lossy(&windows.stdout).to_string();
     assert!(!windows.contains("eve"), "no pane was left: {windows}");
+}
+
+#[test]
+fn e2e_sandbox_without_a_network_a_member_reaches_fleetd_and_its_model_only() {
+    let Some(fleet) = start() else {
+        return;
+    };
+    fleet.rig.spawn("offline", "fay");
+    // Its replies reach fleetd (this very reply came through the box's relay), and so does its
+    // model call through the gateway at the URL it was given.
+    let call = fleet.run(
+        "fay",
+        &format!(
+            "{} --prompt hello --out answer.json && cat answer.json",
+            bin_path("model-call").display()
+        ),
+    );
+    assert!(
+        call.starts_with("exit 0") && call.contains("\"status\":200"),
+        "fay's model call: {call}"
+    );
+    // Nothing else: not the model backend itself, not the broker, not the outside world.
+    let backend = fleet.model.url();
+    let port = backend.rsplit(':').next().expect("a port");
+    for (what, host, port) in [
+        ("the backend, directly", "127.0.0.1", port),
+        ("the broker", "127.0.0.1", "5672"),
+        ("the outside", "1.1.1.1", "443"),
+    ] {
+        let out = fleet.run(
+            "fay",
+            &format!("timeout 5 bash -c 'echo > /dev/tcp/{host}/{port}' && echo reached"),
+        );
+        assert!(!out.contains("reached"), "{what}: {out}");
+    }
 }

@@ -1,5 +1,5 @@
-//! Serving the router on the daemon's HTTP doors — the TCP listener and the operator's unix
-//! socket — with the connection limits (`conn`): each accepted connection's user is found
+//! Serving the router on the daemon's HTTP doors — the TCP listener, the operator's unix
+//! socket and the boxed members' `door/http.sock` — with the connection limits (`conn`): each accepted connection's user is found
 //! (the socket's owner, one exact kernel lookup), the gate admits it or it gets a clear `503`
 //! naming the cap and its key before it is closed, and an admitted one is served by hyper's
 //! HTTP/1 with its idle and header-read timers running. Graceful shutdown: stop accepting, let
@@ -55,6 +55,10 @@ pub enum Listener {
     Tcp(TcpListener),
     /// The operator's unix socket.
     Operator(UnixListener),
+    /// `<state>/door/http.sock`: the TCP listener's twin for sandboxed members with no network
+    /// (their in-box relay forwards to it). Callers are placed as on TCP — a process in no pane
+    /// is anonymous, never the operator as on `api.sock`.
+    Boxed(UnixListener),
 }
 
 /// What every connection of a door is served with.
@@ -136,6 +140,11 @@ async fn accept(listener: &Listener) -> std::io::Result<Stream> {
         Listener::Operator(l) => {
             let (stream, _) = l.accept().await?;
             let info = ConnInfo::unix(Door::Operator, stream.peer_cred().ok());
+            Ok(Stream::Unix(stream, info))
+        }
+        Listener::Boxed(l) => {
+            let (stream, _) = l.accept().await?;
+            let info = ConnInfo::unix(Door::Tcp, stream.peer_cred().ok());
             Ok(Stream::Unix(stream, info))
         }
     }

@@ -414,6 +414,10 @@ impl Spawner {
             workdir: cwd.as_deref(),
             worktree,
             env,
+            fleet_addr: self
+                .url
+                .strip_prefix("http://")
+                .and_then(|a| a.parse().ok()),
         };
         let argv = crate::sandbox::boxed(&request, &launch.argv())
             .await

@@ -20,6 +20,7 @@ compile_error!(
 
 pub mod bwrap;
 mod probe;
+pub mod relay;
 
 use std::path::{Path, PathBuf};
 
@@ -34,6 +35,12 @@ use crate::config::Sandbox;
 /// state directory a box binds.
 pub fn door_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("door")
+}
+
+/// `<state>/door/http.sock`: fleetd's HTTP door for boxed members without a network, which
+/// their in-box relay (`fleetd box-relay`, [`relay`]) forwards fleetd's address to.
+pub fn http_door(state_dir: &Path) -> PathBuf {
+    door_dir(state_dir).join("http.sock")
 }
 
 /// Makes `<state>/door/fleetd.sock` a second name of the shim's socket at `socket` (replacing
@@ -68,6 +75,9 @@ pub struct Request<'a> {
     pub worktree: bool,
     /// The member's environment (its profile's `env` and what fleetd adds).
     pub env: &'a std::collections::BTreeMap<String, String>,
+    /// fleetd's address as members reach it (`FLEETD_URL`'s): where a box without a network
+    /// relays it.
+    pub fleet_addr: Option<std::net::SocketAddr>,
 }
 
 impl Request<'_> {
@@ -125,13 +135,43 @@ pub async fn boxed(request: &Request<'_>, command: &[String]) -> Result<Vec<Stri
     })?;
     let workdir = std::fs::canonicalize(workdir)
         .map_err(|e| format!("the member's directory {}: {e}", workdir.display()))?;
+    // (The agent's install is found from its own command, not the relay's in front of it.)
     let plan = plan(request, &found, &workdir, command)?;
+    let command = if request.spec.network {
+        command.to_vec()
+    } else {
+        relayed(request, command)?
+    };
     let home = plan.home.clone();
     let from = request.spec.home_from.clone();
     tokio::task::spawn_blocking(move || make_home(&home, from.as_deref()))
         .await
         .map_err(|e| format!("making the member's home: {e}"))??;
-    Ok(plan.argv(&bwrap, command))
+    Ok(plan.argv(&bwrap, &command))
+}
+
+/// `command` run behind `fleetd box-relay`, which gives a box without a network fleetd's
+/// address through the boxed HTTP door.
+fn relayed(request: &Request<'_>, command: &[String]) -> Result<Vec<String>, String> {
+    let addr = request.fleet_addr.ok_or_else(|| {
+        format!(
+            "profile {} turns its sandbox's network off, but fleetd's own address is not one the box can relay",
+            request.profile
+        )
+    })?;
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("fleetd cannot find its own binary for the box's relay: {e}"))?;
+    let mut argv = vec![
+        exe.display().to_string(),
+        "box-relay".to_owned(),
+        "--listen".to_owned(),
+        addr.to_string(),
+        "--socket".to_owned(),
+        http_door(request.state_dir).display().to_string(),
+        "--".to_owned(),
+    ];
+    argv.extend(command.iter().cloned());
+    Ok(argv)
 }
 
 fn plan(

@@ -51,10 +51,24 @@ fn e2e_security_state_is_owner_only_and_a_loose_one_is_tightened() {
     }
     // An older fleetd's member registry is imported into the store, then removed.
     assert!(!files.iter().any(|f| f == "members.json"), "{files:?}");
-    // Another user cannot even look inside.
+    // The sandboxes' door: the shim's socket under a second name, and their HTTP door.
+    let door = state.join("door");
+    let mut sockets: Vec<String> = std::fs::read_dir(&door)
+        .expect("the door's directory")
+        .flatten()
+        .map(|e| {
+            assert_eq!(mode(&e.path()), 0o600, "{}", e.path().display());
+            e.file_name().to_string_lossy().into_owned()
+        })
+        .collect();
+    sockets.sort();
+    assert_eq!(sockets, ["fleetd.sock", "http.sock"]);
+    // Another user cannot even look inside, nor into the door.
     if rustix::process::geteuid().is_root() {
-        let out = as_nobody("ls", &[&state.display().to_string()], &[]).expect("root");
-        assert!(!out.status.success(), "nobody listed the state directory");
+        for dir in [&state, &door] {
+            let out = as_nobody("ls", &[&dir.display().to_string()], &[]).expect("root");
+            assert!(!out.status.success(), "nobody listed {}", dir.display());
+        }
     }
 }
 
