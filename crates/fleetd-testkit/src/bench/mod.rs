@@ -19,6 +19,7 @@ pub mod pane_output;
 pub mod peers;
 mod profile;
 mod rabbit;
+pub mod sandbox;
 pub mod scale;
 pub mod tmux_events;
 pub mod wake;

@@ -1,4 +1,4 @@
-//! `fleetd-bench [inbox|mailbox|locate|bridge|nudge|wake|tmux-events|agents|footprint|dashboard|gateway|scale|model|peers|all] [args...]`: the
+//! `fleetd-bench [inbox|mailbox|locate|bridge|nudge|wake|tmux-events|agents|footprint|dashboard|gateway|scale|model|sandbox|peers|all] [args...]`: the
 //! benchmark suite's one command. Each benchmark prints its own table; `all` runs every one (on
 //! its defaults) and ends with one combined table, side by side with the alternatives and the target
 //! of the issue that introduced each row. The numbers are reported, never asserted.
@@ -8,7 +8,7 @@ use fleetd_testkit::bench::{self, Row};
 type Bench = fn(&[String]) -> anyhow::Result<Vec<Row>>;
 
 /// Every benchmark, in the order `all` runs them, with the area its failure is reported under.
-const SUITE: [(&str, &str, Bench); 14] = [
+const SUITE: [(&str, &str, Bench); 15] = [
     ("inbox", "inbox", bench::inbox::run),
     ("mailbox", "mailbox (MCP)", bench::mailbox::run),
     ("nudge", "push", bench::nudge::run),
@@ -22,6 +22,7 @@ const SUITE: [(&str, &str, Bench); 14] = [
     ("gateway", "gateway", bench::gateway::run),
     ("scale", "scale", bench::scale::run),
     ("model", "model gateway", bench::model::run),
+    ("sandbox", "sandbox", bench::sandbox::run),
     // Last: it installs the peers (minutes), and its wake-up row takes fleetd's push numbers.
     ("peers", "peers", bench::peers::run),
 ];
@@ -58,7 +59,7 @@ fn main() -> anyhow::Result<()> {
     }
     let Some((_, _, run)) = SUITE.iter().find(|(name, _, _)| *name == which) else {
         anyhow::bail!(
-            "unknown benchmark {which:?}: use inbox, mailbox, nudge, wake, tmux-events, agents, locate, bridge, footprint, dashboard, gateway, scale, model, peers or all"
+            "unknown benchmark {which:?}: use inbox, mailbox, nudge, wake, tmux-events, agents, locate, bridge, footprint, dashboard, gateway, scale, model, sandbox, peers or all"
         );
     };
     run(&rest).map(drop)
