@@ -117,7 +117,9 @@ fn box_alone(workdir: &std::path::Path, times: usize) -> anyhow::Result<(Summary
             .map_err(|e| anyhow::anyhow!(e))?;
         made.push(start.elapsed());
         let start = Instant::now();
-        let status = std::process::Command::new(&argv[0]).args(&argv[1..]).status()?;
+        let status = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .status()?;
         ran.push(start.elapsed());
         anyhow::ensure!(status.success(), "the box around `true` failed: {status}");
     }

@@ -302,6 +302,21 @@ fn e2e_sandbox_a_member_reaches_only_its_worktree_and_fleetd() {
         call.starts_with("exit 0") && call.contains("\"status\":200"),
         "ann's model call: {call}"
     );
+
+    // Released, a member's private home goes with it.
+    let homes = state.join("sandboxes");
+    assert!(
+        homes.join("ann/home/note").exists(),
+        "ann's home is on the host"
+    );
+    structured_ok(&rig.lead("fleet_stop", &json!({ "target": "ann" })));
+    wait_until("ann's home to be taken away", PATIENCE, || {
+        !homes.join("ann").exists()
+    });
+    assert!(
+        homes.join("bob").exists(),
+        "bob's home stays while he is here"
+    );
 }
 
 #[test]
@@ -456,6 +471,23 @@ fn e2e_sandbox_without_a_network_a_member_reaches_fleetd_and_its_model_only() {
     let Some(fleet) = start() else {
         return;
     };
+    let profiles = structured_ok(&fleet.rig.lead("fleet_profiles", &json!({})));
+    let sandbox_of = |name: &str| {
+        profiles["profiles"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["name"] == name))
+            .map(|p| p["sandbox"].clone())
+    };
+    assert_eq!(
+        sandbox_of("offline"),
+        Some(json!({ "network": false })),
+        "{profiles}"
+    );
+    assert_eq!(
+        sandbox_of("boxed"),
+        Some(json!({ "network": true })),
+        "{profiles}"
+    );
     fleet.rig.spawn("offline", "fay");
     // Its replies reach fleetd (this very reply came through the box's relay), and so does its
     // model call through the gateway at the URL it was given.

@@ -398,14 +398,6 @@ impl Spawner {
         launch: &Launch,
     ) -> Result<(Launch, crate::sandbox::Claim), Refusal> {
         let claim = crate::sandbox::claim(&config.state_dir, target);
-        let current: Vec<Target> = self
-            .engine
-            .list()
-            .await?
-            .into_iter()
-            .map(|m| m.target)
-            .collect();
-        crate::sandbox::sweep_homes(&config.state_dir, &current);
         let request = crate::sandbox::Request {
             profile,
             spec,

@@ -397,9 +397,33 @@ impl Drop for Claim {
     }
 }
 
+/// Keeps `<state>/sandboxes/` to the members that are here, for the daemon's life: swept once
+/// now (a restart leaves the homes of members released while it was down) and again at each
+/// `member.released` (or when the event stream outran this task).
+pub fn tidy_homes(engine: crate::engine::EngineHandle, state_dir: PathBuf) {
+    tokio::spawn(async move {
+        let mut events = engine.events().subscribe(None).live;
+        loop {
+            let Ok(members) = engine.list().await else {
+                return;
+            };
+            let current: Vec<Target> = members.into_iter().map(|m| m.target).collect();
+            let dir = state_dir.clone();
+            let _ = tokio::task::spawn_blocking(move || sweep_homes(&dir, &current)).await;
+            loop {
+                match events.recv().await {
+                    Ok(event) if event.kind == "member.released" => break,
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        }
+    });
+}
+
 /// Takes away the homes of members no longer here (`<state>/sandboxes/<name>` for each name
-/// neither in `current` nor held by a spawn under way): a released member's home goes at the
-/// next sandboxed spawn.
+/// neither in `current` nor held by a spawn under way).
 pub fn sweep_homes(state_dir: &Path, current: &[Target]) {
     let Ok(entries) = std::fs::read_dir(state_dir.join("sandboxes")) else {
         return;

@@ -18,7 +18,7 @@ pub(crate) struct Profiles;
 
 impl FleetTool for Profiles {
     const NAME: &'static str = "fleet_profiles";
-    const DESCRIPTION: &'static str = "List the member profiles fleetd can spawn (fleet_spawn profile=...): name, agent kind, backend, model, and ready=false with the reason when a secret it needs does not resolve. In a fleet across hosts, other gateways' profiles follow as `profile@gateway` (spawn one with fleet_spawn profile=PROFILE gateway=GATEWAY), not ready while that gateway is not heard from.";
+    const DESCRIPTION: &'static str = "List the member profiles fleetd can spawn (fleet_spawn profile=...): name, agent kind, backend, model, sandbox (whether its members run boxed, and with the network or not; null: not boxed), and ready=false with the reason when a secret it needs does not resolve. In a fleet across hosts, other gateways' profiles follow as `profile@gateway` (spawn one with fleet_spawn profile=PROFILE gateway=GATEWAY), not ready while that gateway is not heard from.";
     const CLASS: ToolClass = ToolClass::Public;
     type Args = Args;
 
@@ -34,6 +34,8 @@ impl FleetTool for Profiles {
                     "agent": p.agent,
                     "backend": p.backend,
                     "model": p.model,
+                    // Whether its members run in a sandbox, and with the network or not.
+                    "sandbox": p.sandbox.as_ref().map(|b| json!({ "network": b.network })),
                     "ready": missing.is_none(),
                     "notReadyBecause": missing,
                 })
