@@ -517,3 +517,37 @@ fn e2e_sandbox_without_a_network_a_member_reaches_fleetd_and_its_model_only() {
         assert!(!out.contains("reached"), "{what}: {out}");
     }
 }
+
+#[test]
+fn e2e_sandbox_on_herdr_a_member_cannot_reach_herdr() {
+    if !require_bwrap() {
+        return;
+    }
+    let work = tempfile::tempdir().expect("tempdir");
+    let rig = fleetd_testkit::rig_herdr::HerdrRig::start(&format!(
+        "primary:\n  tab: w1:t1\n  pushReminders: 0\nprofiles:\n{}      SIM_AGENT_SCRIPT: shell\n    cwd: {}\n    sandbox: {{}}\n",
+        fleetd_testkit::rig_herdr::sim_profile("boxed", 100),
+        work.path().display()
+    ));
+    let (_, lead) = rig.agent_lead("boss");
+    rig.spawned(&lead, "boxed", "ann");
+    // herdr's socket is not in the box, nor named in its environment: no pane.create, no
+    // pane.send_text into the lead, from inside.
+    let socket = rig.herdr.socket().display().to_string();
+    rig.call_from(
+        &lead,
+        &format!(
+            r#"fleet_send {{"target":"ann","task":"ls {socket}; env | grep -c HERDR_SOCKET_PATH","wait":false}}"#
+        ),
+    );
+    let mut texts = Vec::new();
+    wait_until("ann's reply", PATIENCE, || {
+        texts = http::reply_texts(rig.daemon.operator(), "ann");
+        !texts.is_empty()
+    });
+    let reply = &texts[0];
+    assert!(
+        reply.contains("No such file or directory") && reply.lines().any(|l| l == "0"),
+        "from inside ann's box: {reply}"
+    );
+}
