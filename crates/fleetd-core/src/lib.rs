@@ -3,6 +3,7 @@
 //! takes `now` and randomness as arguments and returns decisions as data.
 
 pub mod access;
+pub mod dialog;
 pub mod gateway;
 pub mod ids;
 pub mod injector;

@@ -67,6 +67,7 @@ codes! {
         UnknownBackend = "unknown_backend",
         UnknownGateway = "unknown_gateway",
         UnknownTool = "unknown_tool",
+        UnknownChoice = "unknown_choice",
     }
     Invalid {
         InvalidTarget = "invalid_target",
@@ -96,6 +97,9 @@ codes! {
     }
     Conflict {
         NameTaken = "name_taken",
+        NotBlocked = "not_blocked",
+        NoDialog = "no_dialog",
+        DialogChanged = "dialog_changed",
     }
     Forbidden {
         NotALead = "not_a_lead",
@@ -110,6 +114,7 @@ codes! {
         DelegationTooDeep = "delegation_too_deep",
         NoGateway = "no_gateway",
         ModelKeyRefused = "model_key_refused",
+        ApprovalsOff = "approvals_off",
     }
     Trouble {
         StoreUnavailable = "store_unavailable",

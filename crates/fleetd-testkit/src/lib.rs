@@ -198,3 +198,4 @@ pub mod rig_herdr;
 pub mod sim_agent;
 pub mod tls;
 pub mod tmux;
+pub mod webhook;

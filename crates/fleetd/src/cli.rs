@@ -133,6 +133,11 @@ pub enum Command {
     /// what was set and what was spent so far. Needs the operator's role (the default unix
     /// socket).
     Budget(BudgetArgs),
+    /// Show the dialog a member waits on (a permission prompt) with the choices fleetd can
+    /// type, or answer it: `fleetd approve NAME 1` types choice 1 into its pane, only while the
+    /// member is blocked on that dialog (with --dialog, only if it is still the same one). Needs
+    /// the operator's role (the default unix socket).
+    Approve(ApproveArgs),
     /// Sign a browser in to the dashboard: prints fleetd's address with a one-time key (valid
     /// two minutes, used once). Needs the operator's role (the default unix socket).
     Dashboard(ClientArgs),
@@ -187,6 +192,23 @@ pub struct ClientArgs {
     /// Print the daemon's JSON answer instead of the human form.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Flags of `fleetd approve`.
+#[derive(Debug, Args)]
+pub struct ApproveArgs {
+    /// The member's name.
+    pub target: String,
+    /// The choice to type: its number as the dialog shows it, or its words. Without it, the
+    /// dialog and its choices are shown.
+    pub choice: Option<String>,
+    /// The dialog's fingerprint (shown with it, and in its `member.blocked` event): nothing is
+    /// typed unless this very dialog is still on screen.
+    #[arg(long, value_name = "FINGERPRINT")]
+    pub dialog: Option<String>,
+    /// How to reach the daemon.
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 /// Flags of `fleetd budget`.

@@ -15,6 +15,7 @@ pub mod events;
 pub mod gateway;
 pub mod health;
 pub mod http;
+pub mod human;
 pub mod identity;
 pub mod inbox;
 pub mod locate;

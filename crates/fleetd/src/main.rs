@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use fleetd::cli::{
-    BudgetArgs, Cli, ClientArgs, Command, ConfigCommand, DemoArgs, GatewayCommand,
+    ApproveArgs, BudgetArgs, Cli, ClientArgs, Command, ConfigCommand, DemoArgs, GatewayCommand,
     InstallClaudeArgs, InstallCodexArgs, InstallCommand, InstallScope, SendArgs, ServeArgs,
 };
 use fleetd::client::Request;
@@ -72,6 +72,7 @@ fn main() -> ExitCode {
         Command::Dashboard(client) => ask(config, &env, &client, &Request::Dashboard),
         Command::Admit { pane, client } => ask(config, &env, &client, &Request::Admit { pane }),
         Command::Budget(args) => budget(config, &env, args),
+        Command::Approve(args) => approve(config, &env, &args),
         Command::Watch(client) => watch(config, &env, &client).map(|()| true),
         Command::Install(InstallCommand::Claude(args)) => {
             install_claude(config, &env, &args).map(|()| true)
@@ -141,6 +142,24 @@ fn budget(
     Ok(runtime.block_on(fleetd::client::budget::run(
         &conn,
         &budget,
+        args.client.json,
+        &mut out,
+    ))?)
+}
+
+/// `fleetd approve`: shows a member's dialog, or types a choice into it.
+fn approve(
+    config_path: Option<&std::path::Path>,
+    env: &Environment,
+    args: &ApproveArgs,
+) -> anyhow::Result<bool> {
+    let (conn, runtime) = client_session(config_path, env, &args.client)?;
+    let mut out = std::io::stdout().lock();
+    Ok(runtime.block_on(fleetd::client::approve::run(
+        &conn,
+        &args.target,
+        args.choice.as_deref(),
+        args.dialog.as_deref(),
         args.client.json,
         &mut out,
     ))?)

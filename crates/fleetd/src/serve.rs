@@ -372,6 +372,15 @@ impl Daemon {
             );
             (name, link)
         });
+        let human = crate::human::Human::new(
+            engine.clone(),
+            self.inner.mux.clone(),
+            self.live_config(),
+            redactor.clone(),
+            Arc::clone(&clock),
+            spawner.url.clone(),
+        );
+        human.start();
         Ok((
             crate::mcp::Fleet {
                 engine,
@@ -386,6 +395,7 @@ impl Daemon {
                 spawner,
                 peers,
                 calls: crate::conn::MemberCalls::default(),
+                human,
             },
             link,
         ))

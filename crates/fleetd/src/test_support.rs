@@ -68,6 +68,14 @@ pub(crate) fn fleet(parts: EngineParts) -> Fleet {
         url: "http://127.0.0.1:1".to_owned(),
     };
     let inbox = crate::inbox::Inbox::new(Arc::clone(&store), engine.clone());
+    let human = crate::human::Human::new(
+        engine.clone(),
+        router.clone(),
+        live.clone(),
+        redactor.clone(),
+        Arc::clone(&clock),
+        "http://127.0.0.1:1".to_owned(),
+    );
     Fleet {
         engine,
         store,
@@ -81,6 +89,7 @@ pub(crate) fn fleet(parts: EngineParts) -> Fleet {
         spawner,
         peers: crate::gateway::presence::Peers::default(),
         calls: crate::conn::MemberCalls::default(),
+        human,
     }
 }
 

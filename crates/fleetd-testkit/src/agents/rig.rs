@@ -158,15 +158,28 @@ impl AgentRig {
     /// [`AgentRig::fleetd`] with `env` over the user's environment (another `HOME`, say).
     pub fn fleetd_with(&self, env: &[(&str, &str)], args: &[&str]) -> String {
         let out = crate::run_ok(
-            Command::new(crate::daemon::fleetd_binary())
-                .env_clear()
-                .envs(self.env.iter().map(|(k, v)| (k, v)))
-                .envs(env.iter().copied())
-                .current_dir(&self.work)
-                .args(args),
+            &mut self.fleetd_command(env, args),
             &format!("fleetd {args:?}"),
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs `fleetd ARGS` as the user would and returns how it ended, whatever that was.
+    pub fn fleetd_output(&self, args: &[&str]) -> std::process::Output {
+        self.fleetd_command(&[], args)
+            .output()
+            .expect("fleetd runs")
+    }
+
+    fn fleetd_command(&self, env: &[(&str, &str)], args: &[&str]) -> Command {
+        let mut command = Command::new(crate::daemon::fleetd_binary());
+        command
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(env.iter().copied())
+            .current_dir(&self.work)
+            .args(args);
+        command
     }
 
     /// Opens window (tmux) or tab (herdr) `name` running `argv` in the lead's working directory

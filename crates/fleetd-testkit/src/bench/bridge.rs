@@ -147,6 +147,9 @@ impl Multiplexer for Recording {
     fn press_enter<'a>(&'a self, _: &'a PaneId) -> MuxFuture<'a, ()> {
         Box::pin(async { Ok(()) })
     }
+    fn type_keys<'a>(&'a self, _: &'a PaneId, _: &'a str) -> MuxFuture<'a, ()> {
+        Box::pin(async { Ok(()) })
+    }
     fn read_tail<'a>(&'a self, _: &'a PaneId, _: u32) -> MuxFuture<'a, String> {
         Box::pin(async { Ok(String::new()) })
     }

@@ -11,6 +11,7 @@
 //!     so a member's directives ride inside it); `@send-nowait` the same with `wait: false`;
 //!   - `@spawn PROFILE NAME [TASK…]` calls `fleet_spawn`;
 //!   - `@call TOOL {json}` calls any tool with those arguments (the rest of the prompt);
+//!   - `@bash COMMAND` calls the client's shell tool (Claude Code's `Bash`) with that command;
 //!   - `@sleep SECS` makes this turn's next answer take that long (a long turn, streamed);
 //!   - `@text TEXT` ends the turn with that text;
 //! - **a text of fleetd's** (a `[fleet]` nudge, or a task's result in a Claude Code task
@@ -267,6 +268,11 @@ fn directives(prompt: &str) -> Vec<Want> {
                     out.push(Want::Call(bare, args));
                 }
             }
+            // Claude Code's own shell tool: what a member asks its user to allow.
+            "bash" => out.push(Want::Call(
+                "Bash",
+                json!({ "command": body, "description": "Run what the task asks" }),
+            )),
             "sleep" => {
                 let secs: f64 = body.parse().unwrap_or(1.0);
                 out.push(Want::Sleep(Duration::from_secs_f64(secs.max(0.0))));
@@ -304,6 +310,7 @@ fn find_directive(text: &str) -> Option<usize> {
         "send-nowait",
         "spawn",
         "call",
+        "bash",
         "sleep",
         "text",
     ];

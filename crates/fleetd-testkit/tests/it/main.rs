@@ -32,6 +32,7 @@ mod paging;
 mod push;
 mod push_herdr;
 mod real_claude;
+mod real_claude_approve;
 mod real_claude_tasks;
 mod real_codex;
 mod real_herdr;

@@ -4,6 +4,7 @@
 //! daemon's JSON as it came. Owns the commands' output and exit status; never decides anything
 //! about the fleet itself (the daemon does), and speaks HTTP only through `wire`.
 
+pub mod approve;
 pub mod budget;
 mod status;
 pub mod watch;

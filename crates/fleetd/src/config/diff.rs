@@ -61,6 +61,9 @@ const KEYS: &[(&str, KeyClass)] = &[
     // The broker link and its consumer are set up once, at start.
     ("gateway", KeyClass::BootOnly),
     ("log.level", KeyClass::Live),
+    // Read as each approval and each event comes.
+    ("approvals", KeyClass::Live),
+    ("notify", KeyClass::Live),
 ];
 
 fn class_of(key: &str) -> KeyClass {
@@ -139,6 +142,8 @@ impl ConfigDiff {
             ),
             ("connections", old.connections != new.connections),
             ("gateway", old.gateway != new.gateway),
+            ("approvals", old.approvals != new.approvals),
+            ("notify", old.notify != new.notify),
         ];
         let mut changes: Vec<Change> = flat
             .into_iter()

@@ -6,6 +6,7 @@ mod connections;
 mod delegation;
 mod diff;
 mod gateway;
+mod human;
 mod live;
 mod models;
 mod profiles;
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 pub use diff::{Change, ConfigDiff, KeyClass};
+pub use human::{Approvals, ApprovalsBy, NoticeKind, Notify, Sink, SinkKind};
 pub use live::{Live, Publisher, channel};
 pub use models::{BudgetError, BudgetSpec, Prices, budget_from, micros};
 pub use profiles::{is_env_name, is_known_agent};
@@ -255,6 +257,10 @@ pub struct Config {
     /// This fleetd as one gateway of a multi-host fleet; `None`: a fleet on this host alone.
     /// Boot-only.
     pub gateway: Option<Gateway>,
+    /// Who may answer a member's dialog.
+    pub approvals: Approvals,
+    /// Where people are told that a member waits on them.
+    pub notify: Notify,
 }
 
 /// `gateway:` (SPEC §12).

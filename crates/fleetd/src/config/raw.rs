@@ -39,6 +39,8 @@ pub(crate) struct RawConfig {
     pub(crate) config_reload: Option<bool>,
     pub(crate) log: Option<RawLog>,
     pub(crate) gateway: Option<At<RawGateway>>,
+    pub(crate) approvals: Option<At<super::human::RawApprovals>>,
+    pub(crate) notify: Option<At<super::human::RawNotify>>,
 }
 
 /// `gateway:` — this fleetd as one host of a multi-host fleet (SPEC §12).

@@ -100,6 +100,8 @@ pub(super) fn validate(
     let backends = backends(&judge, raw.backends.unwrap_or_default(), &secrets)?;
     let profiles = profiles(&judge, raw.profiles.unwrap_or_default(), &backends)?;
     let gateway = super::gateway::gateway(&judge, raw.gateway, env, &secrets)?;
+    let approvals = super::human::approvals(&judge, raw.approvals)?;
+    let notify = super::human::notify(&judge, raw.notify, &secrets)?;
     Ok(Config {
         listen,
         api_token,
@@ -160,6 +162,8 @@ pub(super) fn validate(
         config_reload: raw.config_reload.unwrap_or(false),
         log: log(&judge, raw.log)?,
         gateway,
+        approvals,
+        notify,
     })
 }
 

@@ -23,6 +23,7 @@ mod admit;
 mod budget;
 mod dashboard;
 mod event_stream;
+mod human;
 pub mod listen;
 mod rest;
 
@@ -91,6 +92,8 @@ pub fn router(
         .route("/sessions/{target}/tasks", post(rest::task))
         .route("/sessions/{target}/stop", post(rest::stop))
         .route("/sessions/{target}/budget", post(budget::set))
+        .route("/sessions/{target}/approve", post(human::approve))
+        .route("/blocked", get(human::blocked))
         .route("/questions", get(rest::questions))
         .route("/questions/{question_id}/answer", post(rest::answer))
         .route("/tickets", get(rest::tickets))

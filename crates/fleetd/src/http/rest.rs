@@ -15,7 +15,7 @@ use crate::identity::ConnInfo;
 pub(super) type ApiResult = Result<Json<Value>, ApiError>;
 
 /// Runs MCP tool `tool` with `args` for the connection's caller: the REST route's whole work.
-async fn tool(
+pub(super) async fn tool(
     app: &App,
     conn: &ConnInfo,
     headers: &HeaderMap,
@@ -92,7 +92,7 @@ fn bad_query(e: &axum::extract::rejection::QueryRejection, route: &str, takes: &
 }
 
 /// A body the route cannot read: 400 `invalid_body`, with what to `send` instead.
-fn bad_body(e: &impl std::fmt::Display, send: &str) -> ApiError {
+pub(super) fn bad_body(e: &impl std::fmt::Display, send: &str) -> ApiError {
     ApiError::new(
         StatusCode::BAD_REQUEST,
         "invalid_body",

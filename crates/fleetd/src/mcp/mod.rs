@@ -111,6 +111,8 @@ pub struct Fleet {
     pub peers: crate::gateway::presence::Peers,
     /// Each member's calls under way (`connections.perMember`).
     pub calls: crate::conn::MemberCalls,
+    /// Members waiting on a dialog, and answering them (SPEC §20).
+    pub human: crate::human::Human,
 }
 
 impl Fleet {

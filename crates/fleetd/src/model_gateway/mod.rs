@@ -20,7 +20,7 @@
 
 pub(crate) mod key;
 mod relay;
-mod upstream;
+pub(crate) mod upstream;
 
 use std::sync::Arc;
 use std::time::Duration;

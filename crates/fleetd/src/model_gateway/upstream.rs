@@ -246,6 +246,42 @@ fn tls_config() -> Result<Arc<rustls::ClientConfig>, UpstreamError> {
         .map_err(|e| UpstreamError::Tls("any backend".to_owned(), e))
 }
 
+/// POSTs `body` to `url` with `headers` over a pooled connection and reads the answer to its
+/// end (for fleetd's own notices: webhooks, ntfy); the answer's status. The connection goes
+/// back to the pool after.
+pub(crate) async fn post(
+    url: &str,
+    headers: &[(&str, String)],
+    body: Vec<u8>,
+) -> Result<u16, String> {
+    use http_body_util::BodyExt as _;
+    let (origin, path) =
+        Origin::parse(url).ok_or_else(|| format!("{url} is not an http(s) URL"))?;
+    let path = if path.is_empty() {
+        "/".to_owned()
+    } else {
+        path
+    };
+    let mut request = http::Request::post(path).header(http::header::HOST, origin.authority());
+    for (name, value) in headers {
+        request = request.header(*name, value.as_str());
+    }
+    let request = request
+        .header(http::header::CONTENT_LENGTH, body.len())
+        .body(Body::from(body))
+        .map_err(|e| e.to_string())?;
+    let mut lent = lend(&origin).await.map_err(|e| e.to_string())?;
+    let response = lent.send(request).await.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("reading the answer from {}: {e}", origin.authority()))?;
+    lent.give_back();
+    Ok(status)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -60,6 +60,8 @@ struct Inner {
     /// What each pane's input line shows below what was typed (`set_input`).
     input: BTreeMap<PaneId, String>,
     enters: Vec<(Instant, PaneId)>,
+    /// Keys typed with `type_keys`, in order.
+    keys: Vec<(PaneId, String)>,
     /// Every open request received, in order (counted before any hold).
     opens: Vec<OpenPane>,
     /// Make the next opens fail transiently.
@@ -396,6 +398,15 @@ impl Multiplexer for FakeMux {
             self.typing_refused(pane, "agent.send_keys")?;
             self.lock().enters.push((Instant::now(), pane.clone()));
             self.typing_answer(pane, "agent.send_keys")
+        });
+        ready(result)
+    }
+
+    fn type_keys<'a>(&'a self, pane: &'a PaneId, keys: &'a str) -> MuxFuture<'a, ()> {
+        let result = self.get(pane, "pane.send_text").and_then(|_| {
+            self.typing_refused(pane, "pane.send_text")?;
+            self.lock().keys.push((pane.clone(), keys.to_owned()));
+            Ok(())
         });
         ready(result)
     }

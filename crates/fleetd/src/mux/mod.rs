@@ -384,6 +384,11 @@ pub trait Multiplexer: Send + Sync + fmt::Debug {
     /// failure after the key may have been sent is [`MuxError::Uncertain`].
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()>;
 
+    /// Types `keys` into the pane exactly as given, with no Enter and no paste wrapping: a
+    /// dialog's choice (`1`, `y`). The caller has made sure `keys` holds no control character.
+    /// A failure after the keys may have been sent is [`MuxError::Uncertain`].
+    fn type_keys<'a>(&'a self, pane: &'a PaneId, keys: &'a str) -> MuxFuture<'a, ()>;
+
     /// The last `lines` lines of the pane's output, as plain text.
     fn read_tail<'a>(&'a self, pane: &'a PaneId, lines: u32) -> MuxFuture<'a, String>;
 

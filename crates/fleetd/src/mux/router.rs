@@ -245,6 +245,11 @@ impl MuxRouter {
         self.daemon(id.daemon)?.press_enter(&id.pane).await
     }
 
+    /// Types `keys` into the pane as they are, no Enter (see [`Multiplexer::type_keys`]).
+    pub async fn type_keys(&self, id: &QualifiedPaneId, keys: &str) -> Result<(), MuxError> {
+        self.daemon(id.daemon)?.type_keys(&id.pane, keys).await
+    }
+
     /// The tail of a pane's output.
     pub async fn read_tail(&self, id: &QualifiedPaneId, lines: u32) -> Result<String, MuxError> {
         self.daemon(id.daemon)?.read_tail(&id.pane, lines).await
@@ -363,6 +368,9 @@ mod tests {
             unsupported()
         }
         fn press_enter<'a>(&'a self, _: &'a PaneId) -> MuxFuture<'a, ()> {
+            unsupported()
+        }
+        fn type_keys<'a>(&'a self, _: &'a PaneId, _: &'a str) -> MuxFuture<'a, ()> {
             unsupported()
         }
         fn read_tail<'a>(&'a self, _: &'a PaneId, _: u32) -> MuxFuture<'a, String> {

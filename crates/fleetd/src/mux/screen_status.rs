@@ -94,6 +94,9 @@ fn shows_dialog(screen: &str) -> bool {
     (has("esc to cancel")
         && (has("enter to confirm") || has("enter to select") || has("enter to submit")))
         || DIALOG_LINES.iter().any(|n| has(n))
+        // A question over a numbered choice list, however long (Claude Code 2.1.332's Bash
+        // prompt has four options, its question six lines up: `fleetd_core::dialog`).
+        || fleetd_core::dialog::recognise(screen).is_some_and(|d| !d.choices.is_empty())
 }
 
 /// Whether the bottom lines show a turn running.
@@ -266,6 +269,12 @@ mod tests {
         let dialog = " Do you want to proceed?\n ❯ 1. Yes\n   2. Yes, and don't ask again\n   3. No\n\n Esc to cancel · Tab to amend";
         assert_eq!(
             derive_status(title, "claude", Some(dialog)).1,
+            AgentStatus::Blocked
+        );
+        // 2.1.332 offers four choices: the question is six non-empty lines up.
+        let four = " Do you want to proceed?\n ❯ 1. Yes\n   2. Yes, and always allow access to /w from this project\n   3. Yes, and switch to auto mode · auto mode handles these prompts for you\n   4. No\n\n Esc to cancel · Tab to amend";
+        assert_eq!(
+            derive_status(title, "claude", Some(four)).1,
             AgentStatus::Blocked
         );
     }

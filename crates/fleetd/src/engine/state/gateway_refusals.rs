@@ -176,7 +176,7 @@ impl State {
         let Some(target) = self.gateway_inbox() else {
             return;
         };
-        self.incident_to(vec![target], text, io);
+        self.incident_to("gateway", vec![target], text, io);
     }
 
     /// Where a refused message went, as a clause of a notice.

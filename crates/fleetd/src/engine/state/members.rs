@@ -53,7 +53,7 @@ impl State {
             Some(why) => self.backends_down.insert(name.to_owned(), why),
             None => self.backends_down.remove(name),
         };
-        self.incident(|m| m.backend.as_deref() == Some(name), &text, io);
+        self.incident("backend", |m| m.backend.as_deref() == Some(name), &text, io);
     }
 
     /// A reload was applied: members whose backend is no longer configured are `unmapped`.
@@ -81,7 +81,7 @@ impl State {
             let text = format!(
                 "[fleet] incident: backend {backend} was removed from the configuration; this member keeps running on the settings it was started with — stop it or add the backend back"
             );
-            self.incident_to(vec![target], &text, io);
+            self.incident_to("unmapped", vec![target], &text, io);
         }
         self.emit(FleetEvent::ConfigReloaded);
     }
@@ -89,6 +89,7 @@ impl State {
     /// Publishes `text` as an incident to every member `which` selects.
     pub(super) fn incident(
         &mut self,
+        kind: &str,
         which: impl Fn(&Member) -> bool,
         text: &str,
         io: &mut Vec<Io>,
@@ -99,14 +100,21 @@ impl State {
             .filter(|(_, m)| which(m))
             .map(|(t, _)| t.clone())
             .collect();
-        self.incident_to(targets, text, io);
+        self.incident_to(kind, targets, text, io);
     }
 
     /// Publishes `text` as an incident to `targets` (each an inbox): on `/events` once, when
     /// there are any, and a notice in each inbox.
-    pub(super) fn incident_to(&mut self, targets: Vec<Target>, text: &str, io: &mut Vec<Io>) {
+    pub(super) fn incident_to(
+        &mut self,
+        kind: &str,
+        targets: Vec<Target>,
+        text: &str,
+        io: &mut Vec<Io>,
+    ) {
         if !targets.is_empty() {
             self.emit(FleetEvent::Incident {
+                kind: kind.to_owned(),
                 targets: targets.iter().map(ToString::to_string).collect(),
                 text: text.to_owned(),
             });

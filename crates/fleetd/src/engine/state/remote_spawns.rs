@@ -381,6 +381,7 @@ impl State {
             (Err(refusal), _) => {
                 tracing::warn!(gateway = %asked.dst, profile = %asked.profile, reason = %refusal.message, "a spawn on another gateway failed after its caller stopped waiting");
                 self.emit(FleetEvent::Incident {
+                    kind: "gateway".to_owned(),
                     targets: Vec::new(),
                     text: refusal.message,
                 });

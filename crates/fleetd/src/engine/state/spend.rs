@@ -251,7 +251,7 @@ impl State {
         if let Some(b) = own {
             let spent = account.spent;
             let words = usage::describe(&spent, &limit(&b));
-            self.tell_once(id, target, |t| &mut t.stopped, || {
+            self.tell_once(id, target, (|t| &mut t.stopped, "budget"), || {
                 format!("[fleet] incident: member {target} reached its model budget ({words}); its model requests are refused until the operator raises it: fleetd budget {target} --tokens N / --cost-usd X")
             }, io);
             return Err(Refusal::new(
@@ -263,7 +263,7 @@ impl State {
         }
         if let Some((top, spent, b)) = tree_over {
             let words = usage::describe(&spent, &limit(&b));
-            self.tell_once(top, target, |t| &mut t.tree_stopped, || {
+            self.tell_once(top, target, (|t| &mut t.tree_stopped, "budget"), || {
                 format!("[fleet] incident: the delegation tree of {tree} reached its model budget ({words}); its members' model requests are refused until the operator raises it: fleetd budget {tree} --tree --tokens N / --cost-usd X")
             }, io);
             return Err(Refusal::new(
@@ -276,12 +276,13 @@ impl State {
         Ok(id)
     }
 
-    /// Tells `target`'s lead `text` once per budget episode (the flag `which` of account `id`).
+    /// Tells `target`'s lead `text` once per budget episode (the flag `which` of account `id`), and
+    /// `/events` as an incident of `kind`.
     fn tell_once(
         &mut self,
         id: u64,
         target: &Target,
-        which: fn(&mut Told) -> &mut bool,
+        (which, kind): (fn(&mut Told) -> &mut bool, &str),
         text: impl FnOnce() -> String,
         io: &mut Vec<Io>,
     ) {
@@ -294,11 +295,18 @@ impl State {
         }
         *flag = true;
         self.dirty.accounts.insert(id);
+        let text = text();
+        // On `/events` too, so a notification sink hears of it (fleetd's sentence, no body).
+        self.emit(crate::events::FleetEvent::Incident {
+            kind: kind.to_owned(),
+            targets: vec![target.to_string()],
+            text: text.clone(),
+        });
         io.push(Io::Notice {
             target: target.clone(),
             ticket: None,
             kind: MessageKind::Incident,
-            text: text(),
+            text,
         });
     }
 
@@ -334,7 +342,7 @@ impl State {
             self.tell_once(
                 id,
                 &member,
-                |t| &mut t.warned,
+                (|t| &mut t.warned, "budget_warning"),
                 || format!("[fleet] member {member} has used {words} of its model budget"),
                 io,
             );
@@ -346,7 +354,7 @@ impl State {
             let spent = self.tree_spent(&tree);
             if usage::standing(&spent, &limit(&b), b.warn_at()) != usage::Standing::Under {
                 let words = usage::describe(&spent, &limit(&b));
-                self.tell_once(top, &member, |t| &mut t.tree_warned, || {
+                self.tell_once(top, &member, (|t| &mut t.tree_warned, "budget_warning"), || {
                     format!("[fleet] the delegation tree of {tree} has used {words} of its model budget")
                 }, io);
             }

@@ -4,6 +4,7 @@
 
 mod ack;
 mod answer;
+mod approve;
 mod ask;
 mod list;
 pub(crate) mod poll;
@@ -70,6 +71,7 @@ pub(crate) fn definitions() -> Vec<Tool> {
         definition::<ack::Ack>(),
         definition::<answer::Answer>(),
         definition::<stop::Stop>(),
+        definition::<approve::Approve>(),
         definition::<reply::Reply>(),
         definition::<ask::Ask>(),
     ]
@@ -92,6 +94,7 @@ pub(crate) async fn call(
         ack::Ack::NAME => run::<ack::Ack>(fleet, caller, args).await,
         answer::Answer::NAME => run::<answer::Answer>(fleet, caller, args).await,
         stop::Stop::NAME => run::<stop::Stop>(fleet, caller, args).await,
+        approve::Approve::NAME => run::<approve::Approve>(fleet, caller, args).await,
         reply::Reply::NAME => run::<reply::Reply>(fleet, caller, args).await,
         ask::Ask::NAME => run::<ask::Ask>(fleet, caller, args).await,
         other => counted(

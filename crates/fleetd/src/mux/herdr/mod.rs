@@ -506,6 +506,18 @@ impl Multiplexer for Herdr {
         Box::pin(self.submit_inner(pane, text, false))
     }
 
+    fn type_keys<'a>(&'a self, pane: &'a PaneId, keys: &'a str) -> MuxFuture<'a, ()> {
+        Box::pin(async move {
+            let what = format!("pane {pane}");
+            // Raw bytes to the pane's terminal: no paste wrapping, no Enter (PROTOCOL.md).
+            let params = json!({ "pane_id": pane.as_str(), "text": keys });
+            let timeout = self.inner.config.call_timeout;
+            self.input_request("pane.send_text", params, &["ok"], &what, timeout)
+                .await
+                .map(|_| ())
+        })
+    }
+
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
         Box::pin(async move {
             let info = self.pane_inner(pane).await?;

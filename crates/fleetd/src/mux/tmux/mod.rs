@@ -474,6 +474,22 @@ impl Multiplexer for Tmux {
         })
     }
 
+    fn type_keys<'a>(&'a self, pane: &'a PaneId, keys: &'a str) -> MuxFuture<'a, ()> {
+        Box::pin(async move {
+            let what = format!("pane {pane}");
+            // `-l`: the keys literally (`1` is the digit, never a key name).
+            let args = [
+                "send-keys".into(),
+                "-l".into(),
+                "-t".into(),
+                pane.to_string(),
+                "--".into(),
+                keys.to_owned(),
+            ];
+            self.run_input(&args, &what).await.map(|_| ())
+        })
+    }
+
     fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted> {
         Box::pin(self.submit_inner(pane, text))
     }

@@ -1,0 +1,132 @@
+//! The human in the loop with the real Claude Code (issue 39, SPEC §20): a member whose Bash
+//! command needs its user's approval blocks on Claude Code's permission prompt; fleetd tells
+//! `/events` (`member.blocked`, the dialog as shown and its choices) and the webhook (one
+//! notice), `fleetd approve` types the choice, the member's task completes, and an approval
+//! sent once the dialog is gone types nothing.
+
+use std::time::Duration;
+
+use fleetd_testkit::agents::claude::{self, Transport};
+use fleetd_testkit::agents::rig::AgentRig;
+use fleetd_testkit::agents::{Cli, stories, versions};
+use fleetd_testkit::daemon::state_dir;
+use fleetd_testkit::http::events::SseReader;
+use fleetd_testkit::webhook::{Answer, Webhook};
+use fleetd_testkit::{Service, require_tmux, wait_until};
+
+/// A Claude Code member that asks before running a shell command (Claude Code's default
+/// permission mode; the fleet's own tools are allowed by `fleetd install claude`).
+const ASKER: &str = "  asker:\n    agent: claude\n    backend: model\n    cwd: {work}\n    args: [\"--permission-mode\", \"default\"]\n";
+
+#[test]
+fn e2e_claude_member_on_a_permission_prompt_is_told_answered_and_finishes() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let Some(newest) = versions("claude-code").into_iter().next() else {
+        return;
+    };
+    let Some(cli) = Cli::require("claude-code", &newest) else {
+        return;
+    };
+    let hook = Webhook::start(Answer::Ok);
+    let mut rig = AgentRig::start(
+        &[&cli],
+        ASKER,
+        &format!(
+            "notify:\n  sinks:\n    - kind: webhook\n      url: {}\n",
+            hook.url()
+        ),
+    );
+    let lead = claude::start_lead(&mut rig, &cli, Transport::Http);
+    let mut events =
+        SseReader::unix(&state_dir(rig.home()).join("api.sock"), None).expect("the event stream");
+    rig.say(
+        &lead,
+        "@spawn asker alice @bash echo approved > ran.txt @reply done",
+    );
+
+    // It blocks, and /events carries the dialog as shown, with its choices, within a second.
+    let seen = events.until("alice's member.blocked", |e| {
+        e.event == "member.blocked" && e.data["target"] == "alice"
+    });
+    let at = |e: &fleetd_testkit::http::events::SseEvent| {
+        e.data["at"]
+            .as_str()
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .expect("an event time")
+    };
+    let status = seen
+        .iter()
+        .find(|e| {
+            e.event == "member.status"
+                && e.data["target"] == "alice"
+                && e.data["status"] == "blocked"
+        })
+        .expect("alice's status turned blocked first");
+    let blocked = seen.last().expect("the match");
+    let late = at(blocked).duration_since(at(status));
+    assert!(
+        late <= jiff::SignedDuration::from_secs(1),
+        "member.blocked came {late:?} after the status"
+    );
+    let dialog = &blocked.data;
+    assert_eq!(dialog["question"], "Do you want to proceed?", "{dialog}");
+    assert_eq!(dialog["choices"][0]["key"], "1", "{dialog}");
+    assert_eq!(dialog["choices"][0]["label"], "Yes", "{dialog}");
+    let lines = dialog["lines"].to_string();
+    assert!(
+        lines.contains("echo approved > ran.txt"),
+        "the command asked about: {dialog}"
+    );
+    let fingerprint = dialog["dialog"].as_str().expect("a fingerprint").to_owned();
+
+    // The webhook hears of it once: who and what, a link, no task text.
+    wait_until("the webhook's notice", Duration::from_secs(10), || {
+        !hook.received().is_empty()
+    });
+    let notice = &hook.received()[0].body;
+    assert_eq!(notice["type"], "member.blocked", "{notice}");
+    assert_eq!(notice["target"], "alice", "{notice}");
+    assert!(
+        notice["link"]
+            .as_str()
+            .is_some_and(|l| l.ends_with("/#member=alice")),
+        "{notice}"
+    );
+    assert!(
+        !notice.to_string().contains("@reply"),
+        "a task's text in a notice: {notice}"
+    );
+
+    // `fleetd approve` types the choice; the member runs its command and finishes its task.
+    let typed = rig.fleetd(&["approve", "alice", "1", "--dialog", &fingerprint]);
+    assert!(
+        typed.contains("the dialog went"),
+        "{typed}\n---- alice's screen ----\n{}",
+        rig.screen("fleet:alice")
+    );
+    stories::lead_reads(&rig, "alice", "done", Duration::from_secs(120));
+    let ran = std::fs::read_to_string(rig.work.join("ran.txt")).expect("the command ran");
+    assert_eq!(ran.trim(), "approved");
+    events.until("alice's member.unblocked", |e| {
+        e.event == "member.unblocked" && e.data["target"] == "alice"
+    });
+
+    // Once the dialog is gone an approval types nothing, and says why.
+    let before = rig.screen("fleet:alice");
+    let again = rig.fleetd_output(&["approve", "alice", "1"]);
+    assert!(!again.status.success(), "{again:?}");
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        said.contains("not_blocked") && said.contains("nothing typed"),
+        "{said}"
+    );
+    fleetd_testkit::agents::rig::pause(Duration::from_millis(500));
+    assert_eq!(
+        rig.screen("fleet:alice"),
+        before,
+        "nothing was typed into alice's pane"
+    );
+    assert_eq!(hook.received().len(), 1, "one notice for the episode");
+}
