@@ -22,6 +22,10 @@ pub enum Action {
     /// Like `Block`, with no working first: the prompt takes the agent from idle straight to a
     /// dialog (a permission check before any work), so it never shows `working`.
     Dialog,
+    /// Show a permission prompt as Claude Code draws one (a question over numbered choices, an
+    /// Esc footer) and take one key, no Enter, as its TUI does: `1` (Yes) runs the task's
+    /// reply, anything else replies that it was denied.
+    Permission,
     /// Exit the process.
     Exit,
     /// Treat the task as `TOOL {json args}`: call that tool, then reply with its result (lets a
@@ -52,6 +56,7 @@ impl std::str::FromStr for Action {
             "hang" => Action::Hang,
             "block" => Action::Block,
             "dialog" => Action::Dialog,
+            "permission" => Action::Permission,
             "exit" => Action::Exit,
             "call" => Action::Call,
             "shell" => Action::Shell,

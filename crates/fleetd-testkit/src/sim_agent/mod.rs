@@ -6,7 +6,8 @@
 //!
 //! Knobs (argument, else environment variable):
 //! - `--script a,b,..` / `SIM_AGENT_SCRIPT`: one action per turn — `reply`, `ask`, `silent`,
-//!   `hang`, `block`, `dialog` (a dialog straight away, never working), `exit`, `call` (the task is `TOOL {json}`: call it, reply with the result),
+//!   `hang`, `block`, `dialog` (a dialog straight away, never working), `permission` (a
+//!   numbered permission prompt answered by one key, as Claude Code's), `exit`, `call` (the task is `TOOL {json}`: call it, reply with the result),
 //!   `shell` (run the task with `sh -c` in the agent's own session, as an agent's shell tool does,
 //!   and reply with its exit status and output), `print` (run it the same way, show its output
 //!   in the pane and end the turn without replying), `delegate` (hand the task to a member of
@@ -143,6 +144,31 @@ impl Agent {
 
     async fn title(&mut self, title: &str) {
         self.say(&format!("\x1b]0;{title}\x07")).await;
+    }
+
+    /// Claude Code's permission prompt, drawn the same way (question, numbered choices, an Esc
+    /// footer), answered by one key without Enter (the terminal out of canonical mode, as a
+    /// TUI's is): the key, logged as `dialog_answered`. The prompt is erased once answered.
+    async fn permission(
+        &mut self,
+        lines: &mut tokio::io::Lines<BufReader<tokio::io::Stdin>>,
+    ) -> anyhow::Result<String> {
+        self.title("sim-agent").await;
+        self.say(" Do you want to proceed?\r\n ❯ 1. Yes\r\n   2. No\r\n\r\n Esc to cancel\r\n")
+            .await;
+        let stty = |args: &[&str]| {
+            std::process::Command::new("stty")
+                .args(args)
+                .stdin(std::process::Stdio::inherit())
+                .status()
+        };
+        stty(&["-icanon", "-echo", "min", "1"])?;
+        let key = lines.get_mut().read_u8().await;
+        stty(&["icanon", "echo"])?;
+        let answer = char::from(key?).to_string();
+        self.say("\x1b[5A\x1b[J").await;
+        self.log(&json!({ "event": "dialog_answered", "answer": answer }));
+        Ok(answer)
     }
 
     #[expect(
@@ -309,6 +335,15 @@ impl Agent {
                     // echoed answer), as Claude Code's does: what stays on screen is not a dialog.
                     self.say("\x1b[3A\x1b[J").await;
                     self.log(&json!({ "event": "dialog_answered", "answer": answer }));
+                }
+                Action::Permission => {
+                    let answer = self.permission(&mut lines).await?;
+                    let text = if answer == "1" {
+                        self.config.reply.replace("{prompt}", &prompt)
+                    } else {
+                        format!("denied: {prompt}")
+                    };
+                    self.tool("fleet_reply", json!({ "text": text })).await;
                 }
                 Action::Exit => {
                     self.say("sim-agent: exiting\r\n").await;

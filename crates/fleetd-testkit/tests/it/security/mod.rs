@@ -18,6 +18,7 @@ use fleetd_testkit::rig::{LEAD, Rig, error_code, sim_profile, structured_ok};
 use fleetd_testkit::{Service, bin_path, environ, http, require, require_tmux, wait_until};
 use serde_json::{Value, json};
 
+mod approvals;
 mod members;
 mod operator;
 
@@ -270,7 +271,7 @@ fn e2e_security_rest_and_mcp_follow_one_policy_for_anonymous_callers_and_web_pag
 }
 
 /// A JSON-RPC `tools/call` over TCP from this process, with extra `headers`.
-fn mcp_tcp(
+pub(crate) fn mcp_tcp(
     addr: std::net::SocketAddr,
     headers: &[(&str, &str)],
     tool: &str,

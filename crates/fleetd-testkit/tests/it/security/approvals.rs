@@ -1,0 +1,126 @@
+//! Who may answer a member's dialog (issue 39, SPEC §20): with `approvals.by` at its default,
+//! the operator alone. A member (from its shell, over MCP and REST), the lead (its tool),
+//! a process in no pane, another uid and a web page all try to type a choice into `bea`'s
+//! permission prompt and are refused, and `bea` still waits on the same dialog with nothing
+//! typed; then the operator answers it and `bea` goes on.
+
+use serde_json::{Value, json};
+
+use super::{PATIENCE, as_nobody, code, fleet_state, mcp_call, mcp_tcp, rig_with_mail, run_in};
+use fleetd_testkit::rig::{error_code, sim_profile};
+use fleetd_testkit::{bin_path, http, wait_until};
+
+/// What the operator's `GET /blocked` says of bea, once she waits on her prompt.
+fn bea_blocked(rig: &fleetd_testkit::rig::Rig) -> Value {
+    let mut bea = Value::Null;
+    wait_until("bea's permission prompt", PATIENCE, || {
+        let blocked = http::get(rig.daemon.operator(), "/blocked")
+            .map(|r| r.json())
+            .unwrap_or_default();
+        bea = blocked["blocked"]
+            .as_array()
+            .and_then(|all| all.iter().find(|e| e["target"] == "bea").cloned())
+            .unwrap_or(Value::Null);
+        bea["choices"].as_array().is_some_and(|c| c.len() == 2)
+    });
+    bea
+}
+
+#[test]
+fn e2e_security_only_the_operator_answers_a_members_dialog() {
+    let Some((rig, _)) = rig_with_mail(&sim_profile(
+        "blocker",
+        &[
+            ("SIM_AGENT_SCRIPT", "permission"),
+            ("SIM_AGENT_WORK_MS", "100"),
+        ],
+    )) else {
+        return;
+    };
+    rig.spawn("blocker", "bea");
+    let ticket = rig.send_task("bea", "deploy");
+    let before = bea_blocked(&rig);
+    let dialog = before["dialog"].as_str().expect("a fingerprint").to_owned();
+    let state = fleet_state(&rig);
+    let addr = rig.daemon.addr;
+    let body = json!({ "choice": "1", "dialog": dialog }).to_string();
+    let args = json!({ "target": "bea", "choice": "1", "dialog": dialog });
+
+    // A process in no pane, over REST and MCP; and what it may not read either.
+    let rest = http::request(addr, "POST", "/sessions/bea/approve", Some(&body)).expect("answer");
+    assert_eq!(
+        (rest.status, rest.error_code().as_str()),
+        (403, "anonymous_caller"),
+        "{}",
+        rest.body
+    );
+    let listed = http::get(addr, "/blocked").expect("answer");
+    assert_eq!(listed.error_code(), "anonymous_caller", "{}", listed.body);
+    let mcp = mcp_tcp(addr, &[], "fleet_approve", &args);
+    assert_eq!(error_code(&mcp.json()["result"]), "anonymous_caller");
+    // A web page: refused at the door, whoever it would have been.
+    let page = http::request_with(
+        addr,
+        "POST",
+        "/sessions/bea/approve",
+        &[("Origin", "https://evil.example")],
+        Some(&body),
+    )
+    .expect("answer");
+    assert_eq!(page.status, 403, "{}", page.body);
+    // A member, from its own shell: never, over MCP or REST.
+    let from_member = run_in(
+        &rig,
+        "mallory",
+        &format!("{} --print fleet_approve '{args}'", mcp_call()),
+    );
+    // (Refused as any lead's tool is; a delegating member is refused by the tool itself:
+    // `approvals_off`, members never answer.)
+    assert_eq!(code(&from_member[0]), "not_a_lead", "{from_member:?}");
+    let from_member = run_in(
+        &rig,
+        "mallory",
+        &format!("{} --http POST /sessions/bea/approve '{body}'", mcp_call()),
+    );
+    assert_eq!(from_member[0]["status"], 403, "{from_member:?}");
+    // The lead: not while approvals.by is operator.
+    let lead = rig.lead("fleet_approve", &args);
+    assert_eq!(error_code(&lead), "approvals_off", "{lead}");
+    // Another uid.
+    if let Some(out) = as_nobody(
+        &bin_path("mcp-call").display().to_string(),
+        &["--print", "fleet_approve", &args.to_string()],
+        &[("FLEETD_URL", &format!("http://{addr}"))],
+    ) {
+        let answer: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        assert_eq!(code(&answer), "anonymous_caller", "{answer}");
+    }
+
+    // Nothing changed: bea waits on the same dialog, nothing typed, no inbox touched.
+    let after = bea_blocked(&rig);
+    assert_eq!(after["dialog"], before["dialog"]);
+    assert_eq!(after["since"], before["since"], "the same episode");
+    assert_eq!(fleet_state(&rig), state);
+
+    // The operator answers it, and bea goes on with her task.
+    let answered = http::request(
+        rig.daemon.operator(),
+        "POST",
+        "/sessions/bea/approve",
+        Some(&body),
+    )
+    .expect("answer");
+    assert_eq!(answered.status, 200, "{}", answered.body);
+    assert_eq!(answered.json()["outcome"], "answered", "{}", answered.body);
+    let mut polled = Value::Null;
+    wait_until("bea's reply", PATIENCE, || {
+        polled = rig.lead("fleet_poll", &json!({ "ticket": ticket }))["structuredContent"].clone();
+        polled["state"] == "replied"
+    });
+    assert!(
+        polled["reply"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("sim-agent did: deploy")),
+        "{polled}"
+    );
+}
