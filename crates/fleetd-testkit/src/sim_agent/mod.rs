@@ -153,16 +153,17 @@ impl Agent {
         &mut self,
         lines: &mut tokio::io::Lines<BufReader<tokio::io::Stdin>>,
     ) -> anyhow::Result<String> {
-        self.title("sim-agent").await;
-        self.say(" Do you want to proceed?\r\n ❯ 1. Yes\r\n   2. No\r\n\r\n Esc to cancel\r\n")
-            .await;
         let stty = |args: &[&str]| {
             std::process::Command::new("stty")
                 .args(args)
                 .stdin(std::process::Stdio::inherit())
                 .status()
         };
+        // Out of canonical mode before the prompt shows: no key can be held for a line.
         stty(&["-icanon", "-echo", "min", "1"])?;
+        self.title("sim-agent").await;
+        self.say(" Do you want to proceed?\r\n ❯ 1. Yes\r\n   2. No\r\n\r\n Esc to cancel\r\n")
+            .await;
         let key = lines.get_mut().read_u8().await;
         stty(&["icanon", "echo"])?;
         let answer = char::from(key?).to_string();
