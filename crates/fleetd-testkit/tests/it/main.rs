@@ -10,6 +10,7 @@ mod config;
 mod conn_limits;
 mod crash;
 mod dashboard;
+mod dashboard_human;
 mod delegation;
 mod delivery_herdr;
 mod demo;

@@ -11,6 +11,8 @@
 
   const model = {
     members: new Map(),
+    // Members waiting on a dialog: target → its member.blocked event.
+    blocked: new Map(),
     questions: new Map(),
     tickets: new Map(),
     events: [],
@@ -33,8 +35,15 @@
   // must not rebuild the page for each one).
   const dirty = {
     allMembers: true, members: new Set(), questions: true, alerts: true, tickets: true,
-    charts: true,
+    charts: true, blocked: true,
   };
+  // A notice's link opens the page at one member (`#member=NAME`): its dialog, else its details.
+  let focusMember = null;
+  function takeFocus() {
+    const m = /(?:^#|&)member=([A-Za-z0-9_@.-]+)/.exec(location.hash);
+    if (m) focusMember = m[1];
+  }
+  takeFocus();
   let eventSeq = 0; // events recorded so far (each gets its number)
   let eventsShown = 0; // the number of the newest event in the log
   let slowAt = 0; // when the tickets and charts were last drawn
@@ -136,6 +145,8 @@
   // A link from `fleetd dashboard` opened in a tab already showing the page changes only the
   // fragment: no reload, so the key is taken from here too.
   window.addEventListener('hashchange', () => {
+    takeFocus();
+    if (started) { dirty.blocked = true; scheduleRender(); }
     if (!started && /(?:^#|&)key=/.test(location.hash)) boot();
   });
 
@@ -268,11 +279,15 @@
 
   async function loadSnapshot() {
     try {
-      const [list, questions, latency] = await Promise.all([
+      const [list, questions, latency, blocked] = await Promise.all([
         api('GET', '/sessions'),
         api('GET', '/questions'),
         api('GET', '/events/latency'),
+        api('GET', '/blocked'),
       ]);
+      model.blocked.clear();
+      for (const b of blocked.blocked || []) model.blocked.set(b.target, b);
+      dirty.blocked = true;
       // The whole hour from the server (the ring may hold only its last minutes).
       model.delivery = latency.delivery || [];
       model.nudge = latency.nudge || [];
@@ -295,6 +310,10 @@
       }
       model.questions.clear();
       for (const q of questions.questions || []) model.questions.set(q.questionId, q);
+      if (focusMember && model.members.has(focusMember) && !model.blocked.has(focusMember)) {
+        select(focusMember);
+        focusMember = null;
+      }
       phase = 'live';
       for (const [kind, d] of buffered) applyState(kind, d);
       buffered = [];
@@ -350,7 +369,17 @@
       case 'member.status':
         if (m) m.status = d.status;
         break;
+      case 'member.blocked':
+        model.blocked.set(d.target, d);
+        dirty.blocked = true;
+        break;
+      case 'member.unblocked':
+        model.blocked.delete(d.target);
+        dirty.blocked = true;
+        break;
       case 'member.released':
+        model.blocked.delete(d.target);
+        dirty.blocked = true;
         model.members.delete(d.target);
         if (model.selected === d.target) { model.selected = null; model.detail = null; }
         break;
@@ -421,6 +450,22 @@
   }
 
   // ---- actions -------------------------------------------------------------------------------
+
+  // Types one choice into a member's dialog: fleetd does only while that same dialog (its
+  // fingerprint) is still on the member's screen.
+  async function approve(target, choice, dialog, buttons, result) {
+    for (const b of buttons) b.disabled = true;
+    result.textContent = 'typing…';
+    try {
+      const out = await api('POST', `/sessions/${encodeURIComponent(target)}/approve`, { choice, dialog });
+      result.textContent = out.outcome === 'answered'
+        ? `answered: ${out.choice}. ${out.label}`
+        : `typed ${out.choice}, but the dialog is still on screen: look at its pane`;
+    } catch (err) {
+      result.textContent = err.message;
+      for (const b of buttons) b.disabled = false;
+    }
+  }
 
   async function answer(questionId, text, button, result) {
     button.disabled = true;
@@ -509,6 +554,7 @@
     renderMembers(now);
     if (dirty.questions) renderQuestions(now);
     if (dirty.alerts) renderAlerts();
+    renderBlocked(now);
     renderEvents();
     if ((dirty.tickets || dirty.charts) && now - slowAt < SLOW_EVERY) {
       if (!slowTimer) {
@@ -526,7 +572,8 @@
       inbox += m.inboxDepth || 0;
     }
     const n = (count, one, many) => `${count} ${count === 1 ? one : many}`;
-    setText($('counts'), `${n(model.members.size, 'member', 'members')} · ${working} working · ${n(inbox, 'reply', 'replies')} waiting · ${n(model.questions.size, 'open question', 'open questions')}`);
+    const waiting = model.blocked.size ? ` · ${model.blocked.size} waiting on you` : '';
+    setText($('counts'), `${n(model.members.size, 'member', 'members')} · ${working} working${waiting} · ${n(inbox, 'reply', 'replies')} waiting · ${n(model.questions.size, 'open question', 'open questions')}`);
     document.body.dataset.rendered = String(model.events.length);
   }
 
@@ -631,6 +678,48 @@
     dirty.questions = false;
   }
 
+  // Members waiting on a dialog, longest waiting first, each with its dialog as the member's
+  // screen shows it and a button per choice.
+  function renderBlocked(now) {
+    const list = $('blocked');
+    const waiting = [...model.blocked.values()].sort((a, b) => Date.parse(a.since) - Date.parse(b.since));
+    for (const li of [...list.children]) {
+      const b = model.blocked.get(li.dataset.target);
+      if (!b || b.dialog !== li.dataset.dialog) li.remove();
+    }
+    for (const b of waiting) {
+      let li = list.querySelector(`li[data-target="${CSS.escape(b.target)}"]`);
+      if (!li) {
+        const result = el('span', { class: 'result', role: 'status' });
+        const buttons = (b.choices || []).map((c) => el('button', {
+          type: 'button', class: 'choice', 'data-choice': c.key, text: `${c.key}. ${c.label}`,
+        }));
+        for (const button of buttons) {
+          button.addEventListener('click', () => approve(b.target, button.dataset.choice, b.dialog, buttons, result));
+        }
+        li = el('li', { 'data-target': b.target, 'data-dialog': b.dialog, id: `blocked-${b.target}` },
+          el('div', {}, el('strong', { text: b.target }), ' ', el('span', { class: 'quiet age' })),
+          el('pre', { class: 'dialog', text: (b.lines || []).join('\n') }),
+          buttons.length
+            ? el('div', { class: 'choices' }, ...buttons, ' ', result)
+            : el('p', { class: 'quiet', text: 'fleetd recognises no choices here: answer it in the member\'s pane.' }));
+        list.append(li);
+      }
+      li.querySelector('.age').textContent = `waiting ${human(now - Date.parse(b.since))}`;
+    }
+    $('blocked-panel').hidden = model.blocked.size === 0;
+    if (focusMember && model.blocked.has(focusMember)) {
+      const card = $(`blocked-${focusMember}`);
+      if (card) {
+        card.classList.add('focus');
+        // Below the sticky header, not under it.
+        window.scrollTo(0, Math.max(0, card.getBoundingClientRect().top + window.scrollY - 80));
+      }
+      focusMember = null;
+    }
+    dirty.blocked = false;
+  }
+
   function renderAlerts() {
     const items = model.alerts.slice(-50).reverse();
     $('alerts').replaceChildren(...items.map((a) => el('li', { class: a.warn ? 'warn' : '' },
@@ -674,6 +763,9 @@
       case 'question.closed': return `${d.target}'s question ${d.question_id} ${d.how}`;
       case 'nudge': return `${d.outcome}${d.lead ? ` → ${d.lead}` : ''}`;
       case 'incident': return d.text;
+      case 'member.blocked': return `${d.target} waits on a dialog: ${d.question}`;
+      case 'member.unblocked': return `${d.target}'s dialog went after ${human(d.waitedMs)}`;
+      case 'member.approved': return `${d.by} typed ${d.choice} (${d.label}) into ${d.target}'s dialog: ${d.outcome}`;
       case 'config.reloaded': return 'configuration reloaded';
       case 'usage': return `${d.target} used ${d.tokens.input + d.tokens.output + d.tokens.cacheRead + d.tokens.cacheWrite} tokens ($${(d.costMicros / 1e6).toFixed(4)})`;
       default: return JSON.stringify(d);
