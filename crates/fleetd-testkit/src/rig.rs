@@ -65,6 +65,12 @@ impl Rig {
     /// while a control client attaches, and fleetd attaches its control clients as it starts
     /// (fleetd keeps its own changes away from them; the rig's tmux commands it cannot see).
     pub fn start_on(extra: &str, listen: &str) -> Self {
+        Self::start_with_env(extra, listen, &[])
+    }
+
+    /// [`Rig::start_on`] with `env` added to fleetd's own environment (a `PATH` holding a
+    /// stand-in for a program it runs, say).
+    pub fn start_with_env(extra: &str, listen: &str, env: &[(String, String)]) -> Self {
         let tmux = TmuxServer::start().expect("private tmux server");
         let home = tempfile::tempdir().expect("tempdir");
         let config = format!(
@@ -90,7 +96,7 @@ impl Rig {
             "--norc",
             "--noprofile",
         ]);
-        let daemon = Daemon::start_on(home.path(), &listen, &[]);
+        let daemon = Daemon::start_with_env(home.path(), &listen, &[], env);
         Self {
             tmux,
             daemon,

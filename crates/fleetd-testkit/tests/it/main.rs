@@ -29,6 +29,7 @@ mod mux_herdr;
 mod mux_kit;
 mod mux_tmux;
 mod mux_tmux_control;
+mod notify;
 mod paging;
 mod push;
 mod push_herdr;
