@@ -51,4 +51,5 @@ mod service;
 mod spawn_herdr;
 mod store;
 mod tidy;
+mod watch_human;
 mod worktrees;

@@ -474,7 +474,7 @@ fn render_tickets(
             .and_then(|at| u64::try_from(now.as_millisecond() - at.as_millisecond()).ok())
             .map_or_else(
                 || "-".to_owned(),
-                |ms| watch::human(Duration::from_millis(ms)),
+                |ms| watch::summary::human(Duration::from_millis(ms)),
             )
     };
     let header = ["TICKET", "TARGET", "STATE", "AGE", "FINISHED", "CAUSE"];

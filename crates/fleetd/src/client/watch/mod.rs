@@ -17,6 +17,10 @@ use serde_json::Value;
 
 use super::wire::{self, WireError};
 use super::{ClientError, Connection};
+use summary::{SseEvent, colour, human, parse_block, short, summary, ticket_age};
+
+mod answer;
+pub(super) mod summary;
 
 /// Events kept under the table on a terminal.
 const LOG_LINES: usize = 15;
@@ -40,7 +44,21 @@ pub enum Style {
 struct View {
     style: Style,
     members: Value,
+    waiting: answer::Waiting,
     log: VecDeque<String>,
+}
+
+/// Lines typed into the watcher (its stdin), read on a thread of their own: stdin is blocking.
+fn typed_lines() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// Follows the daemon until the stream is refused (an error) or writing fails (the reader
@@ -53,12 +71,14 @@ pub async fn watch(
     let mut view = View {
         style,
         members: Value::Null,
+        waiting: answer::Waiting::default(),
         log: VecDeque::new(),
     };
+    let mut typed = typed_lines();
     let mut last_id: Option<String> = None;
     let mut backoff = Duration::from_millis(250);
     loop {
-        match follow(conn, &mut view, &mut last_id, out).await {
+        match follow(conn, &mut view, &mut last_id, &mut typed, out).await {
             Ok(()) => backoff = Duration::from_millis(250),
             Err(Followed::Refused(e)) => return Err(e),
             Err(Followed::Closed) => return Ok(()),
@@ -98,6 +118,7 @@ async fn follow(
     conn: &Connection,
     view: &mut View,
     last_id: &mut Option<String>,
+    typed: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
     out: &mut dyn Write,
 ) -> Result<(), Followed> {
     let mut headers = vec![("accept", "text/event-stream")];
@@ -140,11 +161,22 @@ async fn follow(
     let mut stale = false;
     loop {
         // While the table is stale, wake up to re-read it even if no event comes.
-        let frame = if stale {
-            let wait = REFRESH.saturating_sub(last_refresh.elapsed());
-            tokio::time::timeout(wait, body.frame()).await.ok()
+        let wait = if stale {
+            REFRESH.saturating_sub(last_refresh.elapsed())
         } else {
-            Some(body.frame().await)
+            Duration::from_secs(3600)
+        };
+        let frame = tokio::select! {
+            frame = tokio::time::timeout(wait, body.frame()) => frame.ok(),
+            Some(line) = typed.recv() => {
+                if !line.trim().is_empty() {
+                    let said = answer::run(conn, &view.waiting, &line).await;
+                    view.note(&format!("> {}: {said}", line.trim()), out)
+                        .map_err(|_| Followed::Closed)?;
+                    stale = true;
+                }
+                None
+            }
         };
         match frame {
             None => {}
@@ -178,144 +210,6 @@ async fn follow(
     }
 }
 
-/// One server-sent event.
-#[derive(Debug, Clone, PartialEq)]
-struct SseEvent {
-    kind: String,
-    id: Option<String>,
-    data: Value,
-}
-
-/// Parses one SSE block (`event:`, `id:`, `data:` lines); `None` for a comment.
-fn parse_block(block: &str) -> Option<SseEvent> {
-    let (mut kind, mut id, mut data) = (String::new(), None, String::new());
-    for line in block.lines() {
-        if let Some(v) = line.strip_prefix("event:") {
-            kind = v.trim().to_owned();
-        } else if let Some(v) = line.strip_prefix("id:") {
-            id = Some(v.trim().to_owned());
-        } else if let Some(v) = line.strip_prefix("data:") {
-            data.push_str(v.strip_prefix(' ').unwrap_or(v));
-        }
-    }
-    if kind.is_empty() && data.is_empty() {
-        return None;
-    }
-    let data = serde_json::from_str(&data).unwrap_or(Value::String(data));
-    Some(SseEvent { kind, id, data })
-}
-
-/// An event as one line: its time, its kind and what it is about.
-fn summary(event: &SseEvent) -> String {
-    let d = &event.data;
-    let s = |key: &str| d[key].as_str().unwrap_or("-").to_owned();
-    let time = d["at"]
-        .as_str()
-        .and_then(|at| at.get(11..19))
-        .unwrap_or("--:--:--");
-    let what = match event.kind.as_str() {
-        "member.spawned" => format!("{} joined (profile {})", s("target"), s("profile")),
-        "member.status" => format!("{} is {}", s("target"), s("status")),
-        "member.released" => format!("{} released ({})", s("target"), s("cause")),
-        "ticket.state" => format!(
-            "{} ticket {} {}",
-            s("target"),
-            short(&s("ticket")),
-            s("state")
-        ),
-        "reply.stored" => format!(
-            "{} replied ({} bytes{})",
-            s("target"),
-            d["bytes"].as_u64().unwrap_or(0),
-            d["ticket"]
-                .as_str()
-                .map(|t| format!(", ticket {}", short(t)))
-                .unwrap_or_default()
-        ),
-        "ticket.wake" => format!(
-            "{} ticket {}: wake {}",
-            s("target"),
-            short(&s("ticket")),
-            match s("state").as_str() {
-                "armed" => "armed (the lead's client polls for it; no nudge)",
-                "read" => "read by the lead's client",
-                "lapsed" => "not read in time; the nudge takes over",
-                _ => "cancelled; the nudge takes over",
-            }
-        ),
-        "inbox.depth" => format!(
-            "{} has {} replies waiting",
-            s("target"),
-            d["depth"].as_u64().unwrap_or(0)
-        ),
-        "question.opened" => format!("{} asks (question {})", s("target"), s("question_id")),
-        "question.closed" => format!(
-            "{}'s question {} {}",
-            s("target"),
-            s("question_id"),
-            s("how")
-        ),
-        "nudge" => match d["lead"].as_str() {
-            Some(lead) => format!("nudge {} → {lead}", s("outcome")),
-            None => format!("nudge {}", s("outcome")),
-        },
-        "incident" => format!("incident: {}", s("text")),
-        "config.reloaded" => "configuration reloaded".to_owned(),
-        "usage" => {
-            let t = &d["tokens"];
-            let n = |k: &str| t[k].as_u64().unwrap_or(0);
-            let micros = |k: &str| d[k].as_u64().unwrap_or(0);
-            format!(
-                "{} used {} tokens (in {}, out {}, cache read {}, cache write {}) ${:.4}; {} tokens ${:.2} so far",
-                s("target"),
-                n("input") + n("output") + n("cacheRead") + n("cacheWrite"),
-                n("input"),
-                n("output"),
-                n("cacheRead"),
-                n("cacheWrite"),
-                micros("costMicros") as f64 / 1e6,
-                d["totalTokens"].as_u64().unwrap_or(0),
-                micros("totalCostMicros") as f64 / 1e6,
-            )
-        }
-        "stream.gap" | "stream.lagged" => s("message"),
-        _ => d.to_string(),
-    };
-    format!("{time} {:<16} {what}", event.kind)
-}
-
-/// The first block of a ticket id (enough to tell tickets apart on a screen).
-fn short(ticket: &str) -> &str {
-    ticket.get(..8).unwrap_or(ticket)
-}
-
-/// How long ago a UUIDv7 ticket was opened (its first 48 bits are its creation time in ms).
-fn ticket_age(ticket: &str, now_ms: i64) -> Option<Duration> {
-    let hex: String = ticket.chars().filter(|c| *c != '-').take(12).collect();
-    let opened = i64::from_str_radix(&hex, 16).ok()?;
-    u64::try_from(now_ms - opened)
-        .ok()
-        .map(Duration::from_millis)
-}
-
-pub(super) fn human(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
-        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
-    }
-}
-
-fn colour(status: &str) -> &'static str {
-    match status {
-        "working" => "\x1b[33m",
-        "blocked" => "\x1b[31m",
-        "idle" | "done" => "\x1b[32m",
-        _ => "\x1b[2m",
-    }
-}
-
 impl View {
     async fn refresh(&mut self, conn: &Connection) -> Result<(), Followed> {
         let answer = wire::call(
@@ -330,6 +224,7 @@ impl View {
         if (200..300).contains(&answer.status) {
             self.members = answer.body;
         }
+        self.waiting = answer::read(conn).await;
         Ok(())
     }
 
@@ -426,6 +321,15 @@ impl View {
                     screen.push_str(&line);
                     screen.push('\n');
                 }
+                let waiting = self.waiting.lines();
+                if !waiting.is_empty() {
+                    screen.push_str("\n\x1b[1;31mwaiting on you\x1b[0m\n");
+                    for line in waiting {
+                        screen.push_str(&line);
+                        screen.push('\n');
+                    }
+                    screen.push_str(&format!("\x1b[2m({})\x1b[0m\n", answer::HELP));
+                }
                 screen.push_str("\n\x1b[1mevents\x1b[0m\n");
                 for line in &self.log {
                     screen.push_str(line);
@@ -435,6 +339,9 @@ impl View {
             }
             Style::Lines if connected => {
                 for line in self.table() {
+                    writeln!(out, "{line}")?;
+                }
+                for line in self.waiting.lines() {
                     writeln!(out, "{line}")?;
                 }
             }
@@ -478,32 +385,5 @@ impl View {
             self.log.pop_front();
         }
         self.log.push_back(line);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn blocks_parse_and_comments_are_skipped() {
-        let event = parse_block(
-            "event: member.status\nid: 1a2-7\ndata: {\"type\":\"member.status\",\"target\":\"nia\",\"status\":\"working\",\"at\":\"2026-12-01T08:00:05.1Z\"}\n\n",
-        )
-        .expect("an event");
-        assert_eq!(event.kind, "member.status");
-        assert_eq!(event.id.as_deref(), Some("1a2-7"));
-        assert_eq!(summary(&event), "08:00:05 member.status    nia is working");
-        assert_eq!(parse_block(": keep-alive\n\n"), None);
-    }
-
-    #[test]
-    fn ticket_ages_come_from_the_uuid_v7_time() {
-        // 0x0191_0000_0000 ms after the epoch, then 90 s later.
-        let opened = 0x0191_0000_0000_i64;
-        let age = ticket_age("01910000-0000-7000-8000-000000000000", opened + 90_000);
-        assert_eq!(age, Some(Duration::from_secs(90)));
-        assert_eq!(human(Duration::from_secs(90)), "1m30s");
-        assert_eq!(ticket_age("not-a-ticket", 0), None);
     }
 }
