@@ -407,7 +407,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "not_found",
-        "no such endpoint: fleetd serves / (the dashboard), /healthz, /metrics, /events, /mcp, /sessions, /questions and /tickets",
+        "no such endpoint: fleetd serves / (the dashboard), /healthz, /metrics, /events, /mcp, /sessions, /questions, /blocked and /tickets",
     )
 }
 

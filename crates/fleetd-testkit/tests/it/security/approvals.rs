@@ -124,3 +124,42 @@ fn e2e_security_only_the_operator_answers_a_members_dialog() {
         "{polled}"
     );
 }
+
+#[test]
+fn e2e_security_with_operator_and_lead_the_lead_answers_its_own_members_dialog() {
+    let Some(rig) = fleetd_testkit::rig::Rig::start_if_tmux(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\napprovals:\n  by: operator-and-lead\nprofiles:\n{}",
+        sim_profile(
+            "blocker",
+            &[
+                ("SIM_AGENT_SCRIPT", "permission"),
+                ("SIM_AGENT_WORK_MS", "100")
+            ]
+        ),
+    )) else {
+        return;
+    };
+    rig.spawn("blocker", "bea");
+    let ticket = rig.send_task("bea", "deploy");
+    let dialog = bea_blocked(&rig)["dialog"]
+        .as_str()
+        .expect("fingerprint")
+        .to_owned();
+    let answered = rig.lead(
+        "fleet_approve",
+        &json!({ "target": "bea", "choice": "1", "dialog": dialog }),
+    );
+    assert_eq!(answered["isError"], false, "{answered}");
+    assert_eq!(
+        answered["structuredContent"]["outcome"], "answered",
+        "{answered}"
+    );
+    let mut polled = Value::Null;
+    wait_until("bea's reply", PATIENCE, || {
+        polled = rig.lead("fleet_poll", &json!({ "ticket": ticket }))["structuredContent"].clone();
+        polled["state"] == "replied"
+    });
+    // bea waits on nothing any more.
+    let events = http::get(rig.daemon.operator(), "/blocked").expect("answer");
+    assert_eq!(events.json()["blocked"], json!([]));
+}
