@@ -165,6 +165,20 @@ impl Human {
         let target = text("target");
         match kind {
             "member.status" if event["status"] == "blocked" => self.blocked_now(&target).await,
+            // Another host's member no longer heard from: its gateway is, as far as this host
+            // can tell, unreachable (one notice per gateway per episode).
+            "member.status" if event["status"] == "unreachable" => {
+                let gateway = target.rsplit_once('@').map_or("?", |(_, gw)| gw).to_owned();
+                self.notice(&notify::Notice {
+                    kind: NoticeKind::Gateway,
+                    event: "member.status",
+                    key: gateway.clone(),
+                    text: format!("gateway {gateway} is not heard from: its members ({target}, …) are unreachable"),
+                    extra: json!({ "gateway": gateway }),
+                    target: None,
+                    at: self.inner.clock.now(),
+                });
+            }
             "member.status" => self.unblocked(&target),
             "member.released" => {
                 crate::sync::lock(&self.inner.blocked).remove(&target);
