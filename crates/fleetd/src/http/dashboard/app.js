@@ -38,10 +38,24 @@
     charts: true, blocked: true,
   };
   // A notice's link opens the page at one member (`#member=NAME`): its dialog, else its details.
+  // Kept across a sign-in in another tab (the link `fleetd dashboard` prints) for a few minutes.
   let focusMember = null;
+  const FOCUS_KEPT_MS = 10 * 60 * 1000;
   function takeFocus() {
     const m = /(?:^#|&)member=([A-Za-z0-9_@.-]+)/.exec(location.hash);
-    if (m) focusMember = m[1];
+    if (m) {
+      focusMember = m[1];
+      try { localStorage.setItem('fleetd.focus', JSON.stringify({ member: m[1], at: Date.now() })); } catch (_) { /* private mode */ }
+      return;
+    }
+    try {
+      const kept = JSON.parse(localStorage.getItem('fleetd.focus') || 'null');
+      if (kept && Date.now() - kept.at < FOCUS_KEPT_MS) focusMember = kept.member;
+    } catch (_) { /* nothing kept */ }
+  }
+  function focusTaken() {
+    focusMember = null;
+    try { localStorage.removeItem('fleetd.focus'); } catch (_) { /* private mode */ }
   }
   takeFocus();
   let eventSeq = 0; // events recorded so far (each gets its number)
@@ -312,7 +326,7 @@
       for (const q of questions.questions || []) model.questions.set(q.questionId, q);
       if (focusMember && model.members.has(focusMember) && !model.blocked.has(focusMember)) {
         select(focusMember);
-        focusMember = null;
+        focusTaken();
       }
       phase = 'live';
       for (const [kind, d] of buffered) applyState(kind, d);
@@ -715,7 +729,7 @@
         // Below the sticky header, not under it.
         window.scrollTo(0, Math.max(0, card.getBoundingClientRect().top + window.scrollY - 80));
       }
-      focusMember = null;
+      focusTaken();
     }
     dirty.blocked = false;
   }
