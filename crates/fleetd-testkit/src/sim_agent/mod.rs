@@ -167,6 +167,8 @@ impl Agent {
         let key = lines.get_mut().read_u8().await;
         stty(&["icanon", "echo"])?;
         let answer = char::from(key?).to_string();
+        // Working again before the dialog is erased: no moment shows an idle agent.
+        self.title(&format!("{} sim-agent working", SPINNER[0])).await;
         self.say("\x1b[5A\x1b[J").await;
         self.log(&json!({ "event": "dialog_answered", "answer": answer }));
         Ok(answer)
@@ -339,6 +341,9 @@ impl Agent {
                 }
                 Action::Permission => {
                     let answer = self.permission(&mut lines).await?;
+                    // Answered, the agent goes back to work (as Claude Code runs the command it
+                    // was allowed): working again, never idle between the dialog and the reply.
+                    self.work(false).await;
                     let text = if answer == "1" {
                         self.config.reply.replace("{prompt}", &prompt)
                     } else {
