@@ -19,7 +19,7 @@ mod wire;
 
 use serde::{Deserialize, Serialize};
 
-pub use budget::{Budget, Prices, Spent, Standing, cost_micros, describe, dollars, standing};
+pub use budget::{Budget, Spent, Standing, describe, dollars, standing};
 use json::{JsonDoc, Progress};
 use sse::SseDecoder;
 use wire::{AnthropicEvent, AnthropicMessage, ChatBody, ResponsesEvent, ResponsesResponse};

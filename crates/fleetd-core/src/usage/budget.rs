@@ -1,60 +1,11 @@
-//! What tokens cost, and where spending stands against a budget. Money is counted in whole
-//! micro-dollars (millionths of a US dollar): integer sums are exact, and a stored total reads
-//! back the same on every machine. Prices are configured as floats and used only to turn one
-//! response's tokens into micro-dollars, rounded once.
+//! Where spending stands against a budget. Money is counted in whole micro-dollars (millionths
+//! of a US dollar): integer sums are exact, and a stored total reads back the same on every
+//! machine. (What tokens cost is `config::Prices::cost_micros`, in integer micro-dollars per
+//! million tokens.)
 
 use serde::{Deserialize, Serialize};
 
 use super::Tokens;
-
-/// Prices in US dollars per million tokens, by kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Prices {
-    /// Per million uncached input tokens.
-    pub input: f64,
-    /// Per million output tokens.
-    pub output: f64,
-    /// Per million input tokens read from the prompt cache.
-    pub cache_read: f64,
-    /// Per million input tokens written to the prompt cache.
-    pub cache_write: f64,
-}
-
-/// Cost in micro-dollars (integers, so sums are exact and durable), rounded to nearest (a half
-/// rounds up). A price in dollars per million tokens is micro-dollars per token, so the cost is
-/// the sum of tokens times price. A negative or NaN result costs nothing; one beyond `u64`
-/// saturates.
-pub fn cost_micros(tokens: &Tokens, prices: &Prices) -> u64 {
-    let kinds = [
-        (tokens.input, prices.input),
-        (tokens.output, prices.output),
-        (tokens.cache_read, prices.cache_read),
-        (tokens.cache_write, prices.cache_write),
-    ];
-    let micros: f64 = kinds
-        .iter()
-        .map(|&(count, price)| to_f64(count) * price)
-        .sum();
-    whole_micros(micros)
-}
-
-/// `value` rounded to the nearest whole number within `u64`.
-fn whole_micros(value: f64) -> u64 {
-    if value.is_nan() || value <= 0.0 {
-        return 0;
-    }
-    let rounded = value.round();
-    if rounded >= U64_RANGE {
-        return u64::MAX;
-    }
-    // In range and integral after the checks above: the cast is exact. (A float has no
-    // `TryFrom` into an integer; `as` is the conversion.)
-    rounded as u64
-}
-
-/// 2^64, the first float past `u64::MAX`.
-const U64_RANGE: f64 = 18_446_744_073_709_551_616.0;
 
 /// `count` as a float: exact below 2^53 (nine quadrillion tokens), nearest above.
 fn to_f64(count: u64) -> f64 {
@@ -193,13 +144,6 @@ fn grouped(n: u64) -> String {
 mod tests {
     use super::*;
 
-    const SONNET: Prices = Prices {
-        input: 3.0,
-        output: 15.0,
-        cache_read: 0.3,
-        cache_write: 3.75,
-    };
-
     fn tokens(input: u64, output: u64, cache_read: u64, cache_write: u64) -> Tokens {
         Tokens {
             input,
@@ -214,54 +158,6 @@ mod tests {
             tokens: tokens(total, 0, 0, 0),
             cost_micros,
         }
-    }
-
-    #[test]
-    fn cost_is_tokens_times_price_in_micros() {
-        assert_eq!(cost_micros(&tokens(1_000_000, 0, 0, 0), &SONNET), 3_000_000);
-        // 472 × 3 + 15 × 15 + 2048 × 0.3 + 1024 × 3.75 = 1416 + 225 + 614.4 + 3840.
-        assert_eq!(cost_micros(&tokens(472, 15, 2048, 1024), &SONNET), 6095);
-        assert_eq!(cost_micros(&Tokens::default(), &SONNET), 0);
-        assert_eq!(cost_micros(&tokens(1, 1, 1, 1), &Prices::default()), 0);
-    }
-
-    #[test]
-    fn cost_rounds_once_to_the_nearest_micro() {
-        let per = |price: f64| Prices {
-            input: price,
-            ..Prices::default()
-        };
-        assert_eq!(cost_micros(&tokens(1, 0, 0, 0), &per(0.4)), 0);
-        assert_eq!(cost_micros(&tokens(1, 0, 0, 0), &per(0.5)), 1);
-        assert_eq!(cost_micros(&tokens(1, 0, 0, 0), &per(0.6)), 1);
-        assert_eq!(cost_micros(&tokens(3, 0, 0, 0), &per(0.5)), 2);
-        // Four kinds at 0.3 each: 1.2 rounded once, not 0 + 0 + 0 + 0.
-        let all = Prices {
-            input: 0.3,
-            output: 0.3,
-            cache_read: 0.3,
-            cache_write: 0.3,
-        };
-        assert_eq!(cost_micros(&tokens(1, 1, 1, 1), &all), 1);
-        assert_eq!(cost_micros(&tokens(2, 2, 2, 2), &all), 2);
-    }
-
-    #[test]
-    fn cost_never_goes_negative_nan_or_wraps() {
-        let odd = |price: f64| Prices {
-            input: price,
-            ..Prices::default()
-        };
-        let some = tokens(1000, 0, 0, 0);
-        assert_eq!(cost_micros(&some, &odd(-3.0)), 0);
-        assert_eq!(cost_micros(&some, &odd(f64::NAN)), 0);
-        assert_eq!(cost_micros(&some, &odd(f64::INFINITY)), u64::MAX);
-        assert_eq!(
-            cost_micros(&tokens(u64::MAX, 0, 0, 0), &odd(75.0)),
-            u64::MAX
-        );
-        let max = tokens(u64::MAX, u64::MAX, u64::MAX, u64::MAX);
-        assert_eq!(cost_micros(&max, &SONNET), u64::MAX);
     }
 
     #[test]
@@ -361,10 +257,6 @@ mod tests {
             serde_json::from_str::<Budget>(&json).expect("reads back"),
             budget
         );
-        let prices: Prices =
-            serde_json::from_str(r#"{"input":3,"output":15,"cacheRead":0.3,"cacheWrite":3.75}"#)
-                .expect("reads");
-        assert_eq!(prices, SONNET);
     }
 
     #[test]

@@ -168,7 +168,8 @@ impl Agent {
         stty(&["icanon", "echo"])?;
         let answer = char::from(key?).to_string();
         // Working again before the dialog is erased: no moment shows an idle agent.
-        self.title(&format!("{} sim-agent working", SPINNER[0])).await;
+        self.title(&format!("{} sim-agent working", SPINNER[0]))
+            .await;
         self.say("\x1b[5A\x1b[J").await;
         self.log(&json!({ "event": "dialog_answered", "answer": answer }));
         Ok(answer)
