@@ -141,6 +141,20 @@ pub fn run_ok(cmd: &mut std::process::Command, what: &str) -> std::process::Outp
     succeeded(out, what)
 }
 
+/// `git -C dir ARGS` as a test's committer (`t <t@example.com>`); panics unless it succeeds.
+/// Its output, trimmed.
+pub fn git(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = run_ok(
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+            .args(args),
+        &format!("git {args:?}"),
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 /// `out`, when its command exited 0; panics naming `what`, with what it printed, otherwise.
 pub fn succeeded(out: std::process::Output, what: &str) -> std::process::Output {
     assert!(

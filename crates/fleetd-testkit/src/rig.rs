@@ -141,6 +141,20 @@ impl Rig {
         sent["ticket"].as_str().expect("ticket").to_owned()
     }
 
+    /// Polls `ticket` from the lead until it is replied (or 90 s pass); the reply's text.
+    pub fn reply_of(&self, ticket: &str) -> String {
+        let mut last = Value::Null;
+        wait_until("the member's reply", Duration::from_secs(90), || {
+            last =
+                structured_ok(&self.lead("fleet_poll", &serde_json::json!({ "ticket": ticket })));
+            last["state"] == "replied"
+        });
+        last["reply"]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     /// Calls `tool` from the shell in tmux target `pane`.
     pub fn call_from(&self, pane: &str, tool: &str, args: &Value, timeout: Duration) -> Value {
         let out_file = self.start_call(pane, tool, args);

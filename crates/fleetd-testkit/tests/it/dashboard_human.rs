@@ -10,25 +10,12 @@ use std::time::Duration;
 use fleetd_testkit::browser::{Browser, artifact, require_chromium};
 use fleetd_testkit::daemon::state_dir;
 use fleetd_testkit::http::{self, Endpoint};
-use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
+use fleetd_testkit::rig::{Rig, sim_profile};
 use fleetd_testkit::webhook::{Answer, Webhook};
 use fleetd_testkit::{Service, require_tmux, wait_until};
 use serde_json::{Value, json};
 
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// Polls `ticket` from the lead until it is replied; the reply's text.
-fn reply_of(rig: &Rig, ticket: &str) -> String {
-    let mut last = Value::Null;
-    wait_until("the reply", PATIENCE, || {
-        last = structured_ok(&rig.lead("fleet_poll", &json!({ "ticket": ticket })));
-        last["state"] == "replied"
-    });
-    last["reply"]["text"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
 
 /// The webhook's notices of `kind` about `target`.
 fn notices(hook: &Webhook, kind: &str, target: &str) -> Vec<Value> {
@@ -128,7 +115,10 @@ fn e2e_dashboard_answers_a_blocked_member_and_a_question_the_webhook_told_of() {
         PATIENCE,
         "return !document.getElementById('blocked-bea') && document.getElementById('blocked-panel').hidden;",
     );
-    assert!(reply_of(&rig, &ticket).contains("sim-agent did: deploy the site"));
+    assert!(
+        rig.reply_of(&ticket)
+            .contains("sim-agent did: deploy the site")
+    );
     browser.wait_for(
         "the approval in the event log",
         PATIENCE,
@@ -158,7 +148,7 @@ fn e2e_dashboard_answers_a_blocked_member_and_a_question_the_webhook_told_of() {
         )
         .expect("answer");
     assert!(
-        reply_of(&rig, &asked).contains("eu-west"),
+        rig.reply_of(&asked).contains("eu-west"),
         "eve's fleet_ask returned the page's answer"
     );
 }

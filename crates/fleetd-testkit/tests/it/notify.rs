@@ -8,10 +8,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use fleetd_testkit::http;
-use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
+use fleetd_testkit::rig::{Rig, sim_profile};
 use fleetd_testkit::webhook::{Answer, Webhook};
 use fleetd_testkit::{require_tmux, wait_until};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const PATIENCE: Duration = Duration::from_secs(60);
 const SECRET: &str = "hook-signing-secret-51f0";
@@ -44,16 +44,16 @@ fn blocked(rig: &Rig, target: &str) -> String {
     dialog
 }
 
-fn reply_of(rig: &Rig, ticket: &str) -> String {
-    let mut last = Value::Null;
-    wait_until("the reply", PATIENCE, || {
-        last = structured_ok(&rig.lead("fleet_poll", &json!({ "ticket": ticket })));
-        last["state"] == "replied"
-    });
-    last["reply"]["text"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
+/// The operator types choice 1 into bea's dialog `dialog`.
+fn approve_bea(rig: &Rig, dialog: &str) {
+    let answered = http::request(
+        rig.daemon.operator(),
+        "POST",
+        "/sessions/bea/approve",
+        Some(&json!({ "choice": "1", "dialog": dialog }).to_string()),
+    )
+    .expect("answer");
+    assert_eq!(answered.status, 200, "{}", answered.body);
 }
 
 #[test]
@@ -148,15 +148,8 @@ fn e2e_notify_a_signed_webhook_ntfy_and_the_desktop_each_hear_once() {
     }
 
     // Answered, then the episode is over: nothing more is sent for it.
-    let answered = http::request(
-        rig.daemon.operator(),
-        "POST",
-        "/sessions/bea/approve",
-        Some(&json!({ "choice": "1", "dialog": dialog }).to_string()),
-    )
-    .expect("answer");
-    assert_eq!(answered.status, 200, "{}", answered.body);
-    assert!(reply_of(&rig, &ticket).contains("rotate the keys"));
+    approve_bea(&rig, &dialog);
+    assert!(rig.reply_of(&ticket).contains("rotate the keys"));
     fleetd_testkit::agents::rig::pause(Duration::from_secs(1));
     assert_eq!(hook.received().len(), 1);
     assert_eq!(ntfy.received().len(), 1);
@@ -187,18 +180,11 @@ fn e2e_notify_a_hung_webhook_and_a_failing_one_hold_nothing_up() {
     });
     // While the hung webhook still holds its request, the fleet goes on: bea is answered and
     // replies, another member is spawned, given a task and replies.
-    let answered = http::request(
-        rig.daemon.operator(),
-        "POST",
-        "/sessions/bea/approve",
-        Some(&json!({ "choice": "1", "dialog": dialog }).to_string()),
-    )
-    .expect("answer");
-    assert_eq!(answered.status, 200, "{}", answered.body);
-    assert!(reply_of(&rig, &ticket).contains("ship it"));
+    approve_bea(&rig, &dialog);
+    assert!(rig.reply_of(&ticket).contains("ship it"));
     rig.spawn("sim", "cal");
     let other = rig.send_task("cal", "count");
-    assert!(reply_of(&rig, &other).contains("count"));
+    assert!(rig.reply_of(&other).contains("count"));
     assert_eq!(
         hung.received().len(),
         1,

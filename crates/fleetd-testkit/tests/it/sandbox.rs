@@ -34,25 +34,13 @@ fn require_bwrap() -> bool {
     found
 }
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = fleetd_testkit::run_ok(
-        Command::new("git")
-            .arg("-C")
-            .arg(dir)
-            .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
-            .args(args),
-        &format!("git {args:?}"),
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 /// The lead's repository: `main` with one commit, and an uncommitted file of the lead's.
 fn repository() -> PathBuf {
     let dir = tempfile::tempdir().expect("tempdir").keep();
-    git(&dir, &["init", "--quiet", "-b", "main"]);
+    fleetd_testkit::git(&dir, &["init", "--quiet", "-b", "main"]);
     std::fs::write(dir.join("README"), "hello\n").expect("write");
-    git(&dir, &["add", "README"]);
-    git(&dir, &["commit", "--quiet", "-m", "first"]);
+    fleetd_testkit::git(&dir, &["add", "README"]);
+    fleetd_testkit::git(&dir, &["commit", "--quiet", "-m", "first"]);
     std::fs::write(dir.join("lead-notes.txt"), "the lead's own draft\n").expect("write");
     dir
 }
@@ -284,7 +272,7 @@ fn e2e_sandbox_a_member_reaches_only_its_worktree_and_fleetd() {
         "{commit}"
     );
     assert_eq!(
-        git(&fleet.repo, &["log", "-1", "--format=%s", "fleet/ann"]),
+        fleetd_testkit::git(&fleet.repo, &["log", "-1", "--format=%s", "fleet/ann"]),
         "ann edits"
     );
     assert_eq!(

@@ -6,24 +6,11 @@
 use std::time::Duration;
 
 use fleetd_testkit::daemon::{fleetd_binary, state_dir};
-use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
+use fleetd_testkit::rig::{Rig, sim_profile};
 use fleetd_testkit::wait_until;
-use serde_json::{Value, json};
 
 const PATIENCE: Duration = Duration::from_secs(60);
 const WATCH: &str = "base:watch";
-
-fn reply_of(rig: &Rig, ticket: &str) -> String {
-    let mut last = Value::Null;
-    wait_until("the reply", PATIENCE, || {
-        last = structured_ok(&rig.lead("fleet_poll", &json!({ "ticket": ticket })));
-        last["state"] == "replied"
-    });
-    last["reply"]["text"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
 
 fn screen_shows(rig: &Rig, what: &str, text: &str) {
     let mut seen = String::new();
@@ -87,8 +74,8 @@ fn e2e_watch_marks_what_waits_on_a_person_and_answers_it() {
         "the approval's outcome",
         "typed 1 (Yes) into bea's dialog: it went",
     );
-    assert!(reply_of(&rig, &deploy).contains("sim-agent did: deploy"));
+    assert!(rig.reply_of(&deploy).contains("sim-agent did: deploy"));
     rig.type_line(WATCH, "answer eve eu-west");
     screen_shows(&rig, "the answer's outcome", "answered eve's question");
-    assert!(reply_of(&rig, &region).contains("eu-west"));
+    assert!(rig.reply_of(&region).contains("eu-west"));
 }

@@ -4,8 +4,7 @@
 //! clean worktree with its branch and keeps one with work in it, telling the lead where it is
 //! and what it holds; a spawn whose worktree cannot be made fails clearly and leaves nothing.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use fleetd_testkit::daemon::state_dir;
@@ -17,25 +16,13 @@ use serde_json::{Value, json};
 const PATIENCE: Duration = Duration::from_secs(90);
 const GIT_ID: &str = "-c user.name=fleet-test -c user.email=fleet-test@example.com";
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = fleetd_testkit::run_ok(
-        Command::new("git")
-            .arg("-C")
-            .arg(dir)
-            .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
-            .args(args),
-        &format!("git {args:?}"),
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 /// A repository on `main` with one commit (README "hello").
 fn repository() -> PathBuf {
     let dir = tempfile::tempdir().expect("tempdir").keep();
-    git(&dir, &["init", "--quiet", "-b", "main"]);
+    fleetd_testkit::git(&dir, &["init", "--quiet", "-b", "main"]);
     std::fs::write(dir.join("README"), "hello\n").expect("write");
-    git(&dir, &["add", "README"]);
-    git(&dir, &["commit", "--quiet", "-m", "first"]);
+    fleetd_testkit::git(&dir, &["add", "README"]);
+    fleetd_testkit::git(&dir, &["commit", "--quiet", "-m", "first"]);
     dir
 }
 
@@ -56,18 +43,6 @@ fn member(rig: &Rig, name: &str) -> Value {
         .as_array()
         .and_then(|m| m.iter().find(|m| m["target"] == name).cloned())
         .unwrap_or(Value::Null)
-}
-
-fn reply_of(rig: &Rig, ticket: &str) -> String {
-    let mut last = Value::Null;
-    wait_until("the member's reply", PATIENCE, || {
-        last = structured_ok(&rig.lead("fleet_poll", &json!({ "ticket": ticket })));
-        last["state"] == "replied"
-    });
-    last["reply"]["text"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
 }
 
 #[test]
@@ -117,8 +92,8 @@ fn e2e_worktrees_parallel_members_work_on_their_own_branches_and_release_keeps_o
         ),
     );
     let b = rig.send_task("bob", "pwd && echo bob > README && git status --porcelain");
-    let a = reply_of(&rig, &a);
-    let b = reply_of(&rig, &b);
+    let a = rig.reply_of(&a);
+    let b = rig.reply_of(&b);
     assert!(a.starts_with("exit 0"), "{a}");
     assert!(
         a.contains(&ann_dir.display().to_string()),
@@ -139,7 +114,10 @@ fn e2e_worktrees_parallel_members_work_on_their_own_branches_and_release_keeps_o
         "hello\n",
         "the lead's checkout is untouched"
     );
-    assert_eq!(git(&repo, &["rev-list", "--count", "main..fleet/ann"]), "1");
+    assert_eq!(
+        fleetd_testkit::git(&repo, &["rev-list", "--count", "main..fleet/ann"]),
+        "1"
+    );
 
     // fleet_list shows what each holds (read at the turn's end).
     wait_until("the worktrees read after the turns", PATIENCE, || {
@@ -162,7 +140,7 @@ fn e2e_worktrees_parallel_members_work_on_their_own_branches_and_release_keeps_o
         structured_ok(&rig.lead("fleet_stop", &json!({ "target": name })));
     }
     wait_until("cy's worktree and branch removed", PATIENCE, || {
-        !cy_dir.exists() && git(&repo, &["branch", "--list", "fleet/cy"]).is_empty()
+        !cy_dir.exists() && fleetd_testkit::git(&repo, &["branch", "--list", "fleet/cy"]).is_empty()
     });
     let notice = |name: &str| {
         let mut found = String::new();
@@ -197,7 +175,7 @@ fn e2e_worktrees_parallel_members_work_on_their_own_branches_and_release_keeps_o
     );
     // (`+`: checked out in another worktree.)
     assert_eq!(
-        git(&repo, &["branch", "--list", "fleet/ann"]),
+        fleetd_testkit::git(&repo, &["branch", "--list", "fleet/ann"]),
         "+ fleet/ann"
     );
 }
@@ -249,12 +227,12 @@ fn e2e_worktrees_a_failing_post_checkout_hook_fails_the_spawn_and_leaves_no_bran
     };
     spawn_refused(&rig, "eli", "no checkouts today");
     assert_eq!(
-        git(&repo, &["branch", "--format=%(refname:short)"]),
+        fleetd_testkit::git(&repo, &["branch", "--format=%(refname:short)"]),
         "main",
         "no branch left"
     );
     assert_eq!(
-        git(&repo, &["worktree", "list", "--porcelain"])
+        fleetd_testkit::git(&repo, &["worktree", "list", "--porcelain"])
             .lines()
             .filter(|l| l.starts_with("worktree "))
             .count(),

@@ -25,18 +25,7 @@ impl Waiting {
         let mut lines = Vec::new();
         for b in self.blocked["blocked"].as_array().into_iter().flatten() {
             let s = |k: &str| b[k].as_str().unwrap_or_default();
-            let choices: Vec<String> = b["choices"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|c| {
-                    format!(
-                        "{} {}",
-                        c["key"].as_str().unwrap_or("?"),
-                        c["label"].as_str().unwrap_or("")
-                    )
-                })
-                .collect();
+            let choices = super::summary::choices(&b["choices"]);
             let how = if choices.is_empty() {
                 "answer it in its pane".to_owned()
             } else {

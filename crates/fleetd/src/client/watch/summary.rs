@@ -89,18 +89,7 @@ pub(super) fn summary(event: &SseEvent) -> String {
         },
         "incident" => format!("incident: {}", s("text")),
         "member.blocked" => {
-            let choices: Vec<String> = d["choices"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|c| {
-                    format!(
-                        "{} {}",
-                        c["key"].as_str().unwrap_or("?"),
-                        c["label"].as_str().unwrap_or("")
-                    )
-                })
-                .collect();
+            let choices = choices(&d["choices"]);
             if choices.is_empty() {
                 format!("{} waits on a dialog: {}", s("target"), s("question"))
             } else {
@@ -148,6 +137,21 @@ pub(super) fn summary(event: &SseEvent) -> String {
         _ => d.to_string(),
     };
     format!("{time} {:<16} {what}", event.kind)
+}
+
+/// A dialog's choices (`[{key, label}]`) as `1 Yes`, `2 No`.
+pub(super) fn choices(list: &Value) -> Vec<String> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            format!(
+                "{} {}",
+                c["key"].as_str().unwrap_or("?"),
+                c["label"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
 }
 
 /// The first block of a ticket id (enough to tell tickets apart on a screen).
