@@ -3,6 +3,7 @@
 //! backends against real tmux and fake-herdr.
 
 mod amqp;
+mod approve_herdr;
 mod bridge;
 mod cli;
 mod client;
