@@ -15,8 +15,9 @@
 //!
 //!    Esc to cancel · Tab to amend
 //!   ```
-//!   A digit picks its option in both CLIs' lists. Codex marks an option's own key in
-//!   parentheses (`1. Yes, proceed (y)`); that key is typed where shown.
+//!   A digit picks its option in Claude Code's list. Codex 0.171 marks an option's own key in
+//!   parentheses (`1. Yes, proceed (y)`), sometimes on the option's wrapped second line; that
+//!   key is typed where shown (both captured from the real CLIs: the tests below).
 //! - **A question alone** (`Allow command?`, `Run this command?`, herdr's manifests' dialog
 //!   lines): recognised, with no choices fleetd would type.
 //!
@@ -144,32 +145,49 @@ fn numbered(window: &[&str]) -> Option<Dialog> {
     let first = window
         .iter()
         .rposition(|l| option(l).is_some_and(|(n, _)| n == 1))?;
-    let mut choices = Vec::new();
+    let mut choices: Vec<Choice> = Vec::new();
     let mut last = first;
+    let mut blank = false;
     for (i, line) in window.iter().enumerate().skip(first) {
         match option(line) {
             Some((n, label)) if n as usize == choices.len() + 1 => {
                 choices.push(Choice {
                     key: n.to_string(),
-                    keys: shortcut(&label).unwrap_or_else(|| n.to_string()),
+                    keys: String::new(),
                     label: clean_line(&label),
                 });
                 last = i;
+                blank = false;
             }
             Some(_) => break,
-            None if line.trim().is_empty() => {}
-            // A wrapped option's second line, or the footer.
+            None if line.trim().is_empty() => blank = true,
+            // A long option wrapped onto the next line, indented under its words (Codex 0.171:
+            // "2. Yes, and don't ask again for commands that start with `echo approved >" then
+            // "     ran.txt` (p)"); the footer comes after a blank line.
+            None if !blank
+                && line.starts_with("   ")
+                && !line.to_lowercase().contains("esc to") =>
+            {
+                if let Some(choice) = choices.last_mut() {
+                    choice.label = format!("{} {}", choice.label, clean_line(line));
+                    last = i;
+                }
+            }
             None => {}
         }
     }
     if choices.len() < 2 {
         return None;
     }
-    // The question: the nearest line above the list ending in `?` (a tip may sit between).
+    for choice in &mut choices {
+        choice.keys = shortcut(&choice.label).unwrap_or_else(|| choice.key.clone());
+    }
+    // The question: the nearest line above the list ending in `?` (a tip may sit between in
+    // Claude Code; Codex shows the environment, the reason and the command between).
     let asked = window[..first]
         .iter()
         .rev()
-        .take(4)
+        .take(12)
         .position(|l| l.trim_end().ends_with('?'))
         .map(|back| first - 1 - back)?;
     // After the list: a footer naming Esc, within a few lines (the form both CLIs close with).
@@ -316,21 +334,52 @@ mod tests {
         );
     }
 
-    #[test]
-    fn codex_options_are_typed_by_their_own_key() {
-        let codex = "\
+    /// Codex 0.171 asking to run a command outside its sandbox (`approval_policy =
+    /// "on-request"`), as tmux shows it (captured from the real CLI in the real-agents suite).
+    const CODEX: &str = "\
+› @exec echo approved > ran.txt @reply done
+
+
+• Running echo approved > ran.txt
+
+
   Would you like to run the following command?
-  $ cargo test
+
+  Environment: local
+
+  Reason: the task asks for it
+
+  $ echo approved > ran.txt
+
+
 › 1. Yes, proceed (y)
-  2. Yes, and don't ask again for this command (a)
+  2. Yes, and don't ask again for commands that start with `echo approved >
+     ran.txt` (p)
   3. No, and tell Codex what to do differently (esc)
 
   Press enter to confirm or esc to cancel
 ";
-        let d = recognise(codex).expect("a dialog");
+
+    #[test]
+    fn codex_options_are_typed_by_their_own_key_even_when_wrapped() {
+        let d = recognise(CODEX).expect("a dialog");
+        assert_eq!(d.question, "Would you like to run the following command?");
         let keys: Vec<&str> = d.choices.iter().map(|c| c.keys.as_str()).collect();
         // (`esc` is not one key: the number is typed for it.)
-        assert_eq!(keys, ["y", "a", "3"]);
+        assert_eq!(keys, ["y", "p", "3"]);
+        assert_eq!(
+            d.choices[1].label,
+            "Yes, and don't ask again for commands that start with `echo approved > ran.txt` (p)"
+        );
+        assert!(
+            d.lines.iter().any(|l| l == "$ echo approved > ran.txt"),
+            "{:#?}",
+            d.lines
+        );
+        assert_eq!(
+            d.lines.last().map(String::as_str),
+            Some("Press enter to confirm or esc to cancel")
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //!   - `@spawn PROFILE NAME [TASK…]` calls `fleet_spawn`;
 //!   - `@call TOOL {json}` calls any tool with those arguments (the rest of the prompt);
 //!   - `@bash COMMAND` calls the client's shell tool (Claude Code's `Bash`) with that command;
+//!   - `@exec COMMAND` calls Codex's `exec_command` asking to run it outside Codex's sandbox;
 //!   - `@sleep SECS` makes this turn's next answer take that long (a long turn, streamed);
 //!   - `@text TEXT` ends the turn with that text;
 //! - **a text of fleetd's** (a `[fleet]` nudge, or a task's result in a Claude Code task
@@ -273,6 +274,16 @@ fn directives(prompt: &str) -> Vec<Want> {
                 "Bash",
                 json!({ "command": body, "description": "Run what the task asks" }),
             )),
+            // Codex's shell tool, asking to run outside its sandbox: what Codex asks its user
+            // to approve under its default `approval_policy = "on-request"`.
+            "exec" => out.push(Want::Call(
+                "exec_command",
+                json!({
+                    "cmd": body,
+                    "sandbox_permissions": "require_escalated",
+                    "justification": "the task asks for it",
+                }),
+            )),
             "sleep" => {
                 let secs: f64 = body.parse().unwrap_or(1.0);
                 out.push(Want::Sleep(Duration::from_secs_f64(secs.max(0.0))));
@@ -311,6 +322,7 @@ fn find_directive(text: &str) -> Option<usize> {
         "spawn",
         "call",
         "bash",
+        "exec",
         "sleep",
         "text",
     ];

@@ -1,8 +1,9 @@
-//! The human in the loop with the real Claude Code (issue 39, SPEC §20): a member whose Bash
-//! command needs its user's approval blocks on Claude Code's permission prompt; fleetd tells
+//! The human in the loop with the real agents (issue 39, SPEC §20). Claude Code: a member whose
+//! Bash command needs its user's approval blocks on its permission prompt; fleetd tells
 //! `/events` (`member.blocked`, the dialog as shown and its choices) and the webhook (one
 //! notice), `fleetd approve` types the choice, the member's task completes, and an approval
-//! sent once the dialog is gone types nothing.
+//! sent once the dialog is gone types nothing. Codex: a command outside its sandbox waits on its
+//! approval prompt, and `fleetd approve` types that option's own key (`y`).
 
 use std::time::Duration;
 
@@ -129,4 +130,46 @@ fn e2e_claude_member_on_a_permission_prompt_is_told_answered_and_finishes() {
         "nothing was typed into alice's pane"
     );
     assert_eq!(hook.received().len(), 1, "one notice for the episode");
+}
+
+#[test]
+fn e2e_codex_member_on_its_approval_prompt_is_answered_by_its_own_key() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let Some(cli) = Cli::newest("codex") else {
+        return;
+    };
+    let mut rig = AgentRig::start(
+        &[&cli],
+        &fleetd_testkit::agents::codex::profile("codex"),
+        "",
+    );
+    let lead = fleetd_testkit::agents::codex::start_lead(&mut rig, false);
+    // Codex asks before running a command outside its sandbox (its default on-request policy).
+    rig.say(
+        &lead,
+        "@spawn codex bob @exec echo approved > ran.txt @reply done",
+    );
+    let mut episode = serde_json::Value::Null;
+    rig.wait("bob's approval prompt", Duration::from_secs(90), || {
+        let out = rig.fleetd_output(&["approve", "bob", "--json"]);
+        episode = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        episode["choices"].as_array().is_some_and(|c| c.len() == 3)
+    });
+    assert_eq!(
+        episode["question"], "Would you like to run the following command?",
+        "{episode}"
+    );
+    assert_eq!(
+        episode["choices"][0]["label"], "Yes, proceed (y)",
+        "{episode}"
+    );
+    let typed = rig.fleetd(&["approve", "bob", "1", "--json"]);
+    let typed: serde_json::Value = serde_json::from_str(typed.trim()).expect("JSON");
+    assert_eq!(typed["keys"], "y", "Codex's own key for it: {typed}");
+    assert_eq!(typed["outcome"], "answered", "{typed}");
+    stories::lead_reads(&rig, "bob", "done", Duration::from_secs(120));
+    let ran = std::fs::read_to_string(rig.work.join("ran.txt")).expect("the command ran");
+    assert_eq!(ran.trim(), "approved");
 }
