@@ -155,6 +155,17 @@ pub fn git(dir: &std::path::Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// A git repository in a directory of its own (kept for the test's life) on `main` with one
+/// commit: a README saying "hello".
+pub fn git_repository() -> std::path::PathBuf {
+    let dir = tempfile::tempdir().expect("tempdir").keep();
+    git(&dir, &["init", "--quiet", "-b", "main"]);
+    std::fs::write(dir.join("README"), "hello\n").expect("write");
+    git(&dir, &["add", "README"]);
+    git(&dir, &["commit", "--quiet", "-m", "first"]);
+    dir
+}
+
 /// `out`, when its command exited 0; panics naming `what`, with what it printed, otherwise.
 pub fn succeeded(out: std::process::Output, what: &str) -> std::process::Output {
     assert!(

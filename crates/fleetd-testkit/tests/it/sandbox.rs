@@ -36,11 +36,7 @@ fn require_bwrap() -> bool {
 
 /// The lead's repository: `main` with one commit, and an uncommitted file of the lead's.
 fn repository() -> PathBuf {
-    let dir = tempfile::tempdir().expect("tempdir").keep();
-    fleetd_testkit::git(&dir, &["init", "--quiet", "-b", "main"]);
-    std::fs::write(dir.join("README"), "hello\n").expect("write");
-    fleetd_testkit::git(&dir, &["add", "README"]);
-    fleetd_testkit::git(&dir, &["commit", "--quiet", "-m", "first"]);
+    let dir = fleetd_testkit::git_repository();
     std::fs::write(dir.join("lead-notes.txt"), "the lead's own draft\n").expect("write");
     dir
 }

@@ -16,16 +16,6 @@ use serde_json::{Value, json};
 const PATIENCE: Duration = Duration::from_secs(90);
 const GIT_ID: &str = "-c user.name=fleet-test -c user.email=fleet-test@example.com";
 
-/// A repository on `main` with one commit (README "hello").
-fn repository() -> PathBuf {
-    let dir = tempfile::tempdir().expect("tempdir").keep();
-    fleetd_testkit::git(&dir, &["init", "--quiet", "-b", "main"]);
-    std::fs::write(dir.join("README"), "hello\n").expect("write");
-    fleetd_testkit::git(&dir, &["add", "README"]);
-    fleetd_testkit::git(&dir, &["commit", "--quiet", "-m", "first"]);
-    dir
-}
-
 /// A rig whose profile `wt` gives each member a worktree (its agent runs its task as a shell
 /// command and replies with the output); `extra` is more of that profile's keys.
 fn rig(worktree: &str) -> Option<Rig> {
@@ -47,7 +37,7 @@ fn member(rig: &Rig, name: &str) -> Value {
 
 #[test]
 fn e2e_worktrees_parallel_members_work_on_their_own_branches_and_release_keeps_only_work() {
-    let repo = repository();
+    let repo = fleetd_testkit::git_repository();
     let Some(rig) = rig("{}") else {
         return;
     };
@@ -217,7 +207,7 @@ fn e2e_worktrees_a_spawn_whose_worktree_cannot_be_made_fails_clearly_and_leaves_
 fn e2e_worktrees_a_failing_post_checkout_hook_fails_the_spawn_and_leaves_no_branch_or_directory() {
     // git makes the branch and the worktree before its hook runs, and keeps both when the hook
     // fails: fleetd takes them back.
-    let repo = repository();
+    let repo = fleetd_testkit::git_repository();
     let hook = repo.join(".git/hooks/post-checkout");
     std::fs::write(&hook, "#!/bin/sh\necho no checkouts today >&2\nexit 1\n").expect("hook");
     std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
