@@ -31,9 +31,10 @@ pub use approve::Approved;
 
 /// How many lines of a member's screen are read for its dialog.
 const SCREEN_LINES: u32 = 60;
-/// How many times a blocked member's screen is read for a dialog it does not show yet (a
-/// title that says "blocked" a moment before the dialog is drawn), and how long apart.
-const DIALOG_READS: usize = 5;
+/// How long a blocked member's screen is read for a dialog with choices it does not show yet,
+/// and how often. Claude Code says "Waiting for permission…" (blocked, to the screen reading)
+/// a moment before it draws its prompt: under load that moment passed 400 ms in CI.
+const DIALOG_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 const DIALOG_READ_GAP: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A choice, as events and the dashboard show it.
@@ -63,6 +64,9 @@ pub struct Episode {
     pub since: jiff::Timestamp,
     #[serde(skip)]
     started: tokio::time::Instant,
+    /// Whether `member.blocked` was published (its dialog read).
+    #[serde(skip)]
+    told: bool,
 }
 
 /// The human-in-the-loop service. Cheap to clone.
@@ -118,6 +122,7 @@ impl Human {
     pub fn blocked(&self) -> Vec<Episode> {
         let mut all: Vec<Episode> = crate::sync::lock(&self.inner.blocked)
             .values()
+            .filter(|e| e.told)
             .cloned()
             .collect();
         all.sort_by_key(|e| e.since);
@@ -250,8 +255,9 @@ impl Human {
         crate::sync::lock(&self.inner.blocked).retain(|t, _| here.contains(t));
     }
 
-    /// Member `target` turned `blocked`: reads its dialog, opens the episode, tells `/events`
-    /// and the sinks. A member of another host (not in this engine) is its own host's business.
+    /// Member `target` turned `blocked`: opens its episode at once (pending: not told yet), and
+    /// reads its dialog on a task of its own, so other members' events are not held up. A
+    /// member of another host (not in this engine) is its own host's business.
     async fn blocked_now(&self, target: &str) {
         if crate::sync::lock(&self.inner.blocked).contains_key(target) {
             return;
@@ -259,23 +265,41 @@ impl Human {
         let Some(pane) = self.pane_of(target).await else {
             return;
         };
+        let episode = Episode {
+            target: target.to_owned(),
+            question: String::new(),
+            lines: Vec::new(),
+            choices: Vec::new(),
+            dialog: String::new(),
+            since: self.inner.clock.now(),
+            started: tokio::time::Instant::now(),
+            told: false,
+        };
+        crate::sync::lock(&self.inner.blocked).insert(target.to_owned(), episode.clone());
+        let me = self.clone();
+        tokio::spawn(async move { me.read_dialog(episode, pane).await });
+    }
+
+    /// Reads the dialog of `episode`'s member until one with choices shows (or [`DIALOG_WAIT`]
+    /// passes: then what the screen shows), then tells `/events` and the sinks — unless the
+    /// member moved on meanwhile.
+    async fn read_dialog(&self, mut episode: Episode, pane: fleetd_core::QualifiedPaneId) {
+        let target = episode.target.clone();
         let mut dialog = None;
-        let mut screen = String::new();
-        for read in 0..DIALOG_READS {
-            if read > 0 {
-                tokio::time::sleep(DIALOG_READ_GAP).await;
-            }
-            screen = self
+        let screen = loop {
+            let screen = self
                 .inner
                 .mux
                 .read_tail(&pane, SCREEN_LINES)
                 .await
                 .unwrap_or_default();
-            dialog = fleetd_core::dialog::recognise(&screen);
-            if dialog.is_some() {
-                break;
+            dialog = fleetd_core::dialog::recognise(&screen).or(dialog);
+            let has_choices = dialog.as_ref().is_some_and(|d| !d.choices.is_empty());
+            if has_choices || episode.started.elapsed() >= DIALOG_WAIT {
+                break screen;
             }
-        }
+            tokio::time::sleep(DIALOG_READ_GAP).await;
+        };
         let redact = |l: &str| self.inner.redactor.redact(l).into_owned();
         let (question, lines, choices, fingerprint) = match &dialog {
             Some(d) => (
@@ -302,18 +326,22 @@ impl Human {
                 (question, lines, Vec::new(), String::new())
             }
         };
-        let episode = Episode {
-            target: target.to_owned(),
-            question,
-            lines,
-            choices,
-            dialog: fingerprint,
-            since: self.inner.clock.now(),
-            started: tokio::time::Instant::now(),
-        };
-        crate::sync::lock(&self.inner.blocked).insert(target.to_owned(), episode.clone());
+        episode.question = question;
+        episode.lines = lines;
+        episode.choices = choices;
+        episode.dialog = fingerprint;
+        episode.told = true;
+        {
+            let mut open = crate::sync::lock(&self.inner.blocked);
+            // Moved on (or blocked anew) while its screen was read: nothing to tell.
+            match open.get(&target) {
+                Some(e) if e.started == episode.started => {}
+                _ => return,
+            }
+            open.insert(target.clone(), episode.clone());
+        }
         self.inner.engine.publish_event(&FleetEvent::MemberBlocked {
-            target: target.to_owned(),
+            target: target.clone(),
             question: episode.question.clone(),
             lines: episode.lines.clone(),
             choices: episode
@@ -333,7 +361,7 @@ impl Human {
         self.notice(&notify::Notice {
             kind: NoticeKind::Blocked,
             event: "member.blocked",
-            target: Some(target.to_owned()),
+            target: Some(target.clone()),
             key: if episode.dialog.is_empty() {
                 episode.since.to_string()
             } else {
@@ -350,6 +378,9 @@ impl Human {
         let Some(episode) = crate::sync::lock(&self.inner.blocked).remove(target) else {
             return;
         };
+        if !episode.told {
+            return;
+        }
         let waited = episode.started.elapsed();
         self.inner
             .engine
