@@ -15,6 +15,15 @@ use fleetd_testkit::http::events::SseReader;
 use fleetd_testkit::webhook::{Answer, Webhook};
 use fleetd_testkit::{Service, require_tmux, wait_until};
 
+/// This machine's clock, as the events' times are stamped.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "compared with the daemon's event times, which are wall-clock stamps"
+)]
+fn now() -> jiff::Timestamp {
+    jiff::Timestamp::now()
+}
+
 /// A Claude Code member that asks before running a shell command (Claude Code's default
 /// permission mode; the fleet's own tools are allowed by `fleetd install claude`).
 const ASKER: &str = "  asker:\n    agent: claude\n    backend: model\n    cwd: {work}\n    args: [\"--permission-mode\", \"default\"]\n";
@@ -47,7 +56,20 @@ fn e2e_claude_member_on_a_permission_prompt_is_told_answered_and_finishes() {
         "@spawn asker alice @bash echo approved > ran.txt @reply done",
     );
 
-    // It blocks, and /events carries the dialog as shown, with its choices, within a second.
+    // It blocks, and /events carries the dialog as shown, with its choices, within a second of
+    // the prompt being on its screen (Claude Code says "Waiting for permission…", which reads
+    // as blocked, a moment before it draws the prompt: under load, more than a second).
+    rig.wait(
+        "alice's prompt on her screen",
+        Duration::from_secs(90),
+        || {
+            rig.windows().iter().any(|w| w.contains("alice"))
+                && rig
+                    .screen("fleet:alice")
+                    .contains("Do you want to proceed?")
+        },
+    );
+    let drawn = now();
     let seen = events.until("alice's member.blocked", |e| {
         e.event == "member.blocked" && e.data["target"] == "alice"
     });
@@ -66,10 +88,11 @@ fn e2e_claude_member_on_a_permission_prompt_is_told_answered_and_finishes() {
         })
         .expect("alice's status turned blocked first");
     let blocked = seen.last().expect("the match");
-    let late = at(blocked).duration_since(at(status));
+    assert!(at(blocked) >= at(status), "told after the status turned");
+    let late = at(blocked).duration_since(drawn);
     assert!(
         late <= jiff::SignedDuration::from_secs(1),
-        "member.blocked came {late:?} after the status"
+        "member.blocked came {late:?} after the prompt was on screen"
     );
     let dialog = &blocked.data;
     assert_eq!(dialog["question"], "Do you want to proceed?", "{dialog}");
