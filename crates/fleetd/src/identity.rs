@@ -114,6 +114,10 @@ pub struct Caller {
     /// while members ran, never admitted), which a refusal names with the way to admit it. Its
     /// MCP presence is remembered too: alone in a configured lead tab, it is that tab's lead.
     pub stray: Option<CallerPane>,
+    /// For anonymous only: the `runAs` user it runs as, given to a member being spawned that is
+    /// not registered yet. Never an identity; only remembered as that member's MCP presence,
+    /// as `unregistered` is for a pane.
+    pub spawning_user: Option<u32>,
     /// Cancelled when the request is abandoned (the client went away or cancelled it): a
     /// waiting tool stops waiting, so a reply is never handed to a waiter nobody reads.
     pub cancel: tokio_util::sync::CancellationToken,
@@ -217,25 +221,39 @@ pub async fn resolve_with(
         Some(conn) => locate(fleet, conn).await,
         None => None,
     };
-    let same_uid = located.as_ref().is_some_and(Located::same_uid);
+    let mut same_uid = located.as_ref().is_some_and(Located::same_uid);
     let pane = located.as_ref().and_then(|l| l.pane.clone());
-    let place = match &pane {
-        Some(p) => match fleet
-            .engine
-            .standing(p.pane.clone(), p.terminal.clone(), p.age())
-            .await
-        {
-            Ok(Standing::Member(target, allow_delegation)) => Place::Member {
-                target,
-                allow_delegation,
-            },
-            _ if in_members_space(&fleet.config.current(), p) => Place::MembersSpace,
-            Ok(Standing::Lead) => Place::OtherPane,
-            // A stray, or the engine is gone and cannot say: never more than nobody.
-            Ok(Standing::Stray) | Err(_) => Place::StrayPane,
+    // A member's own user (`runAs`) is that member, wherever its process is: every process of
+    // a user can read and signal every other, and fleetd cannot trace another user's sockets.
+    let other_uid = located.as_ref().and_then(|l| l.uid).filter(|_| !same_uid);
+    let own_user = match other_uid {
+        Some(uid) => fleet.engine.member_of_user(uid).await.ok().flatten(),
+        None => None,
+    };
+    same_uid |= own_user.is_some();
+    let place = match (&pane, own_user) {
+        (_, Some((target, allow_delegation))) => Place::Member {
+            target,
+            allow_delegation,
         },
-        None if located.as_ref().is_some_and(|l| l.member_env.is_some()) => Place::LeftMember,
-        None => Place::Nowhere,
+        (pane, None) => match pane {
+            Some(p) => match fleet
+                .engine
+                .standing(p.pane.clone(), p.terminal.clone(), p.age())
+                .await
+            {
+                Ok(Standing::Member(target, allow_delegation)) => Place::Member {
+                    target,
+                    allow_delegation,
+                },
+                _ if in_members_space(&fleet.config.current(), p) => Place::MembersSpace,
+                Ok(Standing::Lead) => Place::OtherPane,
+                // A stray, or the engine is gone and cannot say: never more than nobody.
+                Ok(Standing::Stray) | Err(_) => Place::StrayPane,
+            },
+            None if located.as_ref().is_some_and(|l| l.member_env.is_some()) => Place::LeftMember,
+            None => Place::Nowhere,
+        },
     };
     let facts = CallerFacts {
         door: conn.map_or(Door::Tcp, |c| c.door),
@@ -247,6 +265,8 @@ pub async fn resolve_with(
         .then(|| pane.clone())
         .flatten();
     let role = role_of(&facts);
+    let spawning_user = other_uid
+        .filter(|uid| role == Role::Anonymous && crate::sandbox::user::being_spawned(*uid));
     let (pane, unregistered) = match role {
         Role::Member { .. } | Role::Lead => (pane, None),
         Role::Nobody if stray.is_none() => (None, pane),
@@ -261,6 +281,7 @@ pub async fn resolve_with(
         unregistered,
         via_daemon: located.as_ref().and_then(|l| l.via_daemon),
         stray,
+        spawning_user,
         cancel,
     }
 }
@@ -327,6 +348,15 @@ pub async fn note_presence(fleet: &Fleet, caller: &Caller) {
                     .engine
                     .pane_seen(pane.pane.clone(), pane.terminal.clone())
                     .await;
+            }
+        }
+        (Role::Anonymous, _) => {
+            if let Some(uid) = caller.spawning_user {
+                crate::sandbox::user::seen(uid);
+                // Registered meanwhile: then the spawn may have looked already.
+                if let Ok(Some((target, _))) = fleet.engine.member_of_user(uid).await {
+                    let _ = fleet.engine.presence(target).await;
+                }
             }
         }
         _ => {}

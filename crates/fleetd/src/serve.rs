@@ -345,7 +345,7 @@ impl Daemon {
         }
         let inbox = crate::inbox::Inbox::new(Arc::clone(&self.inner.store), engine.clone());
         let url = format!("http://{}", SocketAddr::new(host, local.port()));
-        crate::sandbox::tidy_homes(engine.clone(), self.config().state_dir.clone());
+        crate::sandbox::tidy(engine.clone(), self.live_config());
         let spawner = crate::members::Spawner {
             engine: engine.clone(),
             mux: self.inner.mux.clone(),

@@ -102,6 +102,7 @@ pub(crate) async fn member_names(engine: &crate::engine::EngineHandle) -> Vec<St
 /// A caller of the tools in `role`, from no pane, whose call is never cancelled.
 pub(crate) fn caller(role: fleetd_core::access::Role) -> Caller {
     Caller {
+        spawning_user: None,
         role,
         pane: None,
         unregistered: None,
@@ -120,6 +121,7 @@ pub(crate) fn qualified(pane: &str) -> QualifiedPaneId {
 /// delegating, no lead, no idle timeout, backend or worktree.
 pub(crate) fn new_member(name: &str, pane: &str, terminal: &str) -> NewMember {
     NewMember {
+        user: None,
         target: Target::new(name).expect("target"),
         profile: "p".to_owned(),
         agent: "claude".to_owned(),

@@ -201,6 +201,7 @@ async fn send_overhead(rounds: usize) -> anyhow::Result<Stats> {
     let pane = QualifiedPaneId::new(MuxDaemon::Lead, PaneId::new("%1")?);
     engine
         .add_member(NewMember {
+            user: None,
             target: target.clone(),
             profile: "bench".to_owned(),
             agent: "custom".to_owned(),

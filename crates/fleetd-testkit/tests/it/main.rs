@@ -41,6 +41,7 @@ mod real_codex;
 mod real_herdr;
 mod recovery;
 mod reload;
+mod run_as;
 mod sandbox;
 mod scenarios;
 mod security;

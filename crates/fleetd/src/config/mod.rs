@@ -485,6 +485,8 @@ pub struct Profile {
     pub tree_budget: Option<BudgetSpec>,
     /// The sandbox its members run in, when set.
     pub sandbox: Option<Sandbox>,
+    /// The user its members run as (a second uid, SPEC §19), when set.
+    pub run_as: Option<String>,
 }
 
 /// A profile's `worktree:` (SPEC §7): at spawn, `git worktree add` on a new branch for the

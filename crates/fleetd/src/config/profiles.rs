@@ -135,6 +135,7 @@ pub(super) fn profiles(
             }
             let budget = super::models::budget(judge, &format!("{key}.budget"), p.value.budget.as_ref())?;
             let tree_budget = super::models::budget(judge, &format!("{key}.treeBudget"), p.value.tree_budget.as_ref())?;
+            let run_as = super::sandbox::run_as(judge, &key, &p)?;
             let raw = p.value;
             Ok((
                 name,
@@ -152,6 +153,7 @@ pub(super) fn profiles(
                     budget,
                     tree_budget,
                     sandbox: super::sandbox::sandbox(judge, &key, raw.sandbox)?,
+                    run_as,
                 },
             ))
         })

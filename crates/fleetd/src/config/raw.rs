@@ -192,6 +192,7 @@ pub(crate) struct RawProfile {
     pub(crate) budget: Option<At<super::models::RawBudget>>,
     pub(crate) tree_budget: Option<At<super::models::RawBudget>>,
     pub(crate) sandbox: Option<At<super::sandbox::RawSandbox>>,
+    pub(crate) run_as: Option<String>,
 }
 
 /// A profile's `worktree:` — each member gets a git worktree on a branch of its own.

@@ -234,6 +234,25 @@ fn semantic_refusals_name_the_key_and_what_to_do() {
         "leads:\n  - {tab: w1:t2, name: a}\n  - {tab: w1:t2, name: b}\n",
         &["leads[1].tab", "twice"],
     );
+    check_refused(
+        "profiles:\n  p: {agent: pi, runAs: 'Bad User'}\n",
+        &["profiles.p.runAs", "not a user name"],
+    );
+    check_refused(
+        "profiles:\n  p: {agent: pi, runAs: agent, sandbox: {}}\n",
+        &["profiles.p.runAs", "sandbox", "docs/SECURITY.md"],
+    );
+    check_refused(
+        "profiles:\n  p: {agent: pi, runAs: agent, worktree: {}}\n",
+        &["profiles.p.runAs", "worktree", "cwd"],
+    );
+}
+
+#[test]
+fn a_profile_may_run_its_members_as_a_second_user() {
+    let config = parse("profiles:\n  p: {agent: pi, runAs: fleet-agent}\n").expect("valid");
+    assert_eq!(config.profiles["p"].run_as.as_deref(), Some("fleet-agent"));
+    assert_eq!(config.profiles["p"].sandbox, None);
 }
 
 #[test]

@@ -20,6 +20,10 @@ pub(crate) enum Command {
         age: Option<std::time::Duration>,
         reply: oneshot::Sender<Standing>,
     },
+    MemberOfUser {
+        uid: u32,
+        reply: oneshot::Sender<Option<(Target, bool)>>,
+    },
     Presence {
         target: Target,
     },

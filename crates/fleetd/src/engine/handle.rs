@@ -120,6 +120,11 @@ impl EngineHandle {
         .await
     }
 
+    /// The member that runs as user `uid` (`runAs`) and whether it may delegate, if one is here.
+    pub async fn member_of_user(&self, uid: u32) -> Result<Option<(Target, bool)>, EngineGone> {
+        self.ask(|reply| Command::MemberOfUser { uid, reply }).await
+    }
+
     /// A process in `target`'s pane spoke MCP to fleetd.
     pub async fn presence(&self, target: Target) -> Result<(), EngineGone> {
         self.send(Command::Presence { target }).await

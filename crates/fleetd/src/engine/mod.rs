@@ -39,8 +39,8 @@ pub use wake::WakeView;
 pub(crate) use command::Command;
 pub use handle::{EngineGone, EngineHandle, WeakEngineHandle};
 pub use views::{
-    AnswerRoute, Delivered, LeadRef, MemberView, NewMember, QuestionView, Readiness, Settled,
-    TicketAnswer, TicketView, WorktreeView,
+    AnswerRoute, Delivered, LeadRef, MemberUser, MemberView, NewMember, QuestionView, Readiness,
+    Settled, TicketAnswer, TicketView, WorktreeView,
 };
 
 /// Capacity of the engine's inbox. Commands are small and handled in microseconds; 1024 absorbs

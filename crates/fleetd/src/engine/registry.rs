@@ -28,6 +28,7 @@ mod tests {
 
     fn member(name: &str) -> NewMember {
         NewMember {
+            user: None,
             target: fleetd_core::Target::new(name).expect("target"),
             profile: "p".to_owned(),
             agent: "claude".to_owned(),

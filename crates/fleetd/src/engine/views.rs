@@ -45,6 +45,9 @@ pub struct MemberView {
     /// What the delegation tree it heads spent, when it heads one that spent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tree_usage: Option<super::UsageView>,
+    /// The second user it runs as (`runAs`), when its profile names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_as: Option<String>,
 }
 
 /// A member's worktree as tools show it.
@@ -182,6 +185,18 @@ pub struct NewMember {
     /// Its model key and budgets, when its backend is served through fleetd.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<super::MemberModel>,
+    /// The second user it runs as (`runAs`): every connection of that user is this member's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<MemberUser>,
+}
+
+/// A member's own user (`runAs`, SPEC §19).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemberUser {
+    /// Its name.
+    pub name: String,
+    /// Its uid.
+    pub uid: u32,
 }
 
 /// A lead, by its pane and incarnation.

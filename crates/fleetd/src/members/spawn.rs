@@ -177,7 +177,7 @@ impl Saga<'_> {
             target,
             request,
         } = self;
-        let super::env::Built { env, key_hash } = MemberEnv {
+        let super::env::Built { mut env, key_hash } = MemberEnv {
             config,
             profile,
             target: &target,
@@ -202,7 +202,7 @@ impl Saga<'_> {
             }
             None => None,
         };
-        let cwd = match &worktree {
+        let mut cwd = match &worktree {
             Some(w) => Some(w.path.clone()),
             None => request.cwd.map(Into::into).or_else(|| profile.cwd.clone()),
         };
@@ -238,6 +238,24 @@ impl Saga<'_> {
                 Some(claim)
             }
             None => None,
+        };
+        let (user, user_claim) = match &profile.run_as {
+            Some(name) => {
+                let argv = launch.argv();
+                let (argv, claim, user) = crate::sandbox::as_user(
+                    &spawner.engine,
+                    &request.profile,
+                    name,
+                    &mut env,
+                    &mut cwd,
+                    &argv,
+                )
+                .await
+                .map_err(|e| Refusal::new(Code::SandboxUnavailable, format!("{target}: {e}")))?;
+                launch = Launch::Argv(argv);
+                (Some(user), Some(claim))
+            }
+            None => (None, None),
         };
         let open = OpenPane {
             placement: Placement::NewTab {
@@ -282,9 +300,14 @@ impl Saga<'_> {
                             .tree_budget
                             .map_or(profile.tree_budget, |b| Some(b.within(profile.tree_budget))),
                     }),
+                user,
             })
             .await?;
         undo.held.registered = true;
+        // Its agent spoke MCP as its user before it was registered, and may not speak again.
+        if user_claim.is_some_and(|c| c.seen()) {
+            spawner.engine.presence(target.clone()).await?;
+        }
         spawner.locator.invalidate();
         spawner.wait_ready(&target).await?;
         let ticket = match request.task {
@@ -545,8 +568,9 @@ async fn undo(engine: EngineHandle, mux: MuxRouter, held: Held) {
 /// Whether a Codex member of `profile` finds fleetd through the stdio shim in its user's
 /// `config.toml` (under the profile's `CODEX_HOME`, else `codex_home`). False for any other
 /// agent, and when the file is absent or unreadable.
+/// Never for a member that runs as another user (`runAs`): the shim's socket is fleetd's user's.
 async fn codex_fleet_over_stdio(profile: &Profile, codex_home: &std::path::Path) -> bool {
-    if profile.agent != "codex" {
+    if profile.agent != "codex" || profile.run_as.is_some() {
         return false;
     }
     let home = profile

@@ -309,6 +309,7 @@ async fn an_agent_that_connects_before_its_member_is_registered_counts_as_presen
     // Its agent's MCP session arrives while fleetd still waits for the multiplexer's answer:
     // a caller in the members' space whose pane holds no member yet is nobody.
     let early = Caller {
+        spawning_user: None,
         role: Role::Nobody,
         pane: None,
         unregistered: Some(crate::locate::CallerPane {

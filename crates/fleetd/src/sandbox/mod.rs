@@ -21,6 +21,7 @@ compile_error!(
 pub mod bwrap;
 mod probe;
 pub mod relay;
+pub mod user;
 
 use std::path::{Path, PathBuf};
 
@@ -148,6 +149,34 @@ pub async fn boxed(request: &Request<'_>, command: &[String]) -> Result<Vec<Stri
         .await
         .map_err(|e| format!("making the member's home: {e}"))??;
     Ok(plan.argv(&bwrap, &command))
+}
+
+/// `command` as profile `profile`'s `runAs` user `name` runs it, for member `target`: the user
+/// found and taken (its leftovers ended), `env` and `cwd` made its own (its home, unless the
+/// spawn gives a directory). Hold the claim until the member is registered.
+pub async fn as_user(
+    engine: &crate::engine::EngineHandle,
+    profile: &str,
+    name: &str,
+    env: &mut std::collections::BTreeMap<String, String>,
+    cwd: &mut Option<PathBuf>,
+    command: &[String],
+) -> Result<(Vec<String>, user::Claim, crate::engine::MemberUser), String> {
+    let found = user::find(profile, name).await?;
+    let claim = user::take(engine, profile, &found).await?;
+    let path = env
+        .get("PATH")
+        .cloned()
+        .or_else(|| std::env::var("PATH").ok())
+        .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".to_owned());
+    user::environment(&found, env);
+    cwd.get_or_insert_with(|| found.home.clone());
+    let argv = user::switched(&found, &path, command, crate::locate::own_uid() == 0);
+    let member = crate::engine::MemberUser {
+        name: found.name,
+        uid: found.uid,
+    };
+    Ok((argv, claim, member))
 }
 
 /// `command` run behind `fleetd box-relay`, which gives a box without a network fleetd's
@@ -397,10 +426,11 @@ impl Drop for Claim {
     }
 }
 
-/// Keeps `<state>/sandboxes/` to the members that are here, for the daemon's life: swept once
-/// now (a restart leaves the homes of members released while it was down) and again at each
+/// Keeps `<state>/sandboxes/` to the members that are here, and the profiles' `runAs` users
+/// to their members' processes, for the daemon's life: swept once now (a restart leaves the
+/// homes and processes of members released while it was down) and again at each
 /// `member.released` (or when the event stream outran this task).
-pub fn tidy_homes(engine: crate::engine::EngineHandle, state_dir: PathBuf) {
+pub fn tidy(engine: crate::engine::EngineHandle, config: crate::config::Live) {
     tokio::spawn(async move {
         let mut events = engine.events().subscribe(None).live;
         loop {
@@ -408,8 +438,11 @@ pub fn tidy_homes(engine: crate::engine::EngineHandle, state_dir: PathBuf) {
                 return;
             };
             let current: Vec<Target> = members.into_iter().map(|m| m.target).collect();
-            let dir = state_dir.clone();
+            let snapshot = config.current();
+            let dir = snapshot.state_dir.clone();
             let _ = tokio::task::spawn_blocking(move || sweep_homes(&dir, &current)).await;
+            let users = snapshot.profiles.values().filter_map(|p| p.run_as.clone());
+            user::sweep(&engine, users.collect()).await;
             loop {
                 match events.recv().await {
                     Ok(event) if event.kind == "member.released" => break,

@@ -61,6 +61,9 @@ impl Engine {
             } => {
                 let _ = reply.send(s.standing(&pane, &terminal, age, now));
             }
+            Command::MemberOfUser { uid, reply } => {
+                let _ = reply.send(s.member_of_user(uid));
+            }
             Command::Presence { target } => s.presence(&target, now, io),
             Command::PaneSeen { pane, terminal } => s.pane_seen(pane, terminal, now, io),
             Command::LeadSeen { lead } => s.lead_seen(&lead, now, io),

@@ -27,6 +27,16 @@ impl State {
         (m.terminal == *terminal).then(|| (target.clone(), m.allow_delegation))
     }
 
+    /// The member that runs as user `uid` (`runAs`), if one is here.
+    pub(in crate::engine) fn member_of_user(&self, uid: u32) -> Option<(Target, bool)> {
+        let (target, _) = self
+            .registry
+            .iter()
+            .find(|(_, new)| new.user.as_ref().is_some_and(|u| u.uid == uid))?;
+        let m = self.members.get(target)?;
+        Some((target.clone(), m.allow_delegation))
+    }
+
     /// A backend health reading. A transition (up → down, down → up) is an incident in the inbox
     /// of every member on that backend, which nudges their leads; a repeated reading is nothing.
     pub(in crate::engine) fn backend_health(
@@ -231,6 +241,8 @@ impl State {
             joined_at: m.joined_at,
             usage: self.usage_of(target),
             tree_usage: self.tree_usage_of(target),
+            run_as: (self.registry.get(target))
+                .and_then(|n| n.user.as_ref().map(|u| u.name.clone())),
         }
     }
 

@@ -1,0 +1,334 @@
+//! Members that run as a second user (`runAs`, issue 38, SPEC §19), end to end with the built
+//! daemon, real tmux and the machine's own user `fleetd-agent` (`.ci/run` makes it): as a shell
+//! its agent could run, the member is that user, and the kernel keeps it from fleetd's state
+//! directory, the user's files and checkout, fleetd's process and the user's tmux server, while
+//! its task, `fleet_reply` and its model calls through fleetd work — fleetd knows it by its
+//! user. One member per user at a time; a released member's processes are ended, and its user
+//! is nobody to fleetd until it is given to the next.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use fleetd_testkit::daemon::state_dir;
+use fleetd_testkit::fake_model::FakeModel;
+use fleetd_testkit::rig::{LEAD, Rig, error_code, structured_ok};
+use fleetd_testkit::{Service, bin_path, require, wait_until};
+use serde_json::{Value, json};
+
+const PATIENCE: Duration = Duration::from_secs(90);
+
+/// The user members run as here.
+const AGENT_USER: &str = "fleetd-agent";
+
+/// `fleetd-agent`'s uid and gid, when this machine has the user and this process may become it
+/// (root): CI does; elsewhere the test skips, saying why.
+fn agent_user() -> Option<(u32, u32)> {
+    let found = Command::new("getent")
+        .args(["passwd", AGENT_USER])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| {
+            let line = String::from_utf8_lossy(&o.stdout).into_owned();
+            let mut ids = line.split(':').skip(2).map(|f| f.parse().ok());
+            Some((ids.next()??, ids.next()??))
+        });
+    let root = rustix::process::geteuid().is_root();
+    let usable = found.is_some() && root;
+    (require(
+        "the user fleetd-agent, and root to become it",
+        usable,
+        "Run the suite as root, as CI does, after `useradd --system --create-home --shell /bin/sh fleetd-agent` (.ci/run makes it).",
+    ) == Service::Present)
+        .then_some(found)
+        .flatten()
+}
+
+/// A fleet whose profile `apart` runs its members as `fleetd-agent` (sim-agent running its task
+/// as a shell command and replying with the output, model backend `lab` through fleetd).
+struct Apart {
+    rig: Rig,
+    /// Copies of the test kit's programs, and the member's directory, where the agent user can
+    /// reach them (the checkout may be in a home it cannot enter).
+    reachable: PathBuf,
+    model: FakeModel,
+    uid: u32,
+    gid: u32,
+    files: tempfile::TempDir,
+}
+
+fn start() -> Option<Apart> {
+    let (uid, gid) = agent_user()?;
+    let files = tempfile::tempdir().expect("tempdir");
+    let model = FakeModel::start(files.path(), "lab", "apart answer");
+    let token = files.path().join("lab-token");
+    std::fs::write(&token, "sk-lab-SECRET").expect("write the credential");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let reachable = files.path().join("reachable");
+    std::fs::create_dir(&reachable).expect("mkdir");
+    std::fs::set_permissions(files.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(&reachable, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    for name in ["sim-agent", "model-call", "mcp-call"] {
+        std::fs::copy(bin_path(name), reachable.join(name)).expect("copy");
+    }
+    let work = reachable.join("work");
+    std::fs::create_dir(&work).expect("mkdir");
+    std::os::unix::fs::chown(&work, Some(uid), None).expect("chown the member's directory");
+    let rig = Rig::start_if_tmux(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\n\
+         backends:\n  lab:\n    baseUrl: {url}\n    authTokenSecret: lab-token\n\
+         secrets:\n  lab-token:\n    file: {token}\n\
+         profiles:\n  apart:\n    agent: custom\n    command: {sim}\n    runAs: {AGENT_USER}\n\
+         \x20   cwd: {work}\n    backend: lab\n    env:\n      SIM_AGENT_SCRIPT: shell\n      SIM_AGENT_WORK_MS: \"100\"\n\
+         \x20 stranger:\n    agent: custom\n    command: {sim}\n    runAs: no-such-user-here\n",
+        url = model.url(),
+        token = token.display(),
+        sim = reachable.join("sim-agent").display(),
+        work = work.display(),
+    ))?;
+    Some(Apart {
+        rig,
+        reachable,
+        model,
+        uid,
+        gid,
+        files,
+    })
+}
+
+impl Apart {
+    /// Runs `command` in member `name`'s shell; its reply (`exit N` and the output).
+    fn run(&self, name: &str, command: &str) -> String {
+        let ticket = self.rig.send_task(name, command);
+        let mut last = Value::Null;
+        wait_until(&format!("{name}'s reply to {command:?}"), PATIENCE, || {
+            last = structured_ok(&self.rig.lead("fleet_poll", &json!({ "ticket": ticket })));
+            last["state"] == "replied"
+        });
+        last["reply"]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// `command` fails as `name`'s user, and its output says `why`.
+    fn refused(&self, name: &str, command: &str, why: &str) {
+        let out = self.run(name, command);
+        assert!(
+            !out.starts_with("exit 0") && out.contains(why),
+            "{command:?} as the member's user: {out}"
+        );
+    }
+
+    /// The processes the agent user has now.
+    fn processes(&self) -> Vec<String> {
+        let out = Command::new("pgrep")
+            .args(["-a", "-u", &self.uid.to_string()])
+            .output()
+            .expect("pgrep runs");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// `mcp-call` as the agent user from this process (in no pane).
+    fn call_as_agent_user(&self, tool: &str, args: &Value) -> Value {
+        self.call_as((self.uid, self.gid), tool, args)
+    }
+
+    /// `mcp-call` as uid and gid `ids` from this process (in no pane).
+    fn call_as(&self, (uid, gid): (u32, u32), tool: &str, args: &Value) -> Value {
+        let out = Command::new("setpriv")
+            .args([
+                format!("--reuid={uid}"),
+                format!("--regid={gid}"),
+                "--clear-groups".to_owned(),
+                "--".to_owned(),
+            ])
+            .arg(self.reachable.join("mcp-call"))
+            .args(["--print", tool, &args.to_string()])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("FLEETD_URL", format!("http://{}", self.rig.daemon.addr))
+            .current_dir("/")
+            .output()
+            .expect("setpriv runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("{e}: {text} {}", String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+fn member<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["target"] == name))
+        .unwrap_or_else(|| panic!("{name} in {list}"))
+}
+
+#[test]
+fn e2e_run_as_a_member_is_its_own_user_and_the_kernel_keeps_it_out() {
+    let Some(fleet) = start() else {
+        return;
+    };
+    let rig = &fleet.rig;
+    rig.spawn("apart", "ann");
+    let listed = structured_ok(&rig.lead("fleet_list", &json!({})));
+    assert_eq!(member(&listed, "ann")["runAs"], AGENT_USER, "{listed}");
+    let who = fleet.run("ann", "id -un && pwd && echo $HOME");
+    let work = fleet.reachable.join("work");
+    assert!(
+        who.starts_with("exit 0")
+            && who.lines().any(|l| l == AGENT_USER)
+            && who.lines().any(|l| Path::new(l) == work),
+        "ann runs as {AGENT_USER} in her directory: {who}"
+    );
+
+    // Refused by the kernel: fleetd's state, the user's files, fleetd's process, the user's
+    // tmux server (so nothing typed into the lead, and no pane of its own).
+    let denied = "Permission denied";
+    let state = state_dir(rig.dir());
+    fleet.refused("ann", &format!("ls {}", state.display()), denied);
+    fleet.refused(
+        "ann",
+        &format!("cat {}", state.join("inbox.db").display()),
+        denied,
+    );
+    // The user's own files, as their modes keep them (a home of 0700, as Debian makes them;
+    // a file of 0600): what the user lets every user read, the member reads too.
+    let private = rig.dir().join("home");
+    std::fs::create_dir(&private).expect("mkdir");
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    std::fs::write(private.join("user-secret.txt"), "the user's own\n").expect("write");
+    fleet.refused(
+        "ann",
+        &format!("cat {}", private.join("user-secret.txt").display()),
+        denied,
+    );
+    let token_file = fleet.files.path().join("lab-token");
+    fleet.refused("ann", &format!("cat {}", token_file.display()), denied);
+    fleet.refused(
+        "ann",
+        &format!("touch {}", rig.dir().join("ann-was-here").display()),
+        denied,
+    );
+    let daemon = rig.daemon.pid();
+    fleet.refused("ann", &format!("kill -0 {daemon}"), "not permitted");
+    fleet.refused("ann", &format!("cat /proc/{daemon}/environ"), denied);
+    let socket = rig.tmux.socket().display().to_string();
+    fleet.refused(
+        "ann",
+        &format!("tmux -S {socket} send-keys -t {LEAD} 'echo owned' Enter"),
+        "",
+    );
+    fleet.refused("ann", &format!("tmux -S {socket} new-window"), "");
+    assert!(
+        !rig.history(LEAD).contains("owned"),
+        "nothing typed into the lead"
+    );
+
+    // Working: its directory, and its model through fleetd, known by its user.
+    let call = fleet.run(
+        "ann",
+        &format!(
+            "echo mine > note && cat note && {} --prompt hello --out answer.json && cat answer.json",
+            fleet.reachable.join("model-call").display()
+        ),
+    );
+    assert!(
+        call.starts_with("exit 0") && call.contains("mine") && call.contains("\"status\":200"),
+        "ann's own file and model call: {call}"
+    );
+    assert!(fleet.model.served().len() == 1, "the model served ann once");
+    let listed = structured_ok(&rig.lead("fleet_list", &json!({})));
+    assert!(
+        member(&listed, "ann")["usage"]["totalTokens"]
+            .as_u64()
+            .is_some_and(|t| t > 0),
+        "ann's model call counted on her: {listed}"
+    );
+
+    // Released, whatever still ran as its user is ended, and that user is nobody to fleetd.
+    fleet.run("ann", "setsid sleep 600 > /dev/null 2>&1 < /dev/null &");
+    assert!(
+        fleet.processes().iter().any(|p| p.contains("sleep 600")),
+        "ann left a process behind: {:?}",
+        fleet.processes()
+    );
+    structured_ok(&rig.lead("fleet_stop", &json!({ "target": "ann" })));
+    wait_until("ann's user to have no processes left", PATIENCE, || {
+        fleet.processes().is_empty()
+    });
+    let answer = fleet.call_as_agent_user("fleet_reply", &json!({ "text": "forged" }));
+    assert_eq!(
+        answer["result"]["structuredContent"]["code"], "anonymous_caller",
+        "{answer}"
+    );
+}
+
+#[test]
+fn e2e_run_as_one_member_per_user_and_refusals_that_say_why() {
+    let Some(fleet) = start() else {
+        return;
+    };
+    let rig = &fleet.rig;
+    rig.spawn("apart", "ann");
+    // A second member of the same user would be the first one to fleetd: refused, naming it.
+    let second = rig.lead("fleet_spawn", &json!({ "profile": "apart", "name": "bob" }));
+    assert_eq!(error_code(&second), "sandbox_unavailable", "{second}");
+    let text = second.to_string();
+    assert!(
+        text.contains("already runs member ann") && text.contains(AGENT_USER),
+        "{text}"
+    );
+    // A user the machine does not have: refused, saying how to make it.
+    let stranger = rig.lead(
+        "fleet_spawn",
+        &json!({ "profile": "stranger", "name": "cy" }),
+    );
+    assert_eq!(error_code(&stranger), "sandbox_unavailable", "{stranger}");
+    assert!(
+        stranger
+            .to_string()
+            .contains("useradd --create-home no-such-user-here"),
+        "{stranger}"
+    );
+    // Neither refused spawn left a member behind, and ann still works, as her user.
+    let listed = structured_ok(&rig.lead("fleet_list", &json!({})));
+    assert_eq!(
+        listed["members"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    let out = fleet.run("ann", "id -un");
+    assert!(out.contains(AGENT_USER), "{out}");
+    // fleetd killed and started again: ann is still known by her user, and her processes live.
+    let mut fleet = fleet;
+    fleet.rig.kill_daemon();
+    fleet.rig.restart_daemon();
+    let rig = &fleet.rig;
+    let out = fleet.run("ann", "id -un");
+    assert!(out.contains(AGENT_USER), "after the restart: {out}");
+    // Any process of ann's user is ann — even one in no pane: the user is her identity.
+    let answer = fleet.call_as_agent_user("fleet_reply", &json!({ "text": "from ann's user" }));
+    assert_eq!(
+        answer["result"]["structuredContent"]["delivered"], "inbox",
+        "{answer}"
+    );
+    let mail = rig.lead("fleet_poll", &json!({ "target": "ann" }));
+    assert!(
+        mail.to_string().contains("from ann's user"),
+        "the lead has it as ann's reply: {mail}"
+    );
+    // Any other user is still anonymous, with ann's user at work beside it.
+    let answer = fleet.call_as((65534, 65534), "fleet_reply", &json!({ "text": "forged" }));
+    assert_eq!(
+        answer["result"]["structuredContent"]["code"], "anonymous_caller",
+        "{answer}"
+    );
+    let mail = rig.lead("fleet_poll", &json!({ "target": "ann" }));
+    assert!(!mail.to_string().contains("forged"), "{mail}");
+}
