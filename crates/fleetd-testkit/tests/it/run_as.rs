@@ -332,3 +332,100 @@ fn e2e_run_as_one_member_per_user_and_refusals_that_say_why() {
     let mail = rig.lead("fleet_poll", &json!({ "target": "ann" }));
     assert!(!mail.to_string().contains("forged"), "{mail}");
 }
+
+/// `command` as the daemon's user `fleetd-owner` (not root), with only `env`.
+fn as_owner(command: &[String], env: &[(&str, &str)]) -> std::process::Output {
+    Command::new("setpriv")
+        .args([
+            "--reuid=fleetd-owner",
+            "--regid=fleetd-owner",
+            "--init-groups",
+            "--",
+        ])
+        .args(command)
+        .env_clear()
+        .envs(env.iter().copied())
+        .current_dir("/")
+        .output()
+        .expect("setpriv runs")
+}
+
+#[test]
+fn e2e_run_as_a_daemon_without_root_becomes_the_user_with_the_sudo_rule_readme_gives() {
+    let Some((uid, _)) = agent_user() else {
+        return;
+    };
+    let owner = Command::new("getent")
+        .args(["passwd", "fleetd-owner"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let sudo = Command::new("sudo").arg("--version").output().is_ok();
+    if require(
+        "the user fleetd-owner and sudo, with the rule `fleetd-owner ALL=(fleetd-agent) NOPASSWD:SETENV: ALL`",
+        owner && sudo,
+        "Run .ci/run, which makes them (useradd fleetd-owner; apt-get install sudo; /etc/sudoers.d/fleetd-ci).",
+    ) == Service::Skip
+    {
+        return;
+    }
+    let line = Command::new("getent")
+        .args(["passwd", AGENT_USER])
+        .output()
+        .expect("getent");
+    let user = fleetd::sandbox::user::parse_passwd(&String::from_utf8_lossy(&line.stdout))
+        .expect("a passwd line");
+    let path = "/opt/fleet-probe:/usr/bin:/bin";
+    // What a member's pane runs when fleetd is not root: it is its user, in its own home, with
+    // the variables fleetd gave it and its PATH (sudo's secure_path would replace it), and
+    // without the owner's per-user places.
+    let probe = [
+        "sh",
+        "-c",
+        "id -un; echo $FLEETD_TARGET; echo $PATH; echo $HOME; echo ${XDG_RUNTIME_DIR:-none}",
+    ]
+    .map(str::to_owned);
+    let argv = fleetd::sandbox::user::switched(&user, path, &probe, false);
+    let out = as_owner(
+        &argv,
+        &[
+            ("PATH", "/usr/bin:/bin"),
+            ("FLEETD_TARGET", "ann"),
+            ("HOME", "/home/fleetd-agent"),
+            ("XDG_RUNTIME_DIR", "/run/user/0"),
+        ],
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        said.lines().collect::<Vec<_>>(),
+        [AGENT_USER, "ann", path, "/home/fleetd-agent", "none"],
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // And the sweep's line ends what the member left behind.
+    let mut leftover = Command::new("setpriv")
+        .args([
+            format!("--reuid={uid}"),
+            format!("--regid={}", user.gid),
+            "--clear-groups".to_owned(),
+            "--".to_owned(),
+            "sleep".to_owned(),
+            "600".to_owned(),
+        ])
+        .spawn()
+        .expect("a leftover");
+    let out = as_owner(
+        &fleetd::sandbox::user::ending(&user, false),
+        &[("PATH", "/usr/bin:/bin")],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = leftover.wait().expect("the leftover ends");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "killed by the sweep's line"
+    );
+}

@@ -240,10 +240,15 @@ pub async fn take(
     Ok(held)
 }
 
-/// Ends every process of `user` (`kill -KILL -1` as that user): leftovers of its last member.
-async fn end_processes(user: &User) -> Result<(), String> {
+/// The command that ends every process of `user`: `kill -KILL -1` as that user.
+pub fn ending(user: &User, as_root: bool) -> Vec<String> {
     let kill = ["kill", "-KILL", "--", "-1"].map(str::to_owned);
-    let argv = switched(user, "/usr/bin:/bin", &kill, crate::locate::own_uid() == 0);
+    switched(user, "/usr/bin:/bin", &kill, as_root)
+}
+
+/// Ends every process of `user`: leftovers of its last member.
+async fn end_processes(user: &User) -> Result<(), String> {
+    let argv = ending(user, crate::locate::own_uid() == 0);
     let args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
     let out = run(&argv[0], &args).await?;
     let said = String::from_utf8_lossy(&out.stderr);
