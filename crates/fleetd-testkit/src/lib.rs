@@ -58,6 +58,15 @@ pub fn environ(pid: u32) -> std::collections::HashMap<String, String> {
 /// The environment of process `pid` and of every process under it, one string per process
 /// (`/proc/PID/environ`, NULs as newlines): what a pane's whole process tree holds.
 pub fn tree_environments(pid: u32) -> Vec<String> {
+    tree_pids(pid)
+        .iter()
+        .filter_map(|p| std::fs::read(format!("/proc/{p}/environ")).ok())
+        .map(|e| String::from_utf8_lossy(&e).replace('\0', "\n"))
+        .collect()
+}
+
+/// Process `pid` and every process under it.
+pub fn tree_pids(pid: u32) -> Vec<u32> {
     // Every process's parent, from /proc/PID/stat (field 4, after the parenthesised name).
     let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
         .expect("/proc")
@@ -80,10 +89,7 @@ pub fn tree_environments(pid: u32) -> Vec<String> {
         );
         i += 1;
     }
-    pids.iter()
-        .filter_map(|p| std::fs::read(format!("/proc/{p}/environ")).ok())
-        .map(|e| String::from_utf8_lossy(&e).replace('\0', "\n"))
-        .collect()
+    pids
 }
 
 /// Outcome of asking for an external service.

@@ -304,6 +304,25 @@ impl AgentRig {
         crate::tree_environments(self.panes.pid(target))
     }
 
+    /// Each process in pane `target`'s tree: its uid and command line.
+    pub fn processes(&self, target: &str) -> Vec<(u32, String)> {
+        crate::tree_pids(self.panes.pid(target))
+            .into_iter()
+            .filter_map(|p| {
+                let status = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
+                let uid = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Uid:"))?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()?;
+                let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).ok()?;
+                Some((uid, String::from_utf8_lossy(&cmdline).replace('\0', " ")))
+            })
+            .collect()
+    }
+
     /// Prints every pane's screen and what each model was asked.
     pub fn dump(&self) {
         for (target, what) in self.panes.list() {

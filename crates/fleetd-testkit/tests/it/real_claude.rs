@@ -204,3 +204,83 @@ fn e2e_claude_member_in_a_sandbox_works_end_to_end() {
     rig.assert_usage_is_what_was_served("bob");
     stories::lead_stops(&rig, &lead, "bob");
 }
+
+#[test]
+fn e2e_claude_member_as_a_second_user_works_end_to_end() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    let Some(newest) = versions("claude-code").into_iter().next() else {
+        return;
+    };
+    let Some(cli) = Cli::require("claude-code", &newest) else {
+        return;
+    };
+    let Some((uid, gid)) = crate::run_as::agent_user() else {
+        return;
+    };
+    // What the user sets up once for the member's user, where that user can reach it: Claude
+    // Code's install (here a copy of the cache's, by hard links), a home with Claude Code set up
+    // for fleetd (`fleetd install claude --scope user` as that user) and a directory to work in.
+    let apart = tempfile::tempdir().expect("tempdir");
+    let root = apart.path();
+    std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let install = cli
+        .bin
+        .ancestors()
+        .find(|a| a.join("node_modules").is_dir())
+        .expect("the CLI's install")
+        .to_owned();
+    let copy = root.join("claude-code");
+    fleetd_testkit::run_ok(
+        std::process::Command::new("cp")
+            .arg("-al")
+            .arg(&install)
+            .arg(&copy),
+        "a copy of Claude Code's install",
+    );
+    let (home, work) = (root.join("home"), root.join("work"));
+    std::fs::create_dir(&home).expect("home");
+    std::fs::create_dir(&work).expect("work");
+    let bin = copy.join("node_modules/.bin");
+    let profile = format!(
+        "  apart:\n    agent: claude\n    backend: model\n    runAs: fleetd-agent\n    cwd: {}\n    env:\n      HOME: {}\n      PATH: {}:/usr/bin:/bin\n",
+        work.display(),
+        home.display(),
+        bin.display()
+    );
+    let mut rig = AgentRig::start(&[&cli], &profile, "");
+    let home_text = home.display().to_string();
+    rig.fleetd_with(
+        &[("HOME", &home_text)],
+        &["install", "claude", "--scope", "user"],
+    );
+    claude::seed_home(&home, &cli.version, "unused-key", &[work.as_path()]);
+    fleetd_testkit::run_ok(
+        std::process::Command::new("chown")
+            .arg("-R")
+            .arg(format!("{uid}:{gid}"))
+            .arg(&home)
+            .arg(&work),
+        "give the member's user its home and directory",
+    );
+    let lead = claude::start_lead(&mut rig, &cli, Transport::Http);
+    rig.say(&lead, "@spawn apart bob @reply as a user of its own");
+    stories::lead_reads_and_acks(
+        &rig,
+        "bob",
+        "as a user of its own",
+        Duration::from_secs(120),
+    );
+    // Its agent ran as that user, and its model calls went through fleetd, counted on it.
+    let processes = rig.processes("fleet:bob");
+    assert!(
+        processes
+            .iter()
+            .any(|(u, cmd)| *u == uid && cmd.contains("claude")),
+        "bob's Claude Code runs as fleetd-agent: {processes:?}"
+    );
+    rig.assert_usage_is_what_was_served("bob");
+    stories::lead_stops(&rig, &lead, "bob");
+}

@@ -24,7 +24,7 @@ const AGENT_USER: &str = "fleetd-agent";
 
 /// `fleetd-agent`'s uid and gid, when this machine has the user and this process may become it
 /// (root): CI does; elsewhere the test skips, saying why.
-fn agent_user() -> Option<(u32, u32)> {
+pub(crate) fn agent_user() -> Option<(u32, u32)> {
     let found = Command::new("getent")
         .args(["passwd", AGENT_USER])
         .output()

@@ -149,9 +149,11 @@ pub fn switched(user: &User, path: &str, command: &[String], as_root: bool) -> V
     argv
 }
 
-/// The member's variables that say who and where it is, as `user`.
+/// The member's variables that say who and where it is, as `user`: its home is the user's,
+/// unless the profile's `env` names another (one the user owns).
 pub fn environment(user: &User, env: &mut BTreeMap<String, String>) {
-    env.insert("HOME".into(), user.home.display().to_string());
+    env.entry("HOME".into())
+        .or_insert_with(|| user.home.display().to_string());
     env.insert("USER".into(), user.name.clone());
     env.insert("LOGNAME".into(), user.name.clone());
 }
@@ -356,5 +358,8 @@ mod tests {
         assert_eq!(env["HOME"], "/home/fleet-agent");
         assert_eq!(env["USER"], "fleet-agent");
         assert_eq!(env["LOGNAME"], "fleet-agent");
+        let mut env = BTreeMap::from([("HOME".to_owned(), "/srv/agent-home".to_owned())]);
+        environment(&agent(), &mut env);
+        assert_eq!(env["HOME"], "/srv/agent-home", "the profile's own");
     }
 }
