@@ -429,3 +429,52 @@ fn e2e_run_as_a_daemon_without_root_becomes_the_user_with_the_sudo_rule_readme_g
         "killed by the sweep's line"
     );
 }
+
+#[test]
+fn e2e_run_as_on_herdr_a_member_is_its_user_and_cannot_reach_herdr() {
+    let Some(_) = agent_user() else {
+        return;
+    };
+    let files = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(files.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let sim = files.path().join("sim-agent");
+    std::fs::copy(bin_path("sim-agent"), &sim).expect("copy");
+    let rig = fleetd_testkit::rig_herdr::HerdrRig::start(&format!(
+        "primary:\n  tab: w1:t1\n  pushReminders: 0\nprofiles:\n  apart:\n    agent: custom\n    command: {}\n    runAs: {AGENT_USER}\n    env:\n      HERDR_AGENT: claude\n      SIM_AGENT_WORK_MS: \"100\"\n      SIM_AGENT_SCRIPT: shell\n",
+        sim.display()
+    ));
+    let (_, lead) = rig.agent_lead("boss");
+    rig.spawned(&lead, "apart", "ann");
+    // Its own user, in its own home (no cwd given), and herdr's socket is the user's: no
+    // pane.create, no pane.send_text into the lead.
+    let socket = rig.herdr.socket().display().to_string();
+    rig.call_from(
+        &lead,
+        &format!(
+            r#"fleet_send {{"target":"ann","task":"id -un; pwd; /usr/bin/python3 -c \"import socket; socket.socket(socket.AF_UNIX).connect('{socket}')\"","wait":false}}"#
+        ),
+    );
+    let mut texts = Vec::new();
+    wait_until("ann's reply", PATIENCE, || {
+        texts = fleetd_testkit::http::reply_texts(rig.daemon.operator(), "ann");
+        !texts.is_empty()
+    });
+    let reply = &texts[0];
+    let home = Command::new("getent")
+        .args(["passwd", AGENT_USER])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split(':')
+                .nth(5)
+                .unwrap_or("")
+                .to_owned()
+        })
+        .expect("getent");
+    assert!(
+        reply.lines().any(|l| l == AGENT_USER)
+            && reply.lines().any(|l| l == home)
+            && reply.contains("Permission denied"),
+        "as ann's user: {reply}"
+    );
+}
