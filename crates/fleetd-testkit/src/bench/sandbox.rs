@@ -1,8 +1,10 @@
 //! `fleetd-bench sandbox`: what a sandbox adds to a spawn (issue 38). On a private tmux server,
 //! the lead spawns sim-agent members of two profiles in turn — one plain, one boxed by
-//! bubblewrap (`sandbox: {}`), both in the same directory — and times each `fleet_spawn` from
-//! the call to its answer (the member's agent up, its MCP session seen, the member ready), then
-//! stops it. Side by side: p50/p99 of each and what the box adds.
+//! bubblewrap (`sandbox: {}`), both in the same directory — and, where this machine has the
+//! user `fleetd-agent` and the bench runs as root, a third that runs as that user (`runAs`),
+//! and times each `fleet_spawn` from the call to its answer (the member's agent up, its MCP
+//! session seen, the member ready), then stops it. Side by side: p50/p99 of each and what the
+//! box (and the second user) adds.
 
 use std::time::{Duration, Instant};
 
@@ -24,19 +26,39 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
     );
     let work = tempfile::tempdir()?;
     let dir = work.path().display().to_string();
+    let second_user = rustix::process::geteuid().is_root()
+        && std::process::Command::new("getent")
+            .args(["passwd", "fleetd-agent"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+    let apart = if second_user {
+        format!(
+            "{}    cwd: {dir}\n    runAs: fleetd-agent\n",
+            crate::rig::sim_profile("apart", &[("SIM_AGENT_WORK_MS", "0")])
+        )
+    } else {
+        progress(
+            "no runAs row: it needs root and the user fleetd-agent (useradd --system --create-home fleetd-agent)",
+        );
+        String::new()
+    };
     let profiles = format!(
-        "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{plain}    cwd: {dir}\n{boxed}    cwd: {dir}\n    sandbox: {{}}\n",
+        "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{plain}    cwd: {dir}\n{boxed}    cwd: {dir}\n    sandbox: {{}}\n{apart}",
         plain = crate::rig::sim_profile("plain", &[("SIM_AGENT_WORK_MS", "0")]),
         boxed = crate::rig::sim_profile("boxed", &[("SIM_AGENT_WORK_MS", "0")]),
     );
     let rig = crate::rig::Rig::start(&profiles);
     progress(&format!("{spawns} spawns of each profile, alternating…"));
-    let (mut plain, mut boxed) = (Vec::new(), Vec::new());
+    let (mut plain, mut boxed, mut other) = (Vec::new(), Vec::new(), Vec::new());
     for n in 0..spawns {
         plain.push(spawn_once(&rig, "plain", &format!("p{n}"))?);
         boxed.push(spawn_once(&rig, "boxed", &format!("b{n}"))?);
+        if second_user {
+            other.push(spawn_once(&rig, "apart", &format!("a{n}"))?);
+        }
     }
     let (plain, boxed) = (Summary::of(plain), Summary::of(boxed));
+    let other = (!other.is_empty()).then(|| Summary::of(other));
     progress(&format!("the box alone, {spawns} times…"));
     let (setup, start) = box_alone(work.path(), spawns)?;
     let added = |a: Duration, b: Duration| {
@@ -54,12 +76,24 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
         added(boxed.p50, plain.p50),
         added(boxed.p99, plain.p99)
     );
+    if let Some(other) = &other {
+        println!(
+            "| as a second user (runAs) | {} | {} |",
+            ms(other.p50),
+            ms(other.p99)
+        );
+        println!(
+            "| the second user adds | {} | {} |",
+            added(other.p50, plain.p50),
+            added(other.p99, plain.p99)
+        );
+    }
     println!(
         "\nthe box alone: made {} ; bubblewrap around `true` {}",
         setup.cell(),
         start.cell()
     );
-    Ok(vec![
+    let mut rows = vec![
         Row::new(
             "sandbox",
             format!("fleet_spawn → ready, sandboxed (sim-agent on tmux, {spawns} spawns)"),
@@ -77,7 +111,23 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
             "the box alone: made (bubblewrap probed, home made, plan) / started and ended around `true`",
             format!("{} / {}", setup.cell(), start.cell()),
         ),
-    ])
+    ];
+    if let Some(other) = other {
+        rows.push(
+            Row::new(
+                "sandbox",
+                format!("fleet_spawn → ready, as a second user (runAs, {spawns} spawns)"),
+                other.cell(),
+            )
+            .alternatives(format!(
+                "the second user adds {} / {} (getent, its leftovers ended, setpriv)",
+                added(other.p50, plain.p50),
+                added(other.p99, plain.p99)
+            ))
+            .target("side by side (issue 38)", Met::NotApplicable),
+        );
+    }
+    Ok(rows)
 }
 
 /// What the box itself costs, `times` times: `fleetd::sandbox::boxed` (bubblewrap found and
