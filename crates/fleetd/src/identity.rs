@@ -286,6 +286,15 @@ pub async fn resolve_with(
     }
 }
 
+/// The pane `conn`'s process runs in, when it is of fleetd's own user and in one (the
+/// place a member is found at; whose it is, the engine says).
+pub async fn own_users_pane(fleet: &Fleet, conn: &ConnInfo) -> Option<CallerPane> {
+    locate(fleet, conn)
+        .await
+        .filter(Located::same_uid)
+        .and_then(|l| l.pane)
+}
+
 /// The connection's located peer: the cached answer while it holds (its pane still has the same
 /// incarnation; or, in no pane, for [`ANONYMOUS_RECHECK`]), else a fresh lookup.
 async fn locate(fleet: &Fleet, conn: &ConnInfo) -> Option<Located> {

@@ -104,6 +104,15 @@ pub(crate) enum Command {
         backend: String,
         reply: oneshot::Sender<Result<u64, Refusal>>,
     },
+    /// `ModelAdmit` for the member at `pane` (incarnation `terminal`), in one turn: `None`
+    /// when no member is there.
+    ModelAdmitAt {
+        pane: QualifiedPaneId,
+        terminal: TerminalId,
+        key_hash: String,
+        backend: String,
+        reply: oneshot::Sender<Option<Result<(Target, u64), Refusal>>>,
+    },
     /// A model response on an account ended with this usage; answered once it is durable.
     ModelUsage {
         account: u64,

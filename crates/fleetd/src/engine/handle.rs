@@ -307,6 +307,26 @@ impl EngineHandle {
         .await
     }
 
+    /// [`EngineHandle::model_admit`] for the member at `pane`, whose incarnation is
+    /// `terminal`, in one turn of the engine: `None` when no member is there (then the caller
+    /// finds out who it is the long way, for its refusal).
+    pub async fn model_admit_at(
+        &self,
+        pane: QualifiedPaneId,
+        terminal: TerminalId,
+        key_hash: String,
+        backend: String,
+    ) -> Result<Option<Result<(Target, u64), Refusal>>, EngineGone> {
+        self.ask(|reply| Command::ModelAdmitAt {
+            pane,
+            terminal,
+            key_hash,
+            backend,
+            reply,
+        })
+        .await
+    }
+
     /// A model response on `account` ended with `tokens` costing `cost_micros`: returns once
     /// that is durable.
     pub async fn model_usage(

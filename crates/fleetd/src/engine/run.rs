@@ -332,12 +332,12 @@ async fn persist(
                 }
             }
         }
-        let stored = if held.ops.is_empty() {
-            Ok(())
+        let ops: Vec<StateOp> = held.ops.values().cloned().collect();
+        // Model usage alone need not wait for the disk (`commit_state_unsynced`).
+        let stored = if ops.iter().all(|op| op.kind() == super::state::ACCOUNT) {
+            store.commit_state_unsynced(ops).await
         } else {
-            store
-                .commit_state(held.ops.values().cloned().collect())
-                .await
+            store.commit_state(ops).await
         };
         match &stored {
             Ok(()) => {

@@ -18,6 +18,7 @@
 //! This is the one place besides `client::wire` that makes HTTP requests (to backends), and
 //! besides `http` that answers them (it is mounted by `http` at `/model/`).
 
+mod credential;
 pub(crate) mod key;
 mod relay;
 pub(crate) mod upstream;
@@ -35,7 +36,6 @@ use serde_json::json;
 
 use crate::identity::{Caller, ConnInfo};
 use crate::mcp::Fleet;
-use crate::secrets::Secrets;
 
 /// How long a request from a pane whose member is still being registered waits for it: an
 /// agent may send its first model request as soon as it starts.
@@ -115,20 +115,35 @@ async fn admit_and_send(
             ),
         ));
     };
-    let target = member_of(fleet, conn).await?;
-    let account = fleet
-        .engine
-        .model_admit(target.clone(), key::hash(key), name.to_owned())
-        .await
-        .map_err(|_| gone())?
-        .map_err(|r| {
-            let status = if r.code == Code::BudgetReached {
-                StatusCode::FORBIDDEN
-            } else {
-                StatusCode::UNAUTHORIZED
-            };
-            (status, r)
-        })?;
+    let refused = |r: Refusal| {
+        let status = if r.code == Code::BudgetReached {
+            StatusCode::FORBIDDEN
+        } else {
+            StatusCode::UNAUTHORIZED
+        };
+        (status, r)
+    };
+    // A member's own pane, the usual case, is admitted in one turn of the engine; anyone else
+    // is found out the long way, for the refusal's words (or a member by its user, `runAs`).
+    let fast = match crate::identity::own_users_pane(fleet, conn).await {
+        Some(p) => (fleet.engine)
+            .model_admit_at(p.pane, p.terminal, key::hash(key), name.to_owned())
+            .await
+            .map_err(|_| gone())?,
+        None => None,
+    };
+    let (target, account) = match fast {
+        Some(admitted) => admitted.map_err(refused)?,
+        None => {
+            let target = member_of(fleet, conn).await?;
+            let account = (fleet.engine)
+                .model_admit(target.clone(), key::hash(key), name.to_owned())
+                .await
+                .map_err(|_| gone())?
+                .map_err(refused)?;
+            (target, account)
+        }
+    };
     let Some((origin, prefix)) = upstream::Origin::parse(&backend.base_url) else {
         return Err(trouble(format!(
             "backend {name}'s baseUrl is not an http(s) URL"
@@ -156,8 +171,7 @@ async fn admit_and_send(
         HeaderValue::from_static("identity"),
     );
     if let Some(secret) = &backend.auth_token_secret {
-        let value = Secrets::new(&config.secrets, &crate::secrets::process_env)
-            .resolve(secret)
+        let value = credential::current(&config, secret)
             .map_err(|e| trouble(format!("backend {name}'s credential does not resolve: {e}")))?;
         let in_x_api_key = parts.headers.contains_key("x-api-key");
         let header_value = if in_x_api_key {

@@ -203,6 +203,25 @@ pub trait StateStore: Send + Sync + fmt::Debug {
     /// Applies `ops` in order, atomically, and resolves once they are durable (the same fsync
     /// discipline as a publish). An empty batch is a no-op.
     fn commit_state(&self, ops: Vec<StateOp>) -> StoreFuture<'_, ()>;
+
+    /// [`StateStore::commit_state`] for changes that must outlive fleetd (a kill -9, a
+    /// restart) but may wait for the disk: resolves once the operating system has them; the
+    /// next synced commit or checkpoint puts them on the disk, so only a power loss in between
+    /// can take them back. Model usage is kept this way: it is counted before each answer's
+    /// last frame, and the disk's flush is not the member's to wait for. By default, synced.
+    fn commit_state_unsynced(&self, ops: Vec<StateOp>) -> StoreFuture<'_, ()> {
+        self.commit_state(ops)
+    }
+}
+
+impl StateOp {
+    /// The kind of record it changes.
+    pub fn kind(&self) -> &str {
+        match self {
+            Self::Put(record) => &record.kind,
+            Self::Delete { kind, .. } => kind,
+        }
+    }
 }
 
 /// The stores a daemon runs on: the inbox and the fleet state.

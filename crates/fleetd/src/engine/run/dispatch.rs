@@ -162,6 +162,19 @@ impl Engine {
             } => {
                 let _ = reply.send(s.model_admit(&target, &key_hash, &backend, io));
             }
+            Command::ModelAdmitAt {
+                pane,
+                terminal,
+                key_hash,
+                backend,
+                reply,
+            } => {
+                let admitted = s.member_at(&pane, &terminal).map(|(target, _)| {
+                    s.model_admit(&target, &key_hash, &backend, io)
+                        .map(|account| (target, account))
+                });
+                let _ = reply.send(admitted);
+            }
             Command::ModelUsage {
                 account,
                 tokens,

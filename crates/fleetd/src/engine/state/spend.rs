@@ -22,7 +22,7 @@ use crate::config::BudgetSpec;
 use crate::events::FleetEvent;
 use crate::store::{StateOp, StateRecord};
 
-pub(super) const ACCOUNT: &str = "account";
+pub(in crate::engine) const ACCOUNT: &str = "account";
 
 /// One member's account.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -77,6 +77,9 @@ pub(super) struct Ledger {
     accounts: BTreeMap<u64, Account>,
     live: BTreeMap<Target, u64>,
     next: u64,
+    /// What every account kept has spent, by member, profile, tree and lead: kept up at each
+    /// answer, so neither an answer's gauges nor a budget's check reads every account.
+    totals: UsageTotals,
 }
 
 /// A member's model key and budgets, as its spawn made them (part of its durable record).
@@ -160,6 +163,10 @@ impl State {
         );
         self.ledger.live.insert(target.clone(), id);
         self.dirty.accounts.insert(id);
+        // In the totals from the start, as after a restart: a member that spent nothing yet.
+        if let Some(account) = self.ledger.accounts.get(&id) {
+            self.ledger.totals.count(account, &Tokens::default(), 0);
+        }
     }
 
     /// The member at the top of `target`'s delegation tree.
@@ -186,11 +193,12 @@ impl State {
 
     /// What `tree` spent, every member of it together, released ones included.
     fn tree_spent(&self, tree: &Target) -> Spent {
-        let mut spent = Spent::default();
-        for a in self.ledger.accounts.values().filter(|a| &a.tree == tree) {
-            spent.add(&a.spent.tokens, a.spent.cost_micros);
-        }
-        spent
+        self.ledger
+            .totals
+            .trees
+            .get(tree.as_str())
+            .copied()
+            .unwrap_or_default()
     }
 
     /// The account of the member at the top of `tree` (its live one, else its newest).
@@ -324,6 +332,7 @@ impl State {
         account.spent.add(&tokens, cost_micros);
         self.dirty.accounts.insert(id);
         let account = account.clone();
+        self.ledger.totals.count(&account, &tokens, cost_micros);
         self.publish_gauges(&account);
         self.emit(FleetEvent::Usage {
             target: account.member.to_string(),
@@ -438,7 +447,7 @@ impl State {
     /// Sets the model gauges of `account`'s member, tree, profile and lead from every account.
     fn publish_gauges(&self, account: &Account) {
         use crate::ops::telemetry::{SpentBy, model_spent};
-        let totals = self.usage_totals();
+        let totals = &self.ledger.totals;
         let lead = account
             .lead
             .clone()
@@ -455,10 +464,15 @@ impl State {
         }
     }
 
-    /// Sets every model gauge (after a restart).
-    pub(super) fn publish_all_gauges(&self) {
+    /// Adds up the totals from every account, and sets every model gauge (after a restart).
+    pub(super) fn publish_all_gauges(&mut self) {
         use crate::ops::telemetry::{SpentBy, model_spent};
-        let totals = self.usage_totals();
+        let mut totals = UsageTotals::default();
+        for a in self.ledger.accounts.values() {
+            totals.count(a, &a.spent.tokens, a.spent.cost_micros);
+        }
+        self.ledger.totals = totals;
+        let totals = &self.ledger.totals;
         for (by, map) in [
             (SpentBy::Member, &totals.members),
             (SpentBy::Tree, &totals.trees),
@@ -473,22 +487,7 @@ impl State {
 
     /// Totals by member, profile, tree and lead, over every account kept.
     pub(in crate::engine) fn usage_totals(&self) -> UsageTotals {
-        let mut totals = UsageTotals::default();
-        for a in self.ledger.accounts.values() {
-            let add = |map: &mut BTreeMap<String, Spent>, key: String| {
-                map.entry(key)
-                    .or_default()
-                    .add(&a.spent.tokens, a.spent.cost_micros);
-            };
-            add(&mut totals.members, a.member.to_string());
-            add(&mut totals.profiles, a.profile.clone());
-            add(&mut totals.trees, a.tree.to_string());
-            add(
-                &mut totals.leads,
-                a.lead.clone().unwrap_or_else(|| "operator".to_owned()),
-            );
-        }
-        totals
+        self.ledger.totals.clone()
     }
 
     pub(super) fn account_op(&self, id: u64) -> Option<StateOp> {
@@ -535,4 +534,26 @@ pub struct UsageTotals {
     pub trees: BTreeMap<String, Spent>,
     /// By lead (its pane; `operator` for trees no lead spawned).
     pub leads: BTreeMap<String, Spent>,
+}
+
+impl UsageTotals {
+    /// Adds `tokens` costing `cost_micros` on `account` to each of its four totals.
+    fn count(&mut self, account: &Account, tokens: &Tokens, cost_micros: u64) {
+        let lead = account.lead.as_deref().unwrap_or("operator");
+        for (map, key) in [
+            (&mut self.members, account.member.as_str()),
+            (&mut self.profiles, account.profile.as_str()),
+            (&mut self.trees, account.tree.as_str()),
+            (&mut self.leads, lead),
+        ] {
+            match map.get_mut(key) {
+                Some(spent) => spent.add(tokens, cost_micros),
+                None => {
+                    let mut spent = Spent::default();
+                    spent.add(tokens, cost_micros);
+                    map.insert(key.to_owned(), spent);
+                }
+            }
+        }
+    }
 }

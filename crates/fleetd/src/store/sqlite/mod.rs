@@ -273,7 +273,26 @@ impl StateStore for SqliteStore {
             if ops.is_empty() {
                 return Ok(());
             }
-            self.write(|reply| Op::State { ops, reply }).await
+            self.write(|reply| Op::State {
+                ops,
+                synced: true,
+                reply,
+            })
+            .await
+        })
+    }
+
+    fn commit_state_unsynced(&self, ops: Vec<StateOp>) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            if ops.is_empty() {
+                return Ok(());
+            }
+            self.write(|reply| Op::State {
+                ops,
+                synced: false,
+                reply,
+            })
+            .await
         })
     }
 }

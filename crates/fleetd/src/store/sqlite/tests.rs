@@ -335,6 +335,47 @@ async fn fleet_state_is_kept_across_a_reopen() {
 }
 
 #[tokio::test]
+async fn unsynced_state_commits_are_kept_beside_synced_ones_and_messages() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("inbox.db");
+    let store = open(&path).await.expect("open");
+    let usage = |n: &str| vec![StateOp::Put(record("account", n, "{}"))];
+    // Alone, mixed into one writer batch with synced writes, and after them.
+    store
+        .commit_state_unsynced(usage("1"))
+        .await
+        .expect("unsynced");
+    let (a, b, c) = tokio::join!(
+        store.commit_state_unsynced(usage("2")),
+        store.commit_state(vec![StateOp::Put(record("ticket", "t", "{}"))]),
+        store.publish(message("alice", 1)),
+    );
+    a.expect("unsynced");
+    b.expect("synced");
+    assert_eq!(c.expect("publish"), PublishOutcome::Stored);
+    store
+        .commit_state_unsynced(usage("3"))
+        .await
+        .expect("unsynced");
+    store.close().await.expect("close");
+    drop(store);
+    let again = open(&path).await.expect("reopen");
+    let mut kept: Vec<String> = (again.load_state().await.expect("load"))
+        .into_iter()
+        .map(|r| format!("{}/{}", r.kind, r.key))
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["account/1", "account/2", "account/3", "ticket/t"]);
+    assert_eq!(
+        again
+            .depth(&Target::new("alice").expect("target"))
+            .await
+            .expect("depth"),
+        1
+    );
+}
+
+#[tokio::test]
 async fn a_version_1_inbox_is_migrated_with_its_messages() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("inbox.db");

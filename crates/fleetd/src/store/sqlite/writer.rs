@@ -50,9 +50,11 @@ pub(crate) enum Op {
         heavy: bool,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
-    /// Apply changes to the fleet state, in order.
+    /// Apply changes to the fleet state, in order; `synced: false` lets the commit end without
+    /// an fsync when nothing else in its transaction needs one (`commit_state_unsynced`).
     State {
         ops: Vec<StateOp>,
+        synced: bool,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
 }
@@ -104,12 +106,34 @@ pub(crate) fn run(
     mut checkpointer: Option<super::checkpoint::Checkpointer>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut syncing = true;
     while let Some(first) = ops.blocking_recv() {
         batch.push(first);
         while batch.len() < MAX_BATCH {
             match ops.try_recv() {
                 Ok(op) => batch.push(op),
                 Err(_) => break,
+            }
+        }
+        // WAL with `synchronous=NORMAL` commits without an fsync (the next synced commit or
+        // checkpoint makes it durable); only a batch of unsynced state changes alone may.
+        let sync = batch
+            .iter()
+            .any(|op| !matches!(op, Op::State { synced: false, .. }));
+        if sync != syncing {
+            let level = if sync { "FULL" } else { "NORMAL" };
+            match conn.pragma_update(None, "synchronous", level) {
+                Ok(()) => syncing = sync,
+                // Never a synced write committed without its fsync: refused instead.
+                Err(err) if sync => {
+                    let err =
+                        StoreError::backend("set synchronous=FULL on the embedded inbox", err);
+                    for op in batch.drain(..) {
+                        reply(op, Err(err.clone()));
+                    }
+                    continue;
+                }
+                Err(err) => tracing::debug!(error = %err, "the inbox stays synchronous=FULL"),
             }
         }
         commit_batch(&mut conn, &mut batch, stats);
