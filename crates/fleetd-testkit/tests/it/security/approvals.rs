@@ -68,7 +68,28 @@ fn e2e_security_only_the_operator_answers_a_members_dialog() {
     )
     .expect("answer");
     assert_eq!(page.status, 403, "{}", page.body);
-    // A member, from its own shell: never, over MCP or REST.
+    // Nor may a page read who waits on what (it is in no pane: anonymous, whatever it sends).
+    let page = http::request_with(
+        addr,
+        "GET",
+        "/blocked",
+        &[("Origin", "https://evil.example")],
+        None,
+    )
+    .expect("answer");
+    assert_eq!(
+        (page.status, page.error_code().as_str()),
+        (403, "anonymous_caller"),
+        "{}",
+        page.body
+    );
+    // A member, from its own shell: never, over MCP or REST; nor does it read the list.
+    let listed = run_in(
+        &rig,
+        "mallory",
+        &format!("{} --http GET /blocked", mcp_call()),
+    );
+    assert_eq!(listed[0]["status"], 403, "{listed:?}");
     let from_member = run_in(
         &rig,
         "mallory",
@@ -93,6 +114,15 @@ fn e2e_security_only_the_operator_answers_a_members_dialog() {
         &[("FLEETD_URL", &format!("http://{addr}"))],
     ) {
         let answer: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        assert_eq!(code(&answer), "anonymous_caller", "{answer}");
+        let out = as_nobody(
+            &bin_path("mcp-call").display().to_string(),
+            &["--http", "GET", "/blocked"],
+            &[("FLEETD_URL", &format!("http://{addr}"))],
+        )
+        .expect("ran");
+        let answer: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        assert_eq!(answer["status"], 403, "{answer}");
         assert_eq!(code(&answer), "anonymous_caller", "{answer}");
     }
 
