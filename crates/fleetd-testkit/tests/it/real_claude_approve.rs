@@ -196,3 +196,63 @@ fn e2e_codex_member_on_its_approval_prompt_is_answered_by_its_own_key() {
     let ran = std::fs::read_to_string(rig.work.join("ran.txt")).expect("the command ran");
     assert_eq!(ran.trim(), "approved");
 }
+
+#[test]
+fn e2e_claude_older_release_on_its_permission_prompt_is_answered_too() {
+    if require_tmux() == Service::Skip {
+        return;
+    }
+    // The older pinned release (MCP 2025-11-25), as a user who has not updated runs it.
+    let Some(older) = versions("claude-code").into_iter().nth(1) else {
+        return;
+    };
+    let Some(cli) = Cli::require("claude-code", &older) else {
+        return;
+    };
+    let mut rig = AgentRig::start(&[&cli], ASKER, "");
+    let lead = claude::start_lead(&mut rig, &cli, Transport::Http);
+    rig.say(
+        &lead,
+        "@spawn asker alice @bash echo approved > ran.txt @reply done",
+    );
+    rig.wait(
+        "alice's prompt on her screen",
+        Duration::from_secs(90),
+        || {
+            rig.windows().iter().any(|w| w.contains("alice"))
+                && rig
+                    .screen("fleet:alice")
+                    .contains("Do you want to proceed?")
+        },
+    );
+    // fleetd reads the older prompt as the newer: the question, the command, its choices.
+    let operator = fleetd_testkit::http::Endpoint::Unix(state_dir(rig.home()).join("api.sock"));
+    let mut dialog = serde_json::Value::Null;
+    wait_until("alice listed as blocked", Duration::from_secs(10), || {
+        let listed = fleetd_testkit::http::get(&operator, "/blocked").expect("GET /blocked");
+        dialog = listed.json()["blocked"]
+            .as_array()
+            .and_then(|b| b.iter().find(|d| d["target"] == "alice").cloned())
+            .unwrap_or_default();
+        !dialog.is_null()
+    });
+    assert_eq!(dialog["question"], "Do you want to proceed?", "{dialog}");
+    assert_eq!(dialog["choices"][0]["key"], "1", "{dialog}");
+    assert_eq!(dialog["choices"][0]["label"], "Yes", "{dialog}");
+    assert!(
+        dialog["lines"]
+            .to_string()
+            .contains("echo approved > ran.txt"),
+        "{dialog}"
+    );
+    let fingerprint = dialog["dialog"].as_str().expect("a fingerprint").to_owned();
+    let typed = rig.fleetd(&["approve", "alice", "1", "--dialog", &fingerprint]);
+    assert!(
+        typed.contains("the dialog went"),
+        "{typed}\n---- alice's screen ----\n{}",
+        rig.screen("fleet:alice")
+    );
+    stories::lead_reads(&rig, "alice", "done", Duration::from_secs(120));
+    let ran = std::fs::read_to_string(rig.work.join("ran.txt")).expect("the command ran");
+    assert_eq!(ran.trim(), "approved");
+}
