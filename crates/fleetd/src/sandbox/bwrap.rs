@@ -26,6 +26,9 @@ pub const MUX_VARS: &[&str] = &[
     "HERDR_ENV",
 ];
 
+/// The name of the stdio door's socket in its directory.
+pub const DOOR_SOCKET: &str = "fleetd.sock";
+
 /// The variable the stdio relay (`fleetd mcp`) reads its socket from inside a sandbox.
 pub const SHIM_SOCKET_VAR: &str = "FLEETD_SHIM_SOCKET";
 
@@ -74,10 +77,9 @@ pub struct Plan {
     pub writable: Vec<PathBuf>,
     /// Its working directory, writable; it starts there.
     pub workdir: PathBuf,
-    /// The directory holding fleetd's stdio door, bound read-only.
+    /// The directory holding fleetd's stdio door (its socket [`DOOR_SOCKET`]), bound
+    /// read-only.
     pub door: PathBuf,
-    /// The door's socket inside that directory.
-    pub door_socket: PathBuf,
     /// Whether it keeps the host's network.
     pub network: bool,
 }
@@ -158,6 +160,7 @@ impl Plan {
             &["--ro-bind", path(&self.door), path(&self.door)],
         );
         push(&mut argv, &["--chdir", path(&self.workdir)]);
+        let door_socket = self.door.join(DOOR_SOCKET);
         push(
             &mut argv,
             &[
@@ -169,7 +172,7 @@ impl Plan {
                 "/tmp",
                 "--setenv",
                 SHIM_SOCKET_VAR,
-                path(&self.door_socket),
+                path(&door_socket),
             ],
         );
         for var in MUX_VARS {
@@ -210,7 +213,6 @@ mod tests {
             writable: vec![],
             workdir: "/state/worktrees/ann".into(),
             door: "/state/door".into(),
-            door_socket: "/state/door/fleetd.sock".into(),
             network: true,
         }
     }

@@ -50,7 +50,7 @@ pub fn http_door(state_dir: &Path) -> PathBuf {
 pub fn link_door(state_dir: &Path, socket: &Path) -> std::io::Result<()> {
     let dir = door_dir(state_dir);
     crate::state_dir::private_dir(&dir)?;
-    let door = dir.join("fleetd.sock");
+    let door = dir.join(bwrap::DOOR_SOCKET);
     match std::fs::remove_file(&door) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -255,7 +255,6 @@ fn plan(
         git,
         writable: request.spec.writable.clone(),
         workdir: workdir.to_owned(),
-        door_socket: door.join("fleetd.sock"),
         door,
         network: request.spec.network,
     })
