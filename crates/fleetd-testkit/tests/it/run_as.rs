@@ -175,6 +175,12 @@ fn e2e_run_as_a_member_is_its_own_user_and_the_kernel_keeps_it_out() {
         return;
     };
     let rig = &fleet.rig;
+    let profiles = structured_ok(&rig.lead("fleet_profiles", &json!({})));
+    let apart = profiles["profiles"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == "apart").cloned())
+        .unwrap_or_default();
+    assert_eq!(apart["runAs"], AGENT_USER, "{profiles}");
     rig.spawn("apart", "ann");
     let listed = structured_ok(&rig.lead("fleet_list", &json!({})));
     assert_eq!(member(&listed, "ann")["runAs"], AGENT_USER, "{listed}");

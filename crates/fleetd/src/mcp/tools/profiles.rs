@@ -18,7 +18,7 @@ pub(crate) struct Profiles;
 
 impl FleetTool for Profiles {
     const NAME: &'static str = "fleet_profiles";
-    const DESCRIPTION: &'static str = "List the member profiles fleetd can spawn (fleet_spawn profile=...): name, agent kind, backend, model, sandbox (whether its members run boxed, and with the network or not; null: not boxed), and ready=false with the reason when a secret it needs does not resolve. In a fleet across hosts, other gateways' profiles follow as `profile@gateway` (spawn one with fleet_spawn profile=PROFILE gateway=GATEWAY), not ready while that gateway is not heard from.";
+    const DESCRIPTION: &'static str = "List the member profiles fleetd can spawn (fleet_spawn profile=...): name, agent kind, backend, model, sandbox (whether its members run boxed, and with the network or not; null: not boxed), runAs (the second user its members run as; null: fleetd's own), and ready=false with the reason when a secret it needs does not resolve. In a fleet across hosts, other gateways' profiles follow as `profile@gateway` (spawn one with fleet_spawn profile=PROFILE gateway=GATEWAY), not ready while that gateway is not heard from.";
     const CLASS: ToolClass = ToolClass::Public;
     type Args = Args;
 
@@ -36,6 +36,7 @@ impl FleetTool for Profiles {
                     "model": p.model,
                     // Whether its members run in a sandbox, and with the network or not.
                     "sandbox": p.sandbox.as_ref().map(|b| json!({ "network": b.network })),
+                    "runAs": p.run_as,
                     "ready": missing.is_none(),
                     "notReadyBecause": missing,
                 })
