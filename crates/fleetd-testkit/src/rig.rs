@@ -155,6 +155,21 @@ impl Rig {
             .to_owned()
     }
 
+    /// Sends `task` to member `target` and waits for its reply's text: for a sim-agent that
+    /// runs its tasks as shell commands (`SIM_AGENT_SCRIPT=shell`), `exit N` and the output.
+    pub fn run_task(&self, target: &str, task: &str) -> String {
+        self.reply_of(&self.send_task(target, task))
+    }
+
+    /// `command`, run by such a member `target`, fails, and its output says `why`.
+    pub fn refused_in(&self, target: &str, command: &str, why: &str) {
+        let out = self.run_task(target, command);
+        assert!(
+            !out.starts_with("exit 0") && out.contains(why),
+            "{command:?} as member {target}: {out}"
+        );
+    }
+
     /// Calls `tool` from the shell in tmux target `pane`.
     pub fn call_from(&self, pane: &str, tool: &str, args: &Value, timeout: Duration) -> Value {
         let out_file = self.start_call(pane, tool, args);

@@ -111,7 +111,13 @@ impl Cli {
 
     /// The newest pinned version of `name`, required as [`Cli::require`] does.
     pub fn newest(name: &str) -> Option<Self> {
-        let version = versions(name).into_iter().next()?;
+        Self::pinned(name, 0)
+    }
+
+    /// The `nth` pinned version of `name`, newest first (1: the older one kept), required as
+    /// [`Cli::require`] does.
+    pub fn pinned(name: &str, nth: usize) -> Option<Self> {
+        let version = versions(name).into_iter().nth(nth)?;
         Self::require(name, &version)
     }
 }

@@ -210,10 +210,7 @@ fn e2e_claude_member_as_a_second_user_works_end_to_end() {
     if require_tmux() == Service::Skip {
         return;
     }
-    let Some(newest) = versions("claude-code").into_iter().next() else {
-        return;
-    };
-    let Some(cli) = Cli::require("claude-code", &newest) else {
+    let Some(cli) = Cli::newest("claude-code") else {
         return;
     };
     let Some((uid, gid)) = crate::run_as::agent_user() else {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use fleetd_testkit::agents::claude::{self, Transport};
 use fleetd_testkit::agents::rig::AgentRig;
-use fleetd_testkit::agents::{Cli, stories, versions};
+use fleetd_testkit::agents::{Cli, stories};
 use fleetd_testkit::daemon::state_dir;
 use fleetd_testkit::http::events::SseReader;
 use fleetd_testkit::webhook::{Answer, Webhook};
@@ -28,15 +28,40 @@ fn now() -> jiff::Timestamp {
 /// permission mode; the fleet's own tools are allowed by `fleetd install claude`).
 const ASKER: &str = "  asker:\n    agent: claude\n    backend: model\n    cwd: {work}\n    args: [\"--permission-mode\", \"default\"]\n";
 
+/// Waits until member `name`'s window shows Claude Code's permission prompt.
+fn prompt_on_screen(rig: &AgentRig, name: &str) {
+    rig.wait(
+        &format!("{name}'s prompt on its screen"),
+        Duration::from_secs(90),
+        || {
+            rig.windows().iter().any(|w| w.contains(name))
+                && rig
+                    .screen(&format!("fleet:{name}"))
+                    .contains("Do you want to proceed?")
+        },
+    );
+}
+
+/// `fleetd approve alice 1` for the dialog `fingerprint` names: the dialog goes, alice runs
+/// her command (it writes `ran.txt`) and the lead reads her reply.
+fn approve_and_finish(rig: &AgentRig, fingerprint: &str) {
+    let typed = rig.fleetd(&["approve", "alice", "1", "--dialog", fingerprint]);
+    assert!(
+        typed.contains("the dialog went"),
+        "{typed}\n---- alice's screen ----\n{}",
+        rig.screen("fleet:alice")
+    );
+    stories::lead_reads(rig, "alice", "done", Duration::from_secs(120));
+    let ran = std::fs::read_to_string(rig.work.join("ran.txt")).expect("the command ran");
+    assert_eq!(ran.trim(), "approved");
+}
+
 #[test]
 fn e2e_claude_member_on_a_permission_prompt_is_told_answered_and_finishes() {
     if require_tmux() == Service::Skip {
         return;
     }
-    let Some(newest) = versions("claude-code").into_iter().next() else {
-        return;
-    };
-    let Some(cli) = Cli::require("claude-code", &newest) else {
+    let Some(cli) = Cli::newest("claude-code") else {
         return;
     };
     let hook = Webhook::start(Answer::Ok);
@@ -59,16 +84,7 @@ fn e2e_claude_member_on_a_permission_prompt_is_told_answered_and_finishes() {
     // It blocks, and /events carries the dialog as shown, with its choices, within a second of
     // the prompt being on its screen (Claude Code says "Waiting for permission…", which reads
     // as blocked, a moment before it draws the prompt: under load, more than a second).
-    rig.wait(
-        "alice's prompt on her screen",
-        Duration::from_secs(90),
-        || {
-            rig.windows().iter().any(|w| w.contains("alice"))
-                && rig
-                    .screen("fleet:alice")
-                    .contains("Do you want to proceed?")
-        },
-    );
+    prompt_on_screen(&rig, "alice");
     let drawn = now();
     let seen = events.until("alice's member.blocked", |e| {
         e.event == "member.blocked" && e.data["target"] == "alice"
@@ -124,15 +140,7 @@ fn e2e_claude_member_on_a_permission_prompt_is_told_answered_and_finishes() {
     );
 
     // `fleetd approve` types the choice; the member runs its command and finishes its task.
-    let typed = rig.fleetd(&["approve", "alice", "1", "--dialog", &fingerprint]);
-    assert!(
-        typed.contains("the dialog went"),
-        "{typed}\n---- alice's screen ----\n{}",
-        rig.screen("fleet:alice")
-    );
-    stories::lead_reads(&rig, "alice", "done", Duration::from_secs(120));
-    let ran = std::fs::read_to_string(rig.work.join("ran.txt")).expect("the command ran");
-    assert_eq!(ran.trim(), "approved");
+    approve_and_finish(&rig, &fingerprint);
     events.until("alice's member.unblocked", |e| {
         e.event == "member.unblocked" && e.data["target"] == "alice"
     });
@@ -203,10 +211,7 @@ fn e2e_claude_older_release_on_its_permission_prompt_is_answered_too() {
         return;
     }
     // The older pinned release (MCP 2025-11-25), as a user who has not updated runs it.
-    let Some(older) = versions("claude-code").into_iter().nth(1) else {
-        return;
-    };
-    let Some(cli) = Cli::require("claude-code", &older) else {
+    let Some(cli) = Cli::pinned("claude-code", 1) else {
         return;
     };
     let mut rig = AgentRig::start(&[&cli], ASKER, "");
@@ -215,16 +220,7 @@ fn e2e_claude_older_release_on_its_permission_prompt_is_answered_too() {
         &lead,
         "@spawn asker alice @bash echo approved > ran.txt @reply done",
     );
-    rig.wait(
-        "alice's prompt on her screen",
-        Duration::from_secs(90),
-        || {
-            rig.windows().iter().any(|w| w.contains("alice"))
-                && rig
-                    .screen("fleet:alice")
-                    .contains("Do you want to proceed?")
-        },
-    );
+    prompt_on_screen(&rig, "alice");
     // fleetd reads the older prompt as the newer: the question, the command, its choices.
     let operator = fleetd_testkit::http::Endpoint::Unix(state_dir(rig.home()).join("api.sock"));
     let mut dialog = serde_json::Value::Null;
@@ -246,13 +242,5 @@ fn e2e_claude_older_release_on_its_permission_prompt_is_answered_too() {
         "{dialog}"
     );
     let fingerprint = dialog["dialog"].as_str().expect("a fingerprint").to_owned();
-    let typed = rig.fleetd(&["approve", "alice", "1", "--dialog", &fingerprint]);
-    assert!(
-        typed.contains("the dialog went"),
-        "{typed}\n---- alice's screen ----\n{}",
-        rig.screen("fleet:alice")
-    );
-    stories::lead_reads(&rig, "alice", "done", Duration::from_secs(120));
-    let ran = std::fs::read_to_string(rig.work.join("ran.txt")).expect("the command ran");
-    assert_eq!(ran.trim(), "approved");
+    approve_and_finish(&rig, &fingerprint);
 }

@@ -248,6 +248,18 @@ impl Drop for SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// `ops` committed; with `synced`, fsynced before it resolves (see `Op::State`).
+    fn commit_state_synced(&self, ops: Vec<StateOp>, synced: bool) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            if ops.is_empty() {
+                return Ok(());
+            }
+            self.write(|reply| Op::State { ops, synced, reply }).await
+        })
+    }
+}
+
 impl StateStore for SqliteStore {
     fn load_state(&self) -> StoreFuture<'_, Vec<StateRecord>> {
         Box::pin(self.read(|conn| {
@@ -269,31 +281,11 @@ impl StateStore for SqliteStore {
     }
 
     fn commit_state(&self, ops: Vec<StateOp>) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
-            if ops.is_empty() {
-                return Ok(());
-            }
-            self.write(|reply| Op::State {
-                ops,
-                synced: true,
-                reply,
-            })
-            .await
-        })
+        self.commit_state_synced(ops, true)
     }
 
     fn commit_state_unsynced(&self, ops: Vec<StateOp>) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
-            if ops.is_empty() {
-                return Ok(());
-            }
-            self.write(|reply| Op::State {
-                ops,
-                synced: false,
-                reply,
-            })
-            .await
-        })
+        self.commit_state_synced(ops, false)
     }
 }
 
