@@ -399,6 +399,35 @@ fn open_connections(addr: SocketAddr) -> u64 {
 }
 
 /// The `fleetd_connections_open` gauge in a `/metrics` body.
+/// A session on the shim's socket at `shim` that has made one call (`fleet_profiles`), so it
+/// was admitted and has served a request; kept open.
+fn served_session(shim: &std::path::Path) -> std::os::unix::net::UnixStream {
+    use std::io::{BufRead as _, Write as _};
+    let mut stream = std::os::unix::net::UnixStream::connect(shim).expect("a session");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    for line in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"idle","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"fleet_profiles","arguments":{}}}"#,
+    ] {
+        writeln!(stream, "{line}").expect("write");
+    }
+    let mut reader = std::io::BufReader::new(stream.try_clone().expect("clone"));
+    let mut line = String::new();
+    while !line.contains(r#""id":2"#) {
+        line.clear();
+        let read = reader.read_line(&mut line).expect("an answer");
+        assert!(
+            read > 0,
+            "the session was closed before its call was answered"
+        );
+    }
+    assert!(line.contains("profiles"), "{line}");
+    stream
+}
+
 fn open_gauge(metrics: &str) -> Option<f64> {
     metrics
         .lines()
@@ -479,41 +508,16 @@ fn e2e_a_full_gate_refuses_clearly_on_the_shim_and_on_http() {
     let daemon = Daemon::start(home.path(), &[]);
     let state = state_dir(home.path());
     let shim = state.join("fleetd.sock");
-    // `Daemon::start` knew the operator's socket was up by connecting to it once. That probe is
-    // a never-served connection too: accepted late, under load, it took a slot beside the two
-    // sessions below and the looks at /metrics then closed both sessions (seen in CI: every
-    // look read one connection, its own). So the probe is first seen gone: a request on the
-    // operator's socket is accepted after it, and then only a look itself is left open.
+    // `Daemon::start` knew the operator's socket was up by connecting to it once: that probe,
+    // never served, is accepted before this request (and, never served, is the first closed to
+    // make room).
     http::get(daemon.operator(), "/healthz").expect("the operator's socket answers");
-    wait_until("the start-up probe closed", Duration::from_secs(30), || {
-        let look = http::get(daemon.addr, "/metrics").map(|r| open_gauge(&r.body));
-        matches!(look, Ok(Some(open)) if open <= 1.0)
-    });
-
     // Attack C3: idle stdio sessions hold every slot. They are idle (no call under way), so
-    // `/healthz` closes one to get in, and the session's relay reads its end.
-    let mut idle: Vec<UnixStream> = (0..2)
-        .map(|_| UnixStream::connect(&shim).expect("a session"))
-        .collect();
-    // What each look at /metrics saw, printed if the sessions are never seen admitted (a
-    // failure here once, under CI load, left no trace of why).
-    let mut seen = Vec::new();
-    let admitted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_until("both sessions admitted", Duration::from_secs(30), || {
-            let look = http::get(daemon.addr, "/metrics").map(|r| (r.status, open_gauge(&r.body)));
-            let done = matches!(look, Ok((200, Some(open))) if open >= 2.0);
-            seen.push(format!("{look:?}"));
-            done
-        });
-    }));
-    if let Err(panic) = admitted {
-        eprintln!(
-            "/metrics looks ({} in all), the last ten: {:#?}",
-            seen.len(),
-            &seen[seen.len().saturating_sub(10)..]
-        );
-        std::panic::resume_unwind(panic);
-    }
+    // `/healthz` closes one to get in, and the session's relay reads its end. Each session is
+    // seen admitted by a call it makes (a look at /metrics would take a slot itself, and the
+    // gate closes a never-served connection — a session that has made no call — before a
+    // look's that lingers after its answer: seen in CI, every look reading only itself).
+    let mut idle: Vec<UnixStream> = (0..2).map(|_| served_session(&shim)).collect();
     // (Degraded, with no multiplexer here: but answered, not refused by the gate.)
     let answer = http::get(daemon.addr, "/healthz").expect("an answer");
     assert!(
