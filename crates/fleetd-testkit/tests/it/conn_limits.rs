@@ -398,36 +398,81 @@ fn open_connections(addr: SocketAddr) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
-/// The `fleetd_connections_open` gauge in a `/metrics` body.
-/// A session on the shim's socket at `shim` that has made one call (`fleet_profiles`), so it
-/// was admitted and has served a request; kept open.
-fn served_session(shim: &std::path::Path) -> std::os::unix::net::UnixStream {
+/// Sends `lines` on a stdio session and reads until the answer to request `id`, which it
+/// returns; panics if the session is closed first.
+fn exchange(stream: &mut std::os::unix::net::UnixStream, lines: &[&str], id: u32) -> String {
     use std::io::{BufRead as _, Write as _};
-    let mut stream = std::os::unix::net::UnixStream::connect(shim).expect("a session");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    for line in [
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"idle","version":"1"}}}"#,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"fleet_profiles","arguments":{}}}"#,
-    ] {
+    for line in lines {
         writeln!(stream, "{line}").expect("write");
     }
     let mut reader = std::io::BufReader::new(stream.try_clone().expect("clone"));
-    let mut line = String::new();
-    while !line.contains(r#""id":2"#) {
+    let (mut line, answer) = (String::new(), format!(r#""id":{id}"#));
+    while !line.contains(&answer) {
         line.clear();
         let read = reader.read_line(&mut line).expect("an answer");
         assert!(
             read > 0,
-            "the session was closed before its call was answered"
+            "the session was closed before request {id} was answered"
         );
     }
-    assert!(line.contains("profiles"), "{line}");
+    line
+}
+
+/// An MCP client's handshake on a stdio session.
+const HANDSHAKE: [&str; 2] = [
+    r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"idle","version":"1"}}}"#,
+    r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+];
+
+/// A call of `fleet_profiles`, request 2.
+const PROFILES_CALL: &str = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"fleet_profiles","arguments":{}}}"#;
+
+/// A session on the shim's socket at `shim` that has made one call (`fleet_profiles`), so it
+/// was admitted and has served a request; kept open.
+fn served_session(shim: &std::path::Path) -> std::os::unix::net::UnixStream {
+    let mut stream = std::os::unix::net::UnixStream::connect(shim).expect("a session");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let answer = exchange(&mut stream, &[HANDSHAKE[0], HANDSHAKE[1], PROFILES_CALL], 2);
+    assert!(answer.contains("profiles"), "{answer}");
     stream
 }
 
+#[test]
+fn e2e_a_stdio_agent_that_shook_hands_outlives_a_flood_of_silent_sockets() {
+    use fleetd_testkit::daemon::{Daemon, isolated_config, state_dir, write_config};
+    let home = tempfile::tempdir().expect("tempdir");
+    write_config(
+        home.path(),
+        &format!("{}connections:\n  max: 3\n", isolated_config(home.path())),
+    );
+    let daemon = Daemon::start(home.path(), &[]);
+    // (The start-up probe of the operator's socket is accepted before this request.)
+    http::get(daemon.operator(), "/healthz").expect("the operator's socket answers");
+    // An agent's stdio session: its handshake, then nothing (it waits for its user).
+    let shim = state_dir(home.path()).join("fleetd.sock");
+    let mut agent = std::os::unix::net::UnixStream::connect(shim).expect("a session");
+    agent
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let answer = exchange(&mut agent, &HANDSHAKE, 1);
+    assert!(answer.contains("protocolVersion"), "{answer}");
+    // Silent sockets, three times the cap, each taking the place of an older one.
+    let flood: Vec<std::net::TcpStream> = (0..9)
+        .map(|_| {
+            let s = std::net::TcpStream::connect(daemon.addr).expect("connects");
+            fleetd_testkit::agents::rig::pause(Duration::from_millis(30));
+            s
+        })
+        .collect();
+    // The agent's session is still there: its next call is answered.
+    let answer = exchange(&mut agent, &[PROFILES_CALL], 2);
+    assert!(answer.contains("profiles"), "{answer}");
+    drop(flood);
+}
+
+/// The `fleetd_connections_open` gauge in a `/metrics` body.
 fn open_gauge(metrics: &str) -> Option<f64> {
     metrics
         .lines()

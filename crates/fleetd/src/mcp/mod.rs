@@ -307,6 +307,9 @@ impl ServerHandler for FleetMcp {
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
+        // A stdio session that shook hands is an agent's, not a flood's socket: when the gate
+        // must close an idle connection, those that never served a request go first.
+        let _busy = self.busy()?;
         // An agent connects to its MCP servers at start-up, then lists the tools: ready is when
         // it has them (`list_tools`), or a while after connecting for one that never lists them.
         self.note_presence_after(&context, "initialize", UNLISTED_BOUND)
@@ -320,6 +323,7 @@ impl ServerHandler for FleetMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<DiscoverResult, ErrorData> {
         // MCP 2026-07-28's handshake (Claude Code 2.1.332): no `initialize` comes.
+        let _busy = self.busy()?;
         self.note_presence_after(&context, "server/discover", UNLISTED_BOUND)
             .await;
         Ok(DiscoverResult::from_server_info(
