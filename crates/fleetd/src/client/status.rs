@@ -35,7 +35,11 @@ pub(super) fn render(body: &Value, out: &mut dyn Write) -> std::io::Result<()> {
                 .map_or_else(|| text(m, "lead").to_owned(), |d| format!("member {d}"));
             [
                 name,
-                text(m, "profile").to_owned(),
+                // A member that runs as a second user says which (`runAs`).
+                match m["runAs"].as_str() {
+                    Some(user) => format!("{} (as {user})", text(m, "profile")),
+                    None => text(m, "profile").to_owned(),
+                },
                 text(m, "paneId").to_owned(),
                 text(m, "status").to_owned(),
                 m["inboxDepth"]

@@ -17,13 +17,16 @@ fn status_is_an_aligned_table() {
           "inboxDepth": 0, "openTickets": ["t1"], "lead": "lead:w1:p1",
           "usage": { "totalTokens": 12345, "costUsd": 0.0412, "budget": "12,345 of 100,000 tokens" },
           "treeUsage": { "totalTokens": 40100, "costUsd": 0.12 } },
+        { "target": "cy", "profile": "apart", "paneId": "member:w1:p13", "status": "idle",
+          "inboxDepth": 0, "openTickets": [], "lead": "lead:w1:p1", "runAs": "fleet-agent" },
     ]});
     let text = rendered(|out| status::render(&body, out));
     assert_eq!(
         text,
-        "TARGET  PROFILE      PANE           STATUS   INBOX  OPEN  LEAD        MODEL\n\
-         alice   sim          lead:%3        idle     2      0     -           -\n\
-         bo      cheap-model  member:w1:p12  working  0      1     lead:w1:p1  12.3k tok $0.04 (tree 40.1k tok $0.12) [12,345 of 100,000 tokens]\n"
+        "TARGET  PROFILE                 PANE           STATUS   INBOX  OPEN  LEAD        MODEL\n\
+         alice   sim                     lead:%3        idle     2      0     -           -\n\
+         bo      cheap-model             member:w1:p12  working  0      1     lead:w1:p1  12.3k tok $0.04 (tree 40.1k tok $0.12) [12,345 of 100,000 tokens]\n\
+         cy      apart (as fleet-agent)  member:w1:p13  idle     0      0     lead:w1:p1  -\n"
     );
 }
 
