@@ -231,29 +231,29 @@ pub async fn resolve_with(
         None => None,
     };
     same_uid |= own_user.is_some();
-    let place = match (&pane, own_user) {
-        (_, Some((target, allow_delegation))) => Place::Member {
+    let place = match (own_user, &pane) {
+        (Some((target, allow_delegation)), _) => Place::Member {
             target,
             allow_delegation,
         },
-        (pane, None) => match pane {
-            Some(p) => match fleet
-                .engine
-                .standing(p.pane.clone(), p.terminal.clone(), p.age())
-                .await
-            {
-                Ok(Standing::Member(target, allow_delegation)) => Place::Member {
-                    target,
-                    allow_delegation,
-                },
-                _ if in_members_space(&fleet.config.current(), p) => Place::MembersSpace,
-                Ok(Standing::Lead) => Place::OtherPane,
-                // A stray, or the engine is gone and cannot say: never more than nobody.
-                Ok(Standing::Stray) | Err(_) => Place::StrayPane,
+        (None, Some(p)) => match fleet
+            .engine
+            .standing(p.pane.clone(), p.terminal.clone(), p.age())
+            .await
+        {
+            Ok(Standing::Member(target, allow_delegation)) => Place::Member {
+                target,
+                allow_delegation,
             },
-            None if located.as_ref().is_some_and(|l| l.member_env.is_some()) => Place::LeftMember,
-            None => Place::Nowhere,
+            _ if in_members_space(&fleet.config.current(), p) => Place::MembersSpace,
+            Ok(Standing::Lead) => Place::OtherPane,
+            // A stray, or the engine is gone and cannot say: never more than nobody.
+            Ok(Standing::Stray) | Err(_) => Place::StrayPane,
         },
+        (None, None) if located.as_ref().is_some_and(|l| l.member_env.is_some()) => {
+            Place::LeftMember
+        }
+        (None, None) => Place::Nowhere,
     };
     let facts = CallerFacts {
         door: conn.map_or(Door::Tcp, |c| c.door),

@@ -213,7 +213,7 @@ fn e2e_claude_member_as_a_second_user_works_end_to_end() {
     let Some(cli) = Cli::newest("claude-code") else {
         return;
     };
-    let Some((uid, gid)) = crate::run_as::agent_user() else {
+    let Some(fleetd::sandbox::user::User { uid, gid, .. }) = crate::run_as::agent_user() else {
         return;
     };
     // What the user sets up once for the member's user, where that user can reach it: Claude

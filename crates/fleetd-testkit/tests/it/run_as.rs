@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use fleetd::sandbox::user::{self, User};
 use fleetd_testkit::daemon::state_dir;
 use fleetd_testkit::fake_model::FakeModel;
 use fleetd_testkit::rig::{LEAD, Rig, error_code, structured_ok};
@@ -22,19 +23,15 @@ const PATIENCE: Duration = Duration::from_secs(90);
 /// The user members run as here.
 const AGENT_USER: &str = "fleetd-agent";
 
-/// `fleetd-agent`'s uid and gid, when this machine has the user and this process may become it
-/// (root): CI does; elsewhere the test skips, saying why.
-pub(crate) fn agent_user() -> Option<(u32, u32)> {
+/// The user `fleetd-agent`, when this machine has it and this process may become it (root):
+/// CI does; elsewhere the test skips, saying why.
+pub(crate) fn agent_user() -> Option<User> {
     let found = Command::new("getent")
         .args(["passwd", AGENT_USER])
         .output()
         .ok()
         .filter(|o| o.status.success())
-        .and_then(|o| {
-            let line = String::from_utf8_lossy(&o.stdout).into_owned();
-            let mut ids = line.split(':').skip(2).map(|f| f.parse().ok());
-            Some((ids.next()??, ids.next()??))
-        });
+        .and_then(|o| user::parse_passwd(&String::from_utf8_lossy(&o.stdout)));
     let root = rustix::process::geteuid().is_root();
     let usable = found.is_some() && root;
     (require(
@@ -60,7 +57,7 @@ struct Apart {
 }
 
 fn start() -> Option<Apart> {
-    let (uid, gid) = agent_user()?;
+    let User { uid, gid, .. } = agent_user()?;
     let files = tempfile::tempdir().expect("tempdir");
     let model = FakeModel::start(files.path(), "lab", "apart answer");
     let token = files.path().join("lab-token");
@@ -345,7 +342,7 @@ fn as_owner(command: &[String], env: &[(&str, &str)]) -> std::process::Output {
 
 #[test]
 fn e2e_run_as_a_daemon_without_root_becomes_the_user_with_the_sudo_rule_readme_gives() {
-    let Some((uid, _)) = agent_user() else {
+    let Some(user) = agent_user() else {
         return;
     };
     let owner = Command::new("getent")
@@ -361,12 +358,6 @@ fn e2e_run_as_a_daemon_without_root_becomes_the_user_with_the_sudo_rule_readme_g
     {
         return;
     }
-    let line = Command::new("getent")
-        .args(["passwd", AGENT_USER])
-        .output()
-        .expect("getent");
-    let user = fleetd::sandbox::user::parse_passwd(&String::from_utf8_lossy(&line.stdout))
-        .expect("a passwd line");
     let path = "/opt/fleet-probe:/usr/bin:/bin";
     // What a member's pane runs when fleetd is not root: it is its user, in its own home, with
     // the variables fleetd gave it and its PATH (sudo's secure_path would replace it), and
@@ -377,7 +368,7 @@ fn e2e_run_as_a_daemon_without_root_becomes_the_user_with_the_sudo_rule_readme_g
         "id -un; echo $FLEETD_TARGET; echo $PATH; echo $HOME; echo ${XDG_RUNTIME_DIR:-none}",
     ]
     .map(str::to_owned);
-    let argv = fleetd::sandbox::user::switched(&user, path, &probe, false);
+    let argv = user::switched(&user, path, &probe, false);
     let out = as_owner(
         &argv,
         &[
@@ -397,7 +388,7 @@ fn e2e_run_as_a_daemon_without_root_becomes_the_user_with_the_sudo_rule_readme_g
     // And the sweep's line ends what the member left behind.
     let mut leftover = Command::new("setpriv")
         .args([
-            format!("--reuid={uid}"),
+            format!("--reuid={}", user.uid),
             format!("--regid={}", user.gid),
             "--clear-groups".to_owned(),
             "--".to_owned(),
@@ -406,10 +397,7 @@ fn e2e_run_as_a_daemon_without_root_becomes_the_user_with_the_sudo_rule_readme_g
         ])
         .spawn()
         .expect("a leftover");
-    let out = as_owner(
-        &fleetd::sandbox::user::ending(&user, false),
-        &[("PATH", "/usr/bin:/bin")],
-    );
+    let out = as_owner(&user::ending(&user, false), &[("PATH", "/usr/bin:/bin")]);
     assert!(
         out.status.success(),
         "{}",
@@ -425,7 +413,7 @@ fn e2e_run_as_a_daemon_without_root_becomes_the_user_with_the_sudo_rule_readme_g
 
 #[test]
 fn e2e_run_as_on_herdr_a_member_is_its_user_and_cannot_reach_herdr() {
-    let Some(_) = agent_user() else {
+    let Some(agent) = agent_user() else {
         return;
     };
     let files = tempfile::tempdir().expect("tempdir");
@@ -453,20 +441,9 @@ fn e2e_run_as_on_herdr_a_member_is_its_user_and_cannot_reach_herdr() {
         !texts.is_empty()
     });
     let reply = &texts[0];
-    let home = Command::new("getent")
-        .args(["passwd", AGENT_USER])
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .split(':')
-                .nth(5)
-                .unwrap_or("")
-                .to_owned()
-        })
-        .expect("getent");
     assert!(
         reply.lines().any(|l| l == AGENT_USER)
-            && reply.lines().any(|l| l == home)
+            && reply.lines().any(|l| std::path::Path::new(l) == agent.home)
             && reply.contains("Permission denied"),
         "as ann's user: {reply}"
     );

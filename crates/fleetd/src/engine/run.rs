@@ -273,11 +273,8 @@ struct Held {
 impl Held {
     fn add(&mut self, ops: Vec<StateOp>) {
         for op in ops {
-            let key = match &op {
-                StateOp::Put(record) => (record.kind.clone(), record.key.clone()),
-                StateOp::Delete { kind, key } => (kind.clone(), key.clone()),
-            };
-            self.ops.insert(key, op);
+            self.ops
+                .insert((op.kind().to_owned(), op.key().to_owned()), op);
         }
     }
 
@@ -333,9 +330,10 @@ async fn persist(
             }
         }
         let ops: Vec<StateOp> = held.ops.values().cloned().collect();
-        // Model usage alone need not wait for the disk (`commit_state_unsynced`).
-        let stored = if ops.iter().all(|op| op.kind() == super::state::ACCOUNT) {
-            store.commit_state_unsynced(ops).await
+        let stored = if ops.is_empty() {
+            Ok(())
+        } else if ops.iter().all(|op| op.kind() == super::state::ACCOUNT) {
+            store.commit_state_unsynced(ops).await // model usage alone: see the trait
         } else {
             store.commit_state(ops).await
         };

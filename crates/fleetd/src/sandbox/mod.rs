@@ -151,9 +151,9 @@ pub async fn boxed(request: &Request<'_>, command: &[String]) -> Result<Vec<Stri
     Ok(plan.argv(&bwrap, &command))
 }
 
-/// `command` as profile `profile`'s `runAs` user `name` runs it, for member `target`: the user
-/// found and taken (its leftovers ended), `env` and `cwd` made its own (its home, unless the
-/// spawn gives a directory). Hold the claim until the member is registered.
+/// `command` as profile `profile`'s `runAs` user `name` runs it: the user found and taken (its
+/// leftovers ended), `env` and `cwd` made its own (its home, unless the spawn gives a
+/// directory). Hold the claim until the member is registered.
 pub async fn as_user(
     engine: &crate::engine::EngineHandle,
     profile: &str,

@@ -79,17 +79,22 @@ async fn run(program: &str, args: &[&str]) -> Result<std::process::Output, Strin
         .map_err(|e| format!("cannot run `{program}`: {e}"))
 }
 
+/// User `name` (a name or a uid) as the system's user database has it (`getent passwd`, so
+/// users from NSS count too); `None` when it has none.
+async fn lookup(name: &str) -> Result<Option<User>, String> {
+    let out = run("getent", &["passwd", name]).await?;
+    Ok(std::str::from_utf8(&out.stdout)
+        .ok()
+        .and_then(|s| s.lines().next())
+        .and_then(parse_passwd)
+        .filter(|_| out.status.success()))
+}
+
 /// Finds user `name` for profile `profile` and checks fleetd can become it. Errors say what is
 /// missing and how to give it.
 pub async fn find(profile: &str, name: &str) -> Result<User, String> {
     let key = format!("profiles.{profile}.runAs");
-    let out = run("getent", &["passwd", name]).await?;
-    let user = std::str::from_utf8(&out.stdout)
-        .ok()
-        .and_then(|s| s.lines().next())
-        .and_then(parse_passwd)
-        .filter(|_| out.status.success())
-        .ok_or_else(|| {
+    let user = lookup(name).await?.ok_or_else(|| {
             format!(
                 "{key} names user {name}, which this machine does not have: create it (useradd --create-home {name}) or take runAs out"
             )
@@ -108,12 +113,9 @@ pub async fn find(profile: &str, name: &str) -> Result<User, String> {
     if own != 0 {
         let probe = run("sudo", &["-n", "-u", name, "-E", "--", "true"]).await;
         if !probe.is_ok_and(|o| o.status.success()) {
-            let me = match run("getent", &["passwd", &own.to_string()]).await {
-                Ok(o) => std::str::from_utf8(&o.stdout)
-                    .ok()
-                    .and_then(parse_passwd)
-                    .map_or_else(|| own.to_string(), |u| u.name),
-                Err(_) => own.to_string(),
+            let me = match lookup(&own.to_string()).await {
+                Ok(Some(me)) => me.name,
+                _ => own.to_string(),
             };
             return Err(format!(
                 "{key}: fleetd runs as {me}, not root, and cannot start programs as {name} without a password: add `{me} ALL=({name}) NOPASSWD:SETENV: ALL` to the sudoers (visudo -f /etc/sudoers.d/fleetd), or take runAs out"
@@ -276,14 +278,7 @@ pub async fn sweep(engine: &crate::engine::EngineHandle, configured: Vec<String>
         .map(|(u, _)| *u)
         .collect();
     for name in configured {
-        let Ok(out) = run("getent", &["passwd", &name]).await else {
-            continue;
-        };
-        let Some(user) = std::str::from_utf8(&out.stdout)
-            .ok()
-            .and_then(|s| s.lines().next())
-            .and_then(parse_passwd)
-        else {
+        let Ok(Some(user)) = lookup(&name).await else {
             continue;
         };
         if held.contains(&user.uid) || user.uid == 0 || user.uid == crate::locate::own_uid() {

@@ -222,6 +222,14 @@ impl StateOp {
             Self::Delete { kind, .. } => kind,
         }
     }
+
+    /// The key of the record it changes, within its kind.
+    pub fn key(&self) -> &str {
+        match self {
+            Self::Put(record) => &record.key,
+            Self::Delete { key, .. } => key,
+        }
+    }
 }
 
 /// The stores a daemon runs on: the inbox and the fleet state.
