@@ -291,6 +291,20 @@ impl Injector {
                 }
                 self.pump(&target, now, &mut out);
             }
+            InjectorInput::TurnGoesOn {
+                target,
+                ticket,
+                answered,
+            } => {
+                if let Some(lane) = self.lanes.get_mut(&target)
+                    && lane.recording
+                    && lane.current.is_none()
+                {
+                    lane.recording = false;
+                    lane.current = Some((ticket, answered));
+                }
+                self.pump(&target, now, &mut out);
+            }
             InjectorInput::FallbackRecorded { target } => {
                 if let Some(lane) = self.lanes.get_mut(&target) {
                     lane.recording = false;

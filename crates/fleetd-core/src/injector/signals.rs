@@ -108,6 +108,17 @@ pub enum InjectorInput {
         /// The ticket whose text waits.
         ticket: Ticket,
     },
+    /// The turn a fallback was about to be recorded for has not ended: the member reads busy
+    /// again (an agent's title can read at rest a moment before the dialog it draws). Nothing
+    /// is recorded; the turn is the current one again, `answered` when its reply came meanwhile.
+    TurnGoesOn {
+        /// The member.
+        target: Target,
+        /// The ticket whose turn goes on.
+        ticket: Ticket,
+        /// Whether the ticket was answered while the fallback was being looked at.
+        answered: bool,
+    },
     /// The driver recorded the fallback message for a turn that ended without a reply.
     FallbackRecorded {
         /// The member.

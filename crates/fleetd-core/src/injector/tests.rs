@@ -456,6 +456,41 @@ fn a_status_blip_before_the_task_was_submitted_is_not_its_turn() {
 }
 
 #[test]
+fn a_blip_at_rest_before_a_dialog_does_not_end_the_turn() {
+    // The member's title read at rest a moment before its permission dialog was drawn: the
+    // fallback's look finds it busy again, nothing is recorded, and the turn that counts ends
+    // after the dialog — answered (no fallback) or not (its fallback then).
+    let goes_on = |answered| InjectorInput::TurnGoesOn {
+        target: target("a"),
+        ticket: ticket(1),
+        answered,
+    };
+    for (answered, end) in [(false, "@4 fallback a T1"), (true, "@4 type a T2")] {
+        let mut steps = vec![
+            Step(1, status(Activity::Busy)),
+            Step(1, status(Activity::AtRest)),
+            Step(1, status(Activity::Busy)),
+            Step(2, goes_on(answered)),
+            Step(4, status(Activity::AtRest)),
+        ];
+        if !answered {
+            steps.push(Step(5, recorded()));
+        }
+        let mut expect = vec![
+            "@0 type a T1",
+            "@0 T1 Delivered",
+            "@1 T1 TurnStarted",
+            "@1 fallback a T1",
+            end,
+        ];
+        if !answered {
+            expect.push("@5 type a T2");
+        }
+        check(t1_typed(TypeOutcome::Accepted, &[2], steps), &expect);
+    }
+}
+
+#[test]
 fn a_turn_restored_after_a_restart_is_never_typed_again() {
     let a = target("a");
     let mut inj = injector(vec![presence()]);

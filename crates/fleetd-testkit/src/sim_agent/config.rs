@@ -82,6 +82,9 @@ pub struct Config {
     pub question: String,
     /// How many submitted lines are kept as an unsent draft before one goes through.
     pub swallow: u32,
+    /// How long after its title reads idle a permission prompt is drawn (an agent whose title
+    /// is set apart from its screen).
+    pub dialog_after: Duration,
     /// Event log file.
     pub log: Option<PathBuf>,
     /// TCP address to connect to and hold.
@@ -125,8 +128,13 @@ impl Config {
             .map(|v| v.parse().context("swallow must be a number"))
             .transpose()?
             .unwrap_or(0);
+        let dialog_after_ms: u64 = get("--dialog-after-ms", "SIM_AGENT_DIALOG_AFTER_MS")
+            .map(|v| v.parse().context("dialog-after ms must be a number"))
+            .transpose()?
+            .unwrap_or(0);
         Ok(Self {
             swallow,
+            dialog_after: Duration::from_millis(dialog_after_ms),
             script: if script.is_empty() {
                 vec![Action::Reply]
             } else {

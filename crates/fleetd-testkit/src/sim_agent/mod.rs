@@ -25,6 +25,9 @@
 //! - `--swallow N` / `SIM_AGENT_SWALLOW`: the first N Enters do not submit: the text stays in the
 //!   composer as a draft (as when a TUI swallows the Enter glued to a paste), and each swallowed
 //!   Enter is logged (`swallowed`), so a test can count them; the next Enter submits the draft;
+//! - `--dialog-after-ms N` / `SIM_AGENT_DIALOG_AFTER_MS`: the permission prompt is drawn N ms
+//!   after the title reads idle (default 0: at once), as an agent whose title and screen are
+//!   written apart;
 //! - `--log PATH` / `SIM_AGENT_LOG`: append one JSON line per event (ready, turn, tool call,
 //!   turn done);
 //! - `--connect ADDR` / `SIM_AGENT_CONNECT`: open a TCP connection to ADDR at start and hold it
@@ -162,6 +165,9 @@ impl Agent {
         // Out of canonical mode before the prompt shows: no key can be held for a line.
         stty(&["-icanon", "-echo", "min", "1"])?;
         self.title("sim-agent").await;
+        if !self.config.dialog_after.is_zero() {
+            tokio::time::sleep(self.config.dialog_after).await;
+        }
         self.say(" Do you want to proceed?\r\n ❯ 1. Yes\r\n   2. No\r\n\r\n Esc to cancel\r\n")
             .await;
         let key = lines.get_mut().read_u8().await;

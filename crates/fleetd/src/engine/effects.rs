@@ -15,16 +15,14 @@ use super::run::{Event, Msg};
 use super::state::Io;
 use crate::clock::SharedClock;
 use crate::mux::{MuxError, MuxRouter};
+use crate::secrets::Redactor;
+use crate::store::InboxStore;
 
 /// How long a released member's pane may take to be seen closed before its worktree is settled;
 /// past it the worktree is left as it is (and its lead told).
 const CLOSE_CONFIRM: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// How often the pane is read meanwhile.
 const CLOSE_POLL: std::time::Duration = std::time::Duration::from_millis(100);
-use crate::secrets::Redactor;
-use crate::store::InboxStore;
-
 /// How many lines of a member's pane a turn-done fallback carries.
 const FALLBACK_TAIL_LINES: u32 = 40;
 /// Lines of a pane searched for a task in doubt after a restart.
@@ -164,7 +162,7 @@ impl Effects {
                 ticket,
                 pane,
             } => {
-                let result = self.mux.press_enter(&pane).await;
+                let result = super::verify::enter_unless_blocked(&self.mux, &pane).await;
                 self.report(typed(target, ticket, &result, false)).await;
             }
             Io::FindTyped {
@@ -375,17 +373,23 @@ impl Effects {
     }
 
     /// Captures the tail of a member's pane and stores it as the ticket's fallback — unless the
-    /// task's `text` still waits unsent in the member's input, when the turn that ended was not
-    /// the task's.
+    /// member reads busy again a moment later (its turn goes on), or the task's `text` still
+    /// waits unsent in its input (the turn that ended was not the task's).
     async fn fallback(&self, target: Target, ticket: Ticket, pane: QualifiedPaneId, text: &str) {
-        let tail = self
-            .mux
-            .read_tail(&pane, FALLBACK_TAIL_LINES)
-            .await
-            .unwrap_or_else(|e| format!("(fleetd could not read the pane's output: {e})"));
-        if super::verify::unsent(&tail, text) {
-            self.report(Event::NotSubmitted { target, ticket }).await;
-            return;
+        let busy = super::verify::busy_again(&self.mux, &pane).await;
+        let tail = match busy {
+            true => String::new(),
+            false => (self.mux.read_tail(&pane, FALLBACK_TAIL_LINES).await)
+                .unwrap_or_else(|e| format!("(fleetd could not read the pane's output: {e})")),
+        };
+        if busy || super::verify::unsent(&tail, text) {
+            let unsent = !busy;
+            let event = Event::TurnNotOver {
+                target,
+                ticket,
+                unsent,
+            };
+            return self.report(event).await;
         }
         // Raw pane text: a member may have printed its credentials.
         let text = format!(

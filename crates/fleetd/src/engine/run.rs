@@ -53,10 +53,11 @@ pub(super) enum Event {
         arrived: bool,
     },
     /// A turn-done fallback was not captured: the task's text still waits unsent in the
-    /// member's input.
-    NotSubmitted {
+    /// member's input (`unsent`), or the member reads busy again (its turn goes on).
+    TurnNotOver {
         target: Target,
         ticket: Ticket,
+        unsent: bool,
     },
     /// A turn-done fallback was captured: `message` is `None` when it could not be stored (the
     /// ticket still ends).

@@ -13,12 +13,14 @@ use std::time::Duration;
 
 use fleetd_core::{AgentStatus, QualifiedPaneId};
 
-use crate::mux::MuxRouter;
+use crate::mux::{MuxError, MuxRouter};
 
 /// How long a nudge's turn has to show before Enter is pressed once more.
 const TURN_WAIT: Duration = Duration::from_millis(1500);
 /// How often the pane is read meanwhile.
 const POLL: Duration = Duration::from_millis(100);
+/// How long a turn's end must hold before its fallback is recorded.
+const SETTLE: Duration = Duration::from_millis(300);
 /// The bottom lines of the screen where an input box sits.
 const INPUT_LINES: u32 = 12;
 /// How much of a text identifies it on screen (whitespace ignored).
@@ -54,11 +56,13 @@ fn sits(screen: &str, text: &str, input_box_only: bool) -> bool {
 
 /// Whether `text` waits unsent in an agent's input line: the screen's last line opening with a
 /// prompt glyph (Claude Code's `❯`, Codex's `›`: its transcript shows submitted prompts with the
-/// same glyph above, so the last one is the input), read with what follows it (a long text
-/// wraps), starts with `text` (whitespace ignored).
+/// same glyph above, so the last one is the input), read with the lines that follow it up to a
+/// blank line or the box's rule (a long text wraps), holds `text`'s start and nothing that is
+/// not `text` (whitespace ignored): an echoed line with the agent's output under it was taken in.
 pub(super) fn unsent(screen: &str, text: &str) -> bool {
     let squeeze = |s: &str| -> String { s.chars().filter(|c| !c.is_whitespace()).collect() };
-    let needle: String = squeeze(text).chars().take(TEXT_CHARS).collect();
+    let text = squeeze(text);
+    let needle: String = text.chars().take(TEXT_CHARS).collect();
     let lines: Vec<&str> = screen.lines().collect();
     let Some(at) = lines
         .iter()
@@ -66,9 +70,40 @@ pub(super) fn unsent(screen: &str, text: &str) -> bool {
     else {
         return false;
     };
-    let input = squeeze(&lines[at..].concat());
+    let wrapped = lines[at + 1..]
+        .iter()
+        .take_while(|l| !l.trim().is_empty() && !l.trim_start().starts_with('─'));
+    let input: String = std::iter::once(&lines[at])
+        .chain(wrapped)
+        .copied()
+        .collect();
+    let input = squeeze(&input);
     let input = input.trim_start_matches(['❯', '›']);
-    !needle.is_empty() && input.starts_with(&needle)
+    !needle.is_empty() && input.starts_with(&needle) && text.starts_with(input)
+}
+
+/// Presses Enter in a member's pane for a task typed there — unless a dialog is up: Enter would
+/// answer it, and the dialog is the task's turn all the same.
+pub(super) async fn enter_unless_blocked(
+    mux: &MuxRouter,
+    pane: &QualifiedPaneId,
+) -> Result<(), MuxError> {
+    match mux.pane(pane).await {
+        Ok(p) if p.info.status == AgentStatus::Blocked => {
+            tracing::info!(%pane, "a dialog is up in the member's pane: no Enter to answer it");
+            Ok(())
+        }
+        _ => mux.press_enter(pane).await,
+    }
+}
+
+/// Whether a member whose turn seemed to end reads busy again [`SETTLE`] later: an agent's
+/// title can read at rest a moment before the dialog it is drawing shows.
+pub(super) async fn busy_again(mux: &MuxRouter, pane: &QualifiedPaneId) -> bool {
+    tokio::time::sleep(SETTLE).await;
+    mux.pane(pane)
+        .await
+        .is_ok_and(|p| matches!(p.info.status, AgentStatus::Working | AgentStatus::Blocked))
 }
 
 /// Whether an earlier copy of `text` waits unsubmitted in the lead's input box.
@@ -143,6 +178,10 @@ mod tests {
         let claude_sent = format!("❯ {task}\n● DONE\n────\n❯\u{a0}\n────\n  ? for shortcuts");
         assert!(!unsent(&claude_sent, task));
         assert!(!unsent("no prompt here", task));
+        // A line agent echoes what it read on its prompt line, and its turn's output follows:
+        // read the moment its title went idle, before the dialog it was drawing showed.
+        let echoed = format!("sim-agent ready\n❯ {task}\n✻ Working… (esc to interrupt)\n");
+        assert!(!unsent(&echoed, task), "its output is under it: taken in");
     }
 
     const NUDGE: &str = "[fleet] 1 message from carol waiting — call fleet_poll(target=\"carol\")";

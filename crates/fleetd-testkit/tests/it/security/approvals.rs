@@ -193,3 +193,58 @@ fn e2e_security_with_operator_and_lead_the_lead_answers_its_own_members_dialog()
     let events = http::get(rig.daemon.operator(), "/blocked").expect("answer");
     assert_eq!(events.json()["blocked"], json!([]));
 }
+
+#[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "proving that nothing is typed means letting fleetd's waits run out"
+)]
+fn e2e_security_fleetd_never_answers_a_dialog_drawn_after_its_title_went_idle() {
+    // bea's title reads idle 150 ms before her permission prompt shows, the task's text echoed
+    // on her prompt line above her output. Neither is a turn over (a fallback would end her task
+    // while she waits) nor a task unsent (an Enter would answer the dialog: consent given by
+    // fleetd for the person). Seen in CI: fleetd pressed Enter and bea's prompt said yes.
+    if fleetd_testkit::require_tmux() == fleetd_testkit::Service::Skip {
+        return;
+    }
+    let files = tempfile::tempdir().expect("tempdir");
+    let log = files.path().join("bea.log");
+    let rig = fleetd_testkit::rig::Rig::start(&format!(
+        "primary:\n  tab: base:lead\n  pushReminders: 0\nprofiles:\n{}",
+        sim_profile(
+            "blocker",
+            &[
+                ("SIM_AGENT_SCRIPT", "permission"),
+                ("SIM_AGENT_WORK_MS", "100"),
+                ("SIM_AGENT_DIALOG_AFTER_MS", "150"),
+                ("SIM_AGENT_LOG", &log.display().to_string()),
+            ],
+        )
+    ));
+    rig.spawn("blocker", "bea");
+    let ticket = rig.send_task("bea", "deploy");
+    let before = bea_blocked(&rig);
+    // Past every wait fleetd has (the turn's settle, the delivery's grace): nothing typed.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let poll = || rig.lead("fleet_poll", &json!({ "ticket": ticket }))["structuredContent"].clone();
+    assert_eq!(poll()["state"], "working", "{}", poll());
+    assert_eq!(
+        fleetd_testkit::sim_agent::logged(&log, "dialog_answered"),
+        0,
+        "fleetd answered bea's dialog"
+    );
+    let after = bea_blocked(&rig);
+    assert_eq!(after["since"], before["since"], "the same episode");
+
+    // The operator answers; her reply is the task's, and no fallback came before it.
+    let body = json!({ "choice": "1", "dialog": after["dialog"] }).to_string();
+    let answered = http::request(
+        rig.daemon.operator(),
+        "POST",
+        "/sessions/bea/approve",
+        Some(&body),
+    )
+    .expect("answer");
+    assert_eq!(answered.status, 200, "{}", answered.body);
+    assert!(rig.reply_of(&ticket).contains("sim-agent did: deploy"));
+}

@@ -319,9 +319,11 @@ impl Engine {
                 ticket,
                 arrived,
             } => self.state.typed_found(&target, ticket, arrived, now, io),
-            Event::NotSubmitted { target, ticket } => {
-                self.state.not_submitted(target, ticket, now, io);
-            }
+            Event::TurnNotOver {
+                target,
+                ticket,
+                unsent,
+            } => self.state.turn_not_over(target, ticket, unsent, now, io),
             Event::FallbackStored {
                 target,
                 ticket,

@@ -344,17 +344,30 @@ impl State {
         self.inject(InjectorInput::FallbackRecorded { target }, now, io);
     }
 
-    /// The turn a fallback was to be recorded for was not the task's: its text still waits in
-    /// the member's input. Enter once more, verified again.
-    pub(in crate::engine) fn not_submitted(
+    /// The turn a fallback was to be recorded for was not over: with `unsent` it was not the
+    /// task's (its text still waits in the member's input: Enter once more, verified again),
+    /// else the member reads busy again and the turn goes on.
+    pub(in crate::engine) fn turn_not_over(
         &mut self,
         target: Target,
         ticket: Ticket,
+        unsent: bool,
         now: Timestamp,
         io: &mut Vec<Io>,
     ) {
-        tracing::info!(%target, %ticket, "the task still waits unsent in the member's input: pressing Enter once more");
-        self.inject(InjectorInput::NotSubmitted { target, ticket }, now, io);
+        let input = if unsent {
+            tracing::info!(%target, %ticket, "the task still waits unsent in the member's input: pressing Enter once more");
+            InjectorInput::NotSubmitted { target, ticket }
+        } else {
+            tracing::debug!(%target, %ticket, "the member reads busy again: its turn goes on");
+            let answered = self.tickets.replies.contains_key(&ticket);
+            InjectorInput::TurnGoesOn {
+                target,
+                ticket,
+                answered,
+            }
+        };
+        self.inject(input, now, io);
     }
 
     /// Feeds the injector one input and carries out what it answers.
