@@ -26,6 +26,16 @@ fn bea_blocked(rig: &fleetd_testkit::rig::Rig) -> Value {
     bea
 }
 
+/// The operator types choice 1 into bea's dialog `dialog`; what fleetd answered.
+fn operator_approves_bea(rig: &fleetd_testkit::rig::Rig, dialog: &Value) -> Value {
+    let body = json!({ "choice": "1", "dialog": dialog }).to_string();
+    let operator = rig.daemon.operator();
+    let answered =
+        http::request(operator, "POST", "/sessions/bea/approve", Some(&body)).expect("answer");
+    assert_eq!(answered.status, 200, "{}", answered.body);
+    answered.json()
+}
+
 #[test]
 fn e2e_security_only_the_operator_answers_a_members_dialog() {
     let Some((rig, _)) = rig_with_mail(&sim_profile(
@@ -133,15 +143,8 @@ fn e2e_security_only_the_operator_answers_a_members_dialog() {
     assert_eq!(fleet_state(&rig), state);
 
     // The operator answers it, and bea goes on with her task.
-    let answered = http::request(
-        rig.daemon.operator(),
-        "POST",
-        "/sessions/bea/approve",
-        Some(&body),
-    )
-    .expect("answer");
-    assert_eq!(answered.status, 200, "{}", answered.body);
-    assert_eq!(answered.json()["outcome"], "answered", "{}", answered.body);
+    let answered = operator_approves_bea(&rig, &json!(dialog));
+    assert_eq!(answered["outcome"], "answered", "{answered}");
     let mut polled = Value::Null;
     wait_until("bea's reply", PATIENCE, || {
         polled = rig.lead("fleet_poll", &json!({ "ticket": ticket }))["structuredContent"].clone();
@@ -237,14 +240,6 @@ fn e2e_security_fleetd_never_answers_a_dialog_drawn_after_its_title_went_idle() 
     assert_eq!(after["since"], before["since"], "the same episode");
 
     // The operator answers; her reply is the task's, and no fallback came before it.
-    let body = json!({ "choice": "1", "dialog": after["dialog"] }).to_string();
-    let answered = http::request(
-        rig.daemon.operator(),
-        "POST",
-        "/sessions/bea/approve",
-        Some(&body),
-    )
-    .expect("answer");
-    assert_eq!(answered.status, 200, "{}", answered.body);
+    operator_approves_bea(&rig, &after["dialog"]);
     assert!(rig.reply_of(&ticket).contains("sim-agent did: deploy"));
 }
