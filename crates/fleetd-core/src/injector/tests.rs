@@ -697,8 +697,13 @@ fn any_step() -> impl Strategy<Value = (InjectorInput, i64)> {
             ]
         )
             .prop_map(|(n, outcome)| typed(n, outcome)),
-        tickets.prop_map(replied),
+        tickets.clone().prop_map(replied),
         Just(recorded()),
+        (tickets, any::<bool>()).prop_map(|(n, answered)| InjectorInput::TurnGoesOn {
+            target: target("a"),
+            ticket: ticket(n),
+            answered,
+        }),
         any::<bool>().prop_map(delegating),
         (0i64..10).prop_map(|s| InjectorInput::Hold {
             target: target("a"),
