@@ -5,6 +5,10 @@
 //! pasted and pressed Enter itself (tmux; herdr's `agent.prompt` waits for the turn on its own),
 //! and never into a dialog.
 //!
+//! A member's task is held to the same: its turn-done fallback waits for the turn's end to hold
+//! ([`busy_again`]), its text counts as unsent only alone in the input line ([`unsent`]), and
+//! its Enter retry is never pressed into a dialog ([`enter_unless_blocked`]).
+//!
 //! Found with the real Claude Code 2.1.332: a nudge typed the moment a long turn ended (0.2 ms
 //! after the pane read idle) sat in the input box with its Enter lost, and each reminder added a
 //! copy below it.
@@ -26,11 +30,15 @@ const INPUT_LINES: u32 = 12;
 /// How much of a text identifies it on screen (whitespace ignored).
 const TEXT_CHARS: usize = 40;
 
+/// `s` without its whitespace: a TUI wraps and indents what was typed.
+fn squeeze(s: &str) -> String {
+    s.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
 /// Whether `text`'s start is on one of `screen`'s lines (whitespace ignored), and, with
 /// `input_box_only`, on a line of Claude Code's input box (`❯` and a no-break space; a
 /// submitted prompt in its transcript has an ordinary space).
 fn sits(screen: &str, text: &str, input_box_only: bool) -> bool {
-    let squeeze = |s: &str| -> String { s.chars().filter(|c| !c.is_whitespace()).collect() };
     let needle: String = squeeze(text).chars().take(TEXT_CHARS).collect();
     if needle.is_empty() {
         return false;
@@ -60,7 +68,6 @@ fn sits(screen: &str, text: &str, input_box_only: bool) -> bool {
 /// blank line or the box's rule (a long text wraps), holds `text`'s start and nothing that is
 /// not `text` (whitespace ignored): an echoed line with the agent's output under it was taken in.
 pub(super) fn unsent(screen: &str, text: &str) -> bool {
-    let squeeze = |s: &str| -> String { s.chars().filter(|c| !c.is_whitespace()).collect() };
     let text = squeeze(text);
     let needle: String = text.chars().take(TEXT_CHARS).collect();
     let lines: Vec<&str> = screen.lines().collect();
