@@ -327,6 +327,22 @@ impl EngineHandle {
         .await
     }
 
+    /// [`EngineHandle::model_admit_at`]'s yes, read from the passes the engine last published
+    /// instead of in its turn (`state::passes`): `None` for everything else, which the engine
+    /// answers itself.
+    pub fn model_pass(
+        &self,
+        pane: &QualifiedPaneId,
+        terminal: &TerminalId,
+        key_hash: &str,
+        backend: &str,
+    ) -> Option<(Target, u64)> {
+        if !self.life.alive() {
+            return None;
+        }
+        crate::sync::lock(&self.life.passes).admits(pane, terminal, key_hash, backend)
+    }
+
     /// A model response on `account` ended with `tokens` costing `cost_micros`: returns once
     /// that is durable.
     pub async fn model_usage(

@@ -113,6 +113,8 @@ pub(crate) struct Life {
     pub(crate) events: Arc<crate::events::EventHub>,
     /// The engine's clock, for readers of the hub that need "now" (the latency record).
     pub(crate) clock: crate::clock::SharedClock,
+    /// The model gateway's passes, as the engine last published them (`state::passes`).
+    pub(crate) passes: super::state::PassBoard,
 }
 
 impl Life {
@@ -134,17 +136,6 @@ impl Life {
 /// handle is dropped (effect tasks hold only weak senders), or on [`EngineHandle::shutdown`].
 pub fn spawn(parts: EngineParts) -> EngineHandle {
     let (tx, rx) = mpsc::channel(ENGINE_QUEUE);
-    let hub = Arc::new(crate::events::EventHub::default());
-    let life = Arc::new(Life {
-        alive: AtomicBool::new(true),
-        stopped: CancellationToken::new(),
-        events: Arc::clone(&hub),
-        clock: Arc::clone(&parts.clock),
-    });
-    let handle = EngineHandle {
-        tx: tx.clone(),
-        life: Arc::clone(&life),
-    };
     let config = &*parts.config.current();
     let push = PushLoop::new(push_config(config));
     let mut state = State::new(
@@ -157,6 +148,18 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
         usize::try_from(config.delivery.max_inject_bytes).unwrap_or(4096),
         Arc::clone(&parts.clock),
     );
+    let hub = Arc::new(crate::events::EventHub::default());
+    let life = Arc::new(Life {
+        alive: AtomicBool::new(true),
+        stopped: CancellationToken::new(),
+        events: Arc::clone(&hub),
+        clock: Arc::clone(&parts.clock),
+        passes: state.pass_board(),
+    });
+    let handle = EngineHandle {
+        tx: tx.clone(),
+        life: Arc::clone(&life),
+    };
     state.set_limits(config.limits, super::state::TreeLimits::from_config(config));
     state.set_gateway(parts.gateway.as_ref().map(|g| super::state::GatewayState {
         me: g.me.clone(),
@@ -536,11 +539,7 @@ impl Engine {
     /// Sends what one input changed on its way: with a durable store, through the persister
     /// (commit first, then the replies and the I/O); without one, at once.
     fn flush(&mut self, mut io: Vec<Io>, replies: Vec<Deferred>) {
-        let now = self.parts.clock.now();
-        self.state.settle_delegation(now, &mut io);
-        self.state.follow_busy(now);
-        io.extend(self.state.take_forwards());
-        io.extend(self.state.take_events().into_iter().map(Io::Event));
+        self.state.end_turn(self.parts.clock.now(), &mut io);
         match &self.jobs {
             Some(jobs) => {
                 let ops = self.state.take_ops();

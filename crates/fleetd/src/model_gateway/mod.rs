@@ -123,13 +123,21 @@ async fn admit_and_send(
         };
         (status, r)
     };
-    // A member's own pane, the usual case, is admitted in one turn of the engine; anyone else
-    // is found out the long way, for the refusal's words (or a member by its user, `runAs`).
+    // A member's own pane, the usual case, is admitted by the pass the engine published for
+    // it, else in one turn of the engine (a refusal, in words); anyone else is found out the
+    // long way, for the refusal's words (or a member by its user, `runAs`).
+    let key_hash = key::hash(key);
     let fast = match crate::identity::own_users_pane(fleet, conn).await {
-        Some(p) => (fleet.engine)
-            .model_admit_at(p.pane, p.terminal, key::hash(key), name.to_owned())
-            .await
-            .map_err(|_| gone())?,
+        Some(p) => match fleet
+            .engine
+            .model_pass(&p.pane, &p.terminal, &key_hash, name)
+        {
+            Some(pass) => Some(Ok(pass)),
+            None => (fleet.engine)
+                .model_admit_at(p.pane, p.terminal, key_hash.clone(), name.to_owned())
+                .await
+                .map_err(|_| gone())?,
+        },
         None => None,
     };
     let (target, account) = match fast {
@@ -137,7 +145,7 @@ async fn admit_and_send(
         None => {
             let target = member_of(fleet, conn).await?;
             let account = (fleet.engine)
-                .model_admit(target.clone(), key::hash(key), name.to_owned())
+                .model_admit(target.clone(), key_hash, name.to_owned())
                 .await
                 .map_err(|_| gone())?
                 .map_err(refused)?;

@@ -18,6 +18,7 @@ mod gateway_inbound;
 mod gateway_refusals;
 mod handed_replies;
 mod members;
+mod passes;
 mod push;
 mod questions;
 mod remote_spawns;
@@ -37,6 +38,7 @@ pub use gateway_refusals::PeerRefusal;
 pub(in crate::engine) use gateway_refusals::REFUSAL_WINDOW;
 #[cfg(test)]
 pub(in crate::engine) use handed_replies::HANDED_TTL;
+pub(in crate::engine) use passes::PassBoard;
 pub(in crate::engine) use push::push_config;
 pub(in crate::engine) use spend::ACCOUNT;
 pub use spend::{MemberModel, UsageTotals, UsageView};
@@ -384,6 +386,17 @@ impl State {
     /// Records a fleet event for `/events` (published after the change is committed).
     pub(super) fn emit(&mut self, event: crate::events::FleetEvent) {
         self.events.push(event);
+    }
+
+    /// What every turn ends with, before its changes are committed and its replies sent: the
+    /// delegation settled, the lead rule's busy spans followed, the model passes published,
+    /// and the forwards and fleet events it decided added to its I/O.
+    pub(super) fn end_turn(&mut self, now: Timestamp, io: &mut Vec<Io>) {
+        self.settle_delegation(now, io);
+        self.follow_busy(now);
+        self.publish_passes();
+        io.extend(self.take_forwards());
+        io.extend(self.take_events().into_iter().map(Io::Event));
     }
 
     /// The fleet events decided since the last call, in order.

@@ -30,17 +30,17 @@ pub(in crate::engine) const ACCOUNT: &str = "account";
 pub(super) struct Account {
     member: Target,
     profile: String,
-    backend: String,
+    pub(super) backend: String,
     /// The member at the top of the delegation tree it was spawned into (itself under a lead).
-    tree: Target,
+    pub(super) tree: Target,
     /// The lead at the top of that tree (its pane), when a lead spawned the tree.
     lead: Option<String>,
     /// The SHA-256 of its model key (hex) while the member lives; `None` once released.
-    key: Option<String>,
-    spent: Spent,
-    budget: Option<BudgetSpec>,
+    pub(super) key: Option<String>,
+    pub(super) spent: Spent,
+    pub(super) budget: Option<BudgetSpec>,
     /// The budget of the tree this member heads (meaningful on a tree's top member).
-    tree_budget: Option<BudgetSpec>,
+    pub(super) tree_budget: Option<BudgetSpec>,
     /// This budget episode's warning / stop were told to the lead.
     #[serde(default)]
     told: Told,
@@ -74,12 +74,15 @@ pub struct UsageView {
 /// The accounts, and which live member holds which.
 #[derive(Debug, Default)]
 pub(super) struct Ledger {
-    accounts: BTreeMap<u64, Account>,
-    live: BTreeMap<Target, u64>,
+    pub(super) accounts: BTreeMap<u64, Account>,
+    pub(super) live: BTreeMap<Target, u64>,
     next: u64,
     /// What every account kept has spent, by member, profile, tree and lead: kept up at each
     /// answer, so neither an answer's gauges nor a budget's check reads every account.
     totals: UsageTotals,
+    /// The passes the gateway admits by (`passes`), and whether this turn changed them.
+    pub(super) board: super::passes::PassBoard,
+    pub(super) passes_stale: bool,
 }
 
 /// A member's model key and budgets, as its spawn made them (part of its durable record).
@@ -111,7 +114,7 @@ pub(super) fn dollars(micros: u64) -> f64 {
     micros as f64 / 1e6
 }
 
-fn limit(spec: &BudgetSpec) -> usage::Budget {
+pub(super) fn limit(spec: &BudgetSpec) -> usage::Budget {
     usage::Budget {
         tokens: spec.tokens,
         cost_micros: spec.cost_micros,
@@ -128,6 +131,7 @@ impl State {
         model: &MemberModel,
         now: Timestamp,
     ) {
+        self.passes_changed();
         if let Some((&id, _)) = self
             .ledger
             .accounts
@@ -183,6 +187,7 @@ impl State {
 
     /// `target` was released: its model key dies with it; its account stays for the totals.
     pub(super) fn close_account(&mut self, target: &Target) {
+        self.passes_changed();
         if let Some(id) = self.ledger.live.remove(target)
             && let Some(account) = self.ledger.accounts.get_mut(&id)
         {
@@ -192,7 +197,7 @@ impl State {
     }
 
     /// What `tree` spent, every member of it together, released ones included.
-    fn tree_spent(&self, tree: &Target) -> Spent {
+    pub(super) fn tree_spent(&self, tree: &Target) -> Spent {
         self.ledger
             .totals
             .trees
@@ -202,7 +207,7 @@ impl State {
     }
 
     /// The account of the member at the top of `tree` (its live one, else its newest).
-    fn tree_account(&self, tree: &Target) -> Option<u64> {
+    pub(super) fn tree_account(&self, tree: &Target) -> Option<u64> {
         self.ledger.live.get(tree).copied().or_else(|| {
             self.ledger
                 .accounts
@@ -333,6 +338,9 @@ impl State {
         self.dirty.accounts.insert(id);
         let account = account.clone();
         self.ledger.totals.count(&account, &tokens, cost_micros);
+        if self.budget_spent(&account) {
+            self.passes_changed();
+        }
         self.publish_gauges(&account);
         self.emit(FleetEvent::Usage {
             target: account.member.to_string(),
@@ -423,6 +431,7 @@ impl State {
         if let Some(id) = id {
             self.dirty.accounts.insert(id);
         }
+        self.passes_changed();
         Ok(if tree {
             let spent = self.tree_spent(target);
             view(&spent, budget.as_ref())

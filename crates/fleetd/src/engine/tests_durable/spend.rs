@@ -1,6 +1,8 @@
 //! Model accounts (`state::spend`) as the model gateway uses them: a member's key admitted only
 //! while it lives, usage kept across a kill -9, and budgets — the member's and its tree's — that
-//! refuse the next request, tell the lead once per episode and lift when raised.
+//! refuse the next request, tell the lead once per episode and lift when raised. Every answer
+//! the engine gives is checked against the pass it published for the same pane (`state::passes`),
+//! which the gateway admits by without the engine's turn: the two never disagree.
 
 use fleetd_core::AgentStatus;
 use fleetd_core::usage::Tokens;
@@ -56,11 +58,43 @@ async fn ann_with(disk: &Disk, fake: &FakeMux, budget: Budget, tree: Budget) -> 
 }
 
 async fn admit(engine: &EngineHandle, who: &str, key: &str) -> Result<u64, String> {
-    engine
-        .model_admit(t(who), key.to_owned(), "lab".to_owned())
+    admit_to(engine, who, key, "lab").await
+}
+
+/// The engine's answer to `who`'s request for `backend` with `key`, once the pass published
+/// for `who`'s pane is shown to give the same.
+async fn admit_to(
+    engine: &EngineHandle,
+    who: &str,
+    key: &str,
+    backend: &str,
+) -> Result<u64, String> {
+    let answer = engine
+        .model_admit(t(who), key.to_owned(), backend.to_owned())
         .await
         .expect("engine")
-        .map_err(|r| format!("{}: {}", r.code.as_str(), r.message))
+        .map_err(|r| format!("{}: {}", r.code.as_str(), r.message));
+    assert_eq!(
+        pass_to(engine, who, key, backend),
+        answer.as_ref().ok().map(|id| (t(who), *id)),
+        "{who}'s pass for {key} to {backend} disagrees with the engine's {answer:?}"
+    );
+    answer
+}
+
+/// The pass the engine published for a request from `who`'s pane (ann's `w2:p1`, else bo's).
+fn pass_to(engine: &EngineHandle, who: &str, key: &str, backend: &str) -> Option<(Target, u64)> {
+    let (pane, terminal) = if who == "ann" {
+        ("w2:p1", "t-a")
+    } else {
+        ("w2:p2", "t-b")
+    };
+    let terminal = fleetd_core::TerminalId::new(terminal).expect("terminal");
+    engine.model_pass(&qualified(pane), &terminal, key, backend)
+}
+
+fn pass(engine: &EngineHandle, who: &str, key: &str) -> Option<(Target, u64)> {
+    pass_to(engine, who, key, "lab")
 }
 
 async fn spend(engine: &EngineHandle, account: u64, n: u64) {
@@ -93,15 +127,14 @@ async fn a_key_is_good_only_for_its_member_its_backend_and_while_it_lives() {
     // bo has no account: ann's key from bo's pane is nothing.
     let other = admit(&engine, "bo", KEY).await.expect_err("refused");
     assert!(other.starts_with("model_key_refused"), "{other}");
-    let backend = engine
-        .model_admit(t("ann"), KEY.to_owned(), "other".to_owned())
-        .await
-        .expect("engine");
+    let backend = admit_to(&engine, "ann", KEY, "other").await;
     assert!(backend.is_err(), "another backend");
     engine
         .release(t("ann"), "stopped".to_owned())
         .await
         .expect("engine");
+    // Gone from the passes by the time the release is answered, before anyone asks the engine.
+    assert_eq!(pass(&engine, "ann", KEY), None, "a released member's pass");
     let gone = admit(&engine, "ann", KEY).await.expect_err("refused");
     assert!(gone.starts_with("model_key_refused"), "{gone}");
 }
@@ -149,6 +182,11 @@ async fn a_budget_refuses_the_next_request_tells_the_lead_once_and_lifts_when_ra
     settle().await;
     assert_eq!(incidents(&disk, "ann", "of its model budget").await, 1);
     spend(&engine, account, 20).await; // 110: over
+    assert_eq!(
+        pass(&engine, "ann", KEY),
+        None,
+        "gone once the answer is counted"
+    );
     for _ in 0..3 {
         let refused = admit(&engine, "ann", KEY).await.expect_err("over budget");
         assert!(refused.starts_with("budget_reached"), "{refused}");
@@ -165,6 +203,7 @@ async fn a_budget_refuses_the_next_request_tells_the_lead_once_and_lifts_when_ra
         .await
         .expect("engine")
         .expect("set");
+    assert_eq!(pass(&engine, "ann", KEY), Some((t("ann"), account)), "back");
     settle().await;
     assert!(admit(&engine, "ann", KEY).await.is_ok(), "lifted");
     // A new episode: reaching the raised budget tells the lead again.
@@ -199,6 +238,11 @@ async fn a_tree_budget_counts_every_member_under_its_head() {
         .expect("engine");
     let bo = admit(&engine, "bo", "bo-key").await.expect("admitted");
     spend(&engine, bo, 30).await; // the tree: 65 of 50
+    assert_eq!(
+        pass(&engine, "ann", KEY),
+        None,
+        "bo's answer spent ann's tree"
+    );
     let refused = admit(&engine, "bo", "bo-key").await.expect_err("tree over");
     assert!(refused.contains("headed by ann"), "{refused}");
     assert!(admit(&engine, "ann", KEY).await.is_err(), "the head too");
