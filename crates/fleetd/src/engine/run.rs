@@ -441,16 +441,9 @@ impl Engine {
             let now = self.parts.clock.now();
             let mut io = Vec::new();
             let mut replies = Vec::new();
+            let mut stop = None;
             match input {
-                Input::Msg(Msg::Command(Command::Shutdown { reply })) => {
-                    self.shutdown().await;
-                    let _ = reply.send(());
-                    return;
-                }
-                Input::Msg(Msg::Command(command)) => {
-                    self.command(command, now, &mut io, &mut replies);
-                }
-                Input::Msg(Msg::Event(event)) => self.event(event, now, &mut io),
+                Input::Msg(msg) => stop = self.take_turn(msg, &mut rx, now, &mut io, &mut replies),
                 Input::Pane(Ok(RoutedEvent { daemon, event })) => {
                     let pane = QualifiedPaneId::new(daemon, event.pane().clone());
                     match event {
@@ -488,6 +481,11 @@ impl Engine {
                 Input::Tick => self.state.tick(now, &mut io),
             }
             self.flush(io, replies);
+            if let Some(reply) = stop {
+                self.shutdown().await;
+                let _ = reply.send(());
+                return;
+            }
         }
     }
 

@@ -6,10 +6,49 @@ use jiff::Timestamp;
 
 use super::super::Command;
 use super::super::state::Io;
-use super::{Deferred, Engine, Event};
+use super::{Deferred, Engine, Event, Msg};
 use fleetd_core::access::Refusal;
+use tokio::sync::{mpsc, oneshot};
+
+/// Inputs from the handles taken in one turn at most: a burst costs one flush and one commit,
+/// and the multiplexer's events and the timers still come between bursts.
+const TURN_MAX: usize = 64;
 
 impl Engine {
+    /// `first`, and what else already waits in the queue behind it (up to [`TURN_MAX`]), in
+    /// one turn: their changes are committed together and their deferred replies sent after that
+    /// one commit, so eight answers ending at once or sixty-four senders cost one end of turn
+    /// (the delegation pass over open tickets, the passes, the commit) rather than one each.
+    /// Each is handled with the time it is taken at, and the lead rule's busy spans follow each.
+    /// A shutdown ends the turn: its reply is returned, for the loop to stop after the flush.
+    pub(super) fn take_turn(
+        &mut self,
+        first: Msg,
+        rx: &mut mpsc::Receiver<Msg>,
+        now: Timestamp,
+        io: &mut Vec<Io>,
+        replies: &mut Vec<Deferred>,
+    ) -> Option<oneshot::Sender<()>> {
+        let (mut msg, mut now) = (first, now);
+        for taken in 1..=TURN_MAX {
+            match msg {
+                Msg::Command(Command::Shutdown { reply }) => return Some(reply),
+                Msg::Command(command) => self.command(command, now, io, replies),
+                Msg::Event(event) => self.event(event, now, io),
+            }
+            self.state.follow_busy(now);
+            // Nothing is taken from the queue that this turn would not handle.
+            if taken == TURN_MAX {
+                break;
+            }
+            let Ok(queued) = rx.try_recv() else {
+                break;
+            };
+            (msg, now) = (queued, self.parts.clock.now());
+        }
+        None
+    }
+
     pub(super) fn command(
         &mut self,
         command: Command,

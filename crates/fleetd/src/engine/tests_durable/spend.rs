@@ -173,6 +173,27 @@ async fn usage_is_kept_across_a_kill_and_the_key_still_works_after_it() {
     assert_eq!(leads[0].1.tokens.input, 15);
 }
 
+/// Answers that end together are taken by the engine as one turn (`run::dispatch::take_turn`),
+/// up to a bound: a burst of several turns' worth loses none of them and counts each once.
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_answers_larger_than_a_turn_is_counted_whole() {
+    let (fake, disk) = ann_pane(AgentStatus::Idle);
+    let first = ann_with(&disk, &fake, None, None).await;
+    let account = admit(&first, "ann", KEY).await.expect("admitted");
+    let burst = (0..150).map(|_| spend(&first, account, 1));
+    futures_util::future::join_all(burst).await;
+    let second = disk.restart(first, &fake).await;
+    settle().await;
+    let listed = second.list().await.expect("engine");
+    let usage = listed[0].usage.clone().expect("ann's usage");
+    // Each answer: 1 in, 1 out, 3 cache reads, 2 cache writes.
+    assert_eq!(usage.total_tokens, 150 * 7, "{usage:?}");
+    assert_eq!(
+        second.usage_totals().await.expect("engine").trees["ann"].cost_micros,
+        150
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_budget_refuses_the_next_request_tells_the_lead_once_and_lifts_when_raised() {
     let (fake, disk) = ann_pane(AgentStatus::Idle);
