@@ -327,20 +327,13 @@ impl EngineHandle {
         .await
     }
 
-    /// [`EngineHandle::model_admit_at`]'s yes, read from the passes the engine last published
-    /// instead of in its turn (`state::passes`): `None` for everything else, which the engine
-    /// answers itself.
-    pub fn model_pass(
-        &self,
-        pane: &QualifiedPaneId,
-        terminal: &TerminalId,
-        key_hash: &str,
-        backend: &str,
-    ) -> Option<(Target, u64)> {
-        if !self.life.alive() {
-            return None;
-        }
-        crate::sync::lock(&self.life.passes).admits(pane, terminal, key_hash, backend)
+    /// The model gateway's passes as the engine last published them (`state::passes`): whom
+    /// [`EngineHandle::model_admit_at`] would admit, read without its turn; `None` once the
+    /// engine is gone.
+    pub fn model_passes(&self) -> Option<Arc<super::Passes>> {
+        self.life
+            .alive()
+            .then(|| Arc::clone(&crate::sync::lock(&self.life.passes)))
     }
 
     /// A model response on `account` ended with `tokens` costing `cost_micros`: returns once

@@ -32,7 +32,7 @@ use crate::store::InboxStore;
 pub use gateway_handle::{PeerSpawn, RemoteSpawned, SpawnAnswer, SpawnRemote};
 pub use run::spawn;
 pub use state::{
-    Delegator, GatewayOutcome, MemberModel, PeerRefusal, Standing, UsageTotals, UsageView,
+    Delegator, GatewayOutcome, MemberModel, Passes, PeerRefusal, Standing, UsageTotals, UsageView,
 };
 pub use wake::WakeView;
 

@@ -128,9 +128,8 @@ async fn admit_and_send(
     // long way, for the refusal's words (or a member by its user, `runAs`).
     let key_hash = key::hash(key);
     let fast = match crate::identity::own_users_pane(fleet, conn).await {
-        Some(p) => match fleet
-            .engine
-            .model_pass(&p.pane, &p.terminal, &key_hash, name)
+        Some(p) => match (fleet.engine.model_passes())
+            .and_then(|passes| passes.admits(&p.pane, &p.terminal, &key_hash, name))
         {
             Some(pass) => Some(Ok(pass)),
             None => (fleet.engine)

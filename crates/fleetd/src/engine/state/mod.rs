@@ -39,6 +39,7 @@ pub(in crate::engine) use gateway_refusals::REFUSAL_WINDOW;
 #[cfg(test)]
 pub(in crate::engine) use handed_replies::HANDED_TTL;
 pub(in crate::engine) use passes::PassBoard;
+pub use passes::Passes;
 pub(in crate::engine) use push::push_config;
 pub(in crate::engine) use spend::ACCOUNT;
 pub use spend::{MemberModel, UsageTotals, UsageView};

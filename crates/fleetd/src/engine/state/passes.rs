@@ -25,7 +25,7 @@ pub(in crate::engine) type PassBoard = Arc<Mutex<Arc<Passes>>>;
 /// Every live member with a model account whose budgets allow a request, by its pane and that
 /// pane's incarnation.
 #[derive(Debug, Default)]
-pub(in crate::engine) struct Passes(HashMap<(QualifiedPaneId, TerminalId), Pass>);
+pub struct Passes(HashMap<(QualifiedPaneId, TerminalId), Pass>);
 
 /// One member's pass.
 #[derive(Debug)]
@@ -40,7 +40,7 @@ struct Pass {
 impl Passes {
     /// The member at `pane` (incarnation `terminal`) and the account to count on, when a
     /// request from there presenting a key hashed `key_hash` for `backend` is admitted as is.
-    pub(in crate::engine) fn admits(
+    pub fn admits(
         &self,
         pane: &QualifiedPaneId,
         terminal: &TerminalId,

@@ -90,7 +90,9 @@ fn pass_to(engine: &EngineHandle, who: &str, key: &str, backend: &str) -> Option
         ("w2:p2", "t-b")
     };
     let terminal = fleetd_core::TerminalId::new(terminal).expect("terminal");
-    engine.model_pass(&qualified(pane), &terminal, key, backend)
+    engine
+        .model_passes()
+        .and_then(|passes| passes.admits(&qualified(pane), &terminal, key, backend))
 }
 
 fn pass(engine: &EngineHandle, who: &str, key: &str) -> Option<(Target, u64)> {
