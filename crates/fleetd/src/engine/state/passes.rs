@@ -12,24 +12,23 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use fleetd_core::usage;
 use fleetd_core::{QualifiedPaneId, Target, TerminalId};
 
 use super::State;
-use super::spend::{Account, limit};
-use crate::config::BudgetSpec;
 
 /// The published passes, shared by the engine (writer) and its handles (readers).
 pub(in crate::engine) type PassBoard = Arc<Mutex<Arc<Passes>>>;
 
-/// Every live member with a model account whose budgets allow a request, by its pane and that
-/// pane's incarnation.
+/// Every live member with a model account whose budgets allow a request, by its pane (a pane
+/// holds one member at a time).
 #[derive(Debug, Default)]
-pub struct Passes(HashMap<(QualifiedPaneId, TerminalId), Pass>);
+pub struct Passes(HashMap<QualifiedPaneId, Pass>);
 
 /// One member's pass.
 #[derive(Debug)]
 struct Pass {
+    /// The incarnation of its pane it runs in.
+    terminal: TerminalId,
     target: Target,
     account: u64,
     /// The SHA-256 of its model key, hex.
@@ -47,8 +46,9 @@ impl Passes {
         key_hash: &str,
         backend: &str,
     ) -> Option<(Target, u64)> {
-        let pass = self.0.get(&(pane.clone(), terminal.clone()))?;
-        (crate::identity::constant_time_eq(pass.key_hash.as_bytes(), key_hash.as_bytes())
+        let pass = self.0.get(pane)?;
+        (pass.terminal == *terminal
+            && crate::identity::constant_time_eq(pass.key_hash.as_bytes(), key_hash.as_bytes())
             && pass.backend == backend)
             .then(|| (pass.target.clone(), pass.account))
     }
@@ -66,7 +66,7 @@ impl State {
     }
 
     /// At a turn's end: the passes written again when the turn changed what they hold.
-    pub(in crate::engine) fn publish_passes(&mut self) {
+    pub(super) fn publish_passes(&mut self) {
         if !std::mem::take(&mut self.ledger.passes_stale) {
             return;
         }
@@ -78,12 +78,13 @@ impl State {
             let (Some(key_hash), Some(member)) = (&account.key, self.members.get(target)) else {
                 continue;
             };
-            if self.budget_spent(account) {
+            if self.over_budget(account).is_some() {
                 continue;
             }
             passes.insert(
-                (member.pane.clone(), member.terminal.clone()),
+                member.pane.clone(),
                 Pass {
+                    terminal: member.terminal.clone(),
                     target: target.clone(),
                     account: *id,
                     key_hash: key_hash.clone(),
@@ -92,20 +93,5 @@ impl State {
             );
         }
         *crate::sync::lock(&self.ledger.board) = Arc::new(Passes(passes));
-    }
-
-    /// Is `account`'s own budget, or its tree's, spent?
-    pub(super) fn budget_spent(&self, account: &Account) -> bool {
-        let over = |spent: &usage::Spent, b: &BudgetSpec| {
-            usage::standing(spent, &limit(b), 1.0) == usage::Standing::Over
-        };
-        account
-            .budget
-            .as_ref()
-            .is_some_and(|b| over(&account.spent, b))
-            || self
-                .tree_account(&account.tree)
-                .and_then(|top| self.ledger.accounts.get(&top)?.tree_budget)
-                .is_some_and(|b| over(&self.tree_spent(&account.tree), &b))
     }
 }

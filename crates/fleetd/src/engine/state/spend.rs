@@ -32,19 +32,31 @@ pub(super) struct Account {
     profile: String,
     pub(super) backend: String,
     /// The member at the top of the delegation tree it was spawned into (itself under a lead).
-    pub(super) tree: Target,
+    tree: Target,
     /// The lead at the top of that tree (its pane), when a lead spawned the tree.
     lead: Option<String>,
     /// The SHA-256 of its model key (hex) while the member lives; `None` once released.
     pub(super) key: Option<String>,
-    pub(super) spent: Spent,
-    pub(super) budget: Option<BudgetSpec>,
+    spent: Spent,
+    budget: Option<BudgetSpec>,
     /// The budget of the tree this member heads (meaningful on a tree's top member).
-    pub(super) tree_budget: Option<BudgetSpec>,
+    tree_budget: Option<BudgetSpec>,
     /// This budget episode's warning / stop were told to the lead.
     #[serde(default)]
     told: Told,
     opened_at: Timestamp,
+}
+
+/// A budget that stops an account's next request.
+pub(super) enum OverBudget {
+    /// The member's own.
+    Own(BudgetSpec),
+    /// Its tree's, held by account `top`, which the tree's members together spent.
+    Tree {
+        top: u64,
+        spent: Spent,
+        budget: BudgetSpec,
+    },
 }
 
 /// Which notices of the current budget episodes the lead has had.
@@ -114,7 +126,7 @@ pub(super) fn dollars(micros: u64) -> f64 {
     micros as f64 / 1e6
 }
 
-pub(super) fn limit(spec: &BudgetSpec) -> usage::Budget {
+fn limit(spec: &BudgetSpec) -> usage::Budget {
     usage::Budget {
         tokens: spec.tokens,
         cost_micros: spec.cost_micros,
@@ -197,7 +209,7 @@ impl State {
     }
 
     /// What `tree` spent, every member of it together, released ones included.
-    pub(super) fn tree_spent(&self, tree: &Target) -> Spent {
+    fn tree_spent(&self, tree: &Target) -> Spent {
         self.ledger
             .totals
             .trees
@@ -207,7 +219,7 @@ impl State {
     }
 
     /// The account of the member at the top of `tree` (its live one, else its newest).
-    pub(super) fn tree_account(&self, tree: &Target) -> Option<u64> {
+    fn tree_account(&self, tree: &Target) -> Option<u64> {
         self.ledger.live.get(tree).copied().or_else(|| {
             self.ledger
                 .accounts
@@ -251,19 +263,10 @@ impl State {
                 ),
             ));
         }
-        let own = account
-            .budget
-            .filter(|b| usage::standing(&account.spent, &limit(b), 1.0) == usage::Standing::Over);
-        let tree = account.tree.clone();
-        let tree_over = self.tree_account(&tree).and_then(|top| {
-            let b = self.ledger.accounts.get(&top)?.tree_budget?;
-            let spent = self.tree_spent(&tree);
-            (usage::standing(&spent, &limit(&b), 1.0) == usage::Standing::Over)
-                .then_some((top, spent, b))
-        });
-        if let Some(b) = own {
-            let spent = account.spent;
-            let words = usage::describe(&spent, &limit(&b));
+        let (tree, own_spent) = (account.tree.clone(), account.spent);
+        let over = self.over_budget(account);
+        if let Some(OverBudget::Own(b)) = over {
+            let words = usage::describe(&own_spent, &limit(&b));
             self.tell_once(id, target, (|t| &mut t.stopped, "budget"), || {
                 format!("[fleet] incident: member {target} reached its model budget ({words}); its model requests are refused until the operator raises it: fleetd budget {target} --tokens N / --cost-usd X")
             }, io);
@@ -274,7 +277,12 @@ impl State {
                 ),
             ));
         }
-        if let Some((top, spent, b)) = tree_over {
+        if let Some(OverBudget::Tree {
+            top,
+            spent,
+            budget: b,
+        }) = over
+        {
             let words = usage::describe(&spent, &limit(&b));
             self.tell_once(top, target, (|t| &mut t.tree_stopped, "budget"), || {
                 format!("[fleet] incident: the delegation tree of {tree} reached its model budget ({words}); its members' model requests are refused until the operator raises it: fleetd budget {tree} --tree --tokens N / --cost-usd X")
@@ -287,6 +295,22 @@ impl State {
             ));
         }
         Ok(id)
+    }
+
+    /// The budget that stops `account`'s next request, if one does: its own first, then its
+    /// tree's. The one rule of "spent" — [`State::model_admit`] refuses by it, and the passes
+    /// leave out whom it stops.
+    pub(super) fn over_budget(&self, account: &Account) -> Option<OverBudget> {
+        let over = |spent: &Spent, b: &BudgetSpec| {
+            usage::standing(spent, &limit(b), 1.0) == usage::Standing::Over
+        };
+        if let Some(b) = account.budget.filter(|b| over(&account.spent, b)) {
+            return Some(OverBudget::Own(b));
+        }
+        let top = self.tree_account(&account.tree)?;
+        let budget = self.ledger.accounts.get(&top)?.tree_budget?;
+        let spent = self.tree_spent(&account.tree);
+        over(&spent, &budget).then_some(OverBudget::Tree { top, spent, budget })
     }
 
     /// Tells `target`'s lead `text` once per budget episode (the flag `which` of account `id`), and
@@ -338,7 +362,7 @@ impl State {
         self.dirty.accounts.insert(id);
         let account = account.clone();
         self.ledger.totals.count(&account, &tokens, cost_micros);
-        if self.budget_spent(&account) {
+        if self.over_budget(&account).is_some() {
             self.passes_changed();
         }
         self.publish_gauges(&account);

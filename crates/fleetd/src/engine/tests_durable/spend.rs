@@ -122,6 +122,13 @@ async fn a_key_is_good_only_for_its_member_its_backend_and_while_it_lives() {
         .await
         .expect("engine");
     assert!(admit(&engine, "ann", KEY).await.is_ok());
+    // Ann's pane in another incarnation (her agent restarted, say) holds no pass of hers.
+    let other_terminal = fleetd_core::TerminalId::new("t-later").expect("terminal");
+    let passes = engine.model_passes().expect("engine");
+    assert_eq!(
+        passes.admits(&qualified("w2:p1"), &other_terminal, KEY, "lab"),
+        None
+    );
     let wrong = admit(&engine, "ann", "another-hash")
         .await
         .expect_err("refused");
