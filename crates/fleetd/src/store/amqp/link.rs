@@ -1,5 +1,6 @@
-//! A gateway's link to the shared broker (SPEC §12): one connection, kept up for as long as the
-//! daemon runs — broker URLs tried in turn, reconnecting with backoff after any loss — with a
+//! A gateway's link to the shared broker (SPEC §12): two connections, one publishing and one
+//! consuming (why two: `link::connect`), kept up together for as long as the daemon runs —
+//! broker URLs tried in turn, reconnecting both with backoff after any loss of either — with a
 //! confirm-mode channel that publishes envelopes to `fleet.x` (mandatory, persistent, stamped
 //! with the broker-validated `user_id`), and a consumer of this gateway's inbound queue that
 //! hands each delivery (the `user_id` the broker vouched for, its routing key, its body) to the
@@ -8,7 +9,7 @@
 //! the broker cancels is consumed again. A nacked publish is tried again on a
 //! new channel (RabbitMQ can keep nacking one channel's publishes to a quorum queue: see
 //! [`Link::publish`]). A link counts as lost on whichever
-//! shows it first: the consumer ending, an error event on the connection, or a publish the
+//! shows it first: the consumer ending, an error event on either connection, or a publish the
 //! connection refuses (lapin does not always end the consumer of a connection whose socket
 //! died). Knows lapin; knows nothing about what
 //! an envelope means. The topology is the administrator's (`fleetd gateway provision`): the link
@@ -19,22 +20,19 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleetd_core::gateway::{EXCHANGE, GatewayName};
+use fleetd_core::gateway::GatewayName;
 use futures_util::StreamExt as _;
-use lapin::options::{
-    BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions, QueueDeclareOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
 use tokio_util::sync::CancellationToken;
 
 pub use super::tls::{LinkTls, TlsError};
 
+mod connect;
 mod consume;
 mod publish;
 
+use connect::Events;
 pub use publish::Confirming;
-use publish::{Publisher, confirm_channel};
+use publish::Publisher;
 
 /// Longest wait for one connection attempt (TCP + AMQP handshake).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -264,29 +262,24 @@ impl Link {
                 () = stop.cancelled() => return,
             };
             match session {
-                Ok(Session {
-                    connection,
-                    consumer,
-                    presence_consumer,
-                    events,
-                    generation,
-                }) => {
+                Ok(mut session) => {
                     backoff = BACKOFF_START;
                     tracing::info!(gateway = %self.inner.config.me, broker = %url, "gateway linked to the broker");
                     let why = tokio::select! {
-                        why = self.consume(consumer, &deliver) => why,
-                        why = take_presence(presence_consumer, &presence) => why,
-                        why = broken(events) => why,
-                        why = self.kicked(generation) => why,
+                        why = self.consume(&mut session.consumer, &deliver) => why,
+                        why = take_presence(session.presence_consumer.as_mut(), &presence) => why,
+                        why = broken(&mut session.publishing_events) => why,
+                        why = broken(&mut session.consuming_events) => why,
+                        why = self.kicked(session.generation) => why,
                         () = stop.cancelled() => {
                             self.set_down("the daemon is stopping".to_owned());
-                            let _ = connection.close(200, "fleetd stopping".into()).await;
+                            session.close("fleetd stopping").await;
                             return;
                         }
                     };
                     self.set_down(why.clone());
                     tracing::warn!(gateway = %self.inner.config.me, reason = %why, "gateway link lost; reconnecting");
-                    let _ = connection.close(200, "reconnecting".into()).await;
+                    session.close("reconnecting").await;
                 }
                 Err(why) => {
                     self.set_down(why.clone());
@@ -332,126 +325,12 @@ impl Link {
             self.inner.kick.notify_one();
         }
     }
-
-    /// Connects to `url`, checks the topology is there, and starts consuming.
-    async fn connect(&self, url: &str) -> Result<Session, String> {
-        let config = &self.inner.config;
-        let full = with_credentials(url, &config.user, &config.password, config.heartbeat_secs)?;
-        let props = ConnectionProperties::default()
-            .with_connection_name(format!("fleetd gateway {}", config.me).into());
-        let connecting = super::tls::connect(&full, props, &config.tls);
-        let connection = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
-            .await
-            .map_err(|_| format!("no answer from {url} within {}s", CONNECT_TIMEOUT.as_secs()))?
-            .map_err(|e| format!("{url}: {e}"))?;
-        let connection = Arc::new(connection);
-        // Listening from the start: lapin only reports events to a listener that exists.
-        let events = connection.events_listener();
-        let publisher = confirm_channel(&connection).await?;
-        let passive = ExchangeDeclareOptions {
-            passive: true,
-            ..ExchangeDeclareOptions::default()
-        };
-        publisher
-            .exchange_declare(
-                EXCHANGE.into(),
-                lapin::ExchangeKind::Topic,
-                passive,
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| missing(&format!("exchange {EXCHANGE}"), &e))?;
-        let consumer_channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| e.to_string())?;
-        let inbound = config.me.inbound_queue();
-        consumer_channel
-            .queue_declare(
-                inbound.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| missing(&format!("queue {inbound}"), &e))?;
-        consumer_channel
-            .basic_qos(PREFETCH, BasicQosOptions { global: false })
-            .await
-            .map_err(|e| e.to_string())?;
-        let consumer = consumer_channel
-            .basic_consume(
-                inbound.as_str().into(),
-                format!("fleetd-{}", config.me).as_str().into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| format!("cannot consume {inbound}: {e}"))?;
-        // Presence is soft state: taken as it comes, never acknowledged one by one.
-        let presence_queue = config.me.presence_queue();
-        let presence_channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| e.to_string())?;
-        // Not reading it costs only the other gateways' presence (their members show stale),
-        // never the link: tasks and replies do not wait for it.
-        let presence_consumer = match presence_channel
-            .basic_consume(
-                presence_queue.as_str().into(),
-                format!("fleetd-{}-presence", config.me).as_str().into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-        {
-            Ok(consumer) => Some(consumer),
-            Err(e) => {
-                let why = missing(&format!("queue {presence_queue}"), &e);
-                tracing::warn!(gateway = %config.me, reason = %why, "the gateway cannot read its presence queue; other gateways' members will show stale until the next reconnect");
-                None
-            }
-        };
-        let generation = self
-            .inner
-            .generation
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-            + 1;
-        *lock(&self.inner.publisher) = Some(Publisher {
-            generation,
-            channel: publisher,
-            connection: Arc::clone(&connection),
-        });
-        *lock(&self.inner.down) = None;
-        self.inner.up.notify_waiters();
-        Ok(Session {
-            connection,
-            consumer,
-            presence_consumer,
-            events: Box::pin(events),
-            generation,
-        })
-    }
-}
-
-/// A live connection: its consumers, its event stream, and its generation.
-struct Session {
-    connection: Arc<Connection>,
-    consumer: lapin::Consumer,
-    presence_consumer: Option<lapin::Consumer>,
-    events: Pin<Box<dyn futures_util::Stream<Item = lapin::Event> + Send>>,
-    generation: u64,
 }
 
 /// Hands each presence broadcast to `sink` until the consumer ends; why it ended. Without one
 /// (the presence queue could not be read) it never ends.
-async fn take_presence(consumer: Option<lapin::Consumer>, sink: &PresenceSink) -> String {
-    let Some(mut consumer) = consumer else {
+async fn take_presence(consumer: Option<&mut lapin::Consumer>, sink: &PresenceSink) -> String {
+    let Some(consumer) = consumer else {
         return std::future::pending().await;
     };
     while let Some(next) = consumer.next().await {
@@ -470,10 +349,8 @@ async fn take_presence(consumer: Option<lapin::Consumer>, sink: &PresenceSink) -
     "the broker cancelled the presence consumer".to_owned()
 }
 
-/// Waits for the connection to report an error; why.
-async fn broken(
-    mut events: Pin<Box<dyn futures_util::Stream<Item = lapin::Event> + Send>>,
-) -> String {
+/// Waits for a connection to report an error; why.
+async fn broken(events: &mut Events) -> String {
     while let Some(event) = events.next().await {
         if let lapin::Event::Error(e) = event {
             return format!("the connection failed: {e}");
@@ -482,77 +359,6 @@ async fn broken(
     "the connection ended".to_owned()
 }
 
-/// A refusal of a passive declare, in words that say what to do.
-fn missing(what: &str, e: &lapin::Error) -> String {
-    if super::session::is_not_found(e) {
-        format!(
-            "the broker has no {what}: provision the fleet first (`fleetd gateway provision`, README)"
-        )
-    } else {
-        format!("cannot check {what}: {e}")
-    }
-}
-
-/// `amqp://host/vhost` with `user:password@` and the heartbeat.
-fn with_credentials(
-    url: &str,
-    user: &str,
-    password: &str,
-    heartbeat: u64,
-) -> Result<String, String> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| format!("{url:?} is not an AMQP URL"))?;
-    let auth = if password.is_empty() {
-        format!("{}@", encode(user))
-    } else {
-        format!("{}:{}@", encode(user), encode(password))
-    };
-    let sep = if rest.contains('?') { '&' } else { '?' };
-    Ok(format!("{scheme}://{auth}{rest}{sep}heartbeat={heartbeat}"))
-}
-
-/// Percent-encodes everything but RFC 3986's unreserved characters.
-fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     crate::sync::lock(m)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn credentials_and_the_heartbeat_go_into_the_url() {
-        assert_eq!(
-            with_credentials("amqp://rmq:5672/fleet", "a", "p@ss/w", 15).expect("url"),
-            "amqp://a:p%40ss%2Fw@rmq:5672/fleet?heartbeat=15"
-        );
-        assert_eq!(
-            with_credentials("amqps://rmq/fleet?x=1", "b", "", 5).expect("url"),
-            "amqps://b@rmq/fleet?x=1&heartbeat=5"
-        );
-        assert!(with_credentials("rmq:5672", "a", "", 5).is_err());
-        let config = LinkConfig {
-            me: GatewayName::new("a").expect("a"),
-            urls: vec![],
-            user: "a".to_owned(),
-            password: "hunter2".to_owned(),
-            heartbeat_secs: 15,
-            outbox_alarm: 1000,
-            tls: LinkTls::system(),
-        };
-        assert!(!format!("{config:?}").contains("hunter2"));
-    }
 }

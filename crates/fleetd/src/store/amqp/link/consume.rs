@@ -19,7 +19,11 @@ struct Waiting {
 
 impl Link {
     /// Takes deliveries until the consumer or the connection ends; why it ended.
-    pub(super) async fn consume(&self, mut consumer: lapin::Consumer, deliver: &Deliver) -> String {
+    pub(super) async fn consume(
+        &self,
+        consumer: &mut lapin::Consumer,
+        deliver: &Deliver,
+    ) -> String {
         let mut waiting = FuturesOrdered::new();
         let mut open = true;
         while open || !waiting.is_empty() {
