@@ -169,25 +169,6 @@ async fn check_and_drain(
     must_have.len()
 }
 
-/// Reopens the store at `spec` the way a restarted daemon would, after the writer of cycle
-/// `context` was killed, and checks and drains it ([`check_and_drain`]); how many acknowledged
-/// publishes it checked.
-async fn reopen_and_check(
-    spec: &StoreSpec,
-    targets: &[Target],
-    claims: &Claims,
-    history: &mut HashSet<MsgId>,
-    context: &str,
-    settle: Duration,
-) -> usize {
-    let store: Arc<dyn InboxStore> = store::open(spec, &StoreOptions::default())
-        .await
-        .unwrap_or_else(|err| panic!("{context}: reopen after kill -9 failed: {err}"));
-    let checked = check_and_drain(&*store, targets, claims, history, context, settle).await;
-    store.close().await.expect("close");
-    checked
-}
-
 /// The seed comes from `FLEETD_CRASH_SEED` when set (to replay a failure), else at random.
 fn seed() -> u64 {
     let seed = std::env::var("FLEETD_CRASH_SEED")
@@ -198,46 +179,93 @@ fn seed() -> u64 {
     seed
 }
 
+/// One crash run: the store the writer publishes into, killed and reopened cycle after cycle.
+struct KillRun<'a> {
+    /// The store the writer publishes into and each check reopens, the way a restarted daemon
+    /// would.
+    spec: StoreSpec,
+    targets: &'a [Target],
+    cycles: usize,
+    /// The range of delays (ms) after which each writer is killed.
+    kill_after_ms: std::ops::RangeInclusive<u64>,
+    /// How long a reopened store may take to give back a killed client's deliveries.
+    settle: Duration,
+}
+
+/// What [`kill_cycles`] proved.
+struct Checked {
+    /// Acknowledged publishes found again, exactly once, across all cycles.
+    publishes: usize,
+    /// Cycles whose writer died before its first publish.
+    kills_before_ready: usize,
+}
+
+/// Runs `run.cycles` writers on `run.spec`, each SIGKILLed at a moment drawn from `rng` (made
+/// from `seed`), and after each reopens the store the way a restarted daemon would and checks
+/// and drains it ([`check_and_drain`]).
+async fn kill_cycles(run: &KillRun<'_>, seed: u64, rng: &mut fastrand::Rng) -> Checked {
+    let (path, url) = match &run.spec {
+        StoreSpec::Embedded { path } => (path, None),
+        StoreSpec::Amqp { url, path } => (path, Some(url.as_str())),
+    };
+    let location = path.to_str().expect("utf-8 path");
+    let mut history = HashSet::new();
+    let mut checked = Checked {
+        publishes: 0,
+        kills_before_ready: 0,
+    };
+    for cycle in 0..run.cycles {
+        let delay = Duration::from_millis(rng.u64(run.kill_after_ms.clone()));
+        let claims = run_and_kill(location, url, run.targets, delay).await;
+        if claims.published.is_empty() {
+            checked.kills_before_ready += 1;
+        }
+        let context = format!("seed {seed}, cycle {cycle}, kill after {delay:?}");
+        let store: Arc<dyn InboxStore> = store::open(&run.spec, &StoreOptions::default())
+            .await
+            .unwrap_or_else(|err| panic!("{context}: reopen after kill -9 failed: {err}"));
+        checked.publishes += check_and_drain(
+            &*store,
+            run.targets,
+            &claims,
+            &mut history,
+            &context,
+            run.settle,
+        )
+        .await;
+        store.close().await.expect("close");
+    }
+    assert!(
+        checked.publishes > 0,
+        "the writer never got to publish: the test proved nothing"
+    );
+    checked
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_store_survives_kill_9_without_loss_or_duplicates() {
     const CYCLES: usize = 50;
-    let seed = seed();
-    let mut rng = fastrand::Rng::with_seed(seed);
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("inbox.db");
-    let location = path.to_str().expect("utf-8 path");
     let targets: Vec<Target> = ["amy", "ben", "cat"]
         .into_iter()
         .map(|name| Target::new(name).expect("valid"))
         .collect();
-    let spec = StoreSpec::Embedded { path: path.clone() };
-    let mut history = HashSet::new();
-    let (mut checked, mut kills_before_ready) = (0, 0);
-    for cycle in 0..CYCLES {
+    let run = KillRun {
+        spec: StoreSpec::Embedded {
+            path: dir.path().join("inbox.db"),
+        },
+        targets: &targets,
+        cycles: CYCLES,
         // 0–250 ms: some kills land during start-up (lock, migration, WAL recovery), most while
         // 16 tasks publish and ack.
-        let delay = Duration::from_millis(rng.u64(0..=250));
-        let claims = run_and_kill(location, None, &targets, delay).await;
-        if claims.published.is_empty() {
-            kills_before_ready += 1;
-        }
-        let context = format!("seed {seed}, cycle {cycle}, kill after {delay:?}");
-        checked += reopen_and_check(
-            &spec,
-            &targets,
-            &claims,
-            &mut history,
-            &context,
-            Duration::ZERO,
-        )
-        .await;
-    }
+        kill_after_ms: 0..=250,
+        settle: Duration::ZERO,
+    };
+    let seed = seed();
+    let checked = kill_cycles(&run, seed, &mut fastrand::Rng::with_seed(seed)).await;
     eprintln!(
-        "{CYCLES} kill -9 cycles: {checked} acknowledged publishes checked, 0 lost, 0 duplicated ({kills_before_ready} kills before the first publish)"
-    );
-    assert!(
-        checked > 0,
-        "the writer never got to publish: the test proved nothing"
+        "{CYCLES} kill -9 cycles: {} acknowledged publishes checked, 0 lost, 0 duplicated ({} kills before the first publish)",
+        checked.publishes, checked.kills_before_ready
     );
 }
 
@@ -249,42 +277,28 @@ async fn amqp_store_survives_kill_9_without_loss_or_duplicates() {
     }
     let seed = seed();
     let mut rng = fastrand::Rng::with_seed(seed);
-    let run = format!("k{:08x}", rng.u32(..));
+    let run_name = format!("k{:08x}", rng.u32(..));
     let targets: Vec<Target> = ["amy", "ben", "cat"]
         .into_iter()
-        .map(|name| Target::new(format!("{run}-{name}")).expect("valid"))
+        .map(|name| Target::new(format!("{run_name}-{name}")).expect("valid"))
         .collect();
     let _cleanup = QueueCleanup(targets.clone());
     // The writer's local file: it ingests what it publishes there, and each check reopens it
     // (with the broker) the way a restarted daemon would.
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("inbox.db");
-    let location = path.to_str().expect("utf-8 path");
-    let spec = StoreSpec::Amqp {
-        url: RABBITMQ_URL.to_owned(),
-        path: path.clone(),
+    let run = KillRun {
+        spec: StoreSpec::Amqp {
+            url: RABBITMQ_URL.to_owned(),
+            path: dir.path().join("inbox.db"),
+        },
+        targets: &targets,
+        cycles: CYCLES,
+        kill_after_ms: 50..=600,
+        settle: Duration::from_secs(20),
     };
-    let mut history = HashSet::new();
-    let mut checked = 0;
-    for cycle in 0..CYCLES {
-        let delay = Duration::from_millis(rng.u64(50..=600));
-        let claims = run_and_kill(location, Some(RABBITMQ_URL), &targets, delay).await;
-        let context = format!("seed {seed}, cycle {cycle}, kill after {delay:?}");
-        checked += reopen_and_check(
-            &spec,
-            &targets,
-            &claims,
-            &mut history,
-            &context,
-            Duration::from_secs(20),
-        )
-        .await;
-    }
+    let checked = kill_cycles(&run, seed, &mut rng).await;
     eprintln!(
-        "{CYCLES} kill -9 cycles against RabbitMQ: {checked} confirmed publishes checked, 0 lost, 0 duplicated"
-    );
-    assert!(
-        checked > 0,
-        "the writer never got to publish: the test proved nothing"
+        "{CYCLES} kill -9 cycles against RabbitMQ: {} confirmed publishes checked, 0 lost, 0 duplicated",
+        checked.publishes
     );
 }
