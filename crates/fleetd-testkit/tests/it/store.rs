@@ -191,6 +191,16 @@ async fn peek_all(store: &dyn InboxStore, target: &Target) -> Vec<Message> {
     store.peek(target, 1000).await.expect("peek")
 }
 
+/// The targets `store` lists (those with anything pending).
+async fn listed_targets(store: &dyn InboxStore) -> BTreeSet<Target> {
+    store
+        .targets()
+        .await
+        .expect("targets")
+        .into_iter()
+        .collect()
+}
+
 fn ids(messages: &[Message]) -> Vec<MsgId> {
     messages.iter().map(|m| m.msg_id).collect()
 }
@@ -234,24 +244,68 @@ async fn paging_story(store: &dyn InboxStore, pager: &Target, other: &Message) {
         .collect();
     publish_all(store, &pagers).await;
 
-    // The count limit, and `after` continuing exactly where the last page ended.
-    let first = page(store, pager, None, 3, unlimited).await;
-    assert_eq!(first.messages, pagers[..3]);
-    assert!(first.more && !first.after_not_pending);
-    let second = page(store, pager, Some(pagers[2].msg_id), 3, unlimited).await;
-    assert_eq!(second.messages, pagers[3..6]);
-    assert!(second.more);
-    let last = page(store, pager, Some(pagers[5].msg_id), 3, unlimited).await;
-    assert_eq!(last.messages, pagers[6..]);
-    assert!(!last.more, "the last page says so");
-    let beyond = page(store, pager, Some(pagers[6].msg_id), 3, unlimited).await;
-    assert!(beyond.messages.is_empty() && !beyond.more && !beyond.after_not_pending);
-    let exact = page(store, pager, Some(pagers[3].msg_id), 3, unlimited).await;
-    assert_eq!(exact.messages, pagers[4..]);
-    assert!(
-        !exact.more,
-        "a page that takes exactly the rest has no more"
-    );
+    // Each page asked for — `after` (an index into `pagers`), the count limit and the byte
+    // budget — and what it must hold (a range of `pagers`) and whether it says more wait.
+    // First the count limit, with `after` continuing exactly where the last page ended; then
+    // the byte budget: a page stops before the message that would take it over, but the first
+    // message of a page is always there, however large.
+    let pages = [
+        (None, 3, unlimited, 0..3, true, "the first page"),
+        (Some(2), 3, unlimited, 3..6, true, "the page after it"),
+        (Some(5), 3, unlimited, 6..7, false, "the last page says so"),
+        (Some(6), 3, unlimited, 7..7, false, "nothing after the last"),
+        (
+            Some(3),
+            3,
+            unlimited,
+            4..7,
+            false,
+            "a page of exactly the rest has no more",
+        ),
+        (
+            None,
+            10,
+            25,
+            0..2,
+            true,
+            "10 + 10 fit in 25; 30 more does not",
+        ),
+        (
+            Some(1),
+            10,
+            25,
+            2..3,
+            true,
+            "30 bytes alone, over the budget",
+        ),
+        (
+            Some(2),
+            10,
+            25,
+            3..7,
+            false,
+            "5 + 5 + 5 + 10 = 25 fits exactly",
+        ),
+        (None, 10, 0, 0..1, true, "a zero budget still shows one"),
+        (
+            None,
+            0,
+            unlimited,
+            0..0,
+            true,
+            "limit 0 only says more wait",
+        ),
+    ];
+    for (after, limit, max_bytes, holds, more, why) in pages {
+        let after = after.map(|n: usize| pagers[n].msg_id);
+        let got = page(store, pager, after, limit, max_bytes).await;
+        assert_eq!(got.messages, pagers[holds], "{why}");
+        assert_eq!(
+            (got.more, got.after_not_pending),
+            (more, false),
+            "{why}: more, after not pending"
+        );
+    }
 
     // Paging through by `more` sees every message exactly once, in order.
     let mut seen = Vec::new();
@@ -266,37 +320,6 @@ async fn paging_story(store: &dyn InboxStore, pager: &Target, other: &Message) {
         }
     }
     assert_eq!(seen, pagers);
-
-    // The byte budget: a page stops before the message that would take it over; the first
-    // message of a page is always there, however large.
-    let budget = page(store, pager, None, 10, 25).await;
-    assert_eq!(
-        budget.messages,
-        pagers[..2],
-        "10 + 10 fit in 25; 30 more does not"
-    );
-    assert!(budget.more);
-    let big = page(store, pager, Some(pagers[1].msg_id), 10, 25).await;
-    assert_eq!(
-        big.messages,
-        pagers[2..3],
-        "30 bytes alone, over the budget"
-    );
-    assert!(big.more);
-    let small = page(store, pager, Some(pagers[2].msg_id), 10, 25).await;
-    assert_eq!(
-        small.messages,
-        pagers[3..],
-        "5 + 5 + 5 + 10 = 25 fits exactly"
-    );
-    assert!(!small.more);
-    let tiny = page(store, pager, None, 10, 0).await;
-    assert_eq!(tiny.messages, pagers[..1], "a zero budget still shows one");
-    let none = page(store, pager, None, 0, unlimited).await;
-    assert!(
-        none.messages.is_empty() && none.more,
-        "limit 0 only says more wait"
-    );
 
     // An `after` that is not pending here starts from the oldest and says so: an id never
     // seen, another target's message, and one acknowledged between two pages.
@@ -521,13 +544,7 @@ async fn conformance_story(backend: &impl Backend) {
         .cloned()
         .collect();
     all_targets.extend(many.iter().cloned());
-    let listed: BTreeSet<Target> = store
-        .targets()
-        .await
-        .expect("targets")
-        .into_iter()
-        .collect();
-    assert_eq!(listed, all_targets);
+    assert_eq!(listed_targets(&*store).await, all_targets);
 
     // Drain = peek + ack, in order, leaving the target empty.
     assert_eq!(store.drain(&bob).await.expect("drain"), bobs);
@@ -556,13 +573,11 @@ async fn conformance_story(backend: &impl Backend) {
             "{target}"
         );
     }
-    let listed: BTreeSet<Target> = store
-        .targets()
-        .await
-        .expect("targets")
-        .into_iter()
-        .collect();
-    assert_eq!(listed, all_targets, "targets after reopen");
+    assert_eq!(
+        listed_targets(&*store).await,
+        all_targets,
+        "targets after reopen"
+    );
     // A pending message published again after the reopen is still a duplicate.
     assert_eq!(
         store.publish(alices[2].clone()).await.expect("publish"),
