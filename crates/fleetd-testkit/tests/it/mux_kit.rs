@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use fleetd::mux::{Launch, Multiplexer, MuxError, OpenPane, PaneEvent, Placement};
+use fleetd::mux::{
+    Launch, Multiplexer, MuxError, OpenPane, PaneEvent, PaneInfo, Placement, SplitDirection,
+};
 use fleetd_core::{AgentStatus, PaneId, TerminalId};
 use fleetd_testkit::tmux::TmuxServer;
 use fleetd_testkit::{Service, bin_path, require_tmux};
@@ -30,12 +32,34 @@ pub(crate) fn member(workspace: &str, env: &[(&str, &str)], command: Vec<String>
         },
         label: Some("member".to_owned()),
         cwd: None,
-        env: env
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect::<BTreeMap<_, _>>(),
+        env: env_map(env),
         launch: Launch::Argv(command),
     }
+}
+
+/// An unlabelled pane split off `of` in `direction`, running `command` with `env`.
+pub(crate) fn split_pane(
+    of: &PaneId,
+    direction: SplitDirection,
+    env: &[(&str, &str)],
+    command: Vec<String>,
+) -> OpenPane {
+    OpenPane {
+        placement: Placement::Split {
+            of: of.clone(),
+            direction,
+        },
+        label: None,
+        cwd: None,
+        env: env_map(env),
+        launch: Launch::Argv(command),
+    }
+}
+
+fn env_map(env: &[(&str, &str)]) -> BTreeMap<String, String> {
+    env.iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
 }
 
 /// The built `sim-agent` with `args`.
@@ -64,6 +88,38 @@ pub(crate) fn write_script(path: &Path, body: &str) {
         .expect("chmod");
 }
 
+/// Opens a pane in workspace `fleet` running sim-agent with `args`, and once it is ready
+/// watches it until it reports idle: the events to follow its turns on, and the pane.
+pub(crate) async fn watched_sim_agent(
+    mux: &impl Multiplexer,
+    args: &[&str],
+) -> (broadcast::Receiver<PaneEvent>, PaneInfo) {
+    let mut events = mux.events();
+    let pane = mux
+        .open_pane(member("fleet", &[], sim_agent(args)))
+        .await
+        .expect("open");
+    wait_tail(mux, &pane.pane, "sim-agent ready").await;
+    mux.watch(&pane.pane).await.expect("watch");
+    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
+    (events, pane)
+}
+
+/// What a submit of `text` into `pane` and then an Enter failed with (each must fail).
+pub(crate) async fn failed_inputs(
+    mux: &impl Multiplexer,
+    pane: &PaneId,
+    text: &str,
+) -> [MuxError; 2] {
+    [
+        mux.submit(pane, text)
+            .await
+            .map(|_| ())
+            .expect_err("the submit fails"),
+        mux.press_enter(pane).await.expect_err("the Enter fails"),
+    ]
+}
+
 /// What `probe` finds, polled every 100 ms for 30 s; panics naming `what` when it finds nothing.
 pub(crate) async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
     for _ in 0..300 {
@@ -88,17 +144,22 @@ pub(crate) async fn wait_tail(mux: &impl Multiplexer, pane: &PaneId, needle: &st
     panic!("pane {pane} never showed {needle:?}; last read:\n{last}");
 }
 
-/// The next event `pred` accepts (others pass by); panics naming `what` after [`PATIENCE`].
-pub(crate) async fn next_event(
+/// What `pick` takes from the first event it takes anything from (others pass by); panics
+/// naming `what` after [`PATIENCE`].
+pub(crate) async fn next_pick<T>(
     rx: &mut broadcast::Receiver<PaneEvent>,
     what: &str,
-    mut pred: impl FnMut(&PaneEvent) -> bool,
-) -> PaneEvent {
+    mut pick: impl FnMut(&PaneEvent) -> Option<T>,
+) -> T {
     let wait = async {
         loop {
             match rx.recv().await {
-                Ok(event) if pred(&event) => return event,
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Ok(event) => {
+                    if let Some(picked) = pick(&event) {
+                        return picked;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {}
                 Err(broadcast::error::RecvError::Closed) => panic!("event channel closed"),
             }
         }
@@ -106,6 +167,15 @@ pub(crate) async fn next_event(
     tokio::time::timeout(PATIENCE, wait)
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// The next event `pred` accepts (others pass by); panics naming `what` after [`PATIENCE`].
+pub(crate) async fn next_event(
+    rx: &mut broadcast::Receiver<PaneEvent>,
+    what: &str,
+    mut pred: impl FnMut(&PaneEvent) -> bool,
+) -> PaneEvent {
+    next_pick(rx, what, |event| pred(event).then(|| event.clone())).await
 }
 
 /// Waits for `pane` to report each of `steps` in turn (other events pass by): a turn's
@@ -134,17 +204,11 @@ pub(crate) async fn gone(
     rx: &mut broadcast::Receiver<PaneEvent>,
     pane: &PaneId,
 ) -> Option<TerminalId> {
-    let what = format!("{pane} to be gone");
-    match next_event(
-        rx,
-        &what,
-        |e| matches!(e, PaneEvent::Gone { pane: p, .. } if p == pane),
-    )
+    next_pick(rx, &format!("{pane} to be gone"), |e| match e {
+        PaneEvent::Gone { pane: p, terminal } if p == pane => Some(terminal.clone()),
+        _ => None,
+    })
     .await
-    {
-        PaneEvent::Gone { terminal, .. } => terminal,
-        _ => unreachable!("a Gone event"),
-    }
 }
 
 /// Asserts that a call failed with not-found (the pane, or its agent, is affirmatively gone);

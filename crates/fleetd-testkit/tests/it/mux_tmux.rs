@@ -2,20 +2,17 @@
 //! (never the user's server): member env read back from `/proc`, literal text delivery, derived
 //! status, not-found versus transient errors, and a typing that may have typed (uncertain).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use fleetd::mux::tmux::Tmux;
-use fleetd::mux::{
-    Launch, Multiplexer, OpenPane, PaneEvent, Placement, SplitDirection, SubmitPath,
-};
+use fleetd::mux::{Multiplexer, PaneEvent, SplitDirection, SubmitPath};
 use fleetd_core::{AgentStatus, PaneId};
 use fleetd_testkit::tmux::TmuxServer;
 use fleetd_testkit::{Service, require_tmux, wait_until};
 
 use crate::mux_kit::{
-    PATIENCE, eventually, gone, member, not_found, real_tmux, sim_agent, statuses, tmux_server,
-    wait_tail, write_script,
+    PATIENCE, eventually, failed_inputs, gone, member, not_found, real_tmux, sim_agent, split_pane,
+    statuses, tmux_server, wait_tail, watched_sim_agent, write_script,
 };
 
 fn backend(server: &TmuxServer) -> Tmux {
@@ -93,16 +90,12 @@ async fn member_env_reaches_the_process_and_fleetd_env_does_not() {
     assert_eq!(second.workspace, pane.workspace);
     assert_ne!(second.tab, pane.tab);
     let split = tmux
-        .open_pane(OpenPane {
-            placement: Placement::Split {
-                of: second.pane.clone(),
-                direction: SplitDirection::Down,
-            },
-            label: None,
-            cwd: None,
-            env: BTreeMap::from([("SPLIT".to_owned(), "1".to_owned())]),
-            launch: Launch::Argv(sim_agent(&["--script", "silent"])),
-        })
+        .open_pane(split_pane(
+            &second.pane,
+            SplitDirection::Down,
+            &[("SPLIT", "1")],
+            sim_agent(&["--script", "silent"]),
+        ))
         .await
         .expect("split");
     assert_eq!(split.tab, second.tab);
@@ -273,18 +266,8 @@ async fn status_follows_the_title_spinner_and_closing_reports_gone() {
         return;
     };
     let tmux = backend(&server);
-    let mut events = tmux.events();
-    let pane = tmux
-        .open_pane(member(
-            "fleet",
-            &[],
-            sim_agent(&["--script", "silent", "--work-ms", "4000"]),
-        ))
-        .await
-        .expect("open");
-    wait_tail(&tmux, &pane.pane, "sim-agent ready").await;
-    tmux.watch(&pane.pane).await.expect("watch");
-    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
+    let (mut events, pane) =
+        watched_sim_agent(&tmux, &["--script", "silent", "--work-ms", "4000"]).await;
     tmux.submit(&pane.pane, "work please")
         .await
         .expect("submit");
@@ -357,17 +340,7 @@ async fn a_send_keys_that_times_out_may_have_typed() {
     // Processes; the control client's timeout is tested in `mux_tmux_control`.
     config.control_mode = false;
     let impatient = Tmux::new(config);
-    for err in [
-        impatient
-            .submit(&pane.pane, "maybe typed")
-            .await
-            .map(|_| ())
-            .expect_err("timed out"),
-        impatient
-            .press_enter(&pane.pane)
-            .await
-            .expect_err("timed out"),
-    ] {
+    for err in failed_inputs(&impatient, &pane.pane, "maybe typed").await {
         assert!(err.is_uncertain() && !err.is_not_found(), "{err}");
     }
     // Other calls that time out did nothing worth knowing: still transient.

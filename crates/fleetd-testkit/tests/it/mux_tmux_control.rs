@@ -14,8 +14,8 @@ use fleetd_testkit::tmux::TmuxServer;
 use tokio::sync::broadcast;
 
 use crate::mux_kit::{
-    eventually, gone, member, next_event, real_tmux, sim_agent, statuses, tmux_server, wait_tail,
-    write_script,
+    eventually, gone, member, next_pick, real_tmux, statuses, tmux_server, wait_tail,
+    watched_sim_agent, write_script,
 };
 
 /// Opens a pane running `cat` in a new tab of `workspace`.
@@ -49,17 +49,29 @@ fn invocations(log: &Path) -> Vec<String> {
 
 /// Waits for `pane`'s next status reading (any status) and returns its incarnation.
 async fn next_reading(rx: &mut broadcast::Receiver<PaneEvent>, pane: &PaneId) -> TerminalId {
-    let what = format!("a reading of {pane}");
-    match next_event(
-        rx,
-        &what,
-        |e| matches!(e, PaneEvent::StatusChanged { pane: p, .. } if p == pane),
-    )
+    next_pick(rx, &format!("a reading of {pane}"), |e| match e {
+        PaneEvent::StatusChanged {
+            pane: p, terminal, ..
+        } if p == pane => Some(terminal.clone()),
+        _ => None,
+    })
     .await
-    {
-        PaneEvent::StatusChanged { terminal, .. } => terminal,
-        _ => unreachable!("a reading"),
-    }
+}
+
+/// A backend on `server` that runs the tmux wrapper `wrapper` writes (into the server's
+/// directory, the wrapper logging to `log_name` there), with a `cat` pane open in `fleet`: the
+/// backend, the wrapper's log and the pane.
+async fn wrapped_tmux(
+    server: &TmuxServer,
+    wrapper: fn(&Path, &Path) -> PathBuf,
+    log_name: &str,
+) -> (Tmux, PathBuf, PaneId) {
+    let log = server.dir().join(log_name);
+    let mut config = server.backend_config();
+    config.program = wrapper(server.dir(), &log);
+    let tmux = Tmux::new(config);
+    let pane = open_cat(&tmux, "fleet").await.pane;
+    (tmux, log, pane)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -67,11 +79,7 @@ async fn hot_paths_run_no_tmux_process_while_the_control_client_is_up() {
     let Some(server) = tmux_server() else {
         return;
     };
-    let log = server.dir().join("invocations.log");
-    let mut config = server.backend_config();
-    config.program = logging_tmux(server.dir(), &log);
-    let tmux = Tmux::new(config);
-    let pane = open_cat(&tmux, "fleet").await.pane;
+    let (tmux, log, pane) = wrapped_tmux(&server, logging_tmux, "invocations.log").await;
     let mut events = tmux.events();
     tmux.watch(&pane).await.expect("watch");
     next_reading(&mut events, &pane).await;
@@ -140,11 +148,7 @@ async fn nothing_changes_in_tmux_while_a_control_client_attaches() {
     let Some(server) = tmux_server() else {
         return;
     };
-    let log = server.dir().join("attaches.log");
-    let mut config = server.backend_config();
-    config.program = slow_attaching_tmux(server.dir(), &log);
-    let tmux = Tmux::new(config);
-    let pane = open_cat(&tmux, "fleet").await.pane;
+    let (tmux, log, pane) = wrapped_tmux(&server, slow_attaching_tmux, "attaches.log").await;
     tmux.watch(&pane).await.expect("watch");
     eventually("the event client's tmux to be asked for", async || {
         attach_time(&log, "start", "fleet")
@@ -367,18 +371,8 @@ async fn status_changes_are_read_on_tmux_notifications_not_on_a_poll() {
     config.poll_interval = Duration::from_secs(60);
     config.safety_poll_interval = Duration::from_secs(60);
     let tmux = Tmux::new(config);
-    let pane = tmux
-        .open_pane(member(
-            "fleet",
-            &[],
-            sim_agent(&["--script", "silent", "--work-ms", "1500"]),
-        ))
-        .await
-        .expect("open");
-    wait_tail(&tmux, &pane.pane, "sim-agent ready").await;
-    let mut events = tmux.events();
-    tmux.watch(&pane.pane).await.expect("watch");
-    statuses(&mut events, &pane.pane, &[AgentStatus::Idle]).await;
+    let (mut events, pane) =
+        watched_sim_agent(&tmux, &["--script", "silent", "--work-ms", "1500"]).await;
     for turn in 0..2 {
         tmux.submit(&pane.pane, &format!("turn {turn}"))
             .await

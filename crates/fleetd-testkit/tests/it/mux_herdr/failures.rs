@@ -3,6 +3,7 @@
 //! watch that survives a herdr restart, and an exiting agent's incarnation reported gone.
 
 use super::*;
+use crate::mux_kit::{failed_inputs, next_pick};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_prompt_is_reported_and_the_adapter_presses_nothing() {
@@ -169,17 +170,7 @@ async fn pane_input_answered_after_the_client_gave_up_is_uncertain() {
         .expect_err("dropped");
     assert!(err.is_transient(), "{err}");
     let gone_socket = fx.nowhere();
-    for err in [
-        gone_socket
-            .submit(&pane.pane, "x")
-            .await
-            .map(|_| ())
-            .expect_err("no server"),
-        gone_socket
-            .press_enter(&pane.pane)
-            .await
-            .expect_err("no server"),
-    ] {
+    for err in failed_inputs(&gone_socket, &pane.pane, "x").await {
         assert!(err.is_transient() && !err.is_not_found(), "{err}");
     }
     let tail = fx.herdr.read_tail(&pane.pane, 200).await.expect("tail");
@@ -199,17 +190,13 @@ async fn status_watch_survives_a_herdr_restart() {
         matches!(e, PaneEvent::Gone { pane: p, terminal: Some(t) } if *p == pane.pane && *t == old)
     })
     .await;
-    let fresh = next_event(&mut events, "the new incarnation", |e| {
-        matches!(e, PaneEvent::StatusChanged { pane: p, terminal, .. } if *p == pane.pane && *terminal != old)
+    let new_terminal = next_pick(&mut events, "the new incarnation", |e| match e {
+        PaneEvent::StatusChanged {
+            pane: p, terminal, ..
+        } if *p == pane.pane && *terminal != old => Some(terminal.clone()),
+        _ => None,
     })
     .await;
-    let PaneEvent::StatusChanged {
-        terminal: new_terminal,
-        ..
-    } = fresh
-    else {
-        unreachable!()
-    };
     let now = fx
         .herdr
         .pane(&pane.pane)

@@ -2,15 +2,13 @@
 //! real PTY panes running `sim-agent`), the schema contract, fault handling, and sim-agent's MCP
 //! calls against a local HTTP stub.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetd::mux::herdr::{Herdr, HerdrConfig};
 use fleetd::mux::{
-    Launch, Multiplexer, MuxError, OpenPane, PaneEvent, PaneInfo, Placement, SplitDirection,
-    SubmitPath,
+    Launch, Multiplexer, MuxError, OpenPane, PaneEvent, PaneInfo, SplitDirection, SubmitPath,
 };
 use fleetd_core::{AgentStatus, PaneId, TerminalId};
 use fleetd_testkit::bin_path;
@@ -20,7 +18,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::broadcast;
 
-use crate::mux_kit::{eventually, member, next_event, not_found, sim_agent, statuses, wait_tail};
+use crate::mux_kit::{
+    eventually, member, next_event, not_found, sim_agent, split_pane, statuses, wait_tail,
+};
 
 mod failures;
 
@@ -268,16 +268,12 @@ async fn member_pane_gets_env_command_and_herdr_identity() {
 
     let split = fx
         .herdr
-        .open_pane(OpenPane {
-            placement: Placement::Split {
-                of: pane.pane.clone(),
-                direction: SplitDirection::Right,
-            },
-            label: None,
-            cwd: None,
-            env: BTreeMap::from([("SPLIT_VAR".to_owned(), "yes".to_owned())]),
-            launch: Launch::Argv(sim_agent(&["--script", "silent"])),
-        })
+        .open_pane(split_pane(
+            &pane.pane,
+            SplitDirection::Right,
+            &[("SPLIT_VAR", "yes")],
+            sim_agent(&["--script", "silent"]),
+        ))
         .await
         .expect("split");
     assert_eq!(split.tab, pane.tab);
