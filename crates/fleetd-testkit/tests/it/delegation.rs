@@ -153,16 +153,43 @@ fn assert_refused(result: &Value, code: &str, says: &[&str]) {
     assert!(says.iter().all(|s| message.contains(s)), "{result}");
 }
 
+/// Spawns a `profile` (a delegating member) as `mid`, hands it `task` and waits for the reply
+/// the lead's ticket gets; its text.
+fn mid_replies_to(rig: &Rig, profile: &str, task: &str) -> String {
+    rig.spawn(profile, "mid");
+    let ticket = rig.send_task("mid", task);
+    replied(rig, &ticket)
+}
+
+/// The first call of `tool` that the sim-agent logging to `log` made (its arguments and result).
+fn tool_call(log: &Path, tool: &str) -> Value {
+    log_events(log)
+        .into_iter()
+        .find(|e| e["event"] == "tool" && e["name"] == tool)
+        .unwrap_or_else(|| panic!("{} did not call {tool}", log.display()))
+}
+
+/// A member's traffic with its own members is nudged into its pane, never the primary's.
+fn assert_primary_never_nudged_about_sub(rig: &Rig) {
+    let primary = rig.history(LEAD);
+    assert!(
+        !primary.contains("from sub"),
+        "the primary was nudged about sub:\n{primary}"
+    );
+}
+
+/// The operator's socket, where the lead's inboxes can be read without being the lead.
+fn operator(rig: &Rig) -> Endpoint {
+    Endpoint::Unix(state_dir(rig.dir()).join("api.sock"))
+}
+
 #[test]
 fn e2e_delegation_a_sub_members_reply_nudges_its_delegating_member_whose_reply_reaches_the_lead() {
     let logs = logs_dir();
     let Some(rig) = rig(&logs, 300, "") else {
         return;
     };
-    rig.spawn("mid", "mid");
-    let ticket = rig.send_task("mid", "count the stones");
-
-    let text = replied(&rig, &ticket);
+    let text = mid_replies_to(&rig, "mid", "count the stones");
     assert_eq!(
         text, "collected: leaf did: count the stones",
         "mid passed sub's reply on"
@@ -185,24 +212,18 @@ fn e2e_delegation_a_sub_members_reply_nudges_its_delegating_member_whose_reply_r
     // ... and never into the primary's; mid's own reply went to the lead (a waiter-less send:
     // the lead got it by polling its ticket), and no fallback was recorded for mid's first
     // turn, which ended waiting on sub.
-    let primary = rig.history(LEAD);
-    assert!(
-        !primary.contains("from sub"),
-        "the primary was nudged about sub:\n{primary}"
-    );
+    assert_primary_never_nudged_about_sub(&rig);
     let leaf_prompts = log_turns(&logs.join("leaf.log"));
     assert_eq!(leaf_prompts, ["count the stones"]);
 
     // mid polls the ticket it sent sub (a delegating member reads the tickets it delegated).
-    let sub_ticket = log_events(&logs.join("mid.log"))
-        .iter()
-        .find(|e| e["event"] == "tool" && e["name"] == "fleet_send")
-        .and_then(|e| {
-            e["result"]["structuredContent"]["ticket"]
-                .as_str()
-                .map(str::to_owned)
-        })
-        .expect("mid's fleet_send answered with a ticket");
+    let sub_ticket = tool_call(&logs.join("mid.log"), "fleet_send")["result"]["structuredContent"]
+        ["ticket"]
+        .clone();
+    assert!(
+        sub_ticket.is_string(),
+        "mid's fleet_send answered with a ticket"
+    );
     let by_lead = structured_ok(&rig.lead("fleet_poll", &json!({ "ticket": sub_ticket })));
     assert_eq!(by_lead["state"], "replied");
 
@@ -301,11 +322,8 @@ fn e2e_delegation_a_sub_members_question_goes_to_its_delegating_member_whose_ans
     let Some(rig) = rig(&logs, 300, "") else {
         return;
     };
-    rig.spawn("asking-mid", "mid");
-    let ticket = rig.send_task("mid", "count the stones");
-
     // sub asked, mid answered, sub replied with the answer, and mid passed that on.
-    let text = replied(&rig, &ticket);
+    let text = mid_replies_to(&rig, "asking-mid", "count the stones");
     assert!(
         text.starts_with("collected: answer was: ") && text.contains("the big ones"),
         "{text}"
@@ -322,24 +340,14 @@ fn e2e_delegation_a_sub_members_question_goes_to_its_delegating_member_whose_ans
         "{mid_prompts:?}"
     );
     // ... never into the primary's.
-    let primary = rig.history(LEAD);
-    assert!(
-        !primary.contains("from sub"),
-        "the primary was nudged about sub:\n{primary}"
-    );
+    assert_primary_never_nudged_about_sub(&rig);
     // mid's fleet_answer reached sub while it still waited in fleet_ask.
-    let answered = log_events(&logs.join("mid.log"))
-        .into_iter()
-        .find(|e| e["event"] == "tool" && e["name"] == "fleet_answer")
-        .expect("mid called fleet_answer");
+    let answered = tool_call(&logs.join("mid.log"), "fleet_answer");
     assert_eq!(
         answered["result"]["structuredContent"]["deliveredTo"], "waiter",
         "{answered}"
     );
-    let asked = log_events(&logs.join("sub.log"))
-        .into_iter()
-        .find(|e| e["event"] == "tool" && e["name"] == "fleet_ask")
-        .expect("sub called fleet_ask");
+    let asked = tool_call(&logs.join("sub.log"), "fleet_ask");
     assert_eq!(
         asked["arguments"]["question"], "which stones? (count the stones)",
         "{asked}"
@@ -393,9 +401,8 @@ fn e2e_delegation_a_delegating_member_may_not_stop_read_or_take_over_a_member_ou
     let list = members(&rig);
     let sib = member(&list, "sib").expect("sib still runs");
     assert_ne!(sib["status"], "gone", "{sib}");
-    let operator = Endpoint::Unix(state_dir(rig.dir()).join("api.sock"));
     assert_eq!(
-        http::reply_texts(&operator, "sib"),
+        http::reply_texts(operator(&rig), "sib"),
         ["leaf did: tidy the shed"]
     );
     // Its own member it may stop.
@@ -430,7 +437,7 @@ fn e2e_delegation_releasing_a_delegating_member_hands_its_members_to_its_lead() 
     let sub = member(&list, "sub").expect("sub still runs");
     assert!(sub["delegator"].is_null(), "{sub}");
     assert_eq!(sub["depth"], 1);
-    let operator = Endpoint::Unix(state_dir(rig.dir()).join("api.sock"));
+    let operator = operator(&rig);
     wait_until("sub's reply in its inbox", PATIENCE, || {
         http::reply_texts(&operator, "sub")
             .iter()
