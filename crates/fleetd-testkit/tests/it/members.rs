@@ -35,17 +35,6 @@ fn rig() -> Option<Rig> {
     )))
 }
 
-fn pane_pid(rig: &Rig, target: &str) -> u32 {
-    let out = rig
-        .tmux
-        .run(&["list-panes", "-t", target, "-F", "#{pane_pid}"])
-        .expect("tmux");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("no pane pid for {target}"))
-}
-
 fn window_exists(rig: &Rig, target: &str) -> bool {
     rig.tmux
         .run(&["list-panes", "-t", target])
@@ -61,6 +50,29 @@ fn poll_ticket(rig: &Rig, ticket: &Value, what: &str, cond: impl Fn(&Value) -> b
     last
 }
 
+/// Spawns a `hang` member named `name` and hands it a task that never ends; the task's ticket,
+/// once the member is at work on it.
+fn hang_at_work(rig: &Rig, name: &str) -> Value {
+    rig.spawn("hang", name);
+    let sent = structured_ok(&rig.lead(
+        "fleet_send",
+        &json!({ "target": name, "task": "never ends", "wait": false }),
+    ));
+    poll_ticket(rig, &sent["ticket"], "the task to be working", |v| {
+        v["state"] == "delivered" || v["state"] == "working"
+    });
+    sent["ticket"].clone()
+}
+
+/// Kills process `pid` with SIGKILL, the way a crash would end it.
+fn kill_9(pid: u32) {
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+}
+
 #[test]
 fn e2e_backend_credentials_reach_the_member_only_and_are_never_shown() {
     let Some(rig) = rig() else {
@@ -70,7 +82,7 @@ fn e2e_backend_credentials_reach_the_member_only_and_are_never_shown() {
     results.push(rig.lead("fleet_profiles", &json!({})));
     let spawned = rig.spawn("sim", "ann");
     results.push(spawned);
-    let member = fleetd_testkit::environ(pane_pid(&rig, "fleet:ann"));
+    let member = fleetd_testkit::environ(rig.pane_pid("fleet:ann"));
     assert_eq!(
         member.get("ANTHROPIC_AUTH_TOKEN").map(String::as_str),
         Some(SECRET)
@@ -85,7 +97,7 @@ fn e2e_backend_credentials_reach_the_member_only_and_are_never_shown() {
             .get("FLEETD_URL")
             .is_some_and(|u| u.starts_with("http://127.0.0.1:"))
     );
-    let lead = fleetd_testkit::environ(pane_pid(&rig, LEAD));
+    let lead = fleetd_testkit::environ(rig.pane_pid(LEAD));
     assert!(
         lead.keys().all(|k| !k.starts_with("ANTHROPIC_")) && lead.values().all(|v| v != SECRET),
         "the lead never gets backend variables"
@@ -125,20 +137,13 @@ fn e2e_fleet_stop_closes_the_pane_and_fails_the_open_ticket_as_stopped() {
     let Some(rig) = rig() else {
         return;
     };
-    rig.spawn("hang", "bo");
-    let sent = structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "bo", "task": "never ends", "wait": false }),
-    ));
-    poll_ticket(&rig, &sent["ticket"], "the task to be working", |v| {
-        v["state"] == "delivered" || v["state"] == "working"
-    });
+    let ticket = hang_at_work(&rig, "bo");
     let stopped = structured_ok(&rig.lead("fleet_stop", &json!({ "target": "bo" })));
     assert!(stopped.to_string().contains("bo"), "{stopped}");
     wait_until("bo's window to close", Duration::from_secs(30), || {
         !window_exists(&rig, "fleet:bo")
     });
-    let ticket = poll_ticket(&rig, &sent["ticket"], "the ticket to fail", |v| {
+    let ticket = poll_ticket(&rig, &ticket, "the ticket to fail", |v| {
         v["state"] == "failed"
     });
     assert_eq!(ticket["cause"], "stopped", "{ticket}");
@@ -151,21 +156,9 @@ fn e2e_a_member_whose_process_dies_is_released_as_exited() {
     let Some(rig) = rig() else {
         return;
     };
-    rig.spawn("hang", "cy");
-    let sent = structured_ok(&rig.lead(
-        "fleet_send",
-        &json!({ "target": "cy", "task": "never ends", "wait": false }),
-    ));
-    poll_ticket(&rig, &sent["ticket"], "the task to be working", |v| {
-        v["state"] == "delivered" || v["state"] == "working"
-    });
-    let pid = pane_pid(&rig, "fleet:cy");
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
-    let ticket = poll_ticket(&rig, &sent["ticket"], "the ticket to fail", |v| {
+    let ticket = hang_at_work(&rig, "cy");
+    kill_9(rig.pane_pid("fleet:cy"));
+    let ticket = poll_ticket(&rig, &ticket, "the ticket to fail", |v| {
         v["state"] == "failed"
     });
     assert_eq!(ticket["cause"], "exited", "{ticket}");
@@ -177,7 +170,7 @@ fn e2e_a_member_whose_process_dies_is_released_as_exited() {
 
 /// The process the shell in tmux target `pane` runs in the foreground now (its one child).
 fn foreground_child(rig: &Rig, pane: &str) -> Option<u32> {
-    let shell = pane_pid(rig, pane);
+    let shell = rig.pane_pid(pane);
     let children = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).ok()?;
     children.split_whitespace().next()?.parse().ok()
 }
@@ -193,11 +186,7 @@ fn e2e_a_spawn_whose_caller_is_killed_midway_still_finishes() {
         window_exists(&rig, "fleet:eve")
     });
     let caller = foreground_child(&rig, LEAD).expect("the lead's mcp-call is still running");
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &caller.to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    kill_9(caller);
     wait_until(
         "eve to be ready all the same",
         Duration::from_secs(60),
