@@ -1,14 +1,21 @@
 //! Integration tests: the `fleetd` binary's command line — help, version, exit codes.
 
+use std::process::Output;
+
 use fleetd_testkit::daemon::command;
+
+/// What `fleetd args` did, run with a fresh home of its own (no daemon, no config).
+fn fleetd(args: &[&str]) -> Output {
+    let home = tempfile::tempdir().expect("tempdir");
+    command(home.path())
+        .args(args)
+        .output()
+        .expect("fleetd runs")
+}
 
 #[test]
 fn help_describes_every_subcommand() {
-    let home = tempfile::tempdir().expect("tempdir");
-    let out = command(home.path())
-        .arg("--help")
-        .output()
-        .expect("fleetd runs");
+    let out = fleetd(&["--help"]);
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
     for sub in [
@@ -23,20 +30,13 @@ fn help_describes_every_subcommand() {
             "{sub} has no description: {line:?}"
         );
     }
-    let out = command(home.path())
-        .args(["config", "--help"])
-        .output()
-        .expect("fleetd runs");
+    let out = fleetd(&["config", "--help"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("check"));
 }
 
 #[test]
 fn version_prints_the_crate_version() {
-    let home = tempfile::tempdir().expect("tempdir");
-    let out = command(home.path())
-        .arg("--version")
-        .output()
-        .expect("fleetd runs");
+    let out = fleetd(&["--version"]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("fleetd "), "{text}");
@@ -45,26 +45,18 @@ fn version_prints_the_crate_version() {
 
 #[test]
 fn unknown_subcommand_fails_with_usage() {
-    let home = tempfile::tempdir().expect("tempdir");
-    let out = command(home.path())
-        .arg("frobnicate")
-        .output()
-        .expect("fleetd runs");
+    let out = fleetd(&["frobnicate"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("Usage"));
 }
 
 #[test]
 fn budget_needs_a_limit_or_lift_and_not_both() {
-    let home = tempfile::tempdir().expect("tempdir");
     for args in [
         &["budget", "ann"][..],
         &["budget", "ann", "--lift", "--tokens", "5"][..],
     ] {
-        let out = command(home.path())
-            .args(args)
-            .output()
-            .expect("fleetd runs");
+        let out = fleetd(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(

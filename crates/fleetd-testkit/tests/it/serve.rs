@@ -8,15 +8,21 @@ use fleetd_testkit::daemon::{Daemon, command, write_config};
 use fleetd_testkit::fake_herdr::process::FakeHerdrProcess;
 use fleetd_testkit::tmux::TmuxServer;
 use fleetd_testkit::{Service, bin_path, http, require_tmux};
+use serde_json::json;
+
+/// What `daemon`'s `/healthz` answers: its status code and its JSON body.
+fn healthz(daemon: &Daemon) -> (u16, serde_json::Value) {
+    let resp = http::get(daemon.addr, "/healthz").expect("healthz answers");
+    (resp.status, resp.json())
+}
 
 #[test]
 fn healthz_answers_json_with_the_documented_shape() {
     let home = tempfile::tempdir().expect("tempdir");
     let daemon = Daemon::start(home.path(), &[]);
-    let resp = http::get(daemon.addr, "/healthz").expect("healthz answers");
-    let body = resp.json();
+    let (status, body) = healthz(&daemon);
     // No tmux server listens on the isolated socket: degraded, and it says which part.
-    assert_eq!(resp.status, 503, "{body}");
+    assert_eq!(status, 503, "{body}");
     assert_eq!(body["status"], "degraded");
     assert_eq!(body["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(body["store"]["kind"], "embedded");
@@ -50,9 +56,8 @@ fn healthz_is_ok_with_a_running_tmux_server() {
         ),
     );
     let daemon = Daemon::start(home.path(), &[]);
-    let resp = http::get(daemon.addr, "/healthz").expect("healthz answers");
-    let body = resp.json();
-    assert_eq!(resp.status, 200, "{body}");
+    let (status, body) = healthz(&daemon);
+    assert_eq!(status, 200, "{body}");
     assert_eq!(body["status"], "ok");
     assert!(
         body["lead"]["version"]
@@ -70,51 +75,55 @@ fn herdr_config(lead: &std::path::Path, member: Option<&std::path::Path>) -> Str
     yaml
 }
 
-#[test]
-fn healthz_covers_both_herdr_daemons() {
+/// A daemon on two fake herdrs: one for the lead, one (started with `member_args`) for members.
+/// The fields drop in order: the daemon before the herdrs it reads, the home last.
+struct TwoHerdrs {
+    daemon: Daemon,
+    member: FakeHerdrProcess,
+    lead: FakeHerdrProcess,
+    _home: tempfile::TempDir,
+}
+
+fn two_herdrs(member_args: &[&str]) -> TwoHerdrs {
     let home = tempfile::tempdir().expect("tempdir");
     let lead_sock = home.path().join("lead.sock");
     let member_sock = home.path().join("member.sock");
     let lead = FakeHerdrProcess::start(&bin_path("fake-herdr"), &lead_sock).expect("lead herdr");
-    let member = FakeHerdrProcess::start_with_args(
-        &bin_path("fake-herdr"),
-        &member_sock,
-        &["--version", "0.8.1"],
-    )
-    .expect("member herdr");
+    let member =
+        FakeHerdrProcess::start_with_args(&bin_path("fake-herdr"), &member_sock, member_args)
+            .expect("member herdr");
     write_config(home.path(), &herdr_config(&lead_sock, Some(&member_sock)));
     let daemon = Daemon::start(home.path(), &[]);
-    let body = http::get(daemon.addr, "/healthz").expect("healthz").json();
-    assert_eq!(body["status"], "ok", "{body}");
+    TwoHerdrs {
+        daemon,
+        member,
+        lead,
+        _home: home,
+    }
+}
+
+#[test]
+fn healthz_covers_both_herdr_daemons() {
+    let fx = two_herdrs(&["--version", "0.8.1"]);
+    let (status, body) = healthz(&fx.daemon);
+    assert_eq!((status, &body["status"]), (200, &json!("ok")), "{body}");
     assert_eq!(body["lead"]["kind"], "herdr");
     assert_eq!(body["lead"]["protocol"], 20);
     assert_eq!(body["member"]["version"], "0.8.1");
     assert_eq!(body["protocolMismatch"], false);
-    drop(member);
-    let resp = http::get(daemon.addr, "/healthz").expect("healthz");
-    let body = resp.json();
-    assert_eq!(resp.status, 503, "{body}");
+    drop(fx.member);
+    let (status, body) = healthz(&fx.daemon);
+    assert_eq!(status, 503, "{body}");
     assert_eq!(body["status"], "degraded");
     assert_eq!(body["lead"]["ok"], true);
     assert_eq!(body["member"]["ok"], false, "{body}");
-    drop(lead);
+    drop(fx.lead);
 }
 
 #[test]
 fn healthz_flags_different_protocols() {
-    let home = tempfile::tempdir().expect("tempdir");
-    let lead_sock = home.path().join("lead.sock");
-    let member_sock = home.path().join("member.sock");
-    let _lead = FakeHerdrProcess::start(&bin_path("fake-herdr"), &lead_sock).expect("lead");
-    let _member = FakeHerdrProcess::start_with_args(
-        &bin_path("fake-herdr"),
-        &member_sock,
-        &["--protocol", "21"],
-    )
-    .expect("member");
-    write_config(home.path(), &herdr_config(&lead_sock, Some(&member_sock)));
-    let daemon = Daemon::start(home.path(), &[]);
-    let body = http::get(daemon.addr, "/healthz").expect("healthz").json();
+    let fx = two_herdrs(&["--protocol", "21"]);
+    let (_, body) = healthz(&fx.daemon);
     assert_eq!(body["protocolMismatch"], true, "{body}");
     assert_eq!(body["member"]["protocol"], 21);
 }
