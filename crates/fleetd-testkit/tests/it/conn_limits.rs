@@ -439,17 +439,29 @@ fn served_session(shim: &std::path::Path) -> std::os::unix::net::UnixStream {
     stream
 }
 
-#[test]
-fn e2e_a_stdio_agent_that_shook_hands_outlives_a_flood_of_silent_sockets() {
-    use fleetd_testkit::daemon::{Daemon, isolated_config, state_dir, write_config};
+/// A daemon of its own home whose gate admits `max` connections, and that has answered one
+/// request on the operator's socket. `Daemon::start` knew that socket was up by connecting to
+/// it once: that probe, never served, is accepted before this request (and, never served, is
+/// the first closed to make room).
+fn daemon_capped_at(max: usize) -> (tempfile::TempDir, fleetd_testkit::daemon::Daemon) {
+    use fleetd_testkit::daemon::{Daemon, isolated_config, write_config};
     let home = tempfile::tempdir().expect("tempdir");
     write_config(
         home.path(),
-        &format!("{}connections:\n  max: 3\n", isolated_config(home.path())),
+        &format!(
+            "{}connections:\n  max: {max}\n",
+            isolated_config(home.path())
+        ),
     );
     let daemon = Daemon::start(home.path(), &[]);
-    // (The start-up probe of the operator's socket is accepted before this request.)
     http::get(daemon.operator(), "/healthz").expect("the operator's socket answers");
+    (home, daemon)
+}
+
+#[test]
+fn e2e_a_stdio_agent_that_shook_hands_outlives_a_flood_of_silent_sockets() {
+    use fleetd_testkit::daemon::state_dir;
+    let (home, daemon) = daemon_capped_at(3);
     // An agent's stdio session: its handshake, then nothing (it waits for its user).
     let shim = state_dir(home.path()).join("fleetd.sock");
     let mut agent = std::os::unix::net::UnixStream::connect(shim).expect("a session");
@@ -543,20 +555,11 @@ fn e2e_a_full_gate_refuses_clearly_on_the_shim_and_on_http() {
     use std::io::Read as _;
     use std::os::unix::net::UnixStream;
 
-    use fleetd_testkit::daemon::{Daemon, isolated_config, state_dir, write_config};
+    use fleetd_testkit::daemon::state_dir;
     use fleetd_testkit::http::events::SseReader;
-    let home = tempfile::tempdir().expect("tempdir");
-    write_config(
-        home.path(),
-        &format!("{}connections:\n  max: 2\n", isolated_config(home.path())),
-    );
-    let daemon = Daemon::start(home.path(), &[]);
+    let (home, daemon) = daemon_capped_at(2);
     let state = state_dir(home.path());
     let shim = state.join("fleetd.sock");
-    // `Daemon::start` knew the operator's socket was up by connecting to it once: that probe,
-    // never served, is accepted before this request (and, never served, is the first closed to
-    // make room).
-    http::get(daemon.operator(), "/healthz").expect("the operator's socket answers");
     // Attack C3: idle stdio sessions hold every slot. They are idle (no call under way), so
     // `/healthz` closes one to get in, and the session's relay reads its end. Each session is
     // seen admitted by a call it makes (a look at /metrics would take a slot itself, and the

@@ -67,6 +67,27 @@ fn operator_call(endpoint: &Endpoint, tool: &str, args: &Value) -> Value {
     value["result"].clone()
 }
 
+/// The replies waiting in `target`'s inbox, read and acknowledged on the operator's socket;
+/// their texts.
+fn take_replies(endpoint: &Endpoint, target: &str) -> Vec<String> {
+    let polled = structured_ok(&operator_call(
+        endpoint,
+        "fleet_poll",
+        &json!({ "target": target }),
+    ));
+    let mut texts = Vec::new();
+    for reply in polled["replies"].as_array().into_iter().flatten() {
+        let id = reply["msgId"].as_str().unwrap_or_default();
+        let _ = operator_call(
+            endpoint,
+            "fleet_ack",
+            &json!({ "target": target, "msgId": id }),
+        );
+        texts.push(reply["text"].as_str().unwrap_or_default().to_owned());
+    }
+    texts
+}
+
 /// Fills `dir`'s file system: writes until the disk refuses.
 fn fill(dir: &Path) -> PathBuf {
     let filler = dir.join("filler");
@@ -155,21 +176,7 @@ fn e2e_a_full_state_disk_is_reported_keeps_nothing_unwritten_and_recovers() {
     let want = format!("sim-agent did: {held}");
     let mut seen = Vec::new();
     wait_until("the held task's reply", Duration::from_secs(120), || {
-        let replies = structured_ok(&operator_call(
-            &operator,
-            "fleet_poll",
-            &json!({ "target": "ann" }),
-        ));
-        for reply in replies["replies"].as_array().into_iter().flatten() {
-            let text = reply["text"].as_str().unwrap_or_default().to_owned();
-            let id = reply["msgId"].as_str().unwrap_or_default().to_owned();
-            let _ = operator_call(
-                &operator,
-                "fleet_ack",
-                &json!({ "target": "ann", "msgId": id }),
-            );
-            seen.push(text);
-        }
+        seen.extend(take_replies(&operator, "ann"));
         seen.contains(&want)
     });
     assert_eq!(
@@ -186,20 +193,7 @@ fn e2e_a_full_state_disk_is_reported_keeps_nothing_unwritten_and_recovers() {
                 if seen.contains(&reply) {
                     return true;
                 }
-                let replies = structured_ok(&operator_call(
-                    &operator,
-                    "fleet_poll",
-                    &json!({ "target": "ann" }),
-                ));
-                for r in replies["replies"].as_array().into_iter().flatten() {
-                    let id = r["msgId"].as_str().unwrap_or_default().to_owned();
-                    let _ = operator_call(
-                        &operator,
-                        "fleet_ack",
-                        &json!({ "target": "ann", "msgId": id }),
-                    );
-                    seen.push(r["text"].as_str().unwrap_or_default().to_owned());
-                }
+                seen.extend(take_replies(&operator, "ann"));
                 seen.contains(&reply)
             },
         );

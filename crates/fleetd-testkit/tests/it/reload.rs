@@ -29,6 +29,11 @@ fn save_atomically(home: &Path, text: &str) {
     std::fs::rename(&tmp, &path).expect("rename over the config");
 }
 
+/// Saves the isolated config plus `extra` atomically, as [`start`] wrote it first.
+fn save_config(home: &Path, extra: &str) {
+    save_atomically(home, &format!("{}{extra}", isolated_config(home)));
+}
+
 /// The profile names `fleet_profiles` lists, called over MCP from the test process (no pane: a
 /// read-only caller, which `fleet_profiles` allows).
 fn profiles(daemon: &Daemon) -> Vec<Value> {
@@ -67,12 +72,13 @@ fn reload_applies_an_atomically_saved_change_with_secrets_from_the_new_file() {
     let token = home.path().join("reviewer-token");
     std::fs::write(&token, "tok-5f2a9c").expect("write token");
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let edited = format!(
-        "{}configReload: true\n{CODER}  reviewer: {{agent: pi, backend: lab}}\nbackends:\n  lab: {{baseUrl: 'http://127.0.0.1:9', authTokenSecret: lab-token}}\nsecrets:\n  lab-token: {{file: {}}}\n",
-        isolated_config(home.path()),
-        token.display()
+    save_config(
+        home.path(),
+        &format!(
+            "configReload: true\n{CODER}  reviewer: {{agent: pi, backend: lab}}\nbackends:\n  lab: {{baseUrl: 'http://127.0.0.1:9', authTokenSecret: lab-token}}\nsecrets:\n  lab-token: {{file: {}}}\n",
+            token.display()
+        ),
     );
-    save_atomically(home.path(), &edited);
     wait_until("the reviewer profile to be listed", RELOAD_TIMEOUT, || {
         profile_names(&daemon).contains(&"reviewer".to_owned())
     });
@@ -94,10 +100,7 @@ fn reload_applies_an_atomically_saved_change_with_secrets_from_the_new_file() {
         "no secret value is logged"
     );
     // The watch survives the rename: a second save is seen too, and removal takes effect.
-    save_atomically(
-        home.path(),
-        &format!("{}configReload: true\n", isolated_config(home.path())),
-    );
+    save_config(home.path(), "configReload: true\n");
     wait_until("every profile to be gone", RELOAD_TIMEOUT, || {
         profile_names(&daemon).is_empty()
     });
@@ -121,9 +124,9 @@ fn reload_keeps_the_old_config_when_the_yaml_is_invalid() {
     assert!(line.contains("line"), "names the position: {line}");
     assert_eq!(profile_names(&daemon), ["coder"], "the old config runs on");
     // A valid value in a wrong place is refused the same way, naming the key.
-    save_atomically(
+    save_config(
         home.path(),
-        &format!("{base}configReload: true\nprofiles:\n  coder: {{agent: nonsense}}\n"),
+        "configReload: true\nprofiles:\n  coder: {agent: nonsense}\n",
     );
     let line = daemon.wait_for_log("the refusal of an invalid agent", RELOAD_TIMEOUT, |l| {
         l.contains("configuration reload failed") && l.contains("profiles.coder")
@@ -131,9 +134,9 @@ fn reload_keeps_the_old_config_when_the_yaml_is_invalid() {
     assert!(line.contains("fleetd.yaml"), "{line}");
     assert_eq!(profile_names(&daemon), ["coder"]);
     // Fixing the file applies it: a failed reload does not stop the watcher.
-    save_atomically(
+    save_config(
         home.path(),
-        &format!("{base}configReload: true\nprofiles:\n  fixed: {{agent: pi}}\n"),
+        "configReload: true\nprofiles:\n  fixed: {agent: pi}\n",
     );
     wait_until("the fixed file to apply", RELOAD_TIMEOUT, || {
         profile_names(&daemon) == ["fixed"]
@@ -174,10 +177,9 @@ fn reload_on_sighup_even_with_config_reload_false() {
     let mut daemon = start(home.path(), &format!("configReload: false\n{CODER}"));
     // No watcher at all while configReload is false: nothing is woken by the directory.
     assert_eq!(daemon.inotify_instances(), 0, "no config watcher");
-    let base = isolated_config(home.path());
-    save_atomically(
+    save_config(
         home.path(),
-        &format!("{base}configReload: false\n{CODER}  reviewer: {{agent: pi}}\n"),
+        &format!("configReload: false\n{CODER}  reviewer: {{agent: pi}}\n"),
     );
     assert_eq!(
         profile_names(&daemon),
@@ -218,11 +220,7 @@ fn the_watcher_follows_config_reload_and_ignores_the_directorys_other_files() {
         0,
         "off while configReload is false"
     );
-    let base = isolated_config(home.path());
-    save_atomically(
-        home.path(),
-        &format!("{base}configReload: true\n{log}{CODER}"),
-    );
+    save_config(home.path(), &format!("configReload: true\n{log}{CODER}"));
     daemon.signal("HUP");
     daemon.wait_for_log("the SIGHUP reload", RELOAD_TIMEOUT, |l| {
         l.contains("configuration reloaded") && l.contains("configReload")
@@ -242,9 +240,9 @@ fn the_watcher_follows_config_reload_and_ignores_the_directorys_other_files() {
         writeln!(f, "line {n}").expect("write the neighbour");
     }
     // Then a real edit: once it is applied, the watcher has handled the neighbour's events.
-    save_atomically(
+    save_config(
         home.path(),
-        &format!("{base}configReload: true\n{log}{CODER}  reviewer: {{agent: pi}}\n"),
+        &format!("configReload: true\n{log}{CODER}  reviewer: {{agent: pi}}\n"),
     );
     let line = daemon.wait_for_log("the watcher's reload", RELOAD_TIMEOUT, |l| {
         l.contains("configuration reloaded") && l.contains("profiles (+reviewer)")
@@ -266,9 +264,9 @@ fn the_watcher_follows_config_reload_and_ignores_the_directorys_other_files() {
         "the neighbour's writes asked for reloads: {reloads}"
     );
     // And off again.
-    save_atomically(
+    save_config(
         home.path(),
-        &format!("{base}configReload: false\n{log}{CODER}  reviewer: {{agent: pi}}\n"),
+        &format!("configReload: false\n{log}{CODER}  reviewer: {{agent: pi}}\n"),
     );
     daemon.wait_for_log("the reload that turns it off", RELOAD_TIMEOUT, |l| {
         l.contains("no longer watched")
