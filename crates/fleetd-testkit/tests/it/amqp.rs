@@ -117,6 +117,11 @@ async fn publish_raw(channel: &Channel, queue: &str, body: &[u8]) {
     publish_typed(channel, queue, body, BasicProperties::default()).await;
 }
 
+/// One fleetd message as a single untyped JSON body, the way an older fleetd published each.
+async fn publish_one(channel: &Channel, queue: &str, message: &Message) {
+    publish_raw(channel, queue, &serde_json::to_vec(message).expect("json")).await;
+}
+
 /// A fleetd batch as another daemon's publish lane sends it: a JSON array typed `batch`.
 async fn publish_batch(channel: &Channel, queue: &str, messages: &[Message]) {
     let body = serde_json::to_vec(messages).expect("json");
@@ -178,19 +183,9 @@ async fn amqp_store_migrates_queues_an_older_fleetd_declared_without_loss() {
             .map(|n| message(target, &format!("old reply {n}")))
             .collect();
         for reply in &replies {
-            publish_raw(
-                &publisher,
-                &queue,
-                &serde_json::to_vec(reply).expect("json"),
-            )
-            .await;
+            publish_one(&publisher, &queue, reply).await;
         }
-        publish_raw(
-            &publisher,
-            &queue,
-            &serde_json::to_vec(&replies[0]).expect("json"),
-        )
-        .await;
+        publish_one(&publisher, &queue, &replies[0]).await;
         publish_raw(&publisher, &queue, b"not a reply").await;
         waiting.push(replies);
     }
@@ -255,19 +250,9 @@ async fn amqp_store_dead_letters_what_it_cannot_decode() {
     let queue = AmqpStore::queue_name(&target);
     publish_raw(&publisher, &queue, b"\xff\xfe not a fleetd message").await;
     let misrouted = message(&other, "meant for someone else");
-    publish_raw(
-        &publisher,
-        &queue,
-        &serde_json::to_vec(&misrouted).expect("json"),
-    )
-    .await;
+    publish_one(&publisher, &queue, &misrouted).await;
     let second = message(&target, "a reply after the poison");
-    publish_raw(
-        &publisher,
-        &queue,
-        &serde_json::to_vec(&second).expect("json"),
-    )
-    .await;
+    publish_one(&publisher, &queue, &second).await;
     // Batches, as publishes that wait together go out: one is taken whole; one that holds a
     // message for another target is poison whole.
     let batched = [message(&target, "batched 1"), message(&target, "batched 2")];

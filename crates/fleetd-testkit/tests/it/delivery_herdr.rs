@@ -3,6 +3,7 @@
 //! but answered with its `timeout` error is never typed again (SPEC §13.7), and a prompt herdr
 //! reports stalled gets exactly one Enter retry in all, decided by fleetd's core (review M6).
 
+use std::path::Path;
 use std::time::Duration;
 
 use fleetd_testkit::rig_herdr::{HerdrRig, sim_profile};
@@ -32,19 +33,38 @@ fn spawn(rig: &HerdrRig, lead: &str, profile: &str, name: &str) -> String {
     pane.strip_prefix("lead:").unwrap_or(&pane).to_owned()
 }
 
-/// Sends `task` to `target` as the operator (`fleet_send`'s REST route) and waits for the
-/// ticket to settle; returns the tool's answer.
-fn send_and_wait(rig: &HerdrRig, target: &str, task: &str) -> Value {
-    let body = json!({ "task": task, "wait": true, "timeoutSecs": 90 }).to_string();
+/// Sends a task to `target` as the operator (`fleet_send`'s REST route, with `body`); the
+/// answer, which must be a 200.
+fn post_task(rig: &HerdrRig, target: &str, body: &Value) -> Value {
     let answer = http::request(
         rig.daemon.operator(),
         "POST",
         &format!("/sessions/{target}/tasks"),
-        Some(&body),
+        Some(&body.to_string()),
     )
     .expect("fleetd answers");
     assert_eq!(answer.status, 200, "{}", answer.body);
     answer.json()
+}
+
+/// Sends `task` to `target` as the operator and waits for the ticket to settle; returns the
+/// tool's answer.
+fn send_and_wait(rig: &HerdrRig, target: &str, task: &str) -> Value {
+    post_task(
+        rig,
+        target,
+        &json!({ "task": task, "wait": true, "timeoutSecs": 90 }),
+    )
+}
+
+/// A rig whose one profile `name` runs a sim-agent (seen by herdr as claude) with the extra
+/// `env` lines, logging what it does to `log`; `extra` is added to the top-level config.
+fn rig_with_logged_member(name: &str, env: &str, log: &Path, extra: &str) -> HerdrRig {
+    HerdrRig::start(&format!(
+        "primary:\n  tab: w1:t1\n  pushReminders: 0\n{extra}profiles:\n  {name}:\n    agent: custom\n    command: {}\n    env:\n      HERDR_AGENT: claude\n{env}      SIM_AGENT_LOG: {}\n",
+        bin_path("sim-agent").display(),
+        log.display()
+    ))
 }
 
 #[test]
@@ -81,14 +101,12 @@ fn e2e_herdr_a_stalled_prompt_gets_exactly_one_enter_retry() {
     let logs = tempfile::tempdir().expect("tempdir");
     let log = logs.path().join("sticky.jsonl");
     // The member swallows every Enter: its turn never starts, so every retry shows in its log.
-    let profile = format!(
-        "  sticky:\n    agent: custom\n    command: {}\n    env:\n      HERDR_AGENT: claude\n      SIM_AGENT_WORK_MS: \"300\"\n      SIM_AGENT_SWALLOW: \"9\"\n      SIM_AGENT_LOG: {}\n",
-        bin_path("sim-agent").display(),
-        log.display()
+    let rig = rig_with_logged_member(
+        "sticky",
+        "      SIM_AGENT_WORK_MS: \"300\"\n      SIM_AGENT_SWALLOW: \"9\"\n",
+        &log,
+        "delivery:\n  verifyGraceMs: 1000\n",
     );
-    let rig = HerdrRig::start(&format!(
-        "primary:\n  tab: w1:t1\n  pushReminders: 0\ndelivery:\n  verifyGraceMs: 1000\nprofiles:\n{profile}"
-    ));
     let (_, lead) = rig.agent_lead("boss");
     spawn(&rig, &lead, "sticky", "max");
     let sent = send_and_wait(&rig, "max", "stuck in the composer");
@@ -140,25 +158,14 @@ fn e2e_herdr_a_task_that_takes_its_member_straight_to_a_dialog_is_typed_once() {
     let log = logs.path().join("careful.jsonl");
     // The member shows a dialog at once: idle → blocked, never working, so herdr's wait for
     // `working` runs out and answers `timeout` (v0.8.2 src/api/wait.rs:232-306).
-    let profile = format!(
-        "  careful:\n    agent: custom\n    command: {}\n    env:\n      HERDR_AGENT: claude\n      SIM_AGENT_SCRIPT: dialog\n      SIM_AGENT_LOG: {}\n",
-        bin_path("sim-agent").display(),
-        log.display()
-    );
-    let rig = HerdrRig::start(&format!(
-        "primary:\n  tab: w1:t1\n  pushReminders: 0\nprofiles:\n{profile}"
-    ));
+    let rig = rig_with_logged_member("careful", "      SIM_AGENT_SCRIPT: dialog\n", &log, "");
     let (_, lead) = rig.agent_lead("boss");
     let pane = spawn(&rig, &lead, "careful", "cat");
-    let body = json!({ "task": "delete the cache", "wait": false }).to_string();
-    let sent = http::request(
-        rig.daemon.operator(),
-        "POST",
-        "/sessions/cat/tasks",
-        Some(&body),
-    )
-    .expect("fleetd answers");
-    assert_eq!(sent.status, 200, "{}", sent.body);
+    post_task(
+        &rig,
+        "cat",
+        &json!({ "task": "delete the cache", "wait": false }),
+    );
     wait_until("the member's dialog", Duration::from_secs(30), || {
         rig.history(&pane).contains("Enter to confirm")
     });
