@@ -43,6 +43,29 @@ fn json(out: &Output) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
 
+/// Asserts that fleetd refused: exit 1, its stderr saying each of `says`.
+fn assert_refused(out: &Output, says: &[&str]) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for said in says {
+        assert!(err.contains(said), "stderr lacks {said:?}: {err}");
+    }
+}
+
+/// `target`'s inbox as the CLI in `home` shows it (`--json`), once a reply waits there.
+fn inbox_with_a_reply(home: &Path, target: &str) -> Value {
+    let mut inbox = Value::Null;
+    wait_until(
+        &format!("a reply in {target}'s inbox"),
+        Duration::from_secs(90),
+        || {
+            inbox = json(&fleetd(home, &["inbox", target, "--json"]));
+            inbox["replies"].as_array().is_some_and(|r| !r.is_empty())
+        },
+    );
+    inbox
+}
+
 /// A port nothing listens on (bound, then released).
 fn closed_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -114,37 +137,30 @@ fn client_over_tcp_without_the_token_is_anonymous() {
     let url = format!("http://{}", daemon.addr);
     // This process is in no pane: over TCP it may list, never read a body or change anything.
     ok(&fleetd(home.path(), &["status", "--daemon", &url]));
-    let out = fleetd(home.path(), &["inbox", "alice", "--daemon", &url]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("anonymous_caller"),
-        "{}",
-        stderr(&out)
+    assert_refused(
+        &fleetd(home.path(), &["inbox", "alice", "--daemon", &url]),
+        &["anonymous_caller", "HTTP 403"],
     );
-    assert!(stderr(&out).contains("HTTP 403"), "{}", stderr(&out));
 }
 
 #[test]
 fn client_refusals_exit_1_with_the_daemon_s_reason() {
     let home = tempfile::tempdir().expect("tempdir");
     let _daemon = Daemon::start(home.path(), &[]);
-    let out = fleetd(home.path(), &["send", "nosuch", "do it"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("no member named nosuch"),
-        "{}",
-        stderr(&out)
+    assert_refused(
+        &fleetd(home.path(), &["send", "nosuch", "do it"]),
+        &["no member named nosuch", "unknown_target"],
     );
-    assert!(stderr(&out).contains("unknown_target"), "{}", stderr(&out));
     // --json prints the daemon's error body as it came, and still fails.
     let out = fleetd(home.path(), &["send", "nosuch", "x", "--json"]);
     assert_eq!(out.status.code(), Some(1));
     let body: Value = serde_json::from_str(&stdout(&out)).expect("error body is JSON");
     assert_eq!(body["error"], "unknown_target");
     // Bad ids never reach the daemon.
-    let out = fleetd(home.path(), &["ack", "alice", "not-a-uuid"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("not-a-uuid"), "{}", stderr(&out));
+    assert_refused(
+        &fleetd(home.path(), &["ack", "alice", "not-a-uuid"]),
+        &["not-a-uuid"],
+    );
 }
 
 #[test]
@@ -174,9 +190,7 @@ fn client_presents_the_api_token_from_the_config() {
         .args(["status", "--daemon", &url])
         .output()
         .expect("fleetd runs");
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("bad_token"), "{}", stderr(&out));
-    assert!(stderr(&out).contains("HTTP 401"), "{}", stderr(&out));
+    assert_refused(&out, &["bad_token", "HTTP 401"]);
 }
 
 fn rig(profiles: &str) -> Option<Rig> {
@@ -203,11 +217,7 @@ fn e2e_cli_sends_reads_and_acknowledges() {
     let sent = json(&run(&["send", "alice", "lint", "--json"]));
     assert_eq!(sent["status"], "queued", "{sent}");
     let ticket = sent["ticket"].as_str().expect("ticket").to_owned();
-    let mut inbox = Value::Null;
-    wait_until("the reply in the inbox", Duration::from_secs(90), || {
-        inbox = json(&run(&["inbox", "alice", "--json"]));
-        inbox["replies"].as_array().is_some_and(|r| !r.is_empty())
-    });
+    let inbox = inbox_with_a_reply(rig.dir(), "alice");
     let reply = &inbox["replies"][0];
     assert_eq!(reply["text"], "sim-agent did: lint", "{inbox}");
     assert_eq!(reply["ticket"], ticket.as_str());
@@ -284,9 +294,7 @@ fn e2e_cli_answers_lists_tickets_stops_and_signs_in_a_browser() {
         ["TICKET", "TARGET", "STATE", "AGE", "FINISHED", "CAUSE"]
     );
     assert!(table.contains(&ticket), "{table}");
-    let out = run(&["tickets", "nobody-here"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("unknown_target"), "{}", stderr(&out));
+    assert_refused(&run(&["tickets", "nobody-here"]), &["unknown_target"]);
 
     // answer: the question eve asked, by its id; eve's reply carries the answer.
     let mut question = Value::Null;
@@ -296,25 +304,14 @@ fn e2e_cli_answers_lists_tickets_stops_and_signs_in_a_browser() {
         !question.is_null()
     });
     let id = question["questionId"].as_str().expect("id").to_owned();
-    let out = run(&["answer", "not/an id", "x"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("not a question id"),
-        "{}",
-        stderr(&out)
-    );
+    assert_refused(&run(&["answer", "not/an id", "x"]), &["not a question id"]);
     let text = ok(&run(&["answer", &id, "use", "staging"]));
     assert!(
         text.starts_with(&format!("answered question {id}")),
         "{text}"
     );
-    let out = run(&["answer", &id, "again"]);
-    assert_eq!(out.status.code(), Some(1), "a question is answered once");
-    assert!(
-        stderr(&out).contains("unknown_question"),
-        "{}",
-        stderr(&out)
-    );
+    // A question is answered once.
+    assert_refused(&run(&["answer", &id, "again"]), &["unknown_question"]);
     wait_until(
         "eve's reply with the answer",
         Duration::from_secs(90),
@@ -369,9 +366,7 @@ fn e2e_cli_answers_lists_tickets_stops_and_signs_in_a_browser() {
     assert!(text.starts_with("stopped eve (done for today)"), "{text}");
     let status = json(&run(&["status", "--json"]));
     assert_eq!(status["members"], serde_json::json!([]), "{status}");
-    let out = run(&["stop", "eve"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("unknown_target"), "{}", stderr(&out));
+    assert_refused(&run(&["stop", "eve"]), &["unknown_target"]);
 }
 
 #[test]
@@ -426,14 +421,6 @@ fn e2e_cli_send_wait_that_runs_out_exits_1_and_the_reply_still_lands() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let said = stdout(&out);
     assert!(said.contains("the reply lands in its inbox"), "{said}");
-    let mut inbox = Value::Null;
-    wait_until(
-        "the late reply in the inbox",
-        Duration::from_secs(60),
-        || {
-            inbox = json(&fleetd(rig.dir(), &["inbox", "bob", "--json"]));
-            inbox["replies"].as_array().is_some_and(|r| !r.is_empty())
-        },
-    );
+    let inbox = inbox_with_a_reply(rig.dir(), "bob");
     assert_eq!(inbox["replies"][0]["text"], "sim-agent did: take your time");
 }
