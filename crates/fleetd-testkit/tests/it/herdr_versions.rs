@@ -174,10 +174,8 @@ async fn herdr_0_9_a_prompt_whose_enter_failed_is_uncertain() {
 async fn herdr_a_prompt_and_a_nudge_run_one_turn_each_on_both_versions() {
     for version in HerdrVersion::ALL {
         let fx = start(version, &[]);
-        let log = fx._dir.path().join("agent.jsonl");
-        let log_arg = log.display().to_string();
-        let (mut events, pane) = fx
-            .watched_claude(&["--script", "silent", "--work-ms", "800", "--log", &log_arg])
+        let (mut events, pane, log) = fx
+            .watched_logging_claude("agent.jsonl", &["--script", "silent", "--work-ms", "800"])
             .await;
         let submitted = fx.herdr.submit(&pane.pane, "first task").await;
         assert_eq!(

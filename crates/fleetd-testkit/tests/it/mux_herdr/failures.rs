@@ -8,19 +8,11 @@ use crate::mux_kit::{failed_inputs, next_pick};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_prompt_is_reported_and_the_adapter_presses_nothing() {
     let fx = start_fake(&[]);
-    let log = fx._dir.path().join("sticky.jsonl");
-    let log_arg = log.display().to_string();
-    let (mut events, pane) = fx
-        .watched_claude(&[
-            "--script",
-            "silent",
-            "--swallow",
-            "1",
-            "--work-ms",
-            "500",
-            "--log",
-            &log_arg,
-        ])
+    let (mut events, pane, log) = fx
+        .watched_logging_claude(
+            "sticky.jsonl",
+            &["--script", "silent", "--swallow", "1", "--work-ms", "500"],
+        )
         .await;
     let submitted = fx
         .herdr

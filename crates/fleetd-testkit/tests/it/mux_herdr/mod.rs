@@ -70,6 +70,20 @@ impl Fixture {
         (events, pane)
     }
 
+    /// [`Fixture::watched_claude`], its sim-agent logging what it does to file `log_name` in
+    /// the fixture's directory: the events, the pane and the log's path.
+    pub(crate) async fn watched_logging_claude(
+        &self,
+        log_name: &str,
+        args: &[&str],
+    ) -> (broadcast::Receiver<PaneEvent>, PaneInfo, PathBuf) {
+        let log = self._dir.path().join(log_name);
+        let log_arg = log.display().to_string();
+        let args: Vec<&str> = args.iter().copied().chain(["--log", &log_arg]).collect();
+        let (events, pane) = self.watched_claude(&args).await;
+        (events, pane, log)
+    }
+
     /// Opens a pane in workspace `fleet` running sim-agent with `args` as a custom agent
     /// (herdr detects none), once sim-agent is ready.
     async fn open_custom(&self, args: &[&str]) -> PaneInfo {
