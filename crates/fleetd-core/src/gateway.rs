@@ -67,24 +67,7 @@ impl GatewayName {
     }
 }
 
-impl fmt::Display for GatewayName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl TryFrom<String> for GatewayName {
-    type Error = BadGatewayName;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        Self::new(s)
-    }
-}
-
-impl From<GatewayName> for String {
-    fn from(g: GatewayName) -> Self {
-        g.0
-    }
-}
+crate::text_impls::string_newtype_impls!(GatewayName, BadGatewayName);
 
 /// Where a member is: on this gateway (a bare name) or another (`name@gateway`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

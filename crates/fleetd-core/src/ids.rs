@@ -98,24 +98,7 @@ fn is_local_name(name: &str) -> bool {
         && name.len() <= Target::MAX_LEN
 }
 
-impl TryFrom<String> for Target {
-    type Error = IdError;
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        Self::new(value)
-    }
-}
-
-impl From<Target> for String {
-    fn from(value: Target) -> Self {
-        value.0
-    }
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+crate::text_impls::string_newtype_impls!(Target, IdError);
 
 macro_rules! uuid_id {
     ($(#[$doc:meta])* $name:ident, $kind:literal) => {

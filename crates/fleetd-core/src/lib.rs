@@ -12,6 +12,7 @@ pub mod pane;
 pub mod push;
 pub mod refusal;
 pub mod sanitize;
+mod text_impls;
 pub mod ticket;
 pub mod usage;
 

@@ -1,9 +1,6 @@
 //! The inbox message model and its pure validation (size and sender limits, UTF-8 intake). Knows
 //! nothing about where messages are stored or how they travel: no I/O, no clock, no storage engine.
 
-use std::fmt;
-use std::str::FromStr;
-
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -47,22 +44,9 @@ impl MessageKind {
     }
 }
 
-impl fmt::Display for MessageKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for MessageKind {
-    type Err = MessageError;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|kind| kind.as_str() == text)
-            .ok_or_else(|| MessageError::UnknownKind(text.to_owned()))
-    }
-}
+crate::text_impls::named_enum_impls!(MessageKind, MessageError, |text| {
+    MessageError::UnknownKind(text.to_owned())
+});
 
 /// One inbox message. The JSON form uses camelCase names (`msgId`, `createdAt`) and omits an absent
 /// `ticket`.

@@ -55,22 +55,9 @@ impl MuxDaemon {
     }
 }
 
-impl fmt::Display for MuxDaemon {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for MuxDaemon {
-    type Err = PaneIdError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "lead" => Ok(MuxDaemon::Lead),
-            "member" => Ok(MuxDaemon::Member),
-            other => Err(PaneIdError::Daemon(other.to_owned())),
-        }
-    }
-}
+crate::text_impls::named_enum_impls!(MuxDaemon, PaneIdError, |text| {
+    PaneIdError::Daemon(text.to_owned())
+});
 
 /// Longest id accepted anywhere in this module, in bytes.
 const MAX_ID_LEN: usize = 128;
@@ -127,24 +114,7 @@ impl PaneId {
     }
 }
 
-impl TryFrom<String> for PaneId {
-    type Error = PaneIdError;
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        Self::new(value)
-    }
-}
-
-impl From<PaneId> for String {
-    fn from(value: PaneId) -> Self {
-        value.0
-    }
-}
-
-impl fmt::Display for PaneId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+crate::text_impls::string_newtype_impls!(PaneId, PaneIdError);
 
 impl FromStr for PaneId {
     type Err = PaneIdError;
@@ -264,24 +234,7 @@ macro_rules! opaque_id {
             }
         }
 
-        impl TryFrom<String> for $name {
-            type Error = PaneIdError;
-            fn try_from(value: String) -> Result<Self, Self::Error> {
-                Self::new(value)
-            }
-        }
-
-        impl From<$name> for String {
-            fn from(value: $name) -> Self {
-                value.0
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
-            }
-        }
+        crate::text_impls::string_newtype_impls!($name, PaneIdError);
     };
 }
 
@@ -349,24 +302,12 @@ impl AgentStatus {
     }
 }
 
-impl fmt::Display for AgentStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+crate::text_impls::named_enum_impls!(AgentStatus, PaneIdError, |text| {
+    PaneIdError::Opaque {
+        kind: "agent status",
+        value: text.to_owned(),
     }
-}
-
-impl FromStr for AgentStatus {
-    type Err = PaneIdError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        AgentStatus::ALL
-            .into_iter()
-            .find(|status| status.as_str() == s)
-            .ok_or_else(|| PaneIdError::Opaque {
-                kind: "agent status",
-                value: s.to_owned(),
-            })
-    }
-}
+});
 
 #[cfg(test)]
 mod tests {
