@@ -44,6 +44,16 @@ struct InFlight {
     phase: Phase,
 }
 
+impl InFlight {
+    /// `ticket` handed to the driver to type (`resubmit`: only its Enter again), no answer yet.
+    fn typing(ticket: Ticket, resubmit: bool) -> Self {
+        Self {
+            ticket,
+            phase: Phase::Typing { resubmit },
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Lane {
     queue: VecDeque<Ticket>,
@@ -169,10 +179,7 @@ impl Injector {
     pub fn restore_typing(&mut self, target: &Target, ticket: Ticket) {
         if let Some(lane) = self.lanes.get_mut(target) {
             lane.queue.retain(|t| *t != ticket);
-            lane.in_flight = Some(InFlight {
-                ticket,
-                phase: Phase::Typing { resubmit: false },
-            });
+            lane.in_flight = Some(InFlight::typing(ticket, false));
         }
     }
 
@@ -280,10 +287,7 @@ impl Injector {
                     && lane.in_flight.is_none()
                 {
                     lane.recording = false;
-                    lane.in_flight = Some(InFlight {
-                        ticket,
-                        phase: Phase::Typing { resubmit: true },
-                    });
+                    lane.in_flight = Some(InFlight::typing(ticket, true));
                     out.push(InjectorEffect::Resubmit {
                         target: target.clone(),
                         ticket,
@@ -492,10 +496,7 @@ impl Injector {
         }
         if let Some(ticket) = lane.queue.pop_front() {
             lane.retry_at = None;
-            lane.in_flight = Some(InFlight {
-                ticket,
-                phase: Phase::Typing { resubmit: false },
-            });
+            lane.in_flight = Some(InFlight::typing(ticket, false));
             out.push(InjectorEffect::Type {
                 target: target.clone(),
                 ticket,
