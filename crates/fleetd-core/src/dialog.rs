@@ -261,6 +261,17 @@ fn shown(window: &[&str], question: usize, bottom: usize) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// Asserts `dialog` shows the command it asks about as the line `command` and ends with
+    /// `last` (the agent's own hint of how to answer).
+    fn assert_shows(dialog: &Dialog, command: &str, last: &str) {
+        assert!(
+            dialog.lines.iter().any(|l| l == command),
+            "{command:?}: {:#?}",
+            dialog.lines
+        );
+        assert_eq!(dialog.lines.last().map(String::as_str), Some(last));
+    }
+
     /// Claude Code 2.1.332 asking for a Bash command, as tmux shows it (captured from the real
     /// CLI in the real-agents suite).
     const CLAUDE: &str = "\
@@ -300,14 +311,10 @@ mod tests {
         assert_eq!(d.choices[0].label, "Yes");
         assert_eq!(d.choices[3].label, "No");
         assert_eq!(d.lines.first().map(String::as_str), Some("Bash command"));
-        assert!(
-            d.lines.iter().any(|l| l == "echo approved > ran.txt"),
-            "{:#?}",
-            d.lines
-        );
-        assert_eq!(
-            d.lines.last().map(String::as_str),
-            Some("Esc to cancel · Tab to amend")
+        assert_shows(
+            &d,
+            "echo approved > ran.txt",
+            "Esc to cancel · Tab to amend",
         );
         assert!(
             !d.lines.iter().any(|l| l.contains("@bash")),
@@ -371,14 +378,10 @@ mod tests {
             d.choices[1].label,
             "Yes, and don't ask again for commands that start with `echo approved > ran.txt` (p)"
         );
-        assert!(
-            d.lines.iter().any(|l| l == "$ echo approved > ran.txt"),
-            "{:#?}",
-            d.lines
-        );
-        assert_eq!(
-            d.lines.last().map(String::as_str),
-            Some("Press enter to confirm or esc to cancel")
+        assert_shows(
+            &d,
+            "$ echo approved > ran.txt",
+            "Press enter to confirm or esc to cancel",
         );
     }
 
