@@ -264,37 +264,40 @@ impl State {
             ));
         }
         let (tree, own_spent) = (account.tree.clone(), account.spent);
-        let over = self.over_budget(account);
-        if let Some(OverBudget::Own(b)) = over {
-            let words = usage::describe(&own_spent, &limit(&b));
-            self.tell_once(id, target, (|t| &mut t.stopped, "budget"), || {
-                format!("[fleet] incident: member {target} reached its model budget ({words}); its model requests are refused until the operator raises it: fleetd budget {target} --tokens N / --cost-usd X")
-            }, io);
-            return Err(Refusal::new(
-                Code::BudgetReached,
+        let Some(over) = self.over_budget(account) else {
+            return Ok(id);
+        };
+        // Either budget is refused the same way: the lead told once per episode (the flag
+        // `told` on the account that holds the budget), the member told why and who can lift it.
+        let (holder, told, spent, budget, tree_wide): (u64, fn(&mut Told) -> &mut bool, _, _, _) =
+            match over {
+                OverBudget::Own(b) => (id, |t| &mut t.stopped, own_spent, b, false),
+                OverBudget::Tree { top, spent, budget } => {
+                    (top, |t| &mut t.tree_stopped, spent, budget, true)
+                }
+            };
+        let words = usage::describe(&spent, &limit(&budget));
+        let (incident, refusal) = if tree_wide {
+            (
                 format!(
-                    "fleetd: this member's model budget is spent ({words}). Stop here and tell your user; the operator can raise it with `fleetd budget {target} ...`"
+                    "[fleet] incident: the delegation tree of {tree} reached its model budget ({words}); its members' model requests are refused until the operator raises it: fleetd budget {tree} --tree --tokens N / --cost-usd X"
                 ),
-            ));
-        }
-        if let Some(OverBudget::Tree {
-            top,
-            spent,
-            budget: b,
-        }) = over
-        {
-            let words = usage::describe(&spent, &limit(&b));
-            self.tell_once(top, target, (|t| &mut t.tree_stopped, "budget"), || {
-                format!("[fleet] incident: the delegation tree of {tree} reached its model budget ({words}); its members' model requests are refused until the operator raises it: fleetd budget {tree} --tree --tokens N / --cost-usd X")
-            }, io);
-            return Err(Refusal::new(
-                Code::BudgetReached,
                 format!(
                     "fleetd: the model budget of this delegation tree (headed by {tree}) is spent ({words}). Stop here and tell your user; the operator can raise it with `fleetd budget {tree} --tree ...`"
                 ),
-            ));
-        }
-        Ok(id)
+            )
+        } else {
+            (
+                format!(
+                    "[fleet] incident: member {target} reached its model budget ({words}); its model requests are refused until the operator raises it: fleetd budget {target} --tokens N / --cost-usd X"
+                ),
+                format!(
+                    "fleetd: this member's model budget is spent ({words}). Stop here and tell your user; the operator can raise it with `fleetd budget {target} ...`"
+                ),
+            )
+        };
+        self.tell_once(holder, target, (told, "budget"), || incident, io);
+        Err(Refusal::new(Code::BudgetReached, refusal))
     }
 
     /// The budget that stops `account`'s next request, if one does: its own first, then its
