@@ -17,6 +17,14 @@ use super::{Io, State};
 use crate::config::PeerRight;
 use crate::events::FleetEvent;
 
+/// Refused: `gateway.peers.<src>.allow` lacks `right`, so `src` may not do `what`.
+fn not_allowed(src: &GatewayName, what: &str, right: &str) -> GatewayOutcome {
+    GatewayOutcome::refused(
+        reason::NOT_ALLOWED,
+        format!("gateway {src} may not {what} (gateway.peers.{src}.allow has no `{right}`)"),
+    )
+}
+
 impl State {
     /// Takes in `envelope` from another gateway by its kind, once its sender has the right for it.
     pub(super) fn take_in(
@@ -35,12 +43,7 @@ impl State {
         match envelope.kind {
             Kind::Task => {
                 if !allowed(PeerRight::Send, self) {
-                    return GatewayOutcome::refused(
-                        reason::NOT_ALLOWED,
-                        format!(
-                            "gateway {src} may not send tasks here (gateway.peers.{src}.allow has no `send`)"
-                        ),
-                    );
+                    return not_allowed(&src, "send tasks here", "send");
                 }
                 let Ok(body) = serde_json::from_value::<TaskBody>(envelope.body) else {
                     return GatewayOutcome::refused(
@@ -148,12 +151,7 @@ impl State {
             }
             Kind::Stop => {
                 if !allowed(PeerRight::Stop, self) {
-                    return GatewayOutcome::refused(
-                        reason::NOT_ALLOWED,
-                        format!(
-                            "gateway {src} may not stop members here (gateway.peers.{src}.allow has no `stop`)"
-                        ),
-                    );
+                    return not_allowed(&src, "stop members here", "stop");
                 }
                 let Ok(body) = serde_json::from_value::<StopBody>(envelope.body) else {
                     return GatewayOutcome::refused(reason::MALFORMED, "a stop without its member");
