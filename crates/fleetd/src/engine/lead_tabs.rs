@@ -265,6 +265,19 @@ mod tests {
         Timestamp::UNIX_EPOCH
     }
 
+    /// What a scan of `panes` at [`now`] changes, the leads in `callers` (lead id, terminal)
+    /// having called fleetd from their panes.
+    fn scan(t: &mut LeadTabs, panes: &[ScanPane], callers: &[(&str, &str)]) -> Vec<ScanChange> {
+        let callers = callers
+            .iter()
+            .map(|&(lead, terminal)| {
+                let terminal = TerminalId::new(terminal).expect("terminal id");
+                (LeadId(lead.to_owned()), terminal)
+            })
+            .collect();
+        t.scanned(panes, &callers, &Default::default(), now())
+    }
+
     fn resolved(changes: &[ScanChange]) -> Vec<(String, bool)> {
         changes
             .iter()
@@ -286,19 +299,15 @@ mod tests {
             pane("w1:p3", "t-codex", "w1:t2", true),
             pane("w2:p1", "t-member", "w2:t1", true),
         ];
-        let changes = t.scanned(&panes, &BTreeMap::new(), &Default::default(), now());
         assert_eq!(
-            resolved(&changes),
+            resolved(&scan(&mut t, &panes, &[])),
             [
                 ("lead:w1:p2@t-claude".to_owned(), true),
                 ("lead:w1:p3@t-codex".to_owned(), false)
             ]
         );
         // The same listing again changes nothing.
-        assert!(
-            t.scanned(&panes, &BTreeMap::new(), &Default::default(), now())
-                .is_empty()
-        );
+        assert!(scan(&mut t, &panes, &[]).is_empty());
     }
 
     #[test]
@@ -308,10 +317,8 @@ mod tests {
             pane("w1:p1", "t-a", "w1:t1", true),
             pane("w1:p2", "t-b", "w1:t1", true),
         ];
-        let callers =
-            BTreeMap::from([(LeadId("lead:w1:p2".into()), TerminalId::new("t-b").unwrap())]);
         assert_eq!(
-            resolved(&t.scanned(&panes, &callers, &Default::default(), now())),
+            resolved(&scan(&mut t, &panes, &[("lead:w1:p2", "t-b")])),
             [("lead:w1:p2@t-b".to_owned(), true)]
         );
     }
@@ -320,14 +327,9 @@ mod tests {
     fn a_shell_lead_that_called_is_found_without_agent_detection() {
         let mut t = tabs("base:0", &[]);
         let panes = [pane("%1", "t-bash", "base:0", false)];
-        assert!(
-            t.scanned(&panes, &BTreeMap::new(), &Default::default(), now())
-                .is_empty()
-        );
-        let callers =
-            BTreeMap::from([(LeadId("lead:%1".into()), TerminalId::new("t-bash").unwrap())]);
+        assert!(scan(&mut t, &panes, &[]).is_empty());
         assert_eq!(
-            resolved(&t.scanned(&panes, &callers, &Default::default(), now())),
+            resolved(&scan(&mut t, &panes, &[("lead:%1", "t-bash")])),
             [("lead:%1@t-bash".to_owned(), true)]
         );
     }
@@ -338,7 +340,7 @@ mod tests {
         let mut p = pane("%4", "t-x", "base:3", true);
         p.tab_by_name = Some("base:boss".into());
         assert_eq!(
-            resolved(&t.scanned(&[p], &BTreeMap::new(), &Default::default(), now())),
+            resolved(&scan(&mut t, &[p], &[])),
             [("lead:%4@t-x".to_owned(), true)]
         );
     }
@@ -346,17 +348,10 @@ mod tests {
     #[test]
     fn a_lead_whose_pane_vanished_or_changed_incarnation_is_gone() {
         let mut t = tabs("w1:t1", &[]);
-        let callers = BTreeMap::from([
-            (
-                LeadId("lead:w1:p1".into()),
-                TerminalId::new("t-old").unwrap(),
-            ),
-            (LeadId("lead:w9:p9".into()), TerminalId::new("t-x").unwrap()),
-        ]);
         let panes = [pane("w1:p1", "t-new", "w1:t1", true)];
-        let changes = t.scanned(&panes, &callers, &Default::default(), now());
+        let callers = [("lead:w1:p1", "t-old"), ("lead:w9:p9", "t-x")];
         assert_eq!(
-            changes,
+            scan(&mut t, &panes, &callers),
             [
                 ScanChange::Gone {
                     lead: LeadId("lead:w1:p1".into())
