@@ -19,6 +19,8 @@ mod tests;
 mod tests_durable;
 #[cfg(test)]
 mod tests_gateway;
+#[cfg(test)]
+mod tests_steps;
 mod verify;
 mod views;
 mod wake;

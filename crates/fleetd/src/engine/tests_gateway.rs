@@ -13,6 +13,7 @@ use fleetd_core::{AgentStatus, MessageKind, Target};
 use tokio::time::sleep;
 
 use super::state::REFUSAL_WINDOW;
+use super::tests_steps::{LEAD, assert_refused, fake_with, send_task, task};
 use super::{Durable, EngineHandle, EngineParts, GatewayOutcome, GatewayParts, PeerRefusal, spawn};
 use crate::mux::fake::FakeMux;
 use crate::store::{InboxStore, MemoryStore, StateStore};
@@ -95,8 +96,7 @@ impl Rig {
 
 #[tokio::test(start_paused = true)]
 async fn a_refusal_is_an_incident_to_the_primary_and_repeats_are_folded_into_one_count() {
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    let fake = fake_with(&[(LEAD, AgentStatus::Idle)]);
     let rig = gateway_rig(&fake);
     sleep(Duration::from_millis(100)).await; // the first scan resolves the pinned primary
 
@@ -192,12 +192,7 @@ async fn a_question_delivered_again_after_its_answer_is_not_asked_again_even_aft
     let store = memory_store();
     let rig = gateway_rig_on(&fake, &store);
     let alice = Target::new("alice@b").expect("target");
-    let ticket = rig
-        .engine
-        .submit(None, alice.clone(), "ship it".to_owned())
-        .await
-        .expect("engine")
-        .expect("a ticket for alice@b");
+    let ticket = task(&rig.engine, "alice@b", "ship it").await;
     let question = envelope(
         Kind::Question,
         serde_json::json!({
@@ -310,8 +305,7 @@ async fn a_spawn_answer_delivered_again_is_a_copy_not_a_refusal() {
 
 #[tokio::test(start_paused = true)]
 async fn what_the_engine_refuses_is_labelled_and_raised_without_its_body() {
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
+    let fake = fake_with(&[(LEAD, AgentStatus::Idle)]);
     let rig = gateway_rig(&fake);
     sleep(Duration::from_millis(100)).await;
     // A reply for a ticket a never sent to b: its own reason, not "not allowed".
@@ -362,8 +356,7 @@ async fn what_the_engine_refuses_is_labelled_and_raised_without_its_body() {
 
 #[tokio::test(start_paused = true)]
 async fn tasks_from_another_gateway_obey_max_queued_tasks_like_local_ones() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-z", "w2:t1", AgentStatus::Working);
+    let fake = fake_with(&[(("w2:p1", "t-z", "w2:t1"), AgentStatus::Working)]);
     let store = memory_store();
     let peers = [("b".to_owned(), vec![crate::config::PeerRight::Send])].into();
     let mut rig = gateway_rig_with(&fake, &store, "limits:\n  maxQueuedTasks: 2\n", peers);
@@ -402,14 +395,10 @@ async fn tasks_from_another_gateway_obey_max_queued_tasks_like_local_ones() {
             && body.contains("limits.maxQueuedTasks = 2"),
         "{body}"
     );
-    let tickets = rig.engine.recent(zed.clone()).await.expect("engine");
+    let tickets = rig.engine.recent(zed).await.expect("engine");
     assert_eq!(tickets.len(), 2, "two queued: {tickets:?}");
     // The cap holds for this host's own lead as for b: the same refusal, by the same rule.
-    let local = rig
-        .engine
-        .submit(None, zed, "mine".to_owned())
-        .await
-        .expect("engine");
+    let local = send_task(&rig.engine, "zed", "mine").await;
     assert!(
         matches!(&local, Err(r) if r.code == "queue_full"),
         "{local:?}"
@@ -422,29 +411,16 @@ async fn new_requests_to_other_gateways_are_refused_at_the_outbox_bound_and_answ
     let store = memory_store();
     let peers = [("b".to_owned(), vec![crate::config::PeerRight::Send])].into();
     let mut rig = gateway_rig_with(&fake, &store, "", peers);
-    let alice = Target::new("alice@b").expect("target");
     // Review L1: the broker takes nothing (the forwarder never confirms), so the outbox grows;
     // at its bound (3 here) a new task or spawn for another gateway is refused, and nothing of
     // it is recorded.
     for n in 1..=3 {
-        rig.engine
-            .submit(None, alice.clone(), format!("job {n}"))
-            .await
-            .expect("engine")
-            .expect("room in the outbox");
+        task(&rig.engine, "alice@b", format!("job {n}")).await;
     }
-    let refused = rig
-        .engine
-        .submit(None, alice.clone(), "job 4".to_owned())
+    let refused = send_task(&rig.engine, "alice@b", "job 4")
         .await
-        .expect("engine")
         .expect_err("the outbox is full");
-    assert_eq!(refused.code, "gateway_backlog");
-    assert!(
-        refused.message.contains("gateway.outboxMax = 3"),
-        "{}",
-        refused.message
-    );
+    assert_refused(&refused, "gateway_backlog", "gateway.outboxMax = 3");
     let spawn = rig
         .engine
         .spawn_remote(super::SpawnRemote {

@@ -10,6 +10,7 @@ use fleetd_core::{AgentStatus, Message, MessageKind, MsgId, Target, Ticket, Tick
 use jiff::Timestamp;
 use tokio::time::{Instant, sleep};
 
+use super::tests_steps::{LEAD, MEMBER, SECOND_MEMBER, fake_with, task};
 use super::{EngineHandle, LeadRef, NewMember, Readiness, spawn};
 use crate::mux::MuxRouter;
 use crate::mux::fake::{FakeMux, Fault, Typed};
@@ -53,16 +54,13 @@ async fn rig_with_primary(fake: &FakeMux) -> Rig {
 /// A fake multiplexer with an idle lead (pane `w1:p1`, incarnation `t-lead`) in the pinned
 /// primary tab `w1:t1`.
 fn lead_idle() -> FakeMux {
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
-    fake
+    fake_with(&[(LEAD, AgentStatus::Idle)])
 }
 
 /// [`lead_idle`] and member alice's pane (`w2:p1`, incarnation `t-a`) in `status`; a
 /// [`rig_with_primary`] on them with alice registered.
 async fn primary_and_alice(status: AgentStatus) -> Rig {
-    let fake = lead_idle();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", status);
+    let fake = fake_with(&[(LEAD, AgentStatus::Idle), (MEMBER, status)]);
     let rig = rig_with_primary(&fake).await;
     rig.add(new_member("alice", "w2:p1", "t-a")).await;
     rig
@@ -136,9 +134,10 @@ async fn listed(rig: &Rig, name: &str) -> bool {
 
 #[tokio::test(start_paused = true)]
 async fn the_idle_reaper_releases_exactly_after_the_timeout_and_never_while_working() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-idle", "w2:t1", AgentStatus::Idle);
-    fake.add_pane("w2:p2", "t-busy", "w2:t2", AgentStatus::Working);
+    let fake = fake_with(&[
+        (("w2:p1", "t-idle", "w2:t1"), AgentStatus::Idle),
+        (("w2:p2", "t-busy", "w2:t2"), AgentStatus::Working),
+    ]);
     let rig = rig(&fake);
     for new in [
         NewMember {
@@ -177,12 +176,8 @@ async fn the_idle_reaper_releases_exactly_after_the_timeout_and_never_while_work
 async fn alice_with_a_task(rig: &Rig) -> Ticket {
     rig.add(new_member("alice", "w2:p1", "t-a")).await;
     let alice = Target::new("alice").expect("target");
-    rig.engine.presence(alice.clone()).await.expect("engine");
-    rig.engine
-        .submit(None, alice, "job".to_owned())
-        .await
-        .expect("engine")
-        .expect("queued")
+    rig.engine.presence(alice).await.expect("engine");
+    task(&rig.engine, "alice", "job").await
 }
 
 async fn state_of(rig: &Rig, ticket: Ticket) -> TicketState {
@@ -195,8 +190,7 @@ async fn state_of(rig: &Rig, ticket: Ticket) -> TicketState {
 #[tokio::test(start_paused = true)]
 async fn a_task_that_may_have_been_typed_is_verified_and_never_typed_again() {
     // Every typing into alice's pane goes in and then loses its answer.
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let fake = fake_with(&[(MEMBER, AgentStatus::Idle)]);
     fake.fault("w2:p1", Some(Fault::LostAnswer));
     let rig = rig(&fake);
     let ticket = alice_with_a_task(&rig).await;
@@ -210,8 +204,7 @@ async fn a_task_that_may_have_been_typed_is_verified_and_never_typed_again() {
 
 #[tokio::test(start_paused = true)]
 async fn a_task_that_may_have_been_typed_and_started_is_working() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let fake = fake_with(&[(MEMBER, AgentStatus::Idle)]);
     fake.fault("w2:p1", Some(Fault::LostAnswer));
     let rig = rig(&fake);
     let ticket = alice_with_a_task(&rig).await;
@@ -226,8 +219,7 @@ async fn a_task_that_may_have_been_typed_and_started_is_working() {
 #[tokio::test(start_paused = true)]
 async fn a_submit_the_multiplexer_saw_start_is_the_turn_and_gets_no_enter_retry() {
     // herdr's agent.prompt saw alice reach working; its status event has not come (yet).
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let fake = fake_with(&[(MEMBER, AgentStatus::Idle)]);
     fake.reports_start("w2:p1");
     let rig = rig(&fake);
     let ticket = alice_with_a_task(&rig).await;
@@ -250,9 +242,11 @@ async fn inbox(rig: &Rig, target: &str) -> Vec<Message> {
 
 #[tokio::test(start_paused = true)]
 async fn a_backend_going_down_and_up_is_one_incident_each_for_its_members_only() {
-    let fake = lead_idle();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
-    fake.add_pane("w2:p2", "t-b", "w2:t2", AgentStatus::Idle);
+    let fake = fake_with(&[
+        (LEAD, AgentStatus::Idle),
+        (MEMBER, AgentStatus::Idle),
+        (SECOND_MEMBER, AgentStatus::Idle),
+    ]);
     let rig = rig_with_primary(&fake).await;
     rig.add(NewMember {
         backend: Some("lab".to_owned()),
@@ -291,8 +285,7 @@ async fn a_backend_going_down_and_up_is_one_incident_each_for_its_members_only()
 
 #[tokio::test(start_paused = true)]
 async fn a_reload_that_removes_a_members_backend_raises_one_unmapped_incident() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let fake = fake_with(&[(MEMBER, AgentStatus::Idle)]);
     let with_lab = format!("{CONFIG}backends:\n  lab:\n    baseUrl: http://127.0.0.1:9\n");
     let (publisher, live) = crate::config::channel(config(&with_lab));
     let store = memory_store();
@@ -417,10 +410,11 @@ async fn a_name_reservation_that_outlives_its_spawn_expires() {
 
 #[tokio::test(start_paused = true)]
 async fn readiness_fires_on_the_status_and_presence_that_complete_it_never_on_a_poll() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-ann", "w2:t1", AgentStatus::Unknown);
-    fake.add_pane("w2:p2", "t-bo", "w2:t2", AgentStatus::Working);
-    fake.add_pane("w2:p3", "t-cy", "w2:t3", AgentStatus::Unknown);
+    let fake = fake_with(&[
+        (("w2:p1", "t-ann", "w2:t1"), AgentStatus::Unknown),
+        (("w2:p2", "t-bo", "w2:t2"), AgentStatus::Working),
+        (("w2:p3", "t-cy", "w2:t3"), AgentStatus::Unknown),
+    ]);
     let rig = rig(&fake);
     let when_ready = |name: &str| rig.engine.when_ready(Target::new(name).expect("target"));
     assert_eq!(
@@ -483,21 +477,11 @@ async fn each_input_is_handled_at_the_time_it_arrives() {
     // Review M1: the loop read the time before it waited for an input, so a command that came
     // after a quiet spell was handled up to an idle tick in the past (its ticket opened then,
     // its deadlines counted from then).
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let fake = fake_with(&[(MEMBER, AgentStatus::Working)]);
     let rig = rig(&fake);
     rig.add(new_member("alice", "w2:p1", "t-a")).await;
     sleep(Duration::from_millis(4500)).await;
-    let ticket = rig
-        .engine
-        .submit(
-            None,
-            Target::new("alice").expect("target"),
-            "job".to_owned(),
-        )
-        .await
-        .expect("engine")
-        .expect("queued");
+    let ticket = task(&rig.engine, "alice", "job").await;
     let super::TicketAnswer::Live(view) = rig.engine.ticket(ticket).await.expect("engine") else {
         panic!("ticket {ticket} is live");
     };
@@ -512,8 +496,7 @@ async fn each_input_is_handled_at_the_time_it_arrives() {
 async fn a_turn_whose_fallback_cannot_be_stored_still_ends_its_ticket() {
     // Review M7: a failed fallback publish only cleared the recording flag, so the ticket stayed
     // working forever and a waiting fleet_send hung to its timeout.
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let fake = fake_with(&[(MEMBER, AgentStatus::Idle)]);
     let rig = rig(&fake);
     let ticket = alice_with_a_task(&rig).await;
     let settled = rig.engine.wait(ticket).await.expect("engine");
@@ -534,16 +517,7 @@ async fn a_turn_whose_fallback_cannot_be_stored_still_ends_its_ticket() {
     );
     // The member takes its next task.
     rig.store.set_writes_fail(false);
-    let next = rig
-        .engine
-        .submit(
-            None,
-            Target::new("alice").expect("target"),
-            "next".to_owned(),
-        )
-        .await
-        .expect("engine")
-        .expect("queued");
+    let next = task(&rig.engine, "alice", "next").await;
     sleep(Duration::from_secs(1)).await;
     assert_eq!(state_of(&rig, next).await, TicketState::Delivered);
 }
@@ -553,8 +527,7 @@ async fn a_status_blip_before_the_task_was_submitted_records_no_fallback() {
     // Issue 40 #2: Codex's spinner at the end of its start-up read busy after the task was
     // typed, then at rest, while the text still sat unsent in its composer; the ticket ended
     // without a reply and the task was lost.
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let fake = fake_with(&[(MEMBER, AgentStatus::Idle)]);
     let rig = rig(&fake);
     let ticket = alice_with_a_task(&rig).await;
     sleep(Duration::from_millis(500)).await;

@@ -31,8 +31,7 @@ async fn reminders_back_off_then_give_up_and_the_mail_stays() {
 
 #[tokio::test(start_paused = true)]
 async fn a_working_lead_is_nudged_the_moment_it_goes_idle_and_reading_stops_it() {
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Working);
+    let fake = fake_with(&[(LEAD, AgentStatus::Working)]);
     let rig = rig_with_primary(&fake).await;
     let mut events = rig.engine.events().subscribe(None).live;
     let id = rig.mail("alice").await;
@@ -75,10 +74,11 @@ async fn a_working_lead_is_nudged_the_moment_it_goes_idle_and_reading_stops_it()
 
 #[tokio::test(start_paused = true)]
 async fn a_blip_keeps_the_delegating_lead_and_a_closed_one_falls_back_to_the_primary() {
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-primary", "w1:t1", AgentStatus::Idle);
-    fake.add_pane("w1:p5", "t-delegator", "w1:t9", AgentStatus::Idle);
-    fake.add_pane("w2:p1", "t-alice", "w2:t1", AgentStatus::Idle);
+    let fake = fake_with(&[
+        (("w1:p1", "t-primary", "w1:t1"), AgentStatus::Idle),
+        (("w1:p5", "t-delegator", "w1:t9"), AgentStatus::Idle),
+        (("w2:p1", "t-alice", "w2:t1"), AgentStatus::Idle),
+    ]);
     let rig = rig_with_primary(&fake).await;
     let delegator = rig.lead("w1:p5", "t-delegator").await;
     rig.add(NewMember {
@@ -111,8 +111,7 @@ async fn a_blip_keeps_the_delegating_lead_and_a_closed_one_falls_back_to_the_pri
 
 #[tokio::test(start_paused = true)]
 async fn failed_scans_keep_the_primary_and_a_vanished_one_is_replaced() {
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-first", "w1:t1", AgentStatus::Idle);
+    let fake = fake_with(&[(("w1:p1", "t-first", "w1:t1"), AgentStatus::Idle)]);
     let rig = rig_with_primary(&fake).await;
     fake.listing_fails(true);
     sleep(Duration::from_secs(10)).await; // several failed readings
@@ -137,8 +136,7 @@ async fn failed_scans_keep_the_primary_and_a_vanished_one_is_replaced() {
 
 #[tokio::test(start_paused = true)]
 async fn with_no_lead_the_mail_waits_for_a_poll() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-x", "w2:t1", AgentStatus::Idle); // not a lead tab
+    let fake = fake_with(&[(MEMBER, AgentStatus::Idle)]); // not a lead tab
     let rig = rig(&fake);
     rig.mail("alice").await;
     sleep(Duration::from_secs(60)).await;
@@ -190,12 +188,7 @@ async fn a_reply_returned_by_a_waiter_is_kept_until_its_caller_calls_again_and_a
     let alice = Target::new("alice").expect("target");
     let mut handed = Vec::new();
     for round in 0..2 {
-        let ticket = rig
-            .engine
-            .submit(None, alice.clone(), format!("job {round}"))
-            .await
-            .expect("engine")
-            .expect("queued");
+        let ticket = task(&rig.engine, "alice", format!("job {round}")).await;
         let waiter = rig.engine.wait(ticket).await.expect("engine");
         let reply = reply_from("alice", Some(ticket), format!("done {round}"));
         rig.store.publish(reply.clone()).await.expect("publish");
@@ -246,9 +239,10 @@ async fn a_reply_returned_by_a_waiter_is_kept_until_its_caller_calls_again_and_a
 #[tokio::test(start_paused = true)]
 async fn a_reload_moves_the_primary_tab_and_the_push_budget_at_once() {
     // Issue 14 item 6: primary, leads, tickets and delivery took effect only at the next start.
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-one", "w1:t1", AgentStatus::Idle);
-    fake.add_pane("w3:p1", "t-three", "w3:t1", AgentStatus::Idle);
+    let fake = fake_with(&[
+        (("w1:p1", "t-one", "w1:t1"), AgentStatus::Idle),
+        (("w3:p1", "t-three", "w3:t1"), AgentStatus::Idle),
+    ]);
     let (publisher, live) = crate::config::channel(config(CONFIG));
     let store = memory_store();
     let engine = spawn(engine_parts(&fake, &store, live));
@@ -333,9 +327,11 @@ async fn a_wake_holds_its_reply_from_the_nudge_until_read_cancelled_or_lapsed() 
 async fn a_handed_reply_goes_back_to_the_nudge_when_its_holder_goes_or_never_calls_again() {
     // Review M2: a reply handed to a waiter was uncounted by the push loop until its holder's
     // next call; a holder that closed, or never called again, left it un-nudged for good.
-    let fake = lead_idle();
-    fake.add_pane("w3:p1", "t-other", "w3:t1", AgentStatus::Idle);
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let fake = fake_with(&[
+        (LEAD, AgentStatus::Idle),
+        (("w3:p1", "t-other", "w3:t1"), AgentStatus::Idle),
+        (MEMBER, AgentStatus::Working),
+    ]);
     let rig = rig_with_primary(&fake).await;
     rig.lead("w3:p1", "t-other").await;
     rig.add(new_member("alice", "w2:p1", "t-a")).await;

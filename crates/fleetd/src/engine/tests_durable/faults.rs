@@ -13,17 +13,10 @@ async fn a_task_whose_ticket_cannot_be_written_is_not_typed_until_it_is() {
     let engine = with_ann(&disk, &fake).await;
     settle().await;
     disk.store.set_writes_fail(true);
-    let refused = engine
-        .submit(None, t("ann"), "wait for the disk".to_owned())
+    let refused = send_task(&engine, "ann", "wait for the disk")
         .await
-        .expect("engine")
         .expect_err("not durable");
-    assert_eq!(refused.code, "store_unavailable");
-    assert!(
-        refused.message.contains("do not send it again"),
-        "{}",
-        refused.message
-    );
+    assert_refused(&refused, "store_unavailable", "do not send it again");
     sleep(Duration::from_secs(10)).await;
     assert!(fake.typed().is_empty(), "nothing typed before it is kept");
     disk.store.set_writes_fail(false);
@@ -35,9 +28,7 @@ async fn a_task_whose_ticket_cannot_be_written_is_not_typed_until_it_is() {
 async fn a_reply_nudges_its_idle_lead_before_its_tickets_commit_lands() {
     // Issue 17: the nudge waited behind its ticket's state commit — a second fsync after the
     // reply's own, the slow rounds of reply → nudge under a parallel build's disk writes.
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Idle);
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let fake = fake_with(&[(LEAD, AgentStatus::Idle), (MEMBER, AgentStatus::Idle)]);
     let disk = Disk::new();
     let engine = with_ann_led(&disk, &fake).await;
     let ticket = task(&engine, "ann", "job").await;
@@ -96,9 +87,10 @@ async fn kept_notice(disk: &Disk, member: &str) -> String {
 async fn a_worktree_a_spawn_was_making_when_fleetd_died_is_settled_at_the_next_start() {
     let repo = crate::worktree::test_repo();
     let root = tempfile::tempdir().expect("tmp");
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Working);
-    fake.add_pane("w2:p3", "t-c", "w2:t3", AgentStatus::Idle);
+    let fake = fake_with(&[
+        (LEAD, AgentStatus::Working),
+        (("w2:p3", "t-c", "w2:t3"), AgentStatus::Idle),
+    ]);
     let disk = Disk::new();
     let first = disk.start(&fake);
     let lead = lead_ref();
@@ -189,8 +181,7 @@ async fn a_worktree_a_spawn_was_making_when_fleetd_died_is_settled_at_the_next_s
 async fn a_released_member_s_worktree_is_judged_only_once_its_pane_is_gone() {
     let repo = crate::worktree::test_repo();
     let root = tempfile::tempdir().expect("tmp");
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p4", "t-d", "w2:t4", AgentStatus::Working);
+    let fake = fake_with(&[(("w2:p4", "t-d", "w2:t4"), AgentStatus::Working)]);
     let disk = Disk::new();
     let engine = disk.start(&fake);
     let info = crate::worktree::create(&crate::worktree::test_request(
@@ -245,8 +236,7 @@ async fn a_fleet_state_that_cannot_be_read_stops_the_engine_rather_than_start_an
 
 #[tokio::test(start_paused = true)]
 async fn an_older_fleetds_registry_is_removed_only_once_its_members_are_committed() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
+    let fake = fake_with(&[(MEMBER, AgentStatus::Idle)]);
     let dir = tempfile::tempdir().expect("tmp");
     let legacy = dir.path().join("members.json");
     let members = vec![new_member("ann", "w2:p1", "t-a")];
@@ -282,9 +272,10 @@ async fn an_older_fleetds_registry_is_removed_only_once_its_members_are_committe
 
 #[tokio::test(start_paused = true)]
 async fn while_the_state_cannot_be_written_what_waits_is_bounded_and_new_work_refused() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
-    fake.add_pane("w2:p2", "t-b", "w2:t2", AgentStatus::Working);
+    let fake = fake_with(&[
+        (MEMBER, AgentStatus::Working),
+        (SECOND_MEMBER, AgentStatus::Working),
+    ]);
     let disk = Disk::new();
     let engine = disk.start(&fake);
     for (name, pane, terminal) in [("ann", "w2:p1", "t-a"), ("bo", "w2:p2", "t-b")] {
@@ -300,10 +291,7 @@ async fn while_the_state_cannot_be_written_what_waits_is_bounded_and_new_work_re
     let mut codes = Vec::new();
     for i in 0..60 {
         let target = if i % 2 == 0 { "ann" } else { "bo" };
-        let sent = engine
-            .submit(None, t(target), format!("job {i}"))
-            .await
-            .expect("engine");
+        let sent = send_task(&engine, target, format!("job {i}")).await;
         codes.push(
             sent.err()
                 .map(|r| r.message.contains("changes already wait")),
@@ -317,10 +305,7 @@ async fn while_the_state_cannot_be_written_what_waits_is_bounded_and_new_work_re
     // The disk has room again: what was held is written once, and work is taken again.
     disk.store.set_writes_fail(false);
     sleep(Duration::from_secs(2)).await;
-    let sent = engine
-        .submit(None, t("ann"), "after".to_owned())
-        .await
-        .expect("engine");
+    let sent = send_task(&engine, "ann", "after").await;
     assert!(sent.is_ok(), "{sent:?}");
 }
 
@@ -336,9 +321,7 @@ async fn a_question_or_answer_that_cannot_be_written_says_so() {
         .ask_question(t("ann"), "which environment?".to_owned())
         .await
         .expect("engine");
-    let refusal = asked.expect_err("refused");
-    assert_eq!(refusal.code, "store_unavailable");
-    assert!(refusal.message.contains("is held"), "{}", refusal.message);
+    assert_refused(&asked.expect_err("refused"), "store_unavailable", "is held");
     disk.store.set_writes_fail(false);
     sleep(Duration::from_secs(2)).await; // the held question is written with the next commit
     let id = engine.questions(None).await.expect("engine")[0]

@@ -10,6 +10,7 @@ use fleetd_core::{AgentStatus, Target, TicketState};
 use jiff::Timestamp;
 use tokio::time::sleep;
 
+use super::tests_steps::{LEAD, MEMBER, SECOND_MEMBER, assert_refused, fake_with, send_task, task};
 use super::{Durable, EngineHandle, EngineParts, LeadRef, NewMember, TicketAnswer, spawn};
 use crate::clock::TokioClock;
 use crate::mux::fake::FakeMux;
@@ -101,9 +102,7 @@ fn lead_ref() -> LeadRef {
 /// A fake multiplexer with ann's pane (`w2:p1`, terminal `t-a`) showing `status`, and the
 /// stores that will outlive the engines started on them.
 fn ann_pane(status: AgentStatus) -> (FakeMux, Disk) {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", status);
-    (fake, Disk::new())
+    (fake_with(&[(MEMBER, status)]), Disk::new())
 }
 
 /// Asserts exactly one text was typed so far, and that it was `text`.
@@ -148,15 +147,6 @@ async fn with_ann_led(disk: &Disk, fake: &FakeMux) -> EngineHandle {
     engine
 }
 
-/// Sends `text` to member `to` as the operator; its ticket.
-async fn task(engine: &EngineHandle, to: &str, text: &str) -> fleetd_core::Ticket {
-    engine
-        .submit(None, t(to), text.to_owned())
-        .await
-        .expect("engine")
-        .expect("queued")
-}
-
 /// Lets spawned effects and the persister run.
 async fn settle() {
     sleep(Duration::from_millis(50)).await;
@@ -171,9 +161,10 @@ async fn state_of(engine: &EngineHandle, ticket: fleetd_core::Ticket) -> Option<
 
 #[tokio::test(start_paused = true)]
 async fn members_are_taken_back_and_a_gone_one_is_released_with_its_tickets_failed() {
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
-    fake.add_pane("w2:p2", "t-b", "w2:t2", AgentStatus::Working);
+    let fake = fake_with(&[
+        (MEMBER, AgentStatus::Idle),
+        (SECOND_MEMBER, AgentStatus::Working),
+    ]);
     let disk = Disk::new();
     let first = with_ann_registered(&disk, &fake).await;
     first
@@ -336,9 +327,7 @@ async fn a_reply_behind_pages_of_other_mail_still_settles_its_ticket_after_the_r
 
 #[tokio::test(start_paused = true)]
 async fn questions_and_bindings_survive_and_the_answer_reaches_the_member() {
-    let fake = FakeMux::new();
-    fake.add_pane("w1:p1", "t-lead", "w1:t1", AgentStatus::Working);
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Working);
+    let fake = fake_with(&[(LEAD, AgentStatus::Working), (MEMBER, AgentStatus::Working)]);
     let disk = Disk::new();
     let first = with_ann_led(&disk, &fake).await;
     let (id, _answer) = first
@@ -429,9 +418,10 @@ async fn standing(engine: &EngineHandle, pane: &str, born_ago: u64) -> super::St
 #[tokio::test(start_paused = true)]
 async fn the_lead_rule_s_spans_survive_a_restart() {
     use super::Standing::{Lead, Stray};
-    let fake = FakeMux::new();
-    fake.add_pane("w2:p1", "t-a", "w2:t1", AgentStatus::Idle);
-    fake.add_pane("w1:p2", "t-w1-p2", "w1:t2", AgentStatus::Idle);
+    let fake = fake_with(&[
+        (MEMBER, AgentStatus::Idle),
+        (("w1:p2", "t-w1-p2", "w1:t2"), AgentStatus::Idle),
+    ]);
     let disk = Disk::new();
     let clock: crate::clock::SharedClock = Arc::new(TokioClock::new(Timestamp::UNIX_EPOCH));
     let first = disk.start_on(&fake, Arc::clone(&clock));
