@@ -66,6 +66,12 @@ impl GatewayOutcome {
             why: why.into(),
         }
     }
+
+    /// Refused as malformed: the body is not what its kind carries; `lacking` says so in words
+    /// ("a task without its ticket, member or text").
+    pub(super) fn malformed(lacking: &'static str) -> Self {
+        Self::refused(super::gateway_refusals::reason::MALFORMED, lacking)
+    }
 }
 
 /// A task's body.

@@ -46,10 +46,7 @@ impl State {
                     return not_allowed(&src, "send tasks here", "send");
                 }
                 let Ok(body) = serde_json::from_value::<TaskBody>(envelope.body) else {
-                    return GatewayOutcome::refused(
-                        reason::MALFORMED,
-                        "a task without its ticket, member or text",
-                    );
+                    return GatewayOutcome::malformed("a task without its ticket, member or text");
                 };
                 if self.tickets.book.record(body.ticket).is_some()
                     || self.tickets.book.pruned_at(body.ticket).is_some()
@@ -112,10 +109,7 @@ impl State {
             }
             Kind::Ticket => {
                 let Ok(body) = serde_json::from_value::<TicketBody>(envelope.body) else {
-                    return GatewayOutcome::refused(
-                        reason::MALFORMED,
-                        "a ticket event without its ticket or event",
-                    );
+                    return GatewayOutcome::malformed("a ticket event without its ticket or event");
                 };
                 if !self.sent_there(body.ticket, &src) {
                     return GatewayOutcome::refused(
@@ -129,13 +123,10 @@ impl State {
             }
             Kind::Reply => {
                 let Ok(body) = serde_json::from_value::<ReplyBody>(envelope.body) else {
-                    return GatewayOutcome::refused(
-                        reason::MALFORMED,
-                        "a reply without its message",
-                    );
+                    return GatewayOutcome::malformed("a reply without its message");
                 };
                 let Some(ticket) = body.message.ticket else {
-                    return GatewayOutcome::refused(reason::MALFORMED, "a reply for no ticket");
+                    return GatewayOutcome::malformed("a reply for no ticket");
                 };
                 if !self.sent_there(ticket, &src)
                     || body.message.target.gateway() != Some(src.as_str())
@@ -154,7 +145,7 @@ impl State {
                     return not_allowed(&src, "stop members here", "stop");
                 }
                 let Ok(body) = serde_json::from_value::<StopBody>(envelope.body) else {
-                    return GatewayOutcome::refused(reason::MALFORMED, "a stop without its member");
+                    return GatewayOutcome::malformed("a stop without its member");
                 };
                 if let Ok(member) = Target::local(body.member.as_str()) {
                     let cause = format!("{} (by gateway {src})", body.cause);
@@ -167,10 +158,7 @@ impl State {
             Kind::Question => self.question_in(&src, envelope.body, now, io),
             Kind::Answer => {
                 let Ok(body) = serde_json::from_value::<AnswerBody>(envelope.body) else {
-                    return GatewayOutcome::refused(
-                        reason::MALFORMED,
-                        "an answer without its question id or text",
-                    );
+                    return GatewayOutcome::malformed("an answer without its question id or text");
                 };
                 let asked_there = self
                     .questions
@@ -237,17 +225,11 @@ impl State {
         io: &mut Vec<Io>,
     ) -> GatewayOutcome {
         let Ok(body) = serde_json::from_value::<QuestionBody>(body) else {
-            return GatewayOutcome::refused(
-                reason::MALFORMED,
-                "a question without its id, member, ticket or text",
-            );
+            return GatewayOutcome::malformed("a question without its id, member, ticket or text");
         };
         let Ok(target) = Target::local(body.member.as_str()).map(|t| t.at(src.as_str())) else {
             // Not quoted: the name is whatever the body held.
-            return GatewayOutcome::refused(
-                reason::MALFORMED,
-                "a question whose member is not a member name",
-            );
+            return GatewayOutcome::malformed("a question whose member is not a member name");
         };
         if !self.sent_there(body.ticket, src)
             || self.tickets.book.record(body.ticket).map(|r| &r.target) != Some(&target)

@@ -90,12 +90,8 @@ pub(super) fn spawn_key(asked: bool, req: &str) -> String {
 
 /// Another gateway's spawn request, or its refusal as malformed.
 fn spawn_request(body: serde_json::Value) -> Result<SpawnBody, GatewayOutcome> {
-    serde_json::from_value(body).map_err(|_| {
-        GatewayOutcome::refused(
-            super::gateway_refusals::reason::MALFORMED,
-            "a spawn request without its id or profile",
-        )
-    })
+    serde_json::from_value(body)
+        .map_err(|_| GatewayOutcome::malformed("a spawn request without its id or profile"))
 }
 
 impl State {
@@ -253,10 +249,7 @@ impl State {
         io: &mut Vec<Io>,
     ) -> GatewayOutcome {
         let Ok(body) = serde_json::from_value::<SpawnedBody>(body) else {
-            return GatewayOutcome::refused(
-                super::gateway_refusals::reason::MALFORMED,
-                "a spawn result without its request id",
-            );
+            return GatewayOutcome::malformed("a spawn result without its request id");
         };
         let done = super::gateway::done_key("spawned", &body.req, src);
         if self
