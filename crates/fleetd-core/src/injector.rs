@@ -391,25 +391,21 @@ impl Injector {
             deadline: now.checked_add(self.grace).unwrap_or(now),
             resubmitted: resubmit,
         };
+        // A typing that went in (or that the multiplexer saw start the turn) delivered the task;
+        // an Enter retry's delivery was said with its text.
+        if !resubmit && matches!(outcome, TypeOutcome::Accepted | TypeOutcome::Started) {
+            out.push(InjectorEffect::Ticket {
+                ticket,
+                event: TicketEvent::Delivered,
+            });
+        }
         match outcome {
             TypeOutcome::Accepted => {
-                if !resubmit {
-                    out.push(InjectorEffect::Ticket {
-                        ticket,
-                        event: TicketEvent::Delivered,
-                    });
-                }
                 flight.phase = verify;
                 lane.type_failures = 0;
             }
             TypeOutcome::Started => {
                 // The multiplexer saw the turn start: what a busy reading would have proved.
-                if !resubmit {
-                    out.push(InjectorEffect::Ticket {
-                        ticket,
-                        event: TicketEvent::Delivered,
-                    });
-                }
                 lane.in_flight = None;
                 lane.current = Some((ticket, false));
                 lane.type_failures = 0;
