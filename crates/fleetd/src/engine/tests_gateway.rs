@@ -81,6 +81,25 @@ impl Rig {
         messages.into_iter().map(|m| m.text).collect()
     }
 
+    /// Hands the engine `envelope` as the broker delivered it: what it made of it.
+    async fn deliver(&self, envelope: Envelope) -> Result<GatewayOutcome, String> {
+        self.engine.gateway_in(envelope).await.expect("engine")
+    }
+
+    /// Asserts the engine takes `envelope` (done, or a copy of one done): it is acked.
+    async fn assert_taken(&self, envelope: Envelope) {
+        assert_eq!(self.deliver(envelope).await, Ok(GatewayOutcome::Taken));
+    }
+
+    /// What went into the outbox for other gateways since last asked, in order.
+    fn sent(&mut self) -> Vec<Envelope> {
+        let mut sent = Vec::new();
+        while let Ok((_, envelope)) = self.outbox.try_recv() {
+            sent.push(*envelope);
+        }
+        sent
+    }
+
     async fn refused(&self, from: &str, reason: &'static str, why: &str) {
         self.engine
             .gateway_refused(PeerRefusal {
@@ -205,12 +224,7 @@ async fn a_question_delivered_again_after_its_answer_is_not_asked_again_even_aft
         let alice = alice.clone();
         async move { engine.questions(Some(alice)).await.expect("engine").len() }
     };
-    let taken = rig
-        .engine
-        .gateway_in(question.clone())
-        .await
-        .expect("engine");
-    assert_eq!(taken, Ok(GatewayOutcome::Taken));
+    rig.assert_taken(question.clone()).await;
     assert_eq!(open(&rig.engine).await, 1);
     let id = rig.engine.questions(None).await.expect("engine")[0]
         .question_id
@@ -222,19 +236,13 @@ async fn a_question_delivered_again_after_its_answer_is_not_asked_again_even_aft
         .expect("answered");
     assert_eq!(open(&rig.engine).await, 0);
     // The broker delivers it again (its ack was lost with the link): a copy, not a question.
-    let again = rig
-        .engine
-        .gateway_in(question.clone())
-        .await
-        .expect("engine");
-    assert_eq!(again, Ok(GatewayOutcome::Taken));
+    rig.assert_taken(question.clone()).await;
     assert_eq!(open(&rig.engine).await, 0, "asked again");
     // And after a restart on the same state.
     drop(rig);
     sleep(Duration::from_millis(100)).await;
     let rig = gateway_rig_on(&fake, &store);
-    let again = rig.engine.gateway_in(question).await.expect("engine");
-    assert_eq!(again, Ok(GatewayOutcome::Taken));
+    rig.assert_taken(question).await;
     assert_eq!(open(&rig.engine).await, 0, "asked again after a restart");
 }
 
@@ -260,26 +268,15 @@ async fn a_spawn_answer_delivered_again_is_a_copy_not_a_refusal() {
         Kind::Spawned,
         serde_json::json!({ "req": req, "target": "rem", "pane": "member:w1:p2", "profile": "sim" }),
     );
-    let taken = rig
-        .engine
-        .gateway_in(spawned.clone())
-        .await
-        .expect("engine");
-    assert_eq!(taken, Ok(GatewayOutcome::Taken));
+    rig.assert_taken(spawned.clone()).await;
     let done = answer.await.expect("answered").expect("spawned");
     assert_eq!(done.target.to_string(), "rem@b");
     // The broker delivers the answer again (its ack was lost), before and after a restart.
-    let again = rig
-        .engine
-        .gateway_in(spawned.clone())
-        .await
-        .expect("engine");
-    assert_eq!(again, Ok(GatewayOutcome::Taken));
+    rig.assert_taken(spawned.clone()).await;
     drop(rig);
     sleep(Duration::from_millis(100)).await;
     let rig = gateway_rig_on(&fake, &store);
-    let again = rig.engine.gateway_in(spawned).await.expect("engine");
-    assert_eq!(again, Ok(GatewayOutcome::Taken));
+    rig.assert_taken(spawned).await;
     sleep(Duration::from_millis(50)).await;
     assert!(
         rig.incidents().await.is_empty(),
@@ -290,7 +287,7 @@ async fn a_spawn_answer_delivered_again_is_a_copy_not_a_refusal() {
         Kind::Spawned,
         serde_json::json!({ "req": "01a23300-0000-7000-8000-0000000000f1", "target": "x" }),
     );
-    let refused = rig.engine.gateway_in(forged).await.expect("engine");
+    let refused = rig.deliver(forged).await;
     assert!(
         matches!(
             refused,
@@ -317,7 +314,7 @@ async fn what_the_engine_refuses_is_labelled_and_raised_without_its_body() {
             "text": "the forged body", "from": "alice", "createdAt": "2026-12-01T00:00:00Z",
         }}),
     );
-    let outcome = rig.engine.gateway_in(reply).await.expect("engine");
+    let outcome = rig.deliver(reply).await;
     assert!(
         matches!(&outcome, Ok(GatewayOutcome::Refused { reason: "never_sent", why }) if why.contains("never sent to gateway b")),
         "{outcome:?}"
@@ -330,7 +327,7 @@ async fn what_the_engine_refuses_is_labelled_and_raised_without_its_body() {
             "task": "rm -rf /", "by": "x",
         }),
     );
-    let outcome = rig.engine.gateway_in(task).await.expect("engine");
+    let outcome = rig.deliver(task).await;
     assert!(
         matches!(
             &outcome,
@@ -374,14 +371,10 @@ async fn tasks_from_another_gateway_obey_max_queued_tasks_like_local_ones() {
                 "member": "zed", "task": format!("job {i}"), "by": "lead",
             }),
         );
-        let taken = rig.engine.gateway_in(task).await.expect("engine");
-        assert_eq!(taken, Ok(GatewayOutcome::Taken));
+        rig.assert_taken(task).await;
     }
     sleep(Duration::from_millis(50)).await;
-    let mut answers = Vec::new();
-    while let Ok((_, envelope)) = rig.outbox.try_recv() {
-        answers.push(*envelope);
-    }
+    let answers = rig.sent();
     assert_eq!(
         answers.len(),
         1,
@@ -438,10 +431,7 @@ async fn new_requests_to_other_gateways_are_refused_at_the_outbox_bound_and_answ
         Some("gateway_backlog")
     );
     sleep(Duration::from_millis(50)).await;
-    let mut kinds = Vec::new();
-    while let Ok((_, envelope)) = rig.outbox.try_recv() {
-        kinds.push(envelope.kind);
-    }
+    let kinds: Vec<Kind> = rig.sent().into_iter().map(|e| e.kind).collect();
     assert_eq!(
         kinds,
         [Kind::Task; 3],
@@ -449,18 +439,14 @@ async fn new_requests_to_other_gateways_are_refused_at_the_outbox_bound_and_answ
     );
     // An answer owed to another gateway still goes in past the bound: b's task for a member
     // this host does not have ends at once, and its ticket's end goes back to b.
-    let taken = rig
-        .engine
-        .gateway_in(envelope(
-            Kind::Task,
-            serde_json::json!({
-                "ticket": "01a23300-0000-7000-8000-00000000b0ff",
-                "member": "nobody", "task": "x", "by": "lead",
-            }),
-        ))
-        .await
-        .expect("engine");
-    assert_eq!(taken, Ok(GatewayOutcome::Taken));
+    rig.assert_taken(envelope(
+        Kind::Task,
+        serde_json::json!({
+            "ticket": "01a23300-0000-7000-8000-00000000b0ff",
+            "member": "nobody", "task": "x", "by": "lead",
+        }),
+    ))
+    .await;
     sleep(Duration::from_millis(50)).await;
     let (_, answer) = rig.outbox.try_recv().expect("the answer is in the outbox");
     assert_eq!(answer.kind, Kind::Ticket);
