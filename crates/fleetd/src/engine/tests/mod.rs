@@ -94,6 +94,12 @@ impl Rig {
         assert!(nudges[0].text.contains(says), "{says:?}: {nudges:?}");
     }
 
+    /// Asserts nothing has been typed into `pane` so far: no nudge, for the reason `why`.
+    fn no_nudge(&self, pane: &str, why: &str) {
+        let nudges = self.fake.typed_into(pane);
+        assert!(nudges.is_empty(), "{why}: {nudges:?}");
+    }
+
     /// Asserts some nudge typed into `pane` so far says `says`.
     fn some_nudge(&self, pane: &str, says: &str) {
         let nudges = self.fake.typed_into(pane);
@@ -180,6 +186,20 @@ async fn alice_with_a_task(rig: &Rig) -> Ticket {
     task(&rig.engine, "alice", "job").await
 }
 
+/// Asserts the wait `settled` ends, within 30 s and so by the turn's own end rather than a
+/// timeout (`why`), with its ticket in `state`.
+async fn assert_settles(
+    settled: tokio::sync::oneshot::Receiver<super::Settled>,
+    state: TicketState,
+    why: &str,
+) {
+    let settled = tokio::time::timeout(Duration::from_secs(30), settled)
+        .await
+        .expect(why)
+        .expect("settled");
+    assert_eq!(settled.state, state);
+}
+
 async fn state_of(rig: &Rig, ticket: Ticket) -> TicketState {
     match rig.engine.ticket(ticket).await.expect("engine") {
         super::TicketAnswer::Live(view) => view.state,
@@ -187,13 +207,20 @@ async fn state_of(rig: &Rig, ticket: Ticket) -> TicketState {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_task_that_may_have_been_typed_is_verified_and_never_typed_again() {
-    // Every typing into alice's pane goes in and then loses its answer.
+/// Idle member alice, every typing into whose pane goes in and then loses its answer, sent
+/// [`alice_with_a_task`]: the rig and the task's ticket.
+async fn alice_losing_answers() -> (Rig, Ticket) {
     let fake = fake_with(&[(MEMBER, AgentStatus::Idle)]);
     fake.fault("w2:p1", Some(Fault::LostAnswer));
     let rig = rig(&fake);
     let ticket = alice_with_a_task(&rig).await;
+    (rig, ticket)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_that_may_have_been_typed_is_verified_and_never_typed_again() {
+    let (rig, ticket) = alice_losing_answers().await;
+    let fake = &rig.fake;
     let settled = rig.engine.wait(ticket).await.expect("engine");
     sleep(Duration::from_secs(30)).await;
     assert_eq!(rig.fake.typed_into("w2:p1").len(), 1, "typed once");
@@ -204,10 +231,8 @@ async fn a_task_that_may_have_been_typed_is_verified_and_never_typed_again() {
 
 #[tokio::test(start_paused = true)]
 async fn a_task_that_may_have_been_typed_and_started_is_working() {
-    let fake = fake_with(&[(MEMBER, AgentStatus::Idle)]);
-    fake.fault("w2:p1", Some(Fault::LostAnswer));
-    let rig = rig(&fake);
-    let ticket = alice_with_a_task(&rig).await;
+    let (rig, ticket) = alice_losing_answers().await;
+    let fake = &rig.fake;
     sleep(Duration::from_millis(1500)).await;
     fake.set_status("w2:p1", AgentStatus::Working);
     sleep(Duration::from_secs(30)).await;
@@ -506,11 +531,12 @@ async fn a_turn_whose_fallback_cannot_be_stored_still_ends_its_ticket() {
     assert_eq!(state_of(&rig, ticket).await, TicketState::Working);
     rig.store.set_writes_fail(true);
     fake.set_status("w2:p1", AgentStatus::Idle);
-    let settled = tokio::time::timeout(Duration::from_secs(30), settled)
-        .await
-        .expect("the ticket ends without waiting for a timeout")
-        .expect("settled");
-    assert_eq!(settled.state, TicketState::EndedWithoutReply);
+    assert_settles(
+        settled,
+        TicketState::EndedWithoutReply,
+        "the ticket ends without waiting for a timeout",
+    )
+    .await;
     assert!(
         inbox(&rig, "alice").await.is_empty(),
         "the store took nothing"
@@ -546,11 +572,7 @@ async fn a_status_blip_before_the_task_was_submitted_records_no_fallback() {
     fake.set_status("w2:p1", AgentStatus::Working);
     sleep(Duration::from_millis(500)).await;
     fake.set_status("w2:p1", AgentStatus::Idle);
-    let settled = tokio::time::timeout(Duration::from_secs(30), settled)
-        .await
-        .expect("the turn ends")
-        .expect("settled");
-    assert_eq!(settled.state, TicketState::EndedWithoutReply);
+    assert_settles(settled, TicketState::EndedWithoutReply, "the turn ends").await;
     assert_eq!(
         inbox(&rig, "alice").await.len(),
         1,

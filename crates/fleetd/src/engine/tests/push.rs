@@ -36,10 +36,7 @@ async fn a_working_lead_is_nudged_the_moment_it_goes_idle_and_reading_stops_it()
     let mut events = rig.engine.events().subscribe(None).live;
     let id = rig.mail("alice").await;
     sleep(Duration::from_secs(600)).await;
-    assert!(
-        rig.fake.typed_into("w1:p1").is_empty(),
-        "never while working"
-    );
+    rig.no_nudge("w1:p1", "never while working");
     let idle_at = Instant::now();
     fake.set_status("w1:p1", AgentStatus::Idle);
     sleep(Duration::from_millis(50)).await;
@@ -90,11 +87,8 @@ async fn a_blip_keeps_the_delegating_lead_and_a_closed_one_falls_back_to_the_pri
     fake.fault("w1:p5", Some(Fault::Transient));
     let id = rig.mail("alice").await;
     sleep(Duration::from_secs(10)).await;
-    assert!(rig.fake.typed_into("w1:p5").is_empty());
-    assert!(
-        rig.fake.typed_into("w1:p1").is_empty(),
-        "a blip never moves mail to the primary"
-    );
+    rig.no_nudge("w1:p5", "its pane cannot be read: nothing typed yet");
+    rig.no_nudge("w1:p1", "a blip never moves mail to the primary");
     fake.fault("w1:p5", None);
     sleep(Duration::from_secs(2)).await;
     let answered = rig.fake.typed_into("w1:p5").len();
@@ -203,10 +197,7 @@ async fn a_reply_returned_by_a_waiter_is_kept_until_its_caller_calls_again_and_a
         .await
         .expect("engine");
     sleep(Duration::from_secs(60)).await;
-    assert!(
-        rig.fake.typed_into("w1:p1").is_empty(),
-        "replies in a waiter's hands are not nudged about"
-    );
+    rig.no_nudge("w1:p1", "replies in a waiter's hands are not nudged about");
     assert_eq!(
         rig.store.depth(&alice).await.expect("depth"),
         2,
@@ -299,10 +290,7 @@ async fn a_wake_holds_its_reply_from_the_nudge_until_read_cancelled_or_lapsed() 
         wakes.push(id);
     }
     sleep(Duration::from_secs(30)).await;
-    assert!(
-        rig.fake.typed_into("w1:p1").is_empty(),
-        "replies live wakes carry are not nudged about"
-    );
+    rig.no_nudge("w1:p1", "replies live wakes carry are not nudged about");
     // The first is read (its reply is the owner's: its next call acknowledges it), the second
     // cancelled (the nudge takes over at once), the third never polled (it lapses).
     rig.engine
@@ -350,10 +338,7 @@ async fn a_handed_reply_goes_back_to_the_nudge_when_its_holder_goes_or_never_cal
             .expect("engine");
     }
     sleep(Duration::from_secs(60)).await;
-    assert!(
-        rig.fake.typed_into("w1:p1").is_empty(),
-        "handed: not nudged"
-    );
+    rig.no_nudge("w1:p1", "handed: not nudged");
     // The first holder's pane closes before its next call: that reply is mail again.
     fake.close("w3:p1");
     sleep(Duration::from_millis(100)).await;
