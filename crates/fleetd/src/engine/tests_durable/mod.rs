@@ -112,6 +112,17 @@ fn typed_once(fake: &FakeMux, text: &str) {
     assert_eq!(typed[0].text, text);
 }
 
+/// Asserts `text` is the one text typed so far, and that `engine` has `ticket` delivered.
+async fn delivered_once(
+    fake: &FakeMux,
+    engine: &EngineHandle,
+    ticket: fleetd_core::Ticket,
+    text: &str,
+) {
+    typed_once(fake, text);
+    assert_eq!(state_of(engine, ticket).await, Some(TicketState::Delivered));
+}
+
 /// An engine on `disk` with member ann (pane `w2:p1`, terminal `t-a`) registered; its agent has
 /// not connected.
 async fn with_ann_registered(disk: &Disk, fake: &FakeMux) -> EngineHandle {
@@ -205,11 +216,7 @@ async fn a_queued_task_is_typed_exactly_once_across_a_restart() {
     assert_eq!(state_of(&second, ticket).await, Some(TicketState::Queued));
     fake.set_status("w2:p1", AgentStatus::Idle);
     settle().await;
-    typed_once(&fake, "queued while busy");
-    assert_eq!(
-        state_of(&second, ticket).await,
-        Some(TicketState::Delivered)
-    );
+    delivered_once(&fake, &second, ticket, "queued while busy").await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -222,11 +229,7 @@ async fn a_typing_that_wrote_nothing_is_typed_after_a_restart() {
     assert!(fake.typed().is_empty(), "the socket failed: nothing typed");
     let second = disk.restart_healed(first, &fake).await;
     settle().await;
-    typed_once(&fake, "never reached the pane");
-    assert_eq!(
-        state_of(&second, ticket).await,
-        Some(TicketState::Delivered)
-    );
+    delivered_once(&fake, &second, ticket, "never reached the pane").await;
 }
 
 #[tokio::test(start_paused = true)]
