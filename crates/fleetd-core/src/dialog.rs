@@ -323,22 +323,21 @@ mod tests {
         assert_eq!(d.choice("4"), d.choice("no"));
     }
 
+    /// The fingerprint of the dialog on `screen`, which must show one.
+    fn fingerprint(screen: &str) -> String {
+        recognise(screen).expect("a dialog").fingerprint()
+    }
+
     #[test]
     fn the_cursor_moving_keeps_the_same_dialog() {
         let moved = CLAUDE
             .replace(" ❯ 1. Yes", "   1. Yes")
             .replace("   4. No", " ❯ 4. No");
-        assert_eq!(
-            recognise(CLAUDE).expect("a dialog").fingerprint(),
-            recognise(&moved).expect("a dialog").fingerprint()
-        );
+        assert_eq!(fingerprint(CLAUDE), fingerprint(&moved));
         let other = CLAUDE
             .replace("echo approved", "rm -rf build")
             .replace("/tmp/w/work", "/x");
-        assert_ne!(
-            recognise(CLAUDE).expect("a dialog").fingerprint(),
-            recognise(&other).expect("a dialog").fingerprint()
-        );
+        assert_ne!(fingerprint(CLAUDE), fingerprint(&other));
     }
 
     /// Codex 0.171 asking to run a command outside its sandbox (`approval_policy =
