@@ -5,7 +5,7 @@ use fleetd_core::refusal::Code;
 use jiff::Timestamp;
 
 use super::super::Command;
-use super::super::state::Io;
+use super::super::state::{Io, TaskOrder};
 use super::{Deferred, Engine, Event, Msg};
 use fleetd_core::access::Refusal;
 use tokio::sync::{mpsc, oneshot};
@@ -118,7 +118,13 @@ impl Engine {
                 task,
                 reply,
             } => {
-                let submitted = s.submit(lead.as_ref(), by, target, task, now, io);
+                let order = TaskOrder {
+                    lead: lead.as_ref(),
+                    by,
+                    target,
+                    task,
+                };
+                let submitted = s.submit(order, now, io);
                 // The ticket is answered once it is durable; if it could not be kept, the
                 // sender hears so rather than holding a ticket a restart would forget.
                 replies.push(Box::new(move |stored| {

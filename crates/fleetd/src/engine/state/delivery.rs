@@ -13,6 +13,29 @@ use tokio::sync::oneshot;
 use super::super::{Delivered, LeadRef, Settled, TicketAnswer, TicketView};
 use super::{Io, State, view};
 
+/// A task on its way to `target`'s queue (a `fleet_send`, or a question's late answer): what
+/// `State::submit`, `State::enqueue` and `State::submit_remote` take.
+pub(in crate::engine) struct TaskOrder<'a> {
+    /// The lead whose member `target` becomes for it, if a lead sent it (or adopted it).
+    pub(in crate::engine) lead: Option<&'a LeadRef>,
+    /// The delegating member that sent it, if a member did.
+    pub(in crate::engine) by: Option<Target>,
+    /// Whose queue it goes to (`name@gateway`: a member on another host).
+    pub(in crate::engine) target: Target,
+    /// The task's text.
+    pub(in crate::engine) task: String,
+}
+
+impl TaskOrder<'_> {
+    /// Who sent it, as its ticket names the sender: the delegating member, else the lead.
+    pub(super) fn sender(&self) -> Option<String> {
+        self.by
+            .as_ref()
+            .map(ToString::to_string)
+            .or_else(|| self.lead.map(|l| State::lead_id(l).0))
+    }
+}
+
 impl State {
     /// The text typed into a member's pane for `ticket`: its task as the injection plan shapes
     /// it (a long task is referred to, not typed whole).
@@ -28,23 +51,21 @@ impl State {
             .to_owned()
     }
 
-    /// Queues `task` for `target` (a `fleet_send`), unless `limits.maxQueuedTasks` tasks already
-    /// wait to be typed into its pane.
+    /// Queues `order`'s task (a `fleet_send`), unless `limits.maxQueuedTasks` tasks already
+    /// wait to be typed into its target's pane.
     pub(in crate::engine) fn submit(
         &mut self,
-        lead: Option<&LeadRef>,
-        by: Option<Target>,
-        target: Target,
-        task: String,
+        order: TaskOrder<'_>,
         now: Timestamp,
         io: &mut Vec<Io>,
     ) -> Result<Ticket, Refusal> {
-        if target.gateway().is_some() {
-            return self.submit_remote(lead, by, &target, task, now, io);
+        if order.target.gateway().is_some() {
+            return self.submit_remote(order, now, io);
         }
-        let queued = self.injector.queued(&target);
+        let target = &order.target;
+        let queued = self.injector.queued(target);
         let max = self.limits.max_queued_tasks;
-        if self.members.contains_key(&target) && u64::try_from(queued).unwrap_or(u64::MAX) >= max {
+        if self.members.contains_key(target) && u64::try_from(queued).unwrap_or(u64::MAX) >= max {
             return Err(Refusal::new(
                 Code::QueueFull,
                 format!(
@@ -53,27 +74,29 @@ impl State {
             ));
         }
         // A delegating member becomes the lead of the member it hands work to.
-        let adopted = match &by {
-            Some(by) if self.members.contains_key(&target) => Some(self.send_lead(by, &target)?),
+        let adopted = match &order.by {
+            Some(by) if self.members.contains_key(target) => Some(self.send_lead(by, target)?),
             _ => None,
         };
         if let Some(lead) = &adopted {
             self.adopt_as_lead(lead, now, io);
         }
-        self.enqueue(adopted.as_ref().or(lead), by, target, task, now, io)
+        let lead = adopted.as_ref().or(order.lead);
+        self.enqueue(TaskOrder { lead, ..order }, now, io)
     }
 
-    /// Queues `task` for `target` whatever its queue holds: `submit` past the cap check, and
-    /// the path of a question's late answer.
+    /// Queues `order`'s task whatever its target's queue holds: `submit` past the cap check,
+    /// and the path of a question's late answer.
     pub(super) fn enqueue(
         &mut self,
-        lead: Option<&LeadRef>,
-        by: Option<Target>,
-        target: Target,
-        task: String,
+        order: TaskOrder<'_>,
         now: Timestamp,
         io: &mut Vec<Io>,
     ) -> Result<Ticket, Refusal> {
+        let sender = order.sender();
+        let TaskOrder {
+            lead, target, task, ..
+        } = order;
         let Some(member) = self.members.get_mut(&target) else {
             return Err(Refusal::new(
                 Code::UnknownTarget,
@@ -96,9 +119,6 @@ impl State {
             );
         }
         let ticket = Ticket::from_uuid(self.ids.new_id());
-        let sender = by
-            .map(|m| m.to_string())
-            .or_else(|| lead.map(|l| Self::lead_id(l).0));
         self.open_ticket(
             super::tickets::Opening {
                 ticket,

@@ -19,9 +19,8 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::super::LeadRef;
 use super::gateway_refusals::PeerRefusal;
-use super::{Io, State};
+use super::{Io, State, TaskOrder};
 use crate::config::PeerRight;
 
 /// This gateway, as the engine needs it.
@@ -198,16 +197,17 @@ impl State {
         }
     }
 
-    /// A task for `target` on another host (`alice@b`): a ticket here, the task to `b`.
+    /// `order`'s task for a member on another host (`alice@b`): a ticket here, the task to `b`.
     pub(super) fn submit_remote(
         &mut self,
-        lead: Option<&LeadRef>,
-        by: Option<Target>,
-        target: &Target,
-        task: String,
+        order: TaskOrder<'_>,
         now: Timestamp,
         io: &mut Vec<Io>,
     ) -> Result<Ticket, fleetd_core::access::Refusal> {
+        let sender = order.sender().unwrap_or_else(|| "operator".to_owned());
+        let TaskOrder {
+            lead, target, task, ..
+        } = order;
         let Some(gw) = &self.gateway else {
             return Err(fleetd_core::access::Refusal::new(
                 Code::NoGateway,
@@ -225,10 +225,6 @@ impl State {
             ));
         };
         let ticket = Ticket::from_uuid(self.ids.new_id());
-        let sender = by
-            .map(|m| m.to_string())
-            .or_else(|| lead.map(|l| Self::lead_id(l).0))
-            .unwrap_or_else(|| "operator".to_owned());
         self.open_ticket(
             super::tickets::Opening {
                 ticket,

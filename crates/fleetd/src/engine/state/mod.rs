@@ -30,6 +30,7 @@ mod worktrees;
 
 pub use delegation::Delegator;
 pub(in crate::engine) use delegation::TreeLimits;
+pub(in crate::engine) use delivery::TaskOrder;
 pub(in crate::engine) use durable::Restored;
 pub use gateway::GatewayOutcome;
 pub(in crate::engine) use gateway::GatewayState;

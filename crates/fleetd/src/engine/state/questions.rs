@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use tokio::sync::oneshot;
 
 use super::super::{AnswerRoute, QuestionView};
-use super::{Io, Question, State};
+use super::{Io, Question, State, TaskOrder};
 
 impl State {
     /// Opens a question of `target`, unless it already has `limits.maxOpenQuestions` open.
@@ -118,7 +118,13 @@ impl State {
         // Past the queue cap too: the question was let in under its own cap, and its answer is
         // already taken out of the open questions, so refusing it here would lose it.
         let task = format!("Answer to your question {id} ({}): {answer}", question.text);
-        match self.enqueue(None, None, question.target.clone(), task, now, io) {
+        let order = TaskOrder {
+            lead: None,
+            by: None,
+            target: question.target.clone(),
+            task,
+        };
+        match self.enqueue(order, now, io) {
             Ok(_) => Ok(AnswerRoute::Task),
             Err(refusal) => Err(refusal),
         }

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::super::{LeadRef, PeerSpawn, RemoteSpawned, SpawnAnswer, SpawnRemote};
-use super::{GatewayOutcome, Io, State};
+use super::{GatewayOutcome, Io, State, TaskOrder};
 use crate::events::FleetEvent;
 
 /// How long a spawn request served for another gateway is remembered after it finished, so a
@@ -324,10 +324,12 @@ impl State {
         let ticket = match asked.task.take() {
             Some(task) => self
                 .submit_remote(
-                    asked.lead.as_ref(),
-                    asked.by.clone(),
-                    &target,
-                    task,
+                    TaskOrder {
+                        lead: asked.lead.as_ref(),
+                        by: asked.by.clone(),
+                        target: target.clone(),
+                        task,
+                    },
                     now,
                     io,
                 )
