@@ -5,16 +5,16 @@
 //! lead from then on, until its incarnation ends.
 
 use axum::Json;
-use axum::extract::{ConnectInfo, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use fleetd_core::{MuxDaemon, PaneRef, QualifiedPaneId};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, App, operator_only};
+use super::requester::Requester;
+use super::{ApiError, App};
 use crate::engine::{LeadRef, Standing};
-use crate::identity::{ConnInfo, in_members_space};
+use crate::identity::in_members_space;
 
 /// The body: the pane, bare (`%7`, `w1:p3`: on the user's multiplexer) or daemon-qualified.
 #[derive(Debug, Deserialize)]
@@ -24,24 +24,15 @@ pub(super) struct Admit {
 }
 
 /// `POST /leads/admit`: the operator's only.
-pub(super) async fn admit(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-    Json(body): Json<Admit>,
-) -> Response {
-    if let Err(refused) = operator_only(
-        &app,
-        &conn,
-        &headers,
-        "admitting a pane as a lead is",
+pub(super) async fn admit(requester: Requester, Json(body): Json<Admit>) -> Response {
+    if let Err(refused) = requester.operator_only("admitting a pane as a lead is",
         "run `fleetd admit PANE` as fleetd's user from a lead's pane or a shell outside the multiplexer",
     )
     .await
     {
         return refused;
     }
-    match admit_pane(&app, &body.pane).await {
+    match admit_pane(&requester.app, &body.pane).await {
         Ok(answer) => Json(answer).into_response(),
         Err(e) => e.into_response(),
     }

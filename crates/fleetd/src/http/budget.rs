@@ -7,15 +7,15 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::Path;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use fleetd_core::Target;
 use serde_json::{Map, Value};
 
-use super::{ApiError, App, operator_only};
+use super::requester::Requester;
+use super::{ApiError, App};
 use crate::config::BudgetSpec;
-use crate::identity::ConnInfo;
 
 /// What the body may hold.
 const FIELDS: &[&str] = &["tokens", "costUsd", "warnAt", "tree"];
@@ -31,25 +31,15 @@ struct Asked {
 }
 
 /// `POST /sessions/{target}/budget`: the operator's only.
-pub(super) async fn set(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    body: Bytes,
-) -> Response {
-    if let Err(refused) = operator_only(
-        &app,
-        &conn,
-        &headers,
-        "setting a model budget is",
+pub(super) async fn set(requester: Requester, Path(name): Path<String>, body: Bytes) -> Response {
+    if let Err(refused) = requester.operator_only("setting a model budget is",
         "run `fleetd budget TARGET ...` as fleetd's user (its unix socket), or present the API token",
     )
     .await
     {
         return refused;
     }
-    match set_budget(&app, &name, &body).await {
+    match set_budget(&requester.app, &name, &body).await {
         Ok(answer) => Json(answer).into_response(),
         Err(e) => e.into_response(),
     }

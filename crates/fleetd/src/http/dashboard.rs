@@ -31,7 +31,8 @@ use fleetd_core::access::Role;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, App, caller, operator_only};
+use super::requester::Requester;
+use super::{ApiError, App};
 use crate::identity::{ConnInfo, constant_time_eq};
 
 /// How long a key from `fleetd dashboard` can be traded for a session.
@@ -262,24 +263,19 @@ pub(super) async fn style() -> Response {
 
 /// `POST /dashboard/keys`: a one-time sign-in key, for the operator only (`fleetd dashboard` on
 /// the operator's socket, or a client with the API token).
-pub(super) async fn keys(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(refused) = operator_only(
-        &app,
-        &conn,
-        &headers,
-        "dashboard sign-in keys are",
-        "run `fleetd dashboard` as fleetd's user on its machine",
-    )
-    .await
+pub(super) async fn keys(requester: Requester) -> Response {
+    if let Err(refused) = requester
+        .operator_only(
+            "dashboard sign-in keys are",
+            "run `fleetd dashboard` as fleetd's user on its machine",
+        )
+        .await
     {
         return refused;
     }
-    let key = app.sessions.mint_key();
-    let host = match app.sessions.local {
+    let sessions = &requester.app.sessions;
+    let key = sessions.mint_key();
+    let host = match sessions.local {
         addr if addr.ip().is_unspecified() => SocketAddr::new([127, 0, 0, 1].into(), addr.port()),
         addr => addr,
     };
@@ -368,12 +364,8 @@ pub(super) async fn login(
 }
 
 /// `GET /dashboard/session`: whether this browser is signed in (as whom).
-pub(super) async fn session(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-) -> Response {
-    let caller = caller(&app, &conn, &headers).await;
+pub(super) async fn session(requester: Requester) -> Response {
+    let caller = requester.caller().await;
     if matches!(caller.role, Role::Operator | Role::Lead) {
         return Json(json!({ "role": caller.role.as_str() })).into_response();
     }

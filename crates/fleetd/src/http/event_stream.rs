@@ -17,16 +17,15 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, Query, State};
-use axum::http::HeaderMap;
+use axum::extract::Query;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use fleetd_core::access::ToolClass;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{ApiError, App, authorized};
+use super::ApiError;
+use super::requester::Requester;
 use crate::events::Published;
-use crate::identity::ConnInfo;
 
 /// How often a quiet stream sends a comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -55,23 +54,14 @@ fn notice(kind: &str, message: &str) -> Event {
 /// `GET /events/latency`: the last hour's latencies the events carried (a task's wait until it
 /// was typed, mail → its lead's first nudge), for a dashboard that opens now; the same readers
 /// as the stream.
-pub(super) async fn latency(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(e) = authorized(
-        &app,
-        &conn,
-        &headers,
-        ToolClass::Observe,
-        "GET /events/latency",
-    )
-    .await
+pub(super) async fn latency(requester: Requester) -> Response {
+    if let Err(e) = requester
+        .authorized(ToolClass::Observe, "GET /events/latency")
+        .await
     {
         return e.into_response();
     }
-    axum::Json(app.fleet.engine.latency()).into_response()
+    axum::Json(requester.app.fleet.engine.latency()).into_response()
 }
 
 /// The query of `GET /events`.
@@ -83,9 +73,7 @@ pub(super) struct EventsQuery {
 
 /// `GET /events[?replay=ring]`.
 pub(super) async fn stream(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
+    requester: Requester,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let replay = match query {
@@ -100,14 +88,18 @@ pub(super) async fn stream(
             .into_response();
         }
     };
-    if let Err(e) = authorized(&app, &conn, &headers, ToolClass::Observe, "GET /events").await {
+    if let Err(e) = requester
+        .authorized(ToolClass::Observe, "GET /events")
+        .await
+    {
         return e.into_response();
     }
-    let last = headers
+    let last = requester
+        .headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .filter(|s| !s.trim().is_empty());
-    let hub = app.fleet.engine.events();
+    let hub = requester.app.fleet.engine.events();
     let sub = match last {
         None if replay => hub.subscribe_all(),
         last => hub.subscribe(last),
@@ -126,7 +118,7 @@ pub(super) async fn stream(
     let cursor = Cursor {
         prelude,
         live: sub.live,
-        stopping: app.stopping.clone(),
+        stopping: requester.app.stopping.clone(),
         ended: false,
     };
     let events = futures_util::stream::unfold(cursor, |mut cursor| async move {

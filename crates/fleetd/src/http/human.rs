@@ -4,24 +4,22 @@
 //! the tool `fleet_approve` for the connection's caller, so no door grants what the tool refuses.
 
 use axum::Json;
-use axum::extract::{ConnectInfo, Path, State};
-use axum::http::HeaderMap;
+use axum::extract::Path;
 use fleetd_core::access::ToolClass;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::rest::{ApiResult, bad_body, tool};
-use super::{App, authorized};
-use crate::identity::ConnInfo;
+use super::requester::Requester;
+use super::rest::{ApiResult, bad_body};
 
 /// `GET /blocked`: every member waiting on a dialog, longest waiting first.
-pub(super) async fn blocked(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-) -> ApiResult {
-    authorized(&app, &conn, &headers, ToolClass::Observe, "GET /blocked").await?;
-    Ok(Json(json!({ "blocked": app.fleet.human.blocked() })))
+pub(super) async fn blocked(requester: Requester) -> ApiResult {
+    requester
+        .authorized(ToolClass::Observe, "GET /blocked")
+        .await?;
+    Ok(Json(
+        json!({ "blocked": requester.app.fleet.human.blocked() }),
+    ))
 }
 
 /// The body of `POST /sessions/{target}/approve`.
@@ -34,9 +32,7 @@ pub(super) struct ApproveBody {
 
 /// `POST /sessions/{target}/approve` = `fleet_approve`.
 pub(super) async fn approve(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
+    requester: Requester,
     Path(target): Path<String>,
     body: Result<Json<ApproveBody>, axum::extract::rejection::JsonRejection>,
 ) -> ApiResult {
@@ -47,7 +43,5 @@ pub(super) async fn approve(
         )
     })?;
     let args = json!({ "target": target, "choice": body.choice, "dialog": body.dialog });
-    tool(&app, &conn, &headers, "fleet_approve", args)
-        .await
-        .map(Json)
+    requester.tool("fleet_approve", args).await.map(Json)
 }

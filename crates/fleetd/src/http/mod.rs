@@ -25,6 +25,7 @@ mod dashboard;
 mod event_stream;
 mod human;
 pub mod listen;
+mod requester;
 mod rest;
 
 use std::net::{IpAddr, SocketAddr};
@@ -40,8 +41,9 @@ use fleetd_core::access::ToolClass;
 use serde_json::json;
 
 use crate::health::{HealthStatus, Probe};
-use crate::identity::{Caller, ConnInfo, Endpoint};
+use crate::identity::{ConnInfo, Endpoint};
 use crate::mcp::Fleet;
+use requester::Requester;
 
 /// Shared state of the HTTP handlers.
 #[derive(Debug, Clone)]
@@ -278,65 +280,13 @@ async fn healthz(State(app): State<App>) -> impl IntoResponse {
     (code, Json(report))
 }
 
-/// The caller of a REST request, resolved exactly as for an MCP call on the same connection; a
-/// signed-in dashboard's session counts as presenting the token.
-async fn caller(app: &App, conn: &ConnInfo, headers: &HeaderMap) -> Caller {
-    let token = bearer(headers).is_some_and(|given| app.fleet.token_matches(given))
-        || app.sessions.signed_in(headers);
-    crate::identity::resolve_with(
-        &app.fleet,
-        Some(conn),
-        token,
-        tokio_util::sync::CancellationToken::new(),
-    )
-    .await
-}
-
-/// The caller, when it may make a call of `class` (`what`, for the refusal); else its refusal.
-async fn authorized(
-    app: &App,
-    conn: &ConnInfo,
-    headers: &HeaderMap,
-    class: ToolClass,
-    what: &str,
-) -> Result<Caller, ApiError> {
-    let caller = caller(app, conn, headers).await;
-    caller.authorize(class, what).map_err(ApiError::tool)?;
-    Ok(caller)
-}
-
-/// A call that is the operator's only: `Err` (403 `not_the_operator`) for anyone else, saying
-/// that `what` is for the operator only, who the caller is, and `how` to call as the operator.
-async fn operator_only(
-    app: &App,
-    conn: &ConnInfo,
-    headers: &HeaderMap,
-    what: &str,
-    how: &str,
-) -> Result<(), Response> {
-    let caller = caller(app, conn, headers).await;
-    if caller.role == fleetd_core::access::Role::Operator {
-        return Ok(());
-    }
-    Err(ApiError::new(
-        StatusCode::FORBIDDEN,
-        "not_the_operator",
-        format!(
-            "{what} for the operator only (you are {}): {how}",
-            caller.role.as_str()
-        ),
-    )
-    .into_response())
-}
-
 /// `GET /metrics`: every fleetd metric in Prometheus text (see `telemetry`). Names members, no
 /// bodies: the class of `fleet_list`.
-async fn metrics(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(e) = authorized(&app, &conn, &headers, ToolClass::Public, "GET /metrics").await {
+async fn metrics(requester: Requester) -> Response {
+    if let Err(e) = requester
+        .authorized(ToolClass::Public, "GET /metrics")
+        .await
+    {
         return e.into_response();
     }
     (

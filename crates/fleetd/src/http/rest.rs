@@ -3,59 +3,28 @@
 //! behind the same `authorize` as the tool of its class, so no route grants what a tool refuses.
 
 use axum::Json;
-use axum::extract::{ConnectInfo, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, Query};
+use axum::http::StatusCode;
 use fleetd_core::access::ToolClass;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, App, authorized, caller};
-use crate::identity::ConnInfo;
+use super::ApiError;
+use super::requester::Requester;
 
 pub(super) type ApiResult = Result<Json<Value>, ApiError>;
 
-/// Runs MCP tool `tool` with `args` for the connection's caller: the REST route's whole work.
-pub(super) async fn tool(
-    app: &App,
-    conn: &ConnInfo,
-    headers: &HeaderMap,
-    tool: &str,
-    args: Value,
-) -> Result<Value, ApiError> {
-    let caller = caller(app, conn, headers).await;
-    crate::mcp::tools::call(&app.fleet, &caller, tool, args)
-        .await
-        .map(|out| out.value)
-        .map_err(ApiError::tool)
-}
-
 /// `GET /sessions` = `fleet_list`.
-pub(super) async fn sessions(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-) -> ApiResult {
-    tool(&app, &conn, &headers, "fleet_list", json!({}))
-        .await
-        .map(Json)
+pub(super) async fn sessions(requester: Requester) -> ApiResult {
+    requester.tool("fleet_list", json!({})).await.map(Json)
 }
 
 /// `GET /sessions/{target}` = `fleet_status`.
-pub(super) async fn session(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-) -> ApiResult {
-    tool(
-        &app,
-        &conn,
-        &headers,
-        "fleet_status",
-        json!({ "target": name }),
-    )
-    .await
-    .map(Json)
+pub(super) async fn session(requester: Requester, Path(name): Path<String>) -> ApiResult {
+    requester
+        .tool("fleet_status", json!({ "target": name }))
+        .await
+        .map(Json)
 }
 
 /// The query of `GET /sessions/{target}/replies`: `fleet_poll`'s paging arguments. `drain` is
@@ -103,9 +72,7 @@ pub(super) fn bad_body(e: &impl std::fmt::Display, send: &str) -> ApiError {
 /// `GET /sessions/{target}/replies?limit=&after=` = `fleet_poll{target}`: a page of pending
 /// replies and the open questions, non-destructive.
 pub(super) async fn replies(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
+    requester: Requester,
     Path(name): Path<String>,
     query: Result<Query<RepliesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
@@ -123,15 +90,10 @@ pub(super) async fn replies(
             "a GET never removes anything: drain with POST /sessions/{target}/replies/drain",
         ));
     }
-    tool(
-        &app,
-        &conn,
-        &headers,
-        "fleet_poll",
-        poll_args(&name, query.limit, query.after),
-    )
-    .await
-    .map(Json)
+    requester
+        .tool("fleet_poll", poll_args(&name, query.limit, query.after))
+        .await
+        .map(Json)
 }
 
 /// The query of `POST /sessions/{target}/replies/drain`.
@@ -145,18 +107,18 @@ pub(super) struct DrainQuery {
 /// every reply it returned: the destructive read, one page (the first: at most `limit` replies
 /// and ~1 MiB of text). Repeat while `more` is true; memory stays one page whatever the depth.
 pub(super) async fn drain(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
+    requester: Requester,
     Path(name): Path<String>,
     query: Result<Query<DrainQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
     // The ack's class first, so a caller who may read but not remove learns nothing.
-    let caller = authorized(&app, &conn, &headers, ToolClass::Orchestration, "drain").await?;
+    let caller = requester
+        .authorized(ToolClass::Orchestration, "drain")
+        .await?;
     let Query(query) = query
         .map_err(|e| bad_query(&e, "POST /sessions/{target}/replies/drain", "only `limit`"))?;
     let mut polled = crate::mcp::tools::call(
-        &app.fleet,
+        &requester.app.fleet,
         &caller,
         "fleet_poll",
         poll_args(&name, query.limit, None),
@@ -172,7 +134,7 @@ pub(super) async fn drain(
         .collect();
     if !ids.is_empty() {
         crate::mcp::tools::call(
-            &app.fleet,
+            &requester.app.fleet,
             &caller,
             "fleet_ack",
             json!({ "target": name, "msgIds": ids }),
@@ -186,19 +148,12 @@ pub(super) async fn drain(
 
 /// `POST /sessions/{target}/replies/{msgId}/ack` = `fleet_ack`.
 pub(super) async fn ack(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
+    requester: Requester,
     Path((name, id)): Path<(String, String)>,
 ) -> ApiResult {
-    let out = tool(
-        &app,
-        &conn,
-        &headers,
-        "fleet_ack",
-        json!({ "target": name, "msgId": id }),
-    )
-    .await?;
+    let out = requester
+        .tool("fleet_ack", json!({ "target": name, "msgId": id }))
+        .await?;
     let acked = out["acked"]
         .as_array()
         .and_then(|a| a.first())
@@ -226,9 +181,7 @@ pub(super) struct TaskBody {
 /// member's delegating lead, as over MCP; the operator has no pane, so nudges for the reply go
 /// to the primary lead.
 pub(super) async fn task(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
+    requester: Requester,
     Path(name): Path<String>,
     body: Result<Json<TaskBody>, axum::extract::rejection::JsonRejection>,
 ) -> ApiResult {
@@ -244,9 +197,7 @@ pub(super) async fn task(
         "wait": body.wait,
         "timeoutSecs": body.timeout_secs,
     });
-    tool(&app, &conn, &headers, "fleet_send", args)
-        .await
-        .map(Json)
+    requester.tool("fleet_send", args).await.map(Json)
 }
 
 /// The body of `POST /sessions/{target}/stop`: optional, `fleet_stop`'s `cause`.
@@ -258,9 +209,7 @@ pub(super) struct StopBody {
 
 /// `POST /sessions/{target}/stop` = `fleet_stop{target}`. The body may be empty.
 pub(super) async fn stop(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
+    requester: Requester,
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult {
@@ -274,21 +223,18 @@ pub(super) async fn stop(
     if let Some(cause) = body.cause {
         args["cause"] = Value::String(cause);
     }
-    tool(&app, &conn, &headers, "fleet_stop", args)
-        .await
-        .map(Json)
+    requester.tool("fleet_stop", args).await.map(Json)
 }
 
 /// `GET /questions`: every open question (`fleet_ask`) with the asking member. Every member's
 /// question texts: leads and the operator only (the observe class, like `/events`); a
 /// delegating member reads its own members' with `fleet_status`.
-pub(super) async fn questions(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
-) -> ApiResult {
-    authorized(&app, &conn, &headers, ToolClass::Observe, "GET /questions").await?;
-    let open = app
+pub(super) async fn questions(requester: Requester) -> ApiResult {
+    requester
+        .authorized(ToolClass::Observe, "GET /questions")
+        .await?;
+    let open = requester
+        .app
         .fleet
         .engine
         .questions(None)
@@ -316,17 +262,13 @@ pub(super) struct AnswerBody {
 
 /// `POST /questions/{questionId}/answer` = `fleet_answer`.
 pub(super) async fn answer(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
+    requester: Requester,
     Path(question_id): Path<String>,
     body: Result<Json<AnswerBody>, axum::extract::rejection::JsonRejection>,
 ) -> ApiResult {
     let Json(body) = body.map_err(|e| bad_body(&e, r#"JSON {"answer": "..."}"#))?;
     let args = json!({ "questionId": question_id, "answer": body.answer });
-    tool(&app, &conn, &headers, "fleet_answer", args)
-        .await
-        .map(Json)
+    requester.tool("fleet_answer", args).await.map(Json)
 }
 
 /// The query of `GET /tickets`.
@@ -339,14 +281,14 @@ pub(super) struct TicketsQuery {
 /// `GET /tickets[?target=]`: the recent tickets (the last ten each) of one member or of every
 /// member, newest first. Ticket states are details: the class of `fleet_status`.
 pub(super) async fn tickets(
-    State(app): State<App>,
-    ConnectInfo(conn): ConnectInfo<ConnInfo>,
-    headers: HeaderMap,
+    requester: Requester,
     query: Result<Query<TicketsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult {
     let Query(query) = query.map_err(|e| bad_query(&e, "GET /tickets", "only `target`"))?;
     // Every member's tickets: leads and the operator (a delegating member polls its own).
-    authorized(&app, &conn, &headers, ToolClass::Observe, "GET /tickets").await?;
+    requester
+        .authorized(ToolClass::Observe, "GET /tickets")
+        .await?;
     let gone = |e| ApiError::tool(crate::mcp::tools::gone(e));
     let targets = match query.target {
         Some(name) => {
@@ -357,7 +299,8 @@ pub(super) async fn tickets(
                     format!("{name:?}: {e}"),
                 )
             })?;
-            if !app
+            if !requester
+                .app
                 .fleet
                 .engine
                 .list()
@@ -374,7 +317,8 @@ pub(super) async fn tickets(
             }
             vec![target]
         }
-        None => app
+        None => requester
+            .app
             .fleet
             .engine
             .list()
@@ -386,7 +330,15 @@ pub(super) async fn tickets(
     };
     let mut all = Vec::new();
     for target in targets {
-        all.extend(app.fleet.engine.recent(target).await.map_err(gone)?);
+        all.extend(
+            requester
+                .app
+                .fleet
+                .engine
+                .recent(target)
+                .await
+                .map_err(gone)?,
+        );
     }
     all.sort_by_key(|t| std::cmp::Reverse(t.created_at));
     Ok(Json(json!({ "tickets": all })))
