@@ -387,42 +387,53 @@ mod tests {
     /// tells a client to retry what will never be allowed. Only fleetd's own trouble is a 503.
     #[test]
     fn only_fleetds_own_trouble_is_a_503() {
-        for code in [
-            "not_your_member",
-            "delegation_cycle",
-            "delegation_too_deep",
-            "no_gateway",
-        ] {
-            assert_eq!(status(code), StatusCode::FORBIDDEN, "{code}");
-        }
-        assert_eq!(status("too_many_members"), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(status("name_taken"), StatusCode::CONFLICT);
-        assert_eq!(status("question_too_large"), StatusCode::PAYLOAD_TOO_LARGE);
-        for code in [
-            "unknown_profile",
-            "unknown_backend",
-            "unknown_gateway",
-            "unknown_tool",
-        ] {
-            assert_eq!(status(code), StatusCode::NOT_FOUND, "{code}");
-        }
-        for code in [
-            "invalid_name",
-            "no_name",
-            "invalid_gateway",
-            "empty_question",
-        ] {
-            assert_eq!(status(code), StatusCode::BAD_REQUEST, "{code}");
-        }
-        for code in [
-            "store_unavailable",
-            "store_failed",
-            "shutting_down",
-            "spawn_failed",
-            "agent_not_ready",
-            "worktree_failed",
-        ] {
-            assert_eq!(status(code), StatusCode::SERVICE_UNAVAILABLE, "{code}");
+        let expected: &[(StatusCode, &[&str])] = &[
+            (
+                StatusCode::FORBIDDEN,
+                &[
+                    "not_your_member",
+                    "delegation_cycle",
+                    "delegation_too_deep",
+                    "no_gateway",
+                ],
+            ),
+            (StatusCode::TOO_MANY_REQUESTS, &["too_many_members"]),
+            (StatusCode::CONFLICT, &["name_taken"]),
+            (StatusCode::PAYLOAD_TOO_LARGE, &["question_too_large"]),
+            (
+                StatusCode::NOT_FOUND,
+                &[
+                    "unknown_profile",
+                    "unknown_backend",
+                    "unknown_gateway",
+                    "unknown_tool",
+                ],
+            ),
+            (
+                StatusCode::BAD_REQUEST,
+                &[
+                    "invalid_name",
+                    "no_name",
+                    "invalid_gateway",
+                    "empty_question",
+                ],
+            ),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                &[
+                    "store_unavailable",
+                    "store_failed",
+                    "shutting_down",
+                    "spawn_failed",
+                    "agent_not_ready",
+                    "worktree_failed",
+                ],
+            ),
+        ];
+        for (answer, codes) in expected {
+            for code in *codes {
+                assert_eq!(status(code), *answer, "{code}");
+            }
         }
     }
 
