@@ -8,7 +8,7 @@ use std::io::Write;
 use fleetd_core::Target;
 use serde_json::{Value, json};
 
-use super::{ClientError, Connection, QUICK_TIMEOUT, refused, wire};
+use super::{ClientError, Connection, QUICK_TIMEOUT, accepted, wire};
 
 /// How long an approval may take: the daemon reads the screen, types, and watches the dialog go.
 const APPROVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
@@ -29,17 +29,14 @@ pub async fn run(
         return show(conn, &target, json, out).await;
     };
     let answer = wire::call(
-        &conn.url,
-        conn.token.as_deref(),
+        conn,
         http::Method::POST,
         &format!("/sessions/{target}/approve"),
         Some(&json!({ "choice": choice, "dialog": dialog })),
         APPROVE_TIMEOUT,
     )
     .await?;
-    if !(200..300).contains(&answer.status) {
-        return Err(refused(&answer, json, out));
-    }
+    let answer = accepted(answer, json, out)?;
     if json {
         writeln!(out, "{}", answer.body)?;
         return Ok(true);
@@ -67,18 +64,8 @@ async fn show(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<bool, ClientError> {
-    let answer = wire::call(
-        &conn.url,
-        conn.token.as_deref(),
-        http::Method::GET,
-        "/blocked",
-        None,
-        QUICK_TIMEOUT,
-    )
-    .await?;
-    if !(200..300).contains(&answer.status) {
-        return Err(refused(&answer, json, out));
-    }
+    let answer = wire::call(conn, http::Method::GET, "/blocked", None, QUICK_TIMEOUT).await?;
+    let answer = accepted(answer, json, out)?;
     let episode = answer.body["blocked"]
         .as_array()
         .and_then(|all| all.iter().find(|e| e["target"] == target.as_str()))

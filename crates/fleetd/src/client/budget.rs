@@ -8,7 +8,7 @@ use std::io::Write;
 use fleetd_core::Target;
 use serde_json::{Value, json};
 
-use super::{ClientError, Connection, QUICK_TIMEOUT, refused, wire};
+use super::{ClientError, Connection, QUICK_TIMEOUT, accepted, wire};
 
 /// What to set.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -47,17 +47,14 @@ pub async fn run(
     let target = Target::new(&budget.target)
         .map_err(|e| ClientError::Argument(format!("{:?}: {e}", budget.target)))?;
     let answer = wire::call(
-        &conn.url,
-        conn.token.as_deref(),
+        conn,
         http::Method::POST,
         &format!("/sessions/{target}/budget"),
         Some(&budget.body()),
         QUICK_TIMEOUT,
     )
     .await?;
-    if !(200..300).contains(&answer.status) {
-        return Err(refused(&answer, json, out));
-    }
+    let answer = accepted(answer, json, out)?;
     if json {
         writeln!(out, "{}", answer.body)?;
     } else {

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use crate::config::{Config, ConfigError};
 
-pub use wire::{DaemonUrl, WireError};
+pub use wire::{Connection, DaemonUrl, WireError};
 
 /// How long a command that does not wait for a member may take. The daemon answers these
 /// from memory or one store read.
@@ -27,15 +27,6 @@ const QUICK_TIMEOUT: Duration = Duration::from_secs(30);
 /// Slack on top of `send --wait`'s own timeout: the daemon answers when its window closes, and
 /// the answer needs a moment to arrive.
 const WAIT_SLACK: Duration = Duration::from_secs(30);
-
-/// A daemon to talk to and the token to present.
-#[derive(Debug, Clone)]
-pub struct Connection {
-    /// Where it is.
-    pub url: DaemonUrl,
-    /// The API token, when one is known.
-    pub token: Option<String>,
-}
 
 /// What to ask the daemon.
 #[derive(Debug, Clone)]
@@ -167,18 +158,8 @@ pub async fn run(
     out: &mut dyn Write,
 ) -> Result<bool, ClientError> {
     let (method, path, body, timeout) = route(request)?;
-    let answer = wire::call(
-        &conn.url,
-        conn.token.as_deref(),
-        method,
-        &path,
-        body.as_ref(),
-        timeout,
-    )
-    .await?;
-    if !(200..300).contains(&answer.status) {
-        return Err(refused(&answer, json, out));
-    }
+    let answer = wire::call(conn, method, &path, body.as_ref(), timeout).await?;
+    let answer = accepted(answer, json, out)?;
     if json {
         writeln!(out, "{}", answer.body)?;
         return Ok(settled_ok(request, &answer.body));
@@ -206,6 +187,19 @@ pub async fn run(
         )?,
     }
     Ok(settled_ok(request, &answer.body))
+}
+
+/// `answer` when the daemon did what was asked (a 2xx status); else the daemon's refusal in it
+/// (written to `out` as it came when `json`).
+fn accepted(
+    answer: wire::Answer,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<wire::Answer, ClientError> {
+    if (200..300).contains(&answer.status) {
+        return Ok(answer);
+    }
+    Err(refused(&answer, json, out))
 }
 
 /// The daemon's refusal in `answer` (written to `out` as it came when `json`).

@@ -55,8 +55,7 @@ impl Waiting {
 pub(super) async fn read(conn: &Connection) -> Waiting {
     let get = |path: &'static str| async move {
         wire::call(
-            &conn.url,
-            conn.token.as_deref(),
+            conn,
             http::Method::GET,
             path,
             None,
@@ -150,8 +149,7 @@ async fn outcome(
     said: impl FnOnce(&Value) -> String,
 ) -> String {
     match wire::call(
-        &conn.url,
-        conn.token.as_deref(),
+        conn,
         http::Method::POST,
         path,
         Some(body),

@@ -126,15 +126,7 @@ async fn follow(
     if let Some(id) = &resume {
         headers.push(("last-event-id", id.as_str()));
     }
-    let response = wire::open(
-        &conn.url,
-        conn.token.as_deref(),
-        http::Method::GET,
-        "/events",
-        None,
-        &headers,
-    )
-    .await?;
+    let response = wire::open(conn, http::Method::GET, "/events", None, &headers).await?;
     let status = response.status().as_u16();
     if status != 200 {
         let bytes = response
@@ -213,8 +205,7 @@ async fn follow(
 impl View {
     async fn refresh(&mut self, conn: &Connection) -> Result<(), Followed> {
         let answer = wire::call(
-            &conn.url,
-            conn.token.as_deref(),
+            conn,
             http::Method::GET,
             "/sessions",
             None,

@@ -17,6 +17,15 @@ use serde_json::Value;
 /// machine accepts in microseconds; a remote one in well under this.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A daemon to talk to and the token to present.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    /// Where it is.
+    pub url: DaemonUrl,
+    /// The API token, when one is known.
+    pub token: Option<String>,
+}
+
 /// Where the daemon is: `http://HOST:PORT` plus an optional path prefix, or the operator's
 /// unix socket (`unix:/path/to/api.sock`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,18 +196,17 @@ pub(super) struct Answer {
     pub(super) body: Value,
 }
 
-/// One request: `method path` (below the URL's prefix) with an optional JSON body and bearer
-/// token; the whole exchange must finish within `timeout`.
+/// One request to `conn`: `method path` (below the URL's prefix) with an optional JSON body,
+/// presenting its token; the whole exchange must finish within `timeout`.
 pub(super) async fn call(
-    url: &DaemonUrl,
-    token: Option<&str>,
+    conn: &Connection,
     method: http::Method,
     path: &str,
     body: Option<&Value>,
     timeout: Duration,
 ) -> Result<Answer, WireError> {
-    let shown = format!("{url}{path}");
-    let exchange = exchange(url, token, method, path, body);
+    let shown = format!("{}{path}", conn.url);
+    let exchange = exchange(conn, method, path, body);
     match tokio::time::timeout(timeout, exchange).await {
         Ok(answer) => answer,
         Err(_) => Err(WireError::Timeout {
@@ -209,15 +217,14 @@ pub(super) async fn call(
 }
 
 async fn exchange(
-    url: &DaemonUrl,
-    token: Option<&str>,
+    conn: &Connection,
     method: http::Method,
     path: &str,
     body: Option<&Value>,
 ) -> Result<Answer, WireError> {
-    let (status, bytes) = exchange_raw(url, token, method, path, body).await?;
+    let (status, bytes) = exchange_raw(conn, method, path, body).await?;
     let body = serde_json::from_slice(&bytes).map_err(|_| WireError::NotJson {
-        url: format!("{url}{path}"),
+        url: format!("{}{path}", conn.url),
         status,
         snippet: String::from_utf8_lossy(&bytes).chars().take(200).collect(),
     })?;
@@ -225,36 +232,35 @@ async fn exchange(
 }
 
 async fn exchange_raw(
-    url: &DaemonUrl,
-    token: Option<&str>,
+    conn: &Connection,
     method: http::Method,
     path: &str,
     body: Option<&Value>,
 ) -> Result<(u16, Bytes), WireError> {
-    let response = open(url, token, method, path, body, &[]).await?;
+    let response = open(conn, method, path, body, &[]).await?;
     let status = response.status().as_u16();
     let bytes = response
         .into_body()
         .collect()
         .await
         .map_err(|source| WireError::Http {
-            url: url.to_string(),
+            url: conn.url.to_string(),
             source,
         })?
         .to_bytes();
     Ok((status, bytes))
 }
 
-/// Sends one request and returns the answer with its body still to be read (a stream such as
-/// `/events` is read frame by frame). `headers` are added as given.
+/// Sends one request to `conn` and returns the answer with its body still to be read (a stream
+/// such as `/events` is read frame by frame). `headers` are added as given.
 pub(super) async fn open(
-    url: &DaemonUrl,
-    token: Option<&str>,
+    conn: &Connection,
     method: http::Method,
     path: &str,
     body: Option<&Value>,
     headers: &[(&str, &str)],
 ) -> Result<http::Response<hyper::body::Incoming>, WireError> {
+    let (url, token) = (&conn.url, conn.token.as_deref());
     let no_daemon = |reason: String| WireError::NoDaemon {
         url: url.to_string(),
         reason,
@@ -388,8 +394,7 @@ mod tests {
             .port();
         let url = DaemonUrl::parse(&format!("127.0.0.1:{port}")).expect("parses");
         let err = call(
-            &url,
-            None,
+            &Connection { url, token: None },
             http::Method::GET,
             "/sessions",
             None,
