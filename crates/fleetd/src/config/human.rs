@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 use super::raw::At;
-use super::validate::{Judge, require_secret};
+use super::validate::{Judge, is_http_url, require_secret};
 
 /// `approvals:` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -152,12 +152,6 @@ pub(super) fn approvals(
     Ok(Approvals { by: by_value })
 }
 
-fn http_url(url: &str) -> bool {
-    url.strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))
-        .is_some_and(|rest| !rest.is_empty())
-}
-
 pub(super) fn notify(
     judge: &Judge<'_>,
     raw: Option<At<RawNotify>>,
@@ -167,7 +161,7 @@ pub(super) fn notify(
         return Ok(Notify::default());
     };
     let dashboard_url = match raw.value.dashboard_url {
-        Some(u) if http_url(&u.value) => Some(u.value.trim_end_matches('/').to_owned()),
+        Some(u) if is_http_url(&u.value) => Some(u.value.trim_end_matches('/').to_owned()),
         Some(u) => {
             return Err(judge.at(
                 "notify.dashboardUrl",
@@ -181,7 +175,7 @@ pub(super) fn notify(
     for (i, sink) in raw.value.sinks.unwrap_or_default().into_iter().enumerate() {
         let key = format!("notify.sinks[{i}]");
         let url = |what: &str| match &sink.value.url {
-            Some(u) if http_url(u) => Ok(u.clone()),
+            Some(u) if is_http_url(u) => Ok(u.clone()),
             _ => Err(judge.at(
                 &format!("{key}.url"),
                 &sink,

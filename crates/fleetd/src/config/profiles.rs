@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::raw::{At, RawBackend, RawProfile};
-use super::validate::{Judge, require_secret};
+use super::validate::{Judge, is_http_url, require_secret};
 use super::{Backend, ConfigError, Profile, SecretSource};
 
 const DEFAULT_HEALTH_INTERVAL_SECS: u64 = 30;
@@ -19,12 +19,6 @@ fn agent_kinds() -> String {
     let mut kinds = crate::mux::herdr::KNOWN_AGENT_KINDS.to_vec();
     kinds.push("custom");
     kinds.join(", ")
-}
-
-fn is_http_url(url: &str) -> bool {
-    url.strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))
-        .is_some_and(|rest| !rest.is_empty())
 }
 
 pub(super) fn backends(

@@ -432,6 +432,14 @@ fn secrets(
         .collect()
 }
 
+/// Whether `url` is an `http://` or `https://` URL with something after the scheme: what a
+/// backend's `baseUrl`, a webhook sink and the dashboard's public URL must be.
+pub(super) fn is_http_url(url: &str) -> bool {
+    url.strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .is_some_and(|rest| !rest.is_empty())
+}
+
 pub(super) fn require_secret<T>(
     judge: &Judge<'_>,
     key: &str,
