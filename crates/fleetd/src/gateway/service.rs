@@ -56,13 +56,7 @@ fn spawn_for_peer(engine: EngineHandle, spawner: &Spawner, request: PeerSpawn) {
     let saga = spawner.start(SpawnRequest {
         profile: request.profile,
         name: request.name,
-        cwd: None,
-        task: None,
-        lead: None,
-        by: None,
-        origin: None,
-        budget: None,
-        tree_budget: None,
+        ..SpawnRequest::default()
     });
     tokio::spawn(async move {
         let outcome = match saga.await {

@@ -23,8 +23,9 @@ use crate::secrets::Redactor;
 /// How long a spawned agent has to show up ready (status at rest and its MCP session seen).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// What `fleet_spawn` asks for.
-#[derive(Debug, Clone)]
+/// What `fleet_spawn` asks for. The default asks for nothing beyond its profile: no name, no
+/// first task, no caller to bind it to, the profile's own directory and budgets.
+#[derive(Debug, Clone, Default)]
 pub struct SpawnRequest {
     /// The profile to start.
     pub profile: String,

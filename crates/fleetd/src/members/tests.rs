@@ -74,6 +74,13 @@ async fn listed(engine: &EngineHandle, name: &str) -> bool {
         .any(|m| m.target.as_str() == name)
 }
 
+/// Asserts that a spawn failed with error `code`, its message saying `says`.
+fn assert_failed(outcome: Result<Value, (String, String)>, code: &str, says: &str) {
+    let (got, message) = outcome.expect_err(code);
+    assert_eq!(got, code, "{message}");
+    assert!(message.contains(says), "{message}");
+}
+
 /// Whether `name` can be reserved now (then it is given back at once).
 async fn name_free(engine: &EngineHandle, name: &str) -> bool {
     match engine
@@ -155,11 +162,10 @@ async fn an_agent_not_ready_in_time_fails_the_spawn_and_closes_its_pane() {
     let Setup { fleet, fake } = setup();
     let started = tokio::time::Instant::now();
     let failed = spawn(&fleet, json!({ "profile": "sim", "name": "ann" })).await;
-    let (code, message) = failed.expect_err("not ready");
-    assert_eq!(code, "agent_not_ready", "{message}");
-    assert!(
-        message.contains("status unknown, MCP not connected"),
-        "{message}"
+    assert_failed(
+        failed,
+        "agent_not_ready",
+        "status unknown, MCP not connected",
     );
     assert_eq!(started.elapsed().as_secs(), 90, "the ready timeout");
     // Undone before the answer: a retry with the same name works at once.
@@ -177,11 +183,10 @@ async fn a_pane_that_closes_before_its_agent_is_ready_fails_the_spawn_and_frees_
     })
     .await;
     fake.close("w9:p1");
-    let (code, message) = call.await.expect_err("closed");
-    assert_eq!(code, "spawn_failed", "{message}");
-    assert!(
-        message.contains("pane closed before its agent was ready"),
-        "{message}"
+    assert_failed(
+        call.await,
+        "spawn_failed",
+        "pane closed before its agent was ready",
     );
     assert!(name_free(&fleet.engine, "ann").await);
 }
@@ -190,14 +195,8 @@ async fn a_pane_that_closes_before_its_agent_is_ready_fails_the_spawn_and_frees_
 async fn a_pane_that_cannot_open_fails_the_spawn_and_frees_the_name() {
     let Setup { fleet, fake } = setup();
     fake.opens_fail(true);
-    let (code, message) = spawn(&fleet, json!({ "profile": "sim", "name": "ann" }))
-        .await
-        .expect_err("no pane");
-    assert_eq!(code, "spawn_failed", "{message}");
-    assert!(
-        message.contains("could not open a pane for ann"),
-        "{message}"
-    );
+    let failed = spawn(&fleet, json!({ "profile": "sim", "name": "ann" })).await;
+    assert_failed(failed, "spawn_failed", "could not open a pane for ann");
     assert!(name_free(&fleet.engine, "ann").await);
 }
 
@@ -235,13 +234,7 @@ async fn a_saga_cancelled_midway_is_undone_by_its_guard() {
     let request = |name: &str| SpawnRequest {
         profile: "sim".to_owned(),
         name: Some(name.to_owned()),
-        cwd: None,
-        task: None,
-        lead: None,
-        by: None,
-        origin: None,
-        budget: None,
-        tree_budget: None,
+        ..SpawnRequest::default()
     };
     // Cancelled with its member registered, waiting for the agent: released, pane closed.
     let saga = fleet.spawner.start(request("ann"));
