@@ -398,6 +398,17 @@ mod tests {
     use super::*;
     use crate::mux::fake::FakeMux;
 
+    /// The pane cache over `fake`, its readings kept a minute, a miss waiting `miss_refresh`
+    /// for a newer one.
+    fn panes_over(fake: &FakeMux, miss_refresh: Duration) -> Arc<Panes> {
+        let router = MuxRouter::new(Arc::new(fake.clone()), None);
+        let config = LocatorConfig {
+            pane_ttl: Duration::from_secs(60),
+            miss_refresh,
+        };
+        Arc::new(Panes::new(router, config))
+    }
+
     /// A pane opens while a refresh is listing (the listing missed it); its process calls at
     /// once. The lookup must not take that refresh's answer, which cannot hold the pane: it
     /// waits for a listing asked for after it began (the `fleet_spawn`s of 200 members, 8 at a
@@ -405,12 +416,7 @@ mod tests {
     #[tokio::test]
     async fn a_miss_takes_only_a_listing_asked_for_after_it_began() {
         let fake = FakeMux::new();
-        let router = MuxRouter::new(Arc::new(fake.clone()), None);
-        let config = LocatorConfig {
-            pane_ttl: Duration::from_secs(60),
-            miss_refresh: Duration::from_millis(50),
-        };
-        let panes = Arc::new(Panes::new(router, config));
+        let panes = panes_over(&fake, Duration::from_millis(50));
         let empty = panes.current().await.expect("first reading");
         assert!(empty.shells().is_empty());
 
@@ -446,12 +452,7 @@ mod tests {
         let fake = FakeMux::new();
         fake.add_pane("w1:p1", "t1", "w1:t1", AgentStatus::Idle);
         fake.set_shell_pid("w1:p1", std::process::id());
-        let router = MuxRouter::new(Arc::new(fake.clone()), None);
-        let config = LocatorConfig {
-            pane_ttl: Duration::from_secs(60),
-            miss_refresh: Duration::from_secs(3600),
-        };
-        let panes = Arc::new(Panes::new(router, config));
+        let panes = panes_over(&fake, Duration::from_secs(3600));
         let map = panes.current().await.expect("a reading");
         assert_eq!(fake.listings(), 1);
         let old = platform::ProcStat {

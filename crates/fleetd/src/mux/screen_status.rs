@@ -245,38 +245,44 @@ mod tests {
     #[test]
     fn claude_code_without_a_title_spinner_is_read_from_its_screen() {
         let title = "✳ Claude Code";
-        let working = "❯ fix the flaky test\n✽ Beboppin'…\n  ⎿  Tip: use /clear\n────\n❯\u{a0}\n────\n  ⏵⏵ bypass permissions on (shift+tab to cycle) · esc to interrupt";
-        assert_eq!(
-            derive_status(title, "claude", Some(working)).1,
-            AgentStatus::Working
-        );
-        let clock = "✻ Cultivating… (1s · ↓ 5 tokens)\n────\n❯\u{a0}\n────\n  ? for shortcuts";
-        assert_eq!(
-            derive_status(title, "claude", Some(clock)).1,
-            AgentStatus::Working
-        );
-        let done = "❯ fix the flaky test\n● OK\n✻ Cogitated for 0s · done 9:29 PM\n────\n❯\u{a0}\n────\n  ⏵⏵ bypass permissions on (shift+tab to cycle) · ← for agents";
-        assert_eq!(
-            derive_status(title, "claude", Some(done)).1,
-            AgentStatus::Idle
-        );
-        // Typed words are not a turn.
-        let typed = "────\n❯\u{a0}please press esc to interrupt the build\n────\n  ? for shortcuts";
-        assert_eq!(
-            derive_status(title, "claude", Some(typed)).1,
-            AgentStatus::Idle
-        );
-        let dialog = " Do you want to proceed?\n ❯ 1. Yes\n   2. Yes, and don't ask again\n   3. No\n\n Esc to cancel · Tab to amend";
-        assert_eq!(
-            derive_status(title, "claude", Some(dialog)).1,
-            AgentStatus::Blocked
-        );
-        // 2.1.332 offers four choices: the question is six non-empty lines up.
-        let four = " Do you want to proceed?\n ❯ 1. Yes\n   2. Yes, and always allow access to /w from this project\n   3. Yes, and switch to auto mode · auto mode handles these prompts for you\n   4. No\n\n Esc to cancel · Tab to amend";
-        assert_eq!(
-            derive_status(title, "claude", Some(four)).1,
-            AgentStatus::Blocked
-        );
+        for (why, screen, expected) in [
+            (
+                "a turn's spinner line",
+                "❯ fix the flaky test\n✽ Beboppin'…\n  ⎿  Tip: use /clear\n────\n❯\u{a0}\n────\n  ⏵⏵ bypass permissions on (shift+tab to cycle) · esc to interrupt",
+                AgentStatus::Working,
+            ),
+            (
+                "a turn's clock",
+                "✻ Cultivating… (1s · ↓ 5 tokens)\n────\n❯\u{a0}\n────\n  ? for shortcuts",
+                AgentStatus::Working,
+            ),
+            (
+                "a finished turn",
+                "❯ fix the flaky test\n● OK\n✻ Cogitated for 0s · done 9:29 PM\n────\n❯\u{a0}\n────\n  ⏵⏵ bypass permissions on (shift+tab to cycle) · ← for agents",
+                AgentStatus::Idle,
+            ),
+            (
+                "typed words are not a turn",
+                "────\n❯\u{a0}please press esc to interrupt the build\n────\n  ? for shortcuts",
+                AgentStatus::Idle,
+            ),
+            (
+                "a three-choice dialog",
+                " Do you want to proceed?\n ❯ 1. Yes\n   2. Yes, and don't ask again\n   3. No\n\n Esc to cancel · Tab to amend",
+                AgentStatus::Blocked,
+            ),
+            (
+                "2.1.332 offers four choices: the question is six non-empty lines up",
+                " Do you want to proceed?\n ❯ 1. Yes\n   2. Yes, and always allow access to /w from this project\n   3. Yes, and switch to auto mode · auto mode handles these prompts for you\n   4. No\n\n Esc to cancel · Tab to amend",
+                AgentStatus::Blocked,
+            ),
+        ] {
+            assert_eq!(
+                derive_status(title, "claude", Some(screen)).1,
+                expected,
+                "{why}"
+            );
+        }
     }
 
     /// A lead started without `exec` (`sh -c 'claude; …'`): tmux reports `sh`, the title still

@@ -101,16 +101,20 @@ mod tests {
         );
     }
 
+    /// Sends `state` through `notifier` and asserts that `receiver` gets it as one datagram.
+    fn assert_delivered(notifier: &Notifier, receiver: &UnixDatagram, state: &str) {
+        assert!(notifier.send(state).expect("sent"));
+        let mut buf = [0u8; 64];
+        let n = receiver.recv(&mut buf).expect("received");
+        assert_eq!(&buf[..n], state.as_bytes());
+    }
+
     #[test]
     fn states_arrive_as_datagrams_on_a_path_socket() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("notify.sock");
         let receiver = UnixDatagram::bind(&path).expect("bind");
-        let notifier = Notifier::Path(path);
-        assert!(notifier.send("READY=1").expect("sent"));
-        let mut buf = [0u8; 64];
-        let n = receiver.recv(&mut buf).expect("received");
-        assert_eq!(&buf[..n], b"READY=1");
+        assert_delivered(&Notifier::Path(path), &receiver, "READY=1");
     }
 
     #[test]
@@ -121,10 +125,7 @@ mod tests {
             .expect("abstract address");
         let receiver = UnixDatagram::bind_addr(&addr).expect("bind");
         let notifier = Notifier::from_socket_var(Some(OsStr::new(&format!("@{name}"))));
-        assert!(notifier.send("STOPPING=1").expect("sent"));
-        let mut buf = [0u8; 64];
-        let n = receiver.recv(&mut buf).expect("received");
-        assert_eq!(&buf[..n], b"STOPPING=1");
+        assert_delivered(&notifier, &receiver, "STOPPING=1");
     }
 
     #[test]

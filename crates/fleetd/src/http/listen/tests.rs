@@ -63,6 +63,13 @@ async fn read_to_close(stream: &mut TcpStream) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Sends `request` on a new connection to `addr`; everything the server sends until it closes.
+async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request).await.expect("send");
+    read_to_close(&mut stream).await
+}
+
 #[tokio::test]
 async fn a_request_in_flight_outlives_the_idle_timeout_and_idle_follows_it() {
     let (addr, stop) = door(
@@ -71,13 +78,8 @@ async fn a_request_in_flight_outlives_the_idle_timeout_and_idle_follows_it() {
         Arc::default(),
     )
     .await;
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    stream
-        .write_all(b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        .await
-        .expect("send");
     // Answered after 600 ms, six idle timeouts later; then closed as idle.
-    let text = read_to_close(&mut stream).await;
+    let text = exchange(addr, b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(text.ends_with("done"), "{text}");
     stop.cancel();
@@ -91,12 +93,8 @@ async fn an_unfinished_request_head_is_closed_without_an_answer() {
         Arc::default(),
     )
     .await;
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    stream
-        .write_all(b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        .await
-        .expect("send");
-    assert_eq!(read_to_close(&mut stream).await, "");
+    let unfinished = exchange(addr, b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n").await;
+    assert_eq!(unfinished, "");
     stop.cancel();
 }
 
@@ -135,9 +133,7 @@ async fn a_full_gate_refuses_with_a_503_and_a_reloaded_cap_applies_to_the_next_c
     assert!(text.contains("too_many_connections"), "{text}");
     assert!(text.contains("connections.max"), "{text}");
     publisher.publish(config("connections: {max: 2}\n"));
-    let mut admitted = TcpStream::connect(addr).await.expect("connect");
-    admitted.write_all(fast).await.expect("send");
-    let text = read_to_close(&mut admitted).await;
+    let text = exchange(addr, fast).await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     stop.cancel();
     drop(busy);
@@ -158,11 +154,11 @@ async fn a_request_whose_body_never_comes_holds_no_slot_and_times_out_like_a_hea
     stalled.write_all(STALLED).await.expect("send");
     tokio::time::sleep(Duration::from_millis(50)).await;
     // It holds the only slot, but it is still arriving: a newcomer closes it and gets in.
-    let mut fast = TcpStream::connect(addr).await.expect("connect");
-    fast.write_all(b"GET /fast HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("send");
-    let text = read_to_close(&mut fast).await;
+    let text = exchange(
+        addr,
+        b"GET /fast HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+    )
+    .await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     let closed = read_to_close(&mut stalled).await;
     assert!(!closed.contains("200 OK"), "never answered: {closed}");
@@ -176,12 +172,11 @@ async fn a_request_whose_body_never_comes_holds_no_slot_and_times_out_like_a_hea
         started.elapsed() < Duration::from_secs(5),
         "closed by the timer"
     );
-    let mut whole = TcpStream::connect(addr).await.expect("connect");
-    whole
-        .write_all(b"POST /upload HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello")
-        .await
-        .expect("send");
-    let text = read_to_close(&mut whole).await;
+    let text = exchange(
+        addr,
+        b"POST /upload HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello",
+    )
+    .await;
     assert!(
         text.starts_with("HTTP/1.1 200") && text.ends_with('5'),
         "{text}"

@@ -114,6 +114,26 @@ async fn poll(fleet: &Fleet, args: Value) -> Value {
     call(fleet, "fleet_poll", args).await.expect("poll")
 }
 
+/// Every page of ann's replies, `limit` at a time, each asked for after the last reply of the
+/// one before, until one says no `more` follow.
+async fn poll_every_page(fleet: &Fleet, limit: u64) -> Vec<Value> {
+    let mut pages = Vec::new();
+    let mut after: Option<MsgId> = None;
+    loop {
+        let mut args = json!({ "target": "ann", "limit": limit });
+        if let Some(after) = after {
+            args["after"] = json!(after.to_string());
+        }
+        let page = poll(fleet, args).await;
+        after = reply_ids(&page).last().copied();
+        let last = page["more"] == false;
+        pages.push(page);
+        if last {
+            return pages;
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn poll_pages_by_limit_and_after_until_more_is_false() {
     let s = setup("");
@@ -133,20 +153,10 @@ async fn poll_pages_by_limit_and_after_until_more_is_false() {
     assert_eq!(rest["more"], false);
     // A small limit pages through everything exactly once, in order.
     let mut seen = Vec::new();
-    let mut after: Option<MsgId> = None;
-    loop {
-        let mut args = json!({ "target": "ann", "limit": 7 });
-        if let Some(after) = after {
-            args["after"] = json!(after.to_string());
-        }
-        let page = poll(&s.fleet, args).await;
+    for page in poll_every_page(&s.fleet, 7).await {
         let got = reply_ids(&page);
         assert!(got.len() <= 7);
-        after = got.last().copied();
         seen.extend(got);
-        if page["more"] == false {
-            break;
-        }
     }
     assert_eq!(seen, ids);
     // Nothing was removed.
@@ -163,13 +173,7 @@ async fn poll_keeps_an_answer_to_about_a_mebibyte_and_always_shows_one_reply() {
     ids.extend(mail(&s.store, 1, 1536 * kib).await);
     ids.extend(mail(&s.store, 1, 10).await);
     let mut pages = Vec::new();
-    let mut after: Option<MsgId> = None;
-    loop {
-        let mut args = json!({ "target": "ann", "limit": 100 });
-        if let Some(after) = after {
-            args["after"] = json!(after.to_string());
-        }
-        let page = poll(&s.fleet, args).await;
+    for page in poll_every_page(&s.fleet, 100).await {
         let texts: usize = page["replies"]
             .as_array()
             .expect("replies")
@@ -182,11 +186,7 @@ async fn poll_keeps_an_answer_to_about_a_mebibyte_and_always_shows_one_reply() {
             "{texts} bytes in {} replies",
             got.len()
         );
-        after = got.last().copied();
         pages.push(got);
-        if page["more"] == false {
-            break;
-        }
     }
     // 400 + 400 KiB fit in 1 MiB, a third does not; 1.5 MiB is over the budget alone and is
     // still shown, on a page of its own.

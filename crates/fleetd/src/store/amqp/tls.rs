@@ -169,21 +169,23 @@ mod tests {
         let missing = dir.path().join("missing.pem");
         let e = LinkTls::from_ca_file(&missing).expect_err("missing");
         assert!(e.to_string().starts_with("cannot read"), "{e}");
-        let key = dir.path().join("key.pem");
-        std::fs::write(
-            &key,
-            "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIB1jwHcXEXy1YB6MQd3UB7D0U6MiZ9aaZ0dsqMXAV5Pd\n-----END PRIVATE KEY-----\n",
-        )
-        .expect("write");
-        let e = LinkTls::from_ca_file(&key).expect_err("a key is no CA");
-        assert!(e.to_string().contains("no usable certificate"), "{e}");
-        let garbage = dir.path().join("garbage.pem");
-        std::fs::write(
-            &garbage,
-            "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
-        )
-        .expect("write");
-        let e = LinkTls::from_ca_file(&garbage).expect_err("not a certificate");
-        assert!(e.to_string().contains("no usable certificate"), "{e}");
+        for (what, pem) in [
+            (
+                "a key is no CA",
+                "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIB1jwHcXEXy1YB6MQd3UB7D0U6MiZ9aaZ0dsqMXAV5Pd\n-----END PRIVATE KEY-----\n",
+            ),
+            (
+                "not a certificate",
+                "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+            ),
+        ] {
+            let file = dir.path().join("ca.pem");
+            std::fs::write(&file, pem).expect("write");
+            let e = LinkTls::from_ca_file(&file).expect_err(what);
+            assert!(
+                e.to_string().contains("no usable certificate"),
+                "{what}: {e}"
+            );
+        }
     }
 }
