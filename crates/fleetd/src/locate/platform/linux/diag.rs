@@ -62,24 +62,19 @@ fn request(family: u8, src: SocketAddr, dst: SocketAddr, seq: u32) -> Vec<u8> {
     msg
 }
 
+/// The `N` bytes of a reply at offset `at`, or the error for a reply too short to hold them.
+fn bytes_at<const N: usize>(reply: &[u8], at: usize) -> io::Result<[u8; N]> {
+    reply
+        .get(at..at + N)
+        .and_then(|field| field.try_into().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "short sock_diag reply"))
+}
+
 /// Decodes a reply: the socket's inode and owner, `None` for "no such socket".
 fn parse_reply(reply: &[u8]) -> io::Result<Option<SocketOwner>> {
-    let bad = || io::Error::new(io::ErrorKind::InvalidData, "short sock_diag reply");
-    let kind = u16::from_ne_bytes(
-        reply
-            .get(4..6)
-            .ok_or_else(bad)?
-            .try_into()
-            .map_err(|_| bad())?,
-    );
+    let kind = u16::from_ne_bytes(bytes_at(reply, 4)?);
     if kind == NLMSG_ERROR {
-        let errno = i32::from_ne_bytes(
-            reply
-                .get(16..20)
-                .ok_or_else(bad)?
-                .try_into()
-                .map_err(|_| bad())?,
-        );
+        let errno = i32::from_ne_bytes(bytes_at(reply, 16)?);
         return match -errno {
             0 | 2 => Ok(None), // ENOENT: no such socket
             e => Err(io::Error::from_raw_os_error(e)),
@@ -91,17 +86,8 @@ fn parse_reply(reply: &[u8]) -> io::Result<Option<SocketOwner>> {
             format!("unexpected netlink message type {kind}"),
         ));
     }
-    let word = |at: usize| -> io::Result<u32> {
-        Ok(u32::from_ne_bytes(
-            reply
-                .get(at..at + 4)
-                .ok_or_else(bad)?
-                .try_into()
-                .map_err(|_| bad())?,
-        ))
-    };
-    let inode = word(INODE_OFFSET)?;
-    let uid = word(UID_OFFSET)?;
+    let inode = u32::from_ne_bytes(bytes_at(reply, INODE_OFFSET)?);
+    let uid = u32::from_ne_bytes(bytes_at(reply, UID_OFFSET)?);
     Ok((inode != 0).then_some(SocketOwner {
         inode: u64::from(inode),
         uid,
