@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use fleetd_core::{Message, Target};
 
 use super::Inner;
-use super::session::{Failure, Session, publish_batch, publish_once};
+use super::session::{Failure, Session, publish};
 use crate::store::StoreError;
 use crate::sync::lock;
 
@@ -100,8 +100,14 @@ impl Inner {
             };
             tracing::trace!(target: super::PROFILE, group = group.len(), "group");
             let sent = match group.as_slice() {
-                [one] => publish_once(session, &one.message, &one.body).await,
-                [first, ..] => publish_batch(session, &first.message, &array(&group)).await,
+                [one] => {
+                    let kind = one.message.kind.as_str();
+                    publish(session, &one.message, kind, &one.body).await
+                }
+                [first, ..] => {
+                    let batch = array(&group);
+                    publish(session, &first.message, super::ingest::BATCH_TYPE, &batch).await
+                }
                 [] => Ok(()),
             };
             for outgoing in group {

@@ -249,39 +249,19 @@ pub(super) async fn declare(channel: &Channel, target: &Target) -> Result<(), la
     Ok(())
 }
 
-/// Publishes one message's `body` to its target's queue and waits for the broker's confirm.
-pub(super) async fn publish_once(
-    session: &Session,
-    message: &Message,
-    body: &[u8],
-) -> Result<(), Failure> {
-    let properties = BasicProperties::default()
-        .with_message_id(message.msg_id.to_string().into())
-        .with_type(message.kind.as_str().into());
-    publish_body(session, &message.target, message, properties, body).await
-}
-
-/// Publishes `body` — several messages of `target` as one JSON array, typed `batch`, whose
-/// first is `first` — and waits for the broker's confirm.
-pub(super) async fn publish_batch(
+/// Publishes `body` to the queue of `first`'s target and waits for the broker's confirm. The
+/// body is one message (typed by its kind) or several of that target as one JSON array (typed
+/// `batch`), whose first is `first`: it names the publish (its id and time) either way.
+pub(super) async fn publish(
     session: &Session,
     first: &Message,
+    kind: &str,
     body: &[u8],
 ) -> Result<(), Failure> {
+    let target = &first.target;
     let properties = BasicProperties::default()
         .with_message_id(first.msg_id.to_string().into())
-        .with_type(super::ingest::BATCH_TYPE.into());
-    publish_body(session, &first.target, first, properties, body).await
-}
-
-async fn publish_body(
-    session: &Session,
-    target: &Target,
-    first: &Message,
-    properties: BasicProperties,
-    body: &[u8],
-) -> Result<(), Failure> {
-    let properties = properties
+        .with_type(kind.into())
         .with_delivery_mode(2)
         .with_content_type("application/json".into())
         .with_timestamp(u64::try_from(first.created_at.as_second()).unwrap_or(0));
@@ -289,14 +269,14 @@ async fn publish_body(
         mandatory: true,
         ..BasicPublishOptions::default()
     };
-    let publish = session.publisher.basic_publish(
+    let publishing = session.publisher.basic_publish(
         "".into(),
         queue_name(target).into(),
         options,
         body,
         properties,
     );
-    let confirm = answer("basic.publish", async { publish.await?.await }).await?;
+    let confirm = answer("basic.publish", async { publishing.await?.await }).await?;
     match confirm {
         Confirmation::Ack(None) => Ok(()),
         Confirmation::Ack(Some(_returned)) => {
