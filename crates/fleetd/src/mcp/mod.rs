@@ -48,8 +48,7 @@ const MIN_BODY_BYTES: usize = 16 * 1024 * 1024;
 /// `Origin` rules are `http`'s, applied to every route alike, so rmcp's own host check is off.
 pub fn http_service(fleet: Arc<Fleet>) -> HttpService {
     // `inbox` is boot-only, so the limit read at start holds for the daemon's life.
-    let max_message =
-        usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
+    let max_message = tools::max_message_bytes(&fleet);
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)

@@ -29,8 +29,7 @@ impl FleetTool for Answer {
     type Args = Args;
 
     async fn call(fleet: &Fleet, caller: &Caller, args: Args) -> Result<ToolOutput, ToolError> {
-        let max =
-            usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
+        let max = super::max_message_bytes(fleet);
         if args.answer.len() > max {
             return Err(ToolError::new(
                 Code::AnswerTooLarge,

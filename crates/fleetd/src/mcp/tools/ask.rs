@@ -40,8 +40,7 @@ impl FleetTool for Ask {
         if args.question.trim().is_empty() {
             return Err(ToolError::new(Code::EmptyQuestion, "the question is empty"));
         }
-        let max =
-            usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
+        let max = super::max_message_bytes(fleet);
         if args.question.len() > max {
             return Err(ToolError::new(
                 Code::QuestionTooLarge,

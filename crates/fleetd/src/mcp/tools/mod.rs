@@ -263,6 +263,12 @@ pub(crate) fn member_of(caller: &Caller) -> Option<Target> {
     }
 }
 
+/// The largest task, reply, question or answer the inbox takes (`inbox.maxMessageBytes`), as a
+/// length to compare a text's with (saturated where `usize` is narrower than the setting).
+pub(crate) fn max_message_bytes(fleet: &Fleet) -> usize {
+    usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX)
+}
+
 /// The engine stopped under a call: the daemon is shutting down.
 pub(crate) fn gone(e: EngineGone) -> ToolError {
     e.into()

@@ -83,7 +83,7 @@ pub(crate) async fn delegate(
         Some(gw) => super::gateway_known(fleet, gw)?,
         None => None,
     };
-    let max = usize::try_from(fleet.config.current().inbox.max_message_bytes).unwrap_or(usize::MAX);
+    let max = super::max_message_bytes(fleet);
     if args.task.len() > max {
         return Err(ToolError::new(
             Code::TaskTooLarge,
