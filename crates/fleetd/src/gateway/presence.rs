@@ -195,12 +195,10 @@ impl Peers {
     /// Every other gateway's members as `fleet_list` shows them (`target` is `name@gateway`),
     /// each with `gateway`, `stale` and `seenSecsAgo`; a stale one's status is `unreachable`.
     pub fn members(&self) -> Vec<Value> {
-        let heard = lock(&self.heard);
-        let mut out = Vec::new();
-        for (gw, h) in heard.iter() {
-            let (stale, ago) = staleness(h);
-            for m in &h.inventory.members {
-                out.push(json!({
+        self.listing(
+            |inventory| &inventory.members,
+            |&Seen { gw, stale, ago }, m| {
+                json!({
                     "target": format!("{}@{gw}", m.name),
                     "gateway": gw,
                     "profile": m.profile,
@@ -210,21 +208,18 @@ impl Peers {
                     "stale": stale,
                     "seenSecsAgo": ago,
                     "depth": 1,
-                }));
-            }
-        }
-        out
+                })
+            },
+        )
     }
 
     /// Every other gateway's profiles as `fleet_profiles` shows them (`name` is
     /// `profile@gateway`; a stale gateway's are not ready).
     pub fn profiles(&self) -> Vec<Value> {
-        let heard = lock(&self.heard);
-        let mut out = Vec::new();
-        for (gw, h) in heard.iter() {
-            let (stale, ago) = staleness(h);
-            for p in &h.inventory.profiles {
-                out.push(json!({
+        self.listing(
+            |inventory| &inventory.profiles,
+            |&Seen { gw, stale, ago }, p| {
+                json!({
                     "name": format!("{}@{gw}", p.name),
                     "gateway": gw,
                     "agent": p.agent,
@@ -238,11 +233,37 @@ impl Peers {
                     },
                     "stale": stale,
                     "seenSecsAgo": ago,
-                }));
-            }
+                })
+            },
+        )
+    }
+
+    /// `show` of every entry `entries` picks from each other gateway's inventory, told how that
+    /// gateway was last heard.
+    fn listing<T>(
+        &self,
+        entries: impl Fn(&Inventory) -> &[T],
+        show: impl Fn(&Seen<'_>, &T) -> Value,
+    ) -> Vec<Value> {
+        let heard = lock(&self.heard);
+        let mut out = Vec::new();
+        for (gw, h) in heard.iter() {
+            let (stale, ago) = staleness(h);
+            let seen = Seen { gw, stale, ago };
+            out.extend(entries(&h.inventory).iter().map(|e| show(&seen, e)));
         }
         out
     }
+}
+
+/// How another gateway was last heard, for what is listed of it.
+struct Seen<'a> {
+    /// Its name.
+    gw: &'a str,
+    /// Not heard for several of its broadcast intervals.
+    stale: bool,
+    /// Seconds since it was last heard.
+    ago: u64,
 }
 
 /// What the fleet's event stream has been told of one remote member.
