@@ -1,7 +1,8 @@
 //! What the crate's driver tests share: an engine's parts on the fake multiplexer and the
 //! memory store (no durable state, no gateway, tokio's pausable clock at the Unix epoch), the
 //! fleet the tools serve on such an engine and a caller of them, the member they register, and
-//! the reply a member stores.
+//! the reply a member stores; and a loopback TCP connection for the tests that trace a
+//! connection to its process.
 
 use std::sync::Arc;
 
@@ -146,5 +147,33 @@ pub(crate) fn reply_from(member: &str, ticket: Option<Ticket>, text: impl Into<S
         text: text.into(),
         from: member.to_owned(),
         created_at: Timestamp::UNIX_EPOCH,
+    }
+}
+
+/// A loopback TCP connection within this process, as the server accepted it: the client's
+/// stream, the server's, and the two addresses as the server sees them.
+pub(crate) struct Loopback {
+    /// The connecting side.
+    pub(crate) client: std::net::TcpStream,
+    /// The accepted side, held so the connection stays established while the test looks it up.
+    #[expect(dead_code, reason = "held open, never read")]
+    server: std::net::TcpStream,
+    /// The client's address.
+    pub(crate) peer: std::net::SocketAddr,
+    /// The server's address.
+    pub(crate) local: std::net::SocketAddr,
+}
+
+/// Opens a [`Loopback`] connection on a free port of 127.0.0.1.
+pub(crate) fn loopback() -> Loopback {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let local = listener.local_addr().expect("addr");
+    let client = std::net::TcpStream::connect(local).expect("connect");
+    let (server, peer) = listener.accept().expect("accept");
+    Loopback {
+        client,
+        server,
+        peer,
+        local,
     }
 }

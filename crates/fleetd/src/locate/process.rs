@@ -319,15 +319,12 @@ mod tests {
 
     /// The client side of a loopback connection, held by this process alone, and its inode.
     fn listener_pair() -> (std::net::TcpStream, u64) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let local = listener.local_addr().expect("addr");
-        let client = std::net::TcpStream::connect(local).expect("connect");
-        let (_server, peer) = listener.accept().expect("accept");
-        let inode = platform::client_socket(peer, local)
+        let conn = crate::test_support::loopback();
+        let inode = platform::client_socket(conn.peer, conn.local)
             .expect("tables")
             .expect("listed")
             .inode;
-        (client, inode)
+        (conn.client, inode)
     }
 
     #[test]

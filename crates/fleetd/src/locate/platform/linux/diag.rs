@@ -152,10 +152,8 @@ mod tests {
 
     #[test]
     fn a_live_connection_is_found_and_a_dead_one_is_not() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let local = listener.local_addr().expect("addr");
-        let client = std::net::TcpStream::connect(local).expect("connect");
-        let (_server, peer) = listener.accept().expect("accept");
+        let conn = crate::test_support::loopback();
+        let (peer, local) = (conn.peer, conn.local);
         let via_netlink = tcp_socket(peer, local).expect("netlink answers");
         let via_proc = super::super::proc::client_socket(peer, local).expect("proc");
         assert!(via_netlink.is_some());
@@ -163,7 +161,7 @@ mod tests {
             via_netlink, via_proc,
             "inode and owner agree with /proc/net/tcp"
         );
-        drop(client);
+        drop(conn);
         // A documentation-range address no socket can have.
         let nowhere = SocketAddr::new(
             IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),

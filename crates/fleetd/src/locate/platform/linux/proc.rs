@@ -294,12 +294,11 @@ mod tests {
 
     #[test]
     fn a_local_connection_is_traced_to_this_process() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let local = listener.local_addr().expect("addr");
-        let client = std::net::TcpStream::connect(local).expect("connect");
-        let (_server_side, peer) = listener.accept().expect("accept");
-        assert_eq!(peer, client.local_addr().expect("client addr"));
-        let socket = client_socket(peer, local).expect("tables").expect("found");
+        let conn = crate::test_support::loopback();
+        assert_eq!(conn.peer, conn.client.local_addr().expect("client addr"));
+        let socket = client_socket(conn.peer, conn.local)
+            .expect("tables")
+            .expect("found");
         let me = std::process::id();
         let fds = Fds::open(me).expect("own fds");
         let mut sockets = Vec::new();
