@@ -5,7 +5,7 @@
 //! nothing about what the files hold.
 
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// Mode of the state directory and any directory fleetd makes in it.
@@ -41,6 +41,18 @@ pub fn private_dir(dir: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => tighten_tree(dir),
         Err(e) => Err(e),
     }
+}
+
+/// Opens `path` to read and write, creating it owner-only ([`FILE_MODE`]) when it is not there
+/// and never truncating it: what it holds already (a lock's holder, a database) stays.
+pub fn open_private(path: &Path) -> io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(FILE_MODE)
+        .open(path)
 }
 
 /// Makes `dir` 0700 and every entry directly in it 0600 (directories 0700, one level down too),

@@ -1,9 +1,8 @@
 //! The embedded store's single-owner lock: an exclusive `flock` on `<db>.lock` holding the owner's
 //! pid. Knows nothing about SQLite; it only guards a path for the lifetime of one store.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::{LockHolder, StoreError};
@@ -29,13 +28,7 @@ impl StateLock {
     pub(crate) fn acquire(db: &Path) -> Result<Self, StoreError> {
         let path = Self::path_for(db);
         // Never truncate on open: the file may name the current holder, which we report.
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(crate::state_dir::FILE_MODE)
-            .open(&path)
+        let mut file = crate::state_dir::open_private(&path)
             .map_err(|err| StoreError::backend("create the inbox lock file", err))?;
         match file.try_lock() {
             Ok(()) => {}

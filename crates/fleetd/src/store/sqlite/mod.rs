@@ -73,16 +73,8 @@ impl SqliteStore {
         let lock = StateLock::acquire(&path)?;
         // Created owner-only before SQLite opens it: SQLite gives its -wal and -shm files the
         // database file's mode, so every reply body stays the owner's alone.
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(crate::state_dir::FILE_MODE)
-                .open(&path)
-                .map_err(|err| StoreError::backend("create the inbox file", err))?;
-        }
+        crate::state_dir::open_private(&path)
+            .map_err(|err| StoreError::backend("create the inbox file", err))?;
         let mut conn = schema::open_writer(&path)?;
         let reader = schema::open_reader(&path)?;
         let stats = Arc::new(writer::Stats {
