@@ -59,55 +59,52 @@ fn definition<T: FleetTool>() -> Tool {
     Tool::new(T::NAME, T::DESCRIPTION, schema_for_type::<T::Args>())
 }
 
-/// Every tool's definition, for `tools/list`.
-pub(crate) fn definitions() -> Vec<Tool> {
-    vec![
-        definition::<profiles::Profiles>(),
-        definition::<spawn::Spawn>(),
-        definition::<list::List>(),
-        definition::<status::Status>(),
-        definition::<send::Send>(),
-        definition::<poll::Poll>(),
-        definition::<ack::Ack>(),
-        definition::<answer::Answer>(),
-        definition::<stop::Stop>(),
-        definition::<approve::Approve>(),
-        definition::<reply::Reply>(),
-        definition::<ask::Ask>(),
-    ]
+/// Makes [`definitions`] and [`call`] from one list of the tools (`module::Tool`, in
+/// `tools/list` order), so no tool can be listed and not served, or served and not listed.
+macro_rules! tools {
+    ($($module:ident::$tool:ident),* $(,)?) => {
+        /// Every tool's definition, for `tools/list`.
+        pub(crate) fn definitions() -> Vec<Tool> {
+            vec![$(definition::<$module::$tool>()),*]
+        }
+
+        /// Runs tool `name` for `caller` with raw `args`.
+        pub(crate) async fn call(
+            fleet: &Fleet,
+            caller: &Caller,
+            name: &str,
+            args: Value,
+        ) -> Result<ToolOutput, ToolError> {
+            match name {
+                $($module::$tool::NAME => run::<$module::$tool>(fleet, caller, args).await,)*
+                other => counted(
+                    "unknown",
+                    Err(ToolError::new(
+                        Code::UnknownTool,
+                        format!(
+                            "there is no tool {other:?}: fleetd's tools all start with fleet_ (see tools/list)"
+                        ),
+                    )),
+                ),
+            }
+        }
+    };
 }
 
-/// Runs tool `name` for `caller` with raw `args`.
-pub(crate) async fn call(
-    fleet: &Fleet,
-    caller: &Caller,
-    name: &str,
-    args: Value,
-) -> Result<ToolOutput, ToolError> {
-    match name {
-        profiles::Profiles::NAME => run::<profiles::Profiles>(fleet, caller, args).await,
-        spawn::Spawn::NAME => run::<spawn::Spawn>(fleet, caller, args).await,
-        list::List::NAME => run::<list::List>(fleet, caller, args).await,
-        status::Status::NAME => run::<status::Status>(fleet, caller, args).await,
-        send::Send::NAME => run::<send::Send>(fleet, caller, args).await,
-        poll::Poll::NAME => run::<poll::Poll>(fleet, caller, args).await,
-        ack::Ack::NAME => run::<ack::Ack>(fleet, caller, args).await,
-        answer::Answer::NAME => run::<answer::Answer>(fleet, caller, args).await,
-        stop::Stop::NAME => run::<stop::Stop>(fleet, caller, args).await,
-        approve::Approve::NAME => run::<approve::Approve>(fleet, caller, args).await,
-        reply::Reply::NAME => run::<reply::Reply>(fleet, caller, args).await,
-        ask::Ask::NAME => run::<ask::Ask>(fleet, caller, args).await,
-        other => counted(
-            "unknown",
-            Err(ToolError::new(
-                Code::UnknownTool,
-                format!(
-                    "there is no tool {other:?}: fleetd's tools all start with fleet_ (see tools/list)"
-                ),
-            )),
-        ),
-    }
-}
+tools!(
+    profiles::Profiles,
+    spawn::Spawn,
+    list::List,
+    status::Status,
+    send::Send,
+    poll::Poll,
+    ack::Ack,
+    answer::Answer,
+    stop::Stop,
+    approve::Approve,
+    reply::Reply,
+    ask::Ask,
+);
 
 /// Counts a tool call by tool and outcome (`ok` or the refusal code) and passes it through.
 fn counted(
