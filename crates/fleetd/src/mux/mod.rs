@@ -343,6 +343,43 @@ impl PaneEvent {
     }
 }
 
+/// The [`Multiplexer`] methods that read panes and tabs and open a pane, each the backend's
+/// inherent `*_inner` method of the same name, boxed: herdr and tmux implement them alike (the
+/// fake answers from its table instead).
+macro_rules! reading_methods {
+    () => {
+        fn list_panes(&self) -> $crate::mux::MuxFuture<'_, Vec<$crate::mux::PaneInfo>> {
+            Box::pin(self.list_panes_inner())
+        }
+
+        fn list_tabs(&self) -> $crate::mux::MuxFuture<'_, Vec<$crate::mux::TabInfo>> {
+            Box::pin(self.list_tabs_inner())
+        }
+
+        fn pane<'a>(
+            &'a self,
+            pane: &'a fleetd_core::PaneId,
+        ) -> $crate::mux::MuxFuture<'a, $crate::mux::PaneInfo> {
+            Box::pin(self.pane_inner(pane))
+        }
+
+        fn process_info<'a>(
+            &'a self,
+            pane: &'a fleetd_core::PaneId,
+        ) -> $crate::mux::MuxFuture<'a, $crate::mux::ProcessInfo> {
+            Box::pin(self.process_info_inner(pane))
+        }
+
+        fn open_pane(
+            &self,
+            req: $crate::mux::OpenPane,
+        ) -> $crate::mux::MuxFuture<'_, $crate::mux::PaneInfo> {
+            Box::pin(self.open_pane_inner(req))
+        }
+    };
+}
+use reading_methods;
+
 /// What fleetd needs from a terminal multiplexer. Every method is one bounded-time call (each
 /// backend applies its own per-call timeout); none retries a non-idempotent operation.
 pub trait Multiplexer: Send + Sync + fmt::Debug {

@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 use crate::mux::{
-    BackendKind, Multiplexer, MuxError, MuxFuture, OpenPane, PaneEvent, PaneInfo, ProcessInfo,
-    ServerInfo, SubmitPath, Submitted, TabInfo,
+    BackendKind, Multiplexer, MuxError, MuxFuture, PaneEvent, PaneInfo, ProcessInfo, ServerInfo,
+    SubmitPath, Submitted, TabInfo,
 };
 
 mod config;
@@ -478,25 +478,7 @@ impl Multiplexer for Herdr {
         Box::pin(self.ping_inner())
     }
 
-    fn list_panes(&self) -> MuxFuture<'_, Vec<PaneInfo>> {
-        Box::pin(self.list_panes_inner())
-    }
-
-    fn list_tabs(&self) -> MuxFuture<'_, Vec<TabInfo>> {
-        Box::pin(self.list_tabs_inner())
-    }
-
-    fn pane<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, PaneInfo> {
-        Box::pin(self.pane_inner(pane))
-    }
-
-    fn process_info<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ProcessInfo> {
-        Box::pin(self.process_info_inner(pane))
-    }
-
-    fn open_pane(&self, req: OpenPane) -> MuxFuture<'_, PaneInfo> {
-        Box::pin(self.open_pane_inner(req))
-    }
+    super::reading_methods!();
 
     fn submit<'a>(&'a self, pane: &'a PaneId, text: &'a str) -> MuxFuture<'a, Submitted> {
         Box::pin(self.submit_inner(pane, text, true))

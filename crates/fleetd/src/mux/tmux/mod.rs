@@ -437,25 +437,7 @@ impl Multiplexer for Tmux {
         })
     }
 
-    fn list_panes(&self) -> MuxFuture<'_, Vec<PaneInfo>> {
-        Box::pin(self.list_panes_inner())
-    }
-
-    fn list_tabs(&self) -> MuxFuture<'_, Vec<TabInfo>> {
-        Box::pin(self.list_tabs_inner())
-    }
-
-    fn pane<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, PaneInfo> {
-        Box::pin(self.pane_inner(pane))
-    }
-
-    fn process_info<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ProcessInfo> {
-        Box::pin(self.process_info_inner(pane))
-    }
-
-    fn open_pane(&self, req: OpenPane) -> MuxFuture<'_, PaneInfo> {
-        Box::pin(self.open_pane_inner(req))
-    }
+    super::reading_methods!();
 
     fn press_enter<'a>(&'a self, pane: &'a PaneId) -> MuxFuture<'a, ()> {
         Box::pin(async move {
