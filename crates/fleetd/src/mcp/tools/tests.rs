@@ -205,39 +205,30 @@ async fn poll_keeps_an_answer_to_about_a_mebibyte_and_always_shows_one_reply() {
 async fn poll_refuses_bad_paging_arguments_naming_them() {
     let s = setup("");
     mail(&s.store, 3, 10).await;
-    for limit in [json!(0), json!(101), json!(-1), json!(2.5), json!("20")] {
-        let (code, message) = call(
-            &s.fleet,
-            "fleet_poll",
-            json!({ "target": "ann", "limit": limit }),
-        )
-        .await
-        .expect_err("refused");
-        assert_eq!(code, "invalid_arguments", "{limit}");
-        assert!(
-            message.contains("`limit`") && message.contains("1 to 100"),
-            "{limit}: {message}"
-        );
-    }
-    let (code, message) = call(
-        &s.fleet,
-        "fleet_poll",
-        json!({ "target": "ann", "after": "not-a-msg-id" }),
-    )
-    .await
-    .expect_err("refused");
-    assert_eq!(code, "invalid_arguments");
-    assert!(message.contains("`after`"), "{message}");
     let ticket = Ticket::from_uuid(crate::clock::Clock::new_id(&crate::clock::SystemClock));
-    let (code, message) = call(
-        &s.fleet,
-        "fleet_poll",
-        json!({ "ticket": ticket.to_string(), "limit": 5 }),
-    )
-    .await
-    .expect_err("refused");
-    assert_eq!(code, "invalid_arguments");
-    assert!(message.contains("with `target`"), "{message}");
+    let bad_limits = [json!(0), json!(101), json!(-1), json!(2.5), json!("20")].map(|limit| {
+        let says: &[&str] = &["`limit`", "1 to 100"];
+        (json!({ "target": "ann", "limit": limit }), says)
+    });
+    let others: [(Value, &[&str]); 2] = [
+        (
+            json!({ "target": "ann", "after": "not-a-msg-id" }),
+            &["`after`"],
+        ),
+        (
+            json!({ "ticket": ticket.to_string(), "limit": 5 }),
+            &["with `target`"],
+        ),
+    ];
+    for (args, says) in bad_limits.into_iter().chain(others) {
+        let (code, message) = call(&s.fleet, "fleet_poll", args.clone())
+            .await
+            .expect_err("refused");
+        assert_eq!(code, "invalid_arguments", "{args}");
+        for fragment in says {
+            assert!(message.contains(fragment), "{args}: {message}");
+        }
+    }
 }
 
 #[tokio::test(start_paused = true)]
