@@ -289,6 +289,12 @@ async fn send(fleet: &Fleet, task: &str) -> Result<Value, (String, String)> {
     .await
 }
 
+/// Sends `task` to ann and asserts it is refused because her queue is full.
+async fn assert_queue_full(fleet: &Fleet, task: &str) {
+    let refused = send(fleet, task).await.expect_err("the queue is full");
+    assert_eq!(refused.0, "queue_full", "{task}: {}", refused.1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_task_beyond_max_queued_tasks_is_refused_naming_the_cap_and_its_key() {
     let s = setup("limits:\n  maxQueuedTasks: 2\n");
@@ -305,10 +311,7 @@ async fn a_task_beyond_max_queued_tasks_is_refused_naming_the_cap_and_its_key() 
     s.fleet.engine.presence(ann()).await.expect("engine");
     tokio::time::sleep(Duration::from_millis(10)).await;
     send(&s.fleet, "three").await.expect("a place was freed");
-    assert_eq!(
-        send(&s.fleet, "four").await.expect_err("full again").0,
-        "queue_full"
-    );
+    assert_queue_full(&s.fleet, "four").await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -316,18 +319,12 @@ async fn the_queue_cap_follows_a_reload_and_drops_nothing_already_queued() {
     let s = setup("limits:\n  maxQueuedTasks: 1\n");
     add_ann(&s.fleet).await;
     send(&s.fleet, "one").await.expect("under the cap");
-    assert_eq!(
-        send(&s.fleet, "two").await.expect_err("full").0,
-        "queue_full"
-    );
+    assert_queue_full(&s.fleet, "two").await;
     s.config.publish(config("limits:\n  maxQueuedTasks: 3\n"));
     tokio::time::sleep(Duration::from_millis(10)).await;
     send(&s.fleet, "two").await.expect("the new cap applies");
     send(&s.fleet, "three").await.expect("the new cap applies");
-    assert_eq!(
-        send(&s.fleet, "four").await.expect_err("full").0,
-        "queue_full"
-    );
+    assert_queue_full(&s.fleet, "four").await;
     s.config.publish(config("limits:\n  maxQueuedTasks: 1\n"));
     tokio::time::sleep(Duration::from_millis(10)).await;
     let listed = call(&s.fleet, "fleet_list", json!({})).await.expect("list");
