@@ -7,6 +7,7 @@
 
 use serde_json::{Value, json};
 
+use super::content_text;
 use super::script::{Conversation, Plan, Reply, Step, ToolName};
 use super::served::Usage;
 
@@ -62,7 +63,7 @@ pub fn conversation(body: &Value) -> Conversation {
                 Some("tool_result") => {
                     let id = block["tool_use_id"].as_str().unwrap_or_default();
                     if let Some(at) = ids.iter().position(|i| i == id) {
-                        steps[at].result = result_text(&block["content"]);
+                        steps[at].result = content_text(&block["content"]);
                     }
                 }
                 _ => {}
@@ -131,18 +132,6 @@ fn strip_reminders(text: &str) -> String {
     }
     out.push_str(rest);
     out
-}
-
-fn result_text(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(items) => items
-            .iter()
-            .filter_map(|b| b["text"].as_str())
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
 }
 
 /// The usage object of a message (the numbers are made up, see [`Usage::planned`]; the shape is

@@ -9,6 +9,7 @@
 
 use serde_json::{Value, json};
 
+use super::content_text;
 use super::script::{Conversation, Plan, Reply};
 use super::served::Usage;
 
@@ -19,7 +20,7 @@ pub fn conversation(body: &Value) -> Conversation {
         .into_iter()
         .flatten()
         .filter(|m| m["role"] == "user")
-        .map(|m| text_of(&m["content"]))
+        .map(|m| content_text(&m["content"]))
         .rfind(|t| !t.trim().is_empty())
         .unwrap_or_default();
     Conversation {
@@ -27,18 +28,6 @@ pub fn conversation(body: &Value) -> Conversation {
         steps: Vec::new(),
         tools: Vec::new(),
         side: false,
-    }
-}
-
-fn text_of(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p["text"].as_str())
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
     }
 }
 

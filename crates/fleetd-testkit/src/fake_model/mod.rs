@@ -283,6 +283,21 @@ impl Shared {
     }
 }
 
+/// The text of a message's `content` as all three APIs send it: a plain string, or an array of
+/// parts (Anthropic's content blocks and tool results, OpenAI's input and output parts) whose
+/// `text`s are joined a line apart; parts without text (images, tool calls) add nothing.
+fn content_text(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
 /// One logged line (a request, or an answer's `served` line), as a test reads it back.
 pub type Logged = Value;
 

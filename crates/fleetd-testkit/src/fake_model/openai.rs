@@ -9,6 +9,7 @@
 
 use serde_json::{Value, json};
 
+use super::content_text;
 use super::script::{Conversation, Plan, Reply, Step, ToolName};
 use super::served::Usage;
 
@@ -56,7 +57,7 @@ pub fn conversation(body: &Value) -> Conversation {
         if item["type"] != "message" || item["role"] != "user" {
             continue;
         }
-        let text = text_of(&item["content"]);
+        let text = content_text(&item["content"]);
         let trimmed = text.trim_start();
         if trimmed.is_empty() || CONTEXT_TAGS.iter().any(|t| trimmed.starts_with(t)) {
             continue;
@@ -82,7 +83,7 @@ pub fn conversation(body: &Value) -> Conversation {
                 if let Some(at) = ids.iter().position(|i| i == id) {
                     steps[at].result = match &item["output"] {
                         Value::String(s) => s.clone(),
-                        other => text_of(other),
+                        other => content_text(other),
                     };
                 }
             }
@@ -96,18 +97,6 @@ pub fn conversation(body: &Value) -> Conversation {
         steps,
         tools,
         side,
-    }
-}
-
-fn text_of(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p["text"].as_str())
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
     }
 }
 
