@@ -138,6 +138,36 @@ pub fn require_tmux() -> Service {
     )
 }
 
+/// Requires that this process be root, which a test needs to run a process as another uid
+/// (`setpriv`): CI runs the suite as root; elsewhere the test skips, saying why.
+pub fn require_root() -> Service {
+    require(
+        "root (to run a process as another uid with setpriv)",
+        rustix::process::geteuid().is_root(),
+        "Run the suite as root, as CI does (.ci/run).",
+    )
+}
+
+/// `n` with its thousands grouped by commas ("12,345"), as fleetd words a budget and the
+/// benchmark tables word a rate.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut grouped = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    grouped
+}
+
+/// `then()` where tmux is there (a test that needs tmux and something more, such as an installed
+/// agent CLI); `None` where it is not, having said why (under CI a missing tmux fails the test).
+pub fn if_tmux<T>(then: impl FnOnce() -> Option<T>) -> Option<T> {
+    (require_tmux() == Service::Present).then(then).flatten()
+}
+
 /// Runs `cmd` to its end; panics naming `what`, with what it printed, unless it ran and exited
 /// 0. Returns its output.
 pub fn run_ok(cmd: &mut std::process::Command, what: &str) -> std::process::Output {

@@ -384,16 +384,7 @@ fn micros(d: Duration) -> String {
 }
 
 fn rate(r: f64) -> String {
-    let whole = r.round() as u64;
-    let text = whole.to_string();
-    let mut grouped = String::new();
-    for (n, ch) in text.chars().enumerate() {
-        if n > 0 && (text.len() - n).is_multiple_of(3) {
-            grouped.push(',');
-        }
-        grouped.push(ch);
-    }
-    format!("{grouped} msg/s")
+    format!("{} msg/s", crate::thousands(r.round() as u64))
 }
 
 fn table(raw: &Latency, [embedded, amqp, rabbit]: [&Column; 3], sizes: Sizes) -> String {

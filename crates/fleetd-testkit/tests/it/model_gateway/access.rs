@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt as _;
 
 use fleetd_testkit::model_call::{self, Call, KeyHeader, Outcome};
 use fleetd_testkit::rig::{LEAD, structured_ok};
-use fleetd_testkit::{Service, bin_path, require};
+use fleetd_testkit::{Service, bin_path, require_root};
 use serde_json::json;
 
 use fleetd_testkit::fake_model::served::Usage;
@@ -103,13 +103,7 @@ fn e2e_model_gateway_a_members_key_works_from_its_own_pane_only_and_only_while_i
     let refused = gw.call_as("ann", "--extra-header 'Origin: http://evil.example'");
     assert_refused(&refused, 403, "foreign_origin", "a web page's request");
     // Another uid: in no pane, and inside ann's own pane.
-    let root = rustix::process::geteuid().is_root();
-    if require(
-        "root (to run a process as another uid with setpriv)",
-        root,
-        "Run the suite as root, as CI does (.ci/run).",
-    ) == Service::Present
-    {
+    if require_root() == Service::Present {
         let reachable = tempfile::tempdir().expect("tempdir");
         let m = reachable_model_call(reachable.path());
         let refused = as_nobody_outside(&gw, &m, &ann).expect("root");

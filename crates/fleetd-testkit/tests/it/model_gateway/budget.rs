@@ -9,23 +9,10 @@ use std::time::Duration;
 
 use fleetd_testkit::fake_model::served::Usage;
 use fleetd_testkit::rig::{LEAD, error_code, structured_ok};
-use fleetd_testkit::{bin_path, http, wait_until};
+use fleetd_testkit::{bin_path, http, thousands, wait_until};
 use serde_json::{Value, json};
 
 use super::{Gateway, PROMPT, assert_refused, assert_served, start, total};
-
-/// `n` with thousands grouped, as fleetd words a budget ("12,345").
-fn grouped(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
 
 /// How many of member `name`'s inbox texts contain `words`.
 fn notices(gw: &Gateway, name: &str, words: &str) -> usize {
@@ -121,7 +108,7 @@ fn e2e_model_gateway_a_budget_stops_the_member_with_one_incident_and_only_the_op
     assert!(
         said.contains(&format!(
             "set ann's model budget: {} of 100,000,000 tokens",
-            grouped(total(spent))
+            thousands(total(spent))
         )) && said.contains(&format!("spent so far: {} tokens", total(spent))),
         "{said}"
     );
@@ -143,7 +130,7 @@ fn e2e_model_gateway_a_budget_stops_the_member_with_one_incident_and_only_the_op
     let budget = gw.listed_usage("bob")["budget"].clone();
     assert_eq!(
         budget,
-        json!(format!("0 of {} tokens", grouped(limit))),
+        json!(format!("0 of {} tokens", thousands(limit))),
         "bob's"
     );
     let bad = gw.rig.lead(
