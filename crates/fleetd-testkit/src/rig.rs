@@ -155,6 +155,23 @@ impl Rig {
             .to_owned()
     }
 
+    /// Polls `target`'s inbox from the lead until it holds an open question (or 90 s pass); the
+    /// first one (`questionId`, `question`).
+    pub fn question_from(&self, target: &str) -> Value {
+        let mut inbox = Value::Null;
+        wait_until(
+            &format!("a question from {target}"),
+            Duration::from_secs(90),
+            || {
+                inbox = structured_ok(
+                    &self.lead("fleet_poll", &serde_json::json!({ "target": target })),
+                );
+                inbox["questions"].as_array().is_some_and(|q| !q.is_empty())
+            },
+        );
+        inbox["questions"][0].clone()
+    }
+
     /// Sends `task` to member `target` and waits for its reply's text: for a sim-agent that
     /// runs its tasks as shell commands (`SIM_AGENT_SCRIPT=shell`), `exit N` and the output.
     pub fn run_task(&self, target: &str, task: &str) -> String {
@@ -200,19 +217,11 @@ impl Rig {
     /// Sends one JSON-RPC request from tmux target `pane` as an MCP 2026-07-28 client that
     /// takes MCP tasks (`mcp-call --rpc-file`); returns `{"status", "result"|"error"}`.
     pub fn rpc_from(&self, pane: &str, method: &str, params: &Value) -> Value {
-        let n = self.calls.fetch_add(1, Ordering::Relaxed);
-        let params_file = self.dir().join(format!("rpc-{n}.json"));
-        let out_file = self.dir().join(format!("rpc-out-{n}.json"));
-        std::fs::write(&params_file, params.to_string()).expect("write params");
-        self.type_keys(
+        let out_file = self.type_mcp_call(
             pane,
-            &format!(
-                "{} --rpc-file {method} {} {}",
-                bin_path("mcp-call").display(),
-                params_file.display(),
-                out_file.display()
-            ),
-            true,
+            &format!("--rpc-file {method}"),
+            params,
+            ["rpc", "rpc-out"],
         );
         wait_until(
             &format!("{method} from {pane}"),
@@ -224,16 +233,22 @@ impl Rig {
     }
 
     fn start_call(&self, pane: &str, tool: &str, args: &Value) -> PathBuf {
+        self.type_mcp_call(pane, tool, args, ["args", "out"])
+    }
+
+    /// Writes `input` to a file of this call's own and types `mcp-call WORDS INPUT OUT` into
+    /// `pane`; the file `OUT` its answer lands in. The files are named `{stem}-{n}.json` by
+    /// `stems` (the input's, the answer's), `n` counting the rig's calls.
+    fn type_mcp_call(&self, pane: &str, words: &str, input: &Value, stems: [&str; 2]) -> PathBuf {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
-        let args_file = self.dir().join(format!("args-{n}.json"));
-        let out_file = self.dir().join(format!("out-{n}.json"));
-        std::fs::write(&args_file, args.to_string()).expect("write args");
+        let [input_file, out_file] = stems.map(|stem| self.dir().join(format!("{stem}-{n}.json")));
+        std::fs::write(&input_file, input.to_string()).expect("write the call's input");
         self.type_keys(
             pane,
             &format!(
-                "{} {tool} {} {}",
+                "{} {words} {} {}",
                 bin_path("mcp-call").display(),
-                args_file.display(),
+                input_file.display(),
                 out_file.display()
             ),
             true,
@@ -273,14 +288,27 @@ impl Rig {
     /// The pid of the process tmux started in target `pane` (a member's agent, once its
     /// launcher has exec'd it).
     pub fn pane_pid(&self, pane: &str) -> u32 {
-        let out = self
-            .tmux
-            .run(&["list-panes", "-t", pane, "-F", "#{pane_pid}"])
-            .expect("tmux runs");
-        String::from_utf8_lossy(&out.stdout)
+        self.list_panes(pane, "#{pane_pid}")
             .trim()
             .parse()
             .unwrap_or_else(|_| panic!("no pane pid for {pane}"))
+    }
+
+    /// The tmux pane ids (`%N`) in window `window`, in order.
+    pub fn pane_ids(&self, window: &str) -> Vec<String> {
+        self.list_panes(window, "#{pane_id}")
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// `tmux list-panes -t target -F format`: a line for each pane of `target`'s window.
+    fn list_panes(&self, target: &str, format: &str) -> String {
+        let out = self
+            .tmux
+            .run(&["list-panes", "-t", target, "-F", format])
+            .expect("tmux runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// What tmux target `pane` shows now.
@@ -336,6 +364,23 @@ impl Rig {
             self.screen(&target).contains("sim-agent ready")
         });
         target
+    }
+
+    /// The members the lead's `fleet_list` shows now.
+    pub fn members(&self) -> Vec<Value> {
+        let listed = structured_ok(&self.lead("fleet_list", &serde_json::json!({})));
+        listed["members"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Member `name` as the lead's `fleet_list` shows it now; panics with the list when it is
+    /// not there.
+    pub fn member(&self, name: &str) -> Value {
+        let members = self.members();
+        members
+            .iter()
+            .find(|m| m["target"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} is not in the fleet: {members:?}"))
     }
 
     /// Spawns a member from `profile` named `name` and returns the tool's structured result.

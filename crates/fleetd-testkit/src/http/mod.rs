@@ -45,6 +45,18 @@ impl Response {
             .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.body))
     }
 
+    /// Asserts that this answer refused with `status` and the error code `code`; a failure
+    /// names the attempt, `what`, and shows the body.
+    #[track_caller]
+    pub fn assert_refused(&self, status: u16, code: &str, what: &str) {
+        assert_eq!(
+            (self.status, self.error_code().as_str()),
+            (status, code),
+            "{what}: {}",
+            self.body
+        );
+    }
+
     /// The JSON `error` code of a refusal (empty when there is none).
     pub fn error_code(&self) -> String {
         serde_json::from_str::<serde_json::Value>(&self.body)
@@ -117,6 +129,16 @@ pub fn request_with(
 /// Sends `GET path`.
 pub fn get(to: impl Into<Endpoint>, path: &str) -> std::io::Result<Response> {
     request(to, "GET", path, None)
+}
+
+/// Sends `GET path` with extra `headers` (a token, a cookie, a web page's `Origin`), as
+/// [`request_with`] sends them.
+pub fn get_with(
+    to: impl Into<Endpoint>,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<Response> {
+    request_with(to, "GET", path, headers, None)
 }
 
 /// Acknowledges every reply pending in `target`'s inbox (REST peek, then an ack for each),
