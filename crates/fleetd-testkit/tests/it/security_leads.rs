@@ -47,18 +47,6 @@ fn attack(rig: &Rig, name: &str, msg_id: &str) -> (PathBuf, PathBuf, PathBuf) {
     (script, out, cli)
 }
 
-/// The tmux pane ids in `target` (a window), in order.
-fn panes_in(rig: &Rig, target: &str) -> Vec<String> {
-    let out = rig
-        .tmux
-        .run(&["list-panes", "-t", target, "-F", "#{pane_id}"])
-        .expect("tmux runs");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
 /// `fleetd admit PANE` as the operator (this test process: the daemon's user in no pane).
 fn admit(rig: &Rig, pane: &str) -> std::process::Output {
     fleetd_testkit::daemon::command(rig.dir())
@@ -73,7 +61,7 @@ fn e2e_security_panes_a_member_opens_outside_the_members_workspace_are_strays() 
         return;
     };
     let before = fleet_state(&rig);
-    let lead_pane = panes_in(&rig, "base:lead");
+    let lead_pane = rig.pane_ids("base:lead");
     let variants = [
         ("session", "tmux new-session -d -s evil"),
         ("window", "tmux new-window -d -t base"),
@@ -122,7 +110,8 @@ fn e2e_security_panes_a_member_opens_outside_the_members_workspace_are_strays() 
     assert_eq!(fleet_state(&rig), before, "nothing changed in any inbox");
 
     // The split of the lead's pane, admitted: a member cannot do it, the operator can.
-    let split = panes_in(&rig, "base:lead")
+    let split = rig
+        .pane_ids("base:lead")
         .into_iter()
         .find(|p| !lead_pane.contains(p))
         .expect("the split pane");

@@ -58,12 +58,7 @@ fn e2e_security_only_the_operator_answers_a_members_dialog() {
 
     // A process in no pane, over REST and MCP; and what it may not read either.
     let rest = http::request(addr, "POST", "/sessions/bea/approve", Some(&body)).expect("answer");
-    assert_eq!(
-        (rest.status, rest.error_code().as_str()),
-        (403, "anonymous_caller"),
-        "{}",
-        rest.body
-    );
+    rest.assert_refused(403, "anonymous_caller", "an approval from no pane");
     let listed = http::get(addr, "/blocked").expect("answer");
     assert_eq!(listed.error_code(), "anonymous_caller", "{}", listed.body);
     let mcp = mcp_tcp(addr, &[], "fleet_approve", &args);
@@ -79,20 +74,9 @@ fn e2e_security_only_the_operator_answers_a_members_dialog() {
     .expect("answer");
     assert_eq!(page.status, 403, "{}", page.body);
     // Nor may a page read who waits on what (it is in no pane: anonymous, whatever it sends).
-    let page = http::request_with(
-        addr,
-        "GET",
-        "/blocked",
-        &[("Origin", "https://evil.example")],
-        None,
-    )
-    .expect("answer");
-    assert_eq!(
-        (page.status, page.error_code().as_str()),
-        (403, "anonymous_caller"),
-        "{}",
-        page.body
-    );
+    let page =
+        http::get_with(addr, "/blocked", &[("Origin", "https://evil.example")]).expect("answer");
+    page.assert_refused(403, "anonymous_caller", "a page reading /blocked");
     // A member, from its own shell: never, over MCP or REST; nor does it read the list.
     let listed = run_in(
         &rig,
@@ -145,16 +129,10 @@ fn e2e_security_only_the_operator_answers_a_members_dialog() {
     // The operator answers it, and bea goes on with her task.
     let answered = operator_approves_bea(&rig, &json!(dialog));
     assert_eq!(answered["outcome"], "answered", "{answered}");
-    let mut polled = Value::Null;
-    wait_until("bea's reply", PATIENCE, || {
-        polled = rig.lead("fleet_poll", &json!({ "ticket": ticket }))["structuredContent"].clone();
-        polled["state"] == "replied"
-    });
+    let reply = rig.reply_of(&ticket);
     assert!(
-        polled["reply"]["text"]
-            .as_str()
-            .is_some_and(|t| t.contains("sim-agent did: deploy")),
-        "{polled}"
+        reply.contains("sim-agent did: deploy"),
+        "bea's reply: {reply}"
     );
 }
 
@@ -187,11 +165,7 @@ fn e2e_security_with_operator_and_lead_the_lead_answers_its_own_members_dialog()
         answered["structuredContent"]["outcome"], "answered",
         "{answered}"
     );
-    let mut polled = Value::Null;
-    wait_until("bea's reply", PATIENCE, || {
-        polled = rig.lead("fleet_poll", &json!({ "ticket": ticket }))["structuredContent"].clone();
-        polled["state"] == "replied"
-    });
+    rig.reply_of(&ticket);
     // bea waits on nothing any more.
     let events = http::get(rig.daemon.operator(), "/blocked").expect("answer");
     assert_eq!(events.json()["blocked"], json!([]));

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use fleetd_testkit::daemon::{Daemon, state_dir};
 use fleetd_testkit::rig::{LEAD, Rig, error_code, sim_profile, structured_ok};
-use fleetd_testkit::{Service, bin_path, environ, http, require, require_tmux, wait_until};
+use fleetd_testkit::{Service, bin_path, environ, http, require_root, require_tmux, wait_until};
 use serde_json::{Value, json};
 
 mod approvals;
@@ -65,6 +65,18 @@ pub(crate) fn rig_with_mail(extra_profiles: &str) -> Option<(Rig, String)> {
     Some((rig, id))
 }
 
+/// A story of the suite: `attack` (given the rig of [`rig_with_mail`] and the id of alice's
+/// unread reply) tries its doors and checks each refusal, and then nothing may have changed in
+/// alice's inbox. Where tmux is missing the test returns, having said why.
+pub(crate) fn attack_changes_nothing(attack: impl FnOnce(&Rig, &str)) {
+    let Some((rig, id)) = rig_with_mail("") else {
+        return;
+    };
+    let before = fleet_state(&rig);
+    attack(&rig, &id);
+    assert_eq!(fleet_state(&rig), before, "nothing changed in any inbox");
+}
+
 /// What the operator sees of alice, the member every attack aims at: her pending replies, her
 /// tickets and queue. (The attacking member's own inbox changes legitimately: the lead's tasks
 /// to it are answered there.) Compared before and after an attack: nothing may change.
@@ -112,6 +124,20 @@ pub(crate) fn mcp_call() -> String {
     bin_path("mcp-call").display().to_string()
 }
 
+/// Runs shell `command` in the lead's pane with its output to a file `name` in the rig's
+/// directory (written whole, then renamed, so it is never read half-written); that output.
+pub(crate) fn in_lead_shell(rig: &Rig, name: &str, command: &str, what: &str) -> String {
+    let out = rig.dir().join(name);
+    rig.type_line(
+        LEAD,
+        &format!(
+            "{{ {command}; }} > {o}.tmp; mv {o}.tmp {o}",
+            o = out.display()
+        ),
+    );
+    read_when_there(&out, what)
+}
+
 /// Waits for `path` and returns its text.
 pub(crate) fn read_when_there(path: &Path, what: &str) -> String {
     wait_until(what, PATIENCE, || path.exists());
@@ -120,154 +146,123 @@ pub(crate) fn read_when_there(path: &Path, what: &str) -> String {
 
 #[test]
 fn e2e_security_rest_and_mcp_follow_one_policy_for_anonymous_callers_and_web_pages() {
-    let Some((rig, id)) = rig_with_mail("") else {
-        return;
-    };
-    let before = fleet_state(&rig);
-    let addr = rig.daemon.addr;
-    let bearer = format!("Bearer {TOKEN}");
-    let host = addr.to_string();
-    // This test process is in no pane: anonymous over TCP. It may list, and nothing more.
-    let listed = http::get(addr, "/sessions").expect("sessions");
-    assert_eq!(listed.status, 200);
-    assert!(
-        !listed.body.contains("the report"),
-        "names only: {}",
-        listed.body
-    );
-    assert_eq!(http::get(addr, "/metrics").expect("metrics").status, 200);
-    let task = r#"{"task":"forged","wait":false}"#;
-    let ack = format!("/sessions/alice/replies/{id}/ack");
-    let attempts: [(&str, &str, Option<&str>); 8] = [
-        ("GET", "/sessions/alice", None),
-        // The event stream shows the whole fleet: leads and the operator only.
-        ("GET", "/events", None),
-        ("GET", "/events/latency", None),
-        ("GET", "/sessions/alice/replies", None),
-        ("POST", "/sessions/alice/replies/drain", None),
-        ("POST", &ack, None),
-        ("POST", "/sessions/alice/tasks", Some(task)),
-        ("POST", "/sessions/mallory/tasks", Some(task)),
-    ];
-    for (method, path, body) in attempts {
-        let answer = http::request(addr, method, path, body).expect("answers");
-        assert_eq!(
-            (answer.status, answer.error_code().as_str()),
-            (403, "anonymous_caller"),
-            "anonymous {method} {path}: {}",
-            answer.body
+    attack_changes_nothing(|rig, id| {
+        let addr = rig.daemon.addr;
+        let bearer = format!("Bearer {TOKEN}");
+        let host = addr.to_string();
+        // This test process is in no pane: anonymous over TCP. It may list, and nothing more.
+        let listed = http::get(addr, "/sessions").expect("sessions");
+        assert_eq!(listed.status, 200);
+        assert!(
+            !listed.body.contains("the report"),
+            "names only: {}",
+            listed.body
         );
-    }
-    // The old destructive GET drains nothing.
-    let answer = http::get(addr, "/sessions/alice/replies?drain=true").expect("answers");
-    assert_eq!(answer.status, 400, "{}", answer.body);
-    // The MCP door answers the same.
-    for (tool, args) in [
-        ("fleet_poll", json!({ "target": "alice" })),
-        ("fleet_status", json!({ "target": "alice" })),
-        ("fleet_ack", json!({ "target": "alice", "msgId": id })),
-        ("fleet_send", json!({ "target": "alice", "task": "forged" })),
-        ("fleet_stop", json!({ "target": "alice" })),
-        ("fleet_reply", json!({ "text": "forged" })),
-    ] {
-        let answer = mcp_tcp(addr, &[], tool, &args);
-        assert_eq!(
-            answer.status, 200,
-            "{tool}: a tool error, not a transport one"
-        );
-        assert_eq!(
-            error_code(&answer.json()["result"]),
-            "anonymous_caller",
-            "anonymous {tool}"
-        );
-    }
-    // A wrong token is refused outright; the right one makes the operator (reads work).
-    let wrong = http::request_with(
-        addr,
-        "GET",
-        "/sessions/alice/replies",
-        &[("Authorization", "Bearer wrong")],
-        None,
-    )
-    .expect("answers");
-    assert_eq!(
-        (wrong.status, wrong.error_code().as_str()),
-        (401, "bad_token")
-    );
-    let with_token = http::request_with(
-        addr,
-        "GET",
-        "/sessions/alice/replies",
-        &[("Authorization", &bearer)],
-        None,
-    )
-    .expect("answers");
-    assert_eq!(with_token.status, 200, "{}", with_token.body);
-    // A web page. DNS rebinding: the browser sends the attacker's name as Host — refused on
-    // every route, even with the token (a page never has it, but the rule must not depend on
-    // that).
-    let evil = format!("evil.example:{}", addr.port());
-    for (method, path) in [
-        ("GET", "/sessions/alice/replies"),
-        ("GET", "/healthz"),
-        ("POST", "/mcp"),
-        ("POST", ack.as_str()),
-    ] {
-        let answer = http::request_with(
+        assert_eq!(http::get(addr, "/metrics").expect("metrics").status, 200);
+        let task = r#"{"task":"forged","wait":false}"#;
+        let ack = format!("/sessions/alice/replies/{id}/ack");
+        let attempts: [(&str, &str, Option<&str>); 8] = [
+            ("GET", "/sessions/alice", None),
+            // The event stream shows the whole fleet: leads and the operator only.
+            ("GET", "/events", None),
+            ("GET", "/events/latency", None),
+            ("GET", "/sessions/alice/replies", None),
+            ("POST", "/sessions/alice/replies/drain", None),
+            ("POST", &ack, None),
+            ("POST", "/sessions/alice/tasks", Some(task)),
+            ("POST", "/sessions/mallory/tasks", Some(task)),
+        ];
+        for (method, path, body) in attempts {
+            let answer = http::request(addr, method, path, body).expect("answers");
+            answer.assert_refused(
+                403,
+                "anonymous_caller",
+                &format!("anonymous {method} {path}"),
+            );
+        }
+        // The old destructive GET drains nothing.
+        let answer = http::get(addr, "/sessions/alice/replies?drain=true").expect("answers");
+        assert_eq!(answer.status, 400, "{}", answer.body);
+        // The MCP door answers the same.
+        for (tool, args) in [
+            ("fleet_poll", json!({ "target": "alice" })),
+            ("fleet_status", json!({ "target": "alice" })),
+            ("fleet_ack", json!({ "target": "alice", "msgId": id })),
+            ("fleet_send", json!({ "target": "alice", "task": "forged" })),
+            ("fleet_stop", json!({ "target": "alice" })),
+            ("fleet_reply", json!({ "text": "forged" })),
+        ] {
+            let answer = mcp_tcp(addr, &[], tool, &args);
+            assert_eq!(
+                answer.status, 200,
+                "{tool}: a tool error, not a transport one"
+            );
+            assert_eq!(
+                error_code(&answer.json()["result"]),
+                "anonymous_caller",
+                "anonymous {tool}"
+            );
+        }
+        // A wrong token is refused outright; the right one makes the operator (reads work).
+        let replies_with = |authorization: &str| {
+            http::get_with(
+                addr,
+                "/sessions/alice/replies",
+                &[("Authorization", authorization)],
+            )
+            .expect("answers")
+        };
+        replies_with("Bearer wrong").assert_refused(401, "bad_token", "a wrong token");
+        let with_token = replies_with(&bearer);
+        assert_eq!(with_token.status, 200, "{}", with_token.body);
+        // A web page. DNS rebinding: the browser sends the attacker's name as Host — refused on
+        // every route, even with the token (a page never has it, but the rule must not depend on
+        // that).
+        let evil = format!("evil.example:{}", addr.port());
+        for (method, path) in [
+            ("GET", "/sessions/alice/replies"),
+            ("GET", "/healthz"),
+            ("POST", "/mcp"),
+            ("POST", ack.as_str()),
+        ] {
+            let answer = http::request_with(
+                addr,
+                method,
+                path,
+                &[("Host", &evil), ("Authorization", &bearer)],
+                Some("{}"),
+            )
+            .expect("answers");
+            answer.assert_refused(403, "foreign_host", &format!("rebinding {method} {path}"));
+        }
+        // A cross-site request: the right Host, another site's Origin.
+        let origin = [
+            ("Origin", "http://evil.example"),
+            ("Authorization", bearer.as_str()),
+            ("Host", host.as_str()),
+        ];
+        for (path, body) in [
+            ("/sessions/alice/tasks", task),
+            (ack.as_str(), ""),
+            ("/sessions/alice/replies/drain", ""),
+        ] {
+            let answer =
+                http::request_with(addr, "POST", path, &origin, Some(body)).expect("answers");
+            answer.assert_refused(403, "foreign_origin", &format!("cross-site POST {path}"));
+        }
+        let answer = mcp_tcp(
             addr,
-            method,
-            path,
-            &[("Host", &evil), ("Authorization", &bearer)],
-            Some("{}"),
-        )
-        .expect("answers");
-        assert_eq!(
-            (answer.status, answer.error_code().as_str()),
-            (403, "foreign_host"),
-            "rebinding {method} {path}: {}",
-            answer.body
+            &origin,
+            "fleet_ack",
+            &json!({ "target": "alice", "msgId": id }),
         );
-    }
-    // A cross-site request: the right Host, another site's Origin.
-    let origin = [
-        ("Origin", "http://evil.example"),
-        ("Authorization", bearer.as_str()),
-        ("Host", host.as_str()),
-    ];
-    for (path, body) in [
-        ("/sessions/alice/tasks", task),
-        (ack.as_str(), ""),
-        ("/sessions/alice/replies/drain", ""),
-    ] {
-        let answer = http::request_with(addr, "POST", path, &origin, Some(body)).expect("answers");
-        assert_eq!(
-            (answer.status, answer.error_code().as_str()),
-            (403, "foreign_origin"),
-            "cross-site POST {path}: {}",
-            answer.body
-        );
-    }
-    let answer = mcp_tcp(
-        addr,
-        &origin,
-        "fleet_ack",
-        &json!({ "target": "alice", "msgId": id }),
-    );
-    assert_eq!(
-        (answer.status, answer.error_code().as_str()),
-        (403, "foreign_origin")
-    );
-    // Another site's `EventSource`: refused before any event, even with the token.
-    for path in ["/events", "/events/latency"] {
-        let answer = http::request_with(addr, "GET", path, &origin, None).expect("answers");
-        assert_eq!(
-            (answer.status, answer.error_code().as_str()),
-            (403, "foreign_origin"),
-            "cross-site GET {path}: {}",
-            answer.body
-        );
-    }
-    assert_eq!(fleet_state(&rig), before, "nothing changed in any inbox");
+        answer.assert_refused(403, "foreign_origin", "a cross-site MCP call");
+        // Another site's `EventSource`: refused before any event, even with the token.
+        for path in ["/events", "/events/latency"] {
+            let answer = http::get_with(addr, path, &origin).expect("answers");
+            answer.assert_refused(403, "foreign_origin", &format!("cross-site GET {path}"));
+        }
+    });
 }
 
 /// A JSON-RPC `tools/call` over TCP from this process, with extra `headers`.
@@ -288,13 +283,7 @@ pub(crate) fn as_nobody(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Option<std::process::Output> {
-    let root = rustix::process::geteuid().is_root();
-    if require(
-        "root (to run a process as another uid with setpriv)",
-        root,
-        "Run the suite as root, as CI does (.ci/run).",
-    ) == Service::Skip
-    {
+    if require_root() == Service::Skip {
         return None;
     }
     let mut cmd = std::process::Command::new("setpriv");
@@ -317,99 +306,95 @@ pub(crate) fn as_nobody(
 
 #[test]
 fn e2e_security_another_uid_is_anonymous_unless_it_has_the_token() {
-    let Some((rig, id)) = rig_with_mail("") else {
-        return;
-    };
-    let before = fleet_state(&rig);
-    let url = format!("http://{}", rig.daemon.addr);
-    // The other user runs copies in a directory it can reach (the checkout may be in a home
-    // directory it cannot enter).
-    let reachable = tempfile::tempdir().expect("tempdir");
-    std::fs::set_permissions(reachable.path(), std::fs::Permissions::from_mode(0o755))
-        .expect("chmod");
-    let copy = |name: &str| {
-        let to = reachable.path().join(name);
-        std::fs::copy(bin_path(name), &to).expect("copy");
-        to.display().to_string()
-    };
-    let m = copy("mcp-call");
-    let fleetd = copy("fleetd");
-    let run = |args: &[&str]| -> Option<Value> {
-        let out = as_nobody(&m, args, &[("FLEETD_URL", &url)])?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        Some(
-            serde_json::from_str(text.trim())
-                .unwrap_or_else(|e| panic!("{e}: {text} {}", String::from_utf8_lossy(&out.stderr))),
+    attack_changes_nothing(|rig, id| {
+        let url = format!("http://{}", rig.daemon.addr);
+        // The other user runs copies in a directory it can reach (the checkout may be in a home
+        // directory it cannot enter).
+        let reachable = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(reachable.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let copy = |name: &str| {
+            let to = reachable.path().join(name);
+            std::fs::copy(bin_path(name), &to).expect("copy");
+            to.display().to_string()
+        };
+        let m = copy("mcp-call");
+        let fleetd = copy("fleetd");
+        let run =
+            |args: &[&str]| -> Option<Value> {
+                let out = as_nobody(&m, args, &[("FLEETD_URL", &url)])?;
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                Some(serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+                    panic!("{e}: {text} {}", String::from_utf8_lossy(&out.stderr))
+                }))
+            };
+        let ack = format!("/sessions/alice/replies/{id}/ack");
+        let Some(listed) = run(&["--http", "GET", "/sessions"]) else {
+            return;
+        };
+        assert_eq!(listed["status"], 200, "{listed}");
+        for args in [
+            vec!["--http", "GET", "/events"],
+            vec!["--http", "GET", "/events/latency"],
+            vec!["--http", "GET", "/sessions/alice/replies"],
+            vec!["--http", "POST", "/sessions/alice/replies/drain"],
+            vec!["--http", "POST", ack.as_str()],
+            vec!["--print", "fleet_poll", r#"{"target":"alice"}"#],
+            vec![
+                "--print",
+                "fleet_send",
+                r#"{"target":"alice","task":"forged"}"#,
+            ],
+        ] {
+            let answer = run(&args).expect("ran");
+            assert_eq!(code(&answer), "anonymous_caller", "{args:?}: {answer}");
+        }
+        // The token makes any client the operator.
+        let bearer = format!("Authorization:Bearer {TOKEN}");
+        let answer = run(&[
+            "--http",
+            "--header",
+            &bearer,
+            "GET",
+            "/sessions/alice/replies",
+        ])
+        .expect("ran");
+        assert_eq!(answer["status"], 200, "{answer}");
+        // The operator's socket is the daemon user's alone: another uid cannot even connect.
+        let sock = state_dir(rig.dir()).join("api.sock");
+        let out = as_nobody(
+            &fleetd,
+            &[
+                "ack",
+                "alice",
+                id,
+                "--daemon",
+                &format!("unix:{}", sock.display()),
+            ],
+            &[],
         )
-    };
-    let ack = format!("/sessions/alice/replies/{id}/ack");
-    let Some(listed) = run(&["--http", "GET", "/sessions"]) else {
-        return;
-    };
-    assert_eq!(listed["status"], 200, "{listed}");
-    for args in [
-        vec!["--http", "GET", "/events"],
-        vec!["--http", "GET", "/events/latency"],
-        vec!["--http", "GET", "/sessions/alice/replies"],
-        vec!["--http", "POST", "/sessions/alice/replies/drain"],
-        vec!["--http", "POST", ack.as_str()],
-        vec!["--print", "fleet_poll", r#"{"target":"alice"}"#],
-        vec![
-            "--print",
-            "fleet_send",
-            r#"{"target":"alice","task":"forged"}"#,
-        ],
-    ] {
-        let answer = run(&args).expect("ran");
-        assert_eq!(code(&answer), "anonymous_caller", "{args:?}: {answer}");
-    }
-    // The token makes any client the operator.
-    let bearer = format!("Authorization:Bearer {TOKEN}");
-    let answer = run(&[
-        "--http",
-        "--header",
-        &bearer,
-        "GET",
-        "/sessions/alice/replies",
-    ])
-    .expect("ran");
-    assert_eq!(answer["status"], 200, "{answer}");
-    // The operator's socket is the daemon user's alone: another uid cannot even connect.
-    let sock = state_dir(rig.dir()).join("api.sock");
-    let out = as_nobody(
-        &fleetd,
-        &[
-            "ack",
-            "alice",
-            &id,
-            "--daemon",
-            &format!("unix:{}", sock.display()),
-        ],
-        &[],
-    )
-    .expect("ran");
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("ermission denied"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // Another uid inside the lead's own pane is still another uid: anonymous, never the lead.
-    let result = rig.dir().join("lead-pane-nobody.out");
-    rig.type_line(
-        LEAD,
-        &format!(
-            "setpriv --reuid=65534 --regid=65534 --clear-groups {m} --print fleet_poll '{{\"target\":\"alice\"}}' > {r}.tmp; mv {r}.tmp {r}",
-            r = result.display()
-        ),
-    );
-    let text = read_when_there(&result, "the other uid's call from the lead pane");
-    assert_eq!(
-        code(&serde_json::from_str(text.trim()).expect("JSON")),
-        "anonymous_caller",
-        "{text}"
-    );
-    assert_eq!(fleet_state(&rig), before, "nothing changed in any inbox");
+        .expect("ran");
+        assert_eq!(out.status.code(), Some(1));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("ermission denied"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Another uid inside the lead's own pane is still another uid: anonymous, never the lead.
+        let text = in_lead_shell(
+            rig,
+            "lead-pane-nobody.out",
+            &format!(
+                "setpriv --reuid=65534 --regid=65534 --clear-groups {m} --print fleet_poll '{{\"target\":\"alice\"}}'"
+            ),
+            "the other uid's call from the lead pane",
+        );
+        assert_eq!(
+            code(&serde_json::from_str(text.trim()).expect("JSON")),
+            "anonymous_caller",
+            "{text}"
+        );
+    });
 }
 
 /// Scans every process's command line until stopped, collecting any that contains `needle`.

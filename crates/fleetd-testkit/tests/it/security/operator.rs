@@ -102,21 +102,11 @@ fn e2e_security_guessing_the_dashboard_token_is_slowed_down_per_address() {
     // Review L5: five typos are free; the sixth wrong guess makes this address wait.
     for n in 1..=6 {
         let wrong = login(&format!("guess-{n}"));
-        assert_eq!(
-            (wrong.status, wrong.error_code().as_str()),
-            (401, "bad_credential"),
-            "guess {n}: {}",
-            wrong.body
-        );
+        wrong.assert_refused(401, "bad_credential", &format!("guess {n}"));
     }
     // While it waits, even the right token is not heard, and no session is opened.
     let refused = login(TOKEN);
-    assert_eq!(
-        (refused.status, refused.error_code().as_str()),
-        (429, "too_many_sign_ins"),
-        "{}",
-        refused.body
-    );
+    refused.assert_refused(429, "too_many_sign_ins", "the right token while it waits");
     assert!(refused.headers("set-cookie").is_empty(), "{}", refused.head);
     let wait: u64 = refused
         .headers("retry-after")
@@ -138,210 +128,193 @@ fn e2e_security_guessing_the_dashboard_token_is_slowed_down_per_address() {
 
 #[test]
 fn e2e_security_dashboard_sign_in_and_operator_routes_are_the_operators_alone() {
-    let Some((rig, id)) = rig_with_mail("") else {
-        return;
-    };
-    let before = fleet_state(&rig);
-    let addr = rig.daemon.addr;
-    let operator = rig.daemon.operator();
-    let ack = format!("/sessions/alice/replies/{id}/ack");
-    let doors: [(&str, &str, Option<&str>); 6] = [
-        ("POST", "/dashboard/keys", None),
-        ("GET", "/questions", None),
-        (
-            "POST",
-            "/questions/q-1/answer",
-            Some(r#"{"answer":"forged"}"#),
-        ),
-        ("POST", "/sessions/alice/stop", None),
-        ("GET", "/tickets", None),
-        ("POST", ack.as_str(), None),
-    ];
+    attack_changes_nothing(|rig, id| {
+        let addr = rig.daemon.addr;
+        let operator = rig.daemon.operator();
+        let ack = format!("/sessions/alice/replies/{id}/ack");
+        let doors: [(&str, &str, Option<&str>); 6] = [
+            ("POST", "/dashboard/keys", None),
+            ("GET", "/questions", None),
+            (
+                "POST",
+                "/questions/q-1/answer",
+                Some(r#"{"answer":"forged"}"#),
+            ),
+            ("POST", "/sessions/alice/stop", None),
+            ("GET", "/tickets", None),
+            ("POST", ack.as_str(), None),
+        ];
 
-    // An anonymous process (this test, in no pane, no token).
-    for (method, path, body) in doors {
-        let answer = http::request(addr, method, path, body).expect("answers");
-        let expected = if path == "/dashboard/keys" {
-            "not_the_operator"
-        } else {
-            "anonymous_caller"
-        };
+        // An anonymous process (this test, in no pane, no token).
+        for (method, path, body) in doors {
+            let answer = http::request(addr, method, path, body).expect("answers");
+            let expected = if path == "/dashboard/keys" {
+                "not_the_operator"
+            } else {
+                "anonymous_caller"
+            };
+            answer.assert_refused(403, expected, &format!("anonymous {method} {path}"));
+        }
+        // A web page: refused for its origin before anything else, even holding the token.
+        let bearer = format!("Bearer {TOKEN}");
+        for (method, path, body) in doors.iter().filter(|(m, ..)| *m == "POST") {
+            let answer = http::request_with(
+                addr,
+                method,
+                path,
+                &[
+                    ("Origin", "http://evil.example"),
+                    ("Authorization", &bearer),
+                ],
+                *body,
+            )
+            .expect("answers");
+            answer.assert_refused(
+                403,
+                "foreign_origin",
+                &format!("cross-site {method} {path}"),
+            );
+        }
+        // A member's agent, with its shell tool.
+        let m = mcp_call();
+        let line = doors
+            .iter()
+            .map(|(method, path, body)| {
+                format!("{m} --http {method} {path} '{}'", body.unwrap_or(""))
+            })
+            .collect::<Vec<_>>()
+            .join(" ; ");
+        let answers = run_in(rig, "mallory", &line);
+        let codes: Vec<String> = answers.iter().map(code).collect();
         assert_eq!(
-            (answer.status, answer.error_code().as_str()),
-            (403, expected),
-            "anonymous {method} {path}: {}",
-            answer.body
-        );
-    }
-    // A web page: refused for its origin before anything else, even holding the token.
-    let bearer = format!("Bearer {TOKEN}");
-    for (method, path, body) in doors.iter().filter(|(m, ..)| *m == "POST") {
-        let answer = http::request_with(
-            addr,
-            method,
-            path,
-            &[
-                ("Origin", "http://evil.example"),
-                ("Authorization", &bearer),
+            codes,
+            [
+                "not_the_operator",
+                "not_a_lead",
+                "not_a_lead",
+                "not_a_lead",
+                "not_a_lead",
+                "not_a_lead"
             ],
-            *body,
+            "{answers:#?}"
+        );
+        // Another uid.
+        let reachable = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(reachable.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let copy = reachable.path().join("mcp-call");
+        std::fs::copy(bin_path("mcp-call"), &copy).expect("copy");
+        let url = format!("http://{addr}");
+        for (method, path, body) in doors {
+            let Some(out) = as_nobody(
+                &copy.display().to_string(),
+                &["--http", method, path, body.unwrap_or("")],
+                &[("FLEETD_URL", &url)],
+            ) else {
+                return;
+            };
+            let answer: Value =
+                serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+            let expected = if path == "/dashboard/keys" {
+                "not_the_operator"
+            } else {
+                "anonymous_caller"
+            };
+            assert_eq!(
+                code(&answer),
+                expected,
+                "another uid {method} {path}: {answer}"
+            );
+        }
+
+        // The operator's key, traded once for a session.
+        let key = dashboard_key(&operator);
+        let login = format!(r#"{{"key":"{key}"}}"#);
+        let signed = sign_in(addr, &login);
+        assert_eq!(signed.status, 200, "{}", signed.body);
+        let set = signed.headers("set-cookie").join("\n");
+        for attribute in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+            assert!(set.contains(attribute), "{attribute} in {set}");
+        }
+        let session = set
+            .split(';')
+            .next()
+            .and_then(|pair| pair.strip_prefix("fleetd_session="))
+            .expect("the session cookie")
+            .to_owned();
+        let again = sign_in(addr, &login);
+        again.assert_refused(401, "bad_credential", "a key works once");
+        let wrong_token = sign_in(addr, r#"{"token":"guess"}"#);
+        assert_eq!(wrong_token.error_code(), "bad_credential");
+        // The API token itself signs a browser in (how one on another host does).
+        let by_token = sign_in(addr, &format!(r#"{{"token":"{TOKEN}"}}"#));
+        assert_eq!(by_token.status, 200, "{}", by_token.body);
+        assert!(
+            by_token
+                .headers("set-cookie")
+                .iter()
+                .any(|c| c.starts_with("fleetd_session=") && c.contains("HttpOnly")),
+            "{}",
+            by_token.head
+        );
+
+        let cookie = format!("fleetd_session={session}");
+        let with = |extra: &[(&str, &str)]| {
+            let mut headers = vec![("Cookie", cookie.as_str())];
+            headers.extend_from_slice(extra);
+            http::get_with(addr, "/sessions/alice/replies", &headers).expect("answers")
+        };
+        assert_eq!(with(&[]).status, 200, "the session is the operator's");
+        assert_eq!(
+            with(&[("Sec-Fetch-Site", "same-origin")]).status,
+            200,
+            "from fleetd's own page"
+        );
+        for site in ["same-site", "cross-site"] {
+            let answer = with(&[("Sec-Fetch-Site", site)]);
+            answer.assert_refused(
+                403,
+                "anonymous_caller",
+                &format!("a {site} request gets nothing from the cookie"),
+            );
+        }
+        let forged = http::get_with(
+            addr,
+            "/sessions/alice/replies",
+            &[("Cookie", "fleetd_session=00ff")],
         )
         .expect("answers");
-        assert_eq!(
-            (answer.status, answer.error_code().as_str()),
-            (403, "foreign_origin"),
-            "cross-site {method} {path}: {}",
-            answer.body
+        assert_eq!(forged.error_code(), "anonymous_caller", "a forged cookie");
+        let cross = http::request_with(
+            addr,
+            "POST",
+            &ack,
+            &[("Cookie", &cookie), ("Origin", "http://127.0.0.1:1")],
+            None,
+        )
+        .expect("answers");
+        cross.assert_refused(403, "foreign_origin", "another port is another site");
+        // A member holding a session is still the member.
+        let answers = run_in(
+            rig,
+            "mallory",
+            &format!("{m} --http --header 'Cookie:{cookie}' GET /sessions/alice/replies"),
         );
-    }
-    // A member's agent, with its shell tool.
-    let m = mcp_call();
-    let line = doors
-        .iter()
-        .map(|(method, path, body)| format!("{m} --http {method} {path} '{}'", body.unwrap_or("")))
-        .collect::<Vec<_>>()
-        .join(" ; ");
-    let answers = run_in(&rig, "mallory", &line);
-    let codes: Vec<String> = answers.iter().map(code).collect();
-    assert_eq!(
-        codes,
-        [
-            "not_the_operator",
-            "not_a_lead",
-            "not_a_lead",
-            "not_a_lead",
-            "not_a_lead",
-            "not_a_lead"
-        ],
-        "{answers:#?}"
-    );
-    // Another uid.
-    let reachable = tempfile::tempdir().expect("tempdir");
-    std::fs::set_permissions(reachable.path(), std::fs::Permissions::from_mode(0o755))
-        .expect("chmod");
-    let copy = reachable.path().join("mcp-call");
-    std::fs::copy(bin_path("mcp-call"), &copy).expect("copy");
-    let url = format!("http://{addr}");
-    for (method, path, body) in doors {
-        let Some(out) = as_nobody(
-            &copy.display().to_string(),
-            &["--http", method, path, body.unwrap_or("")],
-            &[("FLEETD_URL", &url)],
-        ) else {
-            return;
-        };
-        let answer: Value =
-            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
-        let expected = if path == "/dashboard/keys" {
-            "not_the_operator"
-        } else {
-            "anonymous_caller"
-        };
+        assert_eq!(code(&answers[0]), "not_a_lead", "{answers:#?}");
+
+        let out = http::request_with(
+            addr,
+            "POST",
+            "/dashboard/logout",
+            &[("Cookie", &cookie)],
+            None,
+        )
+        .expect("logout");
+        assert_eq!(out.status, 200);
         assert_eq!(
-            code(&answer),
-            expected,
-            "another uid {method} {path}: {answer}"
+            with(&[]).error_code(),
+            "anonymous_caller",
+            "signed out, the cookie is nothing"
         );
-    }
-
-    // The operator's key, traded once for a session.
-    let key = dashboard_key(&operator);
-    let login = format!(r#"{{"key":"{key}"}}"#);
-    let signed = sign_in(addr, &login);
-    assert_eq!(signed.status, 200, "{}", signed.body);
-    let set = signed.headers("set-cookie").join("\n");
-    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/"] {
-        assert!(set.contains(attribute), "{attribute} in {set}");
-    }
-    let session = set
-        .split(';')
-        .next()
-        .and_then(|pair| pair.strip_prefix("fleetd_session="))
-        .expect("the session cookie")
-        .to_owned();
-    let again = sign_in(addr, &login);
-    assert_eq!(
-        (again.status, again.error_code().as_str()),
-        (401, "bad_credential"),
-        "a key works once"
-    );
-    let wrong_token = sign_in(addr, r#"{"token":"guess"}"#);
-    assert_eq!(wrong_token.error_code(), "bad_credential");
-    // The API token itself signs a browser in (how one on another host does).
-    let by_token = sign_in(addr, &format!(r#"{{"token":"{TOKEN}"}}"#));
-    assert_eq!(by_token.status, 200, "{}", by_token.body);
-    assert!(
-        by_token
-            .headers("set-cookie")
-            .iter()
-            .any(|c| c.starts_with("fleetd_session=") && c.contains("HttpOnly")),
-        "{}",
-        by_token.head
-    );
-
-    let cookie = format!("fleetd_session={session}");
-    let with = |extra: &[(&str, &str)]| {
-        let mut headers = vec![("Cookie", cookie.as_str())];
-        headers.extend_from_slice(extra);
-        http::request_with(addr, "GET", "/sessions/alice/replies", &headers, None).expect("answers")
-    };
-    assert_eq!(with(&[]).status, 200, "the session is the operator's");
-    assert_eq!(
-        with(&[("Sec-Fetch-Site", "same-origin")]).status,
-        200,
-        "from fleetd's own page"
-    );
-    for site in ["same-site", "cross-site"] {
-        let answer = with(&[("Sec-Fetch-Site", site)]);
-        assert_eq!(
-            (answer.status, answer.error_code().as_str()),
-            (403, "anonymous_caller"),
-            "a {site} request gets nothing from the cookie"
-        );
-    }
-    let forged = http::request_with(
-        addr,
-        "GET",
-        "/sessions/alice/replies",
-        &[("Cookie", "fleetd_session=00ff")],
-        None,
-    )
-    .expect("answers");
-    assert_eq!(forged.error_code(), "anonymous_caller", "a forged cookie");
-    let cross = http::request_with(
-        addr,
-        "POST",
-        &ack,
-        &[("Cookie", &cookie), ("Origin", "http://127.0.0.1:1")],
-        None,
-    )
-    .expect("answers");
-    assert_eq!(
-        (cross.status, cross.error_code().as_str()),
-        (403, "foreign_origin"),
-        "another port is another site"
-    );
-    // A member holding a session is still the member.
-    let answers = run_in(
-        &rig,
-        "mallory",
-        &format!("{m} --http --header 'Cookie:{cookie}' GET /sessions/alice/replies"),
-    );
-    assert_eq!(code(&answers[0]), "not_a_lead", "{answers:#?}");
-
-    let out = http::request_with(
-        addr,
-        "POST",
-        "/dashboard/logout",
-        &[("Cookie", &cookie)],
-        None,
-    )
-    .expect("logout");
-    assert_eq!(out.status, 200);
-    assert_eq!(
-        with(&[]).error_code(),
-        "anonymous_caller",
-        "signed out, the cookie is nothing"
-    );
-    assert_eq!(fleet_state(&rig), before, "nothing changed in any inbox");
+    });
 }
