@@ -52,8 +52,8 @@ fn e2e_send_waits_for_the_reply() {
     // The waiter acknowledged it: nothing left to read.
     let inbox = structured_ok(&rig.lead("fleet_poll", &json!({ "target": "alice" })));
     assert_eq!(inbox["replies"], json!([]), "{inbox}");
-    let list = structured_ok(&rig.lead("fleet_list", &json!({})));
-    assert_eq!(list["members"][0]["connected"], true, "{list}");
+    let alice = rig.member("alice");
+    assert_eq!(alice["connected"], true, "{alice}");
 }
 
 #[test]
@@ -161,27 +161,17 @@ fn e2e_question_is_answered_by_the_lead() {
     };
     rig.spawn("curious", "eve");
     let ticket = rig.send_task("eve", "deploy");
-    let inbox = poll_until(&rig, &json!({ "target": "eve" }), "an open question", |v| {
-        v["questions"].as_array().is_some_and(|q| !q.is_empty())
-    });
-    let question = &inbox["questions"][0];
+    let question = rig.question_from("eve");
     assert_eq!(question["question"], "sim-agent asks about: deploy");
     let answered = structured_ok(&rig.lead(
         "fleet_answer",
         &json!({ "questionId": question["questionId"], "answer": "use staging" }),
     ));
     assert_eq!(answered["deliveredTo"], "waiter");
-    let polled = poll_until(
-        &rig,
-        &json!({ "ticket": ticket }),
-        "reply after the answer",
-        |v| v["state"] == "replied",
-    );
+    let reply = rig.reply_of(&ticket);
     assert!(
-        polled["reply"]["text"]
-            .as_str()
-            .is_some_and(|t| t.contains("use staging")),
-        "{polled}"
+        reply.contains("use staging"),
+        "the reply after the answer: {reply}"
     );
 }
 
@@ -456,12 +446,7 @@ fn e2e_a_member_can_act_neither_as_lead_nor_as_another_member() {
         json!([]),
         "nothing landed in lux's inbox: {inbox}"
     );
-    let list = structured_ok(&rig.lead("fleet_list", &json!({})));
-    assert_eq!(
-        list["members"].as_array().map(Vec::len),
-        Some(2),
-        "lux was not stopped"
-    );
+    assert_eq!(rig.members().len(), 2, "lux was not stopped");
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use fleetd_testkit::browser::{Browser, artifact, require_chromium};
 use fleetd_testkit::daemon::state_dir;
 use fleetd_testkit::http::{self, Endpoint};
-use fleetd_testkit::rig::{Rig, sim_profile, structured_ok};
+use fleetd_testkit::rig::{Rig, sim_profile};
 use fleetd_testkit::{Service, require_tmux, wait_until};
 use serde_json::{Value, json};
 
@@ -245,16 +245,10 @@ fetch(base + '/questions', {{ credentials: 'include' }})
         PATIENCE,
         &format!("return !document.querySelector({});", json!(card)),
     );
-    let mut polled = Value::Null;
-    wait_until("eve's reply with the answer", PATIENCE, || {
-        polled = structured_ok(&rig.lead("fleet_poll", &json!({ "ticket": ticket })));
-        polled["state"] == "replied"
-    });
+    let reply = rig.reply_of(&ticket);
     assert!(
-        polled["reply"]["text"]
-            .as_str()
-            .is_some_and(|t| t.contains("use staging")),
-        "eve got the page's answer: {polled}"
+        reply.contains("use staging"),
+        "eve got the page's answer: {reply}"
     );
     assert!(open_questions(&operator).is_empty());
     browser.wait_for(
@@ -378,12 +372,7 @@ fn e2e_dashboard_beyond_loopback_signs_in_with_the_api_token() {
     let addr = std::net::SocketAddr::new(ip, rig.daemon.addr.port());
     // No credential: the API refuses and names the token.
     let refused = http::get(addr, "/sessions").expect("answers");
-    assert_eq!(
-        (refused.status, refused.error_code().as_str()),
-        (401, "token_required"),
-        "{}",
-        refused.body
-    );
+    refused.assert_refused(401, "token_required", "no credential");
 
     let browser = Browser::start(1360, 1000).expect("headless Chromium");
     browser

@@ -146,13 +146,6 @@ impl Apart {
     }
 }
 
-fn member<'a>(list: &'a Value, name: &str) -> &'a Value {
-    list["members"]
-        .as_array()
-        .and_then(|m| m.iter().find(|m| m["target"] == name))
-        .unwrap_or_else(|| panic!("{name} in {list}"))
-}
-
 #[test]
 fn e2e_run_as_a_member_is_its_own_user_and_the_kernel_keeps_it_out() {
     let Some(fleet) = start() else {
@@ -166,8 +159,8 @@ fn e2e_run_as_a_member_is_its_own_user_and_the_kernel_keeps_it_out() {
         .unwrap_or_default();
     assert_eq!(apart["runAs"], AGENT_USER, "{profiles}");
     rig.spawn("apart", "ann");
-    let listed = structured_ok(&rig.lead("fleet_list", &json!({})));
-    assert_eq!(member(&listed, "ann")["runAs"], AGENT_USER, "{listed}");
+    let ann = rig.member("ann");
+    assert_eq!(ann["runAs"], AGENT_USER, "{ann}");
     let who = fleet.run("ann", "id -un && pwd && echo $HOME");
     let work = fleet.reachable.join("work");
     assert!(
@@ -233,12 +226,10 @@ fn e2e_run_as_a_member_is_its_own_user_and_the_kernel_keeps_it_out() {
         "ann's own file and model call: {call}"
     );
     assert!(fleet.model.served().len() == 1, "the model served ann once");
-    let listed = structured_ok(&rig.lead("fleet_list", &json!({})));
+    let ann = rig.member("ann");
     assert!(
-        member(&listed, "ann")["usage"]["totalTokens"]
-            .as_u64()
-            .is_some_and(|t| t > 0),
-        "ann's model call counted on her: {listed}"
+        ann["usage"]["totalTokens"].as_u64().is_some_and(|t| t > 0),
+        "ann's model call counted on her: {ann}"
     );
 
     // Released, whatever still ran as its user is ended, and that user is nobody to fleetd.
@@ -287,12 +278,8 @@ fn e2e_run_as_one_member_per_user_and_refusals_that_say_why() {
         "{stranger}"
     );
     // Neither refused spawn left a member behind, and ann still works, as her user.
-    let listed = structured_ok(&rig.lead("fleet_list", &json!({})));
-    assert_eq!(
-        listed["members"].as_array().map(Vec::len),
-        Some(1),
-        "{listed}"
-    );
+    let members = rig.members();
+    assert_eq!(members.len(), 1, "{members:?}");
     let out = fleet.run("ann", "id -un");
     assert!(out.contains(AGENT_USER), "{out}");
     // fleetd killed and started again: ann is still known by her user, and her processes live.

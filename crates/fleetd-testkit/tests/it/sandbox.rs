@@ -109,12 +109,9 @@ impl Boxed {
         self.rig.refused_in(name, command, why);
     }
 
+    /// Member `name`'s worktree, as `fleet_list` shows it.
     fn worktree(&self, name: &str) -> PathBuf {
-        let members = structured_ok(&self.rig.lead("fleet_list", &json!({})));
-        let member = members["members"]
-            .as_array()
-            .and_then(|m| m.iter().find(|m| m["target"] == name).cloned())
-            .unwrap_or(Value::Null);
+        let member = self.rig.member(name);
         PathBuf::from(
             member["worktree"]["path"]
                 .as_str()
@@ -298,28 +295,14 @@ fn e2e_sandbox_a_member_asks_and_replies_and_uses_the_stdio_shim() {
     let rig = &fleet.rig;
     rig.spawn("asker", "cy");
     let ticket = rig.send_task("cy", "which branch?");
-    let mut inbox = Value::Null;
-    wait_until("cy's question", PATIENCE, || {
-        inbox = structured_ok(&rig.lead("fleet_poll", &json!({ "target": "cy" })));
-        inbox["questions"].as_array().is_some_and(|q| !q.is_empty())
-    });
-    let question = &inbox["questions"][0];
+    let question = rig.question_from("cy");
     assert_eq!(question["question"], "sim-agent asks about: which branch?");
     structured_ok(&rig.lead(
         "fleet_answer",
         &json!({ "questionId": question["questionId"], "answer": "use main" }),
     ));
-    let mut last = Value::Null;
-    wait_until("cy's reply", PATIENCE, || {
-        last = structured_ok(&rig.lead("fleet_poll", &json!({ "ticket": ticket })));
-        last["state"] == "replied"
-    });
-    assert!(
-        last["reply"]["text"]
-            .as_str()
-            .is_some_and(|t| t.contains("use main")),
-        "{last}"
-    );
+    let reply = rig.reply_of(&ticket);
+    assert!(reply.contains("use main"), "cy's reply: {reply}");
 
     // The stdio relay inside a box finds fleetd through the door, and fleetd knows the caller
     // by its pane as over HTTP: the reply it sends is dee's reply to dee's task.
@@ -362,14 +345,8 @@ fn e2e_sandbox_a_member_asks_and_replies_and_uses_the_stdio_shim() {
     );
     let refused = http::get(boxed.clone(), path).expect("an answer");
     assert_eq!(refused.error_code(), "anonymous_caller", "{refused:?}");
-    let page = http::request_with(
-        boxed,
-        "GET",
-        path,
-        &[("Origin", "https://evil.example")],
-        None,
-    )
-    .expect("an answer");
+    let page =
+        http::get_with(boxed, path, &[("Origin", "https://evil.example")]).expect("an answer");
     assert_eq!(page.status, 403, "{page:?}");
 }
 
@@ -423,12 +400,8 @@ fn e2e_sandbox_a_spawn_the_machine_cannot_box_fails_and_says_why() {
             && message.contains("apt-get install bubblewrap"),
         "{message}"
     );
-    let members = structured_ok(&rig.lead("fleet_list", &json!({})));
-    assert_eq!(
-        members["members"],
-        json!([]),
-        "no member was left: {members}"
-    );
+    let members = rig.members();
+    assert!(members.is_empty(), "no member was left: {members:?}");
     let windows = fleetd_testkit::run_ok(
         rig.tmux.command().args(["list-windows", "-a", "-F", "#W"]),
         "tmux list-windows",
