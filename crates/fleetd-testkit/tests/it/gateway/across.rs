@@ -90,11 +90,7 @@ fn e2e_gateway_a_lead_on_one_host_sends_to_a_member_on_another_and_gets_its_repl
     fleetd_testkit::wait_until(
         "alice released on b",
         std::time::Duration::from_secs(60),
-        || {
-            let list =
-                fleetd_testkit::rig::structured_ok(&b.lead("fleet_list", &serde_json::json!({})));
-            list["members"].as_array().is_some_and(Vec::is_empty)
-        },
+        || b.members().is_empty(),
     );
 }
 
@@ -130,22 +126,18 @@ fn e2e_gateway_a_lead_spawns_on_another_host_delegates_and_answers_a_question_ac
             .is_some_and(|p| p.starts_with(&format!("{b_name}/"))),
         "{spawned}"
     );
-    let on_b = fleetd_testkit::rig::structured_ok(&b.lead("fleet_list", &serde_json::json!({})));
+    let on_b = b.members();
     assert!(
-        on_b["members"]
-            .as_array()
-            .is_some_and(|m| m.iter().any(|m| m["target"] == "rem")),
-        "b runs rem: {on_b}"
+        on_b.iter().any(|m| m["target"] == "rem"),
+        "b runs rem: {on_b:?}"
     );
     // Read your own writes: the member a just spawned is in a's fleet_list at once, not after
     // b's next presence broadcast.
-    let list = fleetd_testkit::rig::structured_ok(&a.lead("fleet_list", &serde_json::json!({})));
+    let list = a.members();
     assert!(
-        list["members"].as_array().is_some_and(|m| {
-            m.iter()
-                .any(|m| m["target"] == rem.as_str() && m["gateway"] == b_name.as_str())
-        }),
-        "rem@b in a's fleet_list at once: {list}"
+        list.iter()
+            .any(|m| m["target"] == rem.as_str() && m["gateway"] == b_name.as_str()),
+        "rem@b in a's fleet_list at once: {list:?}"
     );
     // A gateway nobody runs (a typo) is refused naming the known ones; nothing is queued.
     for (tool, args) in [
@@ -283,12 +275,8 @@ fn e2e_gateway_a_lead_spawns_on_another_host_delegates_and_answers_a_question_ac
             && e.data["status"] == "unreachable"
     });
     fleetd_testkit::wait_until("rem@b unreachable on a", patience, || {
-        let list =
-            fleetd_testkit::rig::structured_ok(&hosts.a.lead("fleet_list", &serde_json::json!({})));
-        list["members"].as_array().is_some_and(|m| {
-            m.iter().any(|m| {
-                m["target"] == rem.as_str() && m["status"] == "unreachable" && m["stale"] == true
-            })
+        hosts.a.members().iter().any(|m| {
+            m["target"] == rem.as_str() && m["status"] == "unreachable" && m["stale"] == true
         })
     });
 }
@@ -311,22 +299,21 @@ fn e2e_gateway_back_after_a_long_absence_still_delivers_both_ways() {
     let alice = format!("alice@{b_name}");
     hosts.b.spawn("sim", "alice");
     fleetd_testkit::wait_until("alice@b known on a", patience, || {
-        fleetd_testkit::rig::structured_ok(&hosts.a.lead("fleet_list", &serde_json::json!({})))
-            ["members"]
-            .as_array()
-            .is_some_and(|m| m.iter().any(|m| m["target"] == alice.as_str()))
+        hosts
+            .a
+            .members()
+            .iter()
+            .any(|m| m["target"] == alice.as_str())
     });
 
     // b goes away; a's lead sends anyway.
     hosts.b.kill_daemon();
     fleetd_testkit::wait_until("alice@b unreachable on a", patience, || {
-        fleetd_testkit::rig::structured_ok(&hosts.a.lead("fleet_list", &serde_json::json!({})))
-            ["members"]
-            .as_array()
-            .is_some_and(|m| {
-                m.iter()
-                    .any(|m| m["target"] == alice.as_str() && m["stale"] == true)
-            })
+        hosts
+            .a
+            .members()
+            .iter()
+            .any(|m| m["target"] == alice.as_str() && m["stale"] == true)
     });
     let ticket = send_nowait(&hosts.a, &alice, "while you were away");
     let b_queue = format!("fleet.gw.{b_name}.in");
@@ -345,16 +332,12 @@ fn e2e_gateway_back_after_a_long_absence_still_delivers_both_ways() {
     );
     // Both sides' clocks run out: presence (b saw no word from a), heartbeats, retries.
     hold(std::time::Duration::from_secs(15));
-    hosts.a.restart_daemon();
-    wait_linked(&mut hosts.a);
-    fleetd_testkit::wait_until("the ticket replied on a", patience, || {
-        ticket_state(&hosts.a, &ticket) == "replied"
-    });
-    let counts = reply_counts(&hosts.a, &alice);
-    assert_eq!(
-        counts.get("did on b: while you were away").copied(),
-        Some(1),
-        "the reply, once: {counts:?}"
+    a_restarts_and_gets_the_reply_once(
+        &mut hosts,
+        &ticket,
+        &alice,
+        "did on b: while you were away",
+        patience,
     );
     let pane = hosts.b.history("fleet:");
     assert_eq!(

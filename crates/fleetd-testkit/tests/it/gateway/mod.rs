@@ -433,6 +433,40 @@ fn tls_broker() -> Option<(TestCa, TlsProxy)> {
     Some((ca, proxy))
 }
 
+/// Two gateways, a reaching the broker over TLS through `proxy` and trusting the CA in
+/// `ca_file`, b over plain TCP; started, not waited for (a's link may be meant to fail).
+fn a_over_tls(proxy: &TlsProxy, ca_file: &std::path::Path) -> Option<TwoHosts> {
+    start_two_hosts(
+        &[
+            BrokerAt::tls(proxy.addr.port(), ca_file),
+            BrokerAt::plain(&[fleetd_testkit::RABBITMQ_ADDR.to_owned()]),
+        ],
+        200,
+    )
+}
+
+/// a, down while its task `ticket` to `member` was answered, starts again on its state and
+/// links: the task is replied within `patience`, and a's inbox holds its reply `reply` once.
+fn a_restarts_and_gets_the_reply_once(
+    hosts: &mut TwoHosts,
+    ticket: &str,
+    member: &str,
+    reply: &str,
+    patience: std::time::Duration,
+) {
+    hosts.a.restart_daemon();
+    wait_linked(&mut hosts.a);
+    fleetd_testkit::wait_until("the ticket replied on a", patience, || {
+        ticket_state(&hosts.a, ticket) == "replied"
+    });
+    let counts = reply_counts(&hosts.a, member);
+    assert_eq!(
+        counts.get(reply).copied(),
+        Some(1),
+        "the reply, once: {counts:?}"
+    );
+}
+
 fn healthz_gateway(rig: &fleetd_testkit::rig::Rig) -> serde_json::Value {
     fleetd_testkit::http::get(rig.daemon.addr, "/healthz")
         .map(|r| r.json()["gateway"].clone())

@@ -56,12 +56,7 @@ fn e2e_gateway_users_have_their_own_rights_and_no_more() {
         );
         // a's own user_id, a key naming another sender: the topic permission refuses (403).
         let forged_key = publish(&conn_a, &format!("to.{b}.from.c{a}.task"), a).await;
-        assert!(
-            forged_key
-                .as_ref()
-                .is_err_and(|e| e.contains("ACCESS_REFUSED")),
-            "forged routing key: {forged_key:?}"
-        );
+        assert_access_refused(&forged_key, "forged routing key");
         // a reading b's queue, binding its own queue to b's keys, declaring a queue: refused.
         let channel = conn_a.create_channel().await.expect("channel");
         let read = channel
@@ -72,11 +67,7 @@ fn e2e_gateway_users_have_their_own_rights_and_no_more() {
                 FieldTable::default(),
             )
             .await;
-        assert!(
-            read.as_ref()
-                .is_err_and(|e| e.to_string().contains("ACCESS_REFUSED")),
-            "a read b's queue"
-        );
+        assert_access_refused(&read, "a read b's queue");
         let channel = conn_a.create_channel().await.expect("channel");
         let bind = channel
             .queue_bind(
@@ -87,11 +78,7 @@ fn e2e_gateway_users_have_their_own_rights_and_no_more() {
                 FieldTable::default(),
             )
             .await;
-        assert!(
-            bind.as_ref()
-                .is_err_and(|e| e.to_string().contains("ACCESS_REFUSED")),
-            "a bound to b's keys"
-        );
+        assert_access_refused(&bind, "a bound to b's keys");
         let channel = conn_a.create_channel().await.expect("channel");
         let declare = channel
             .queue_declare(
@@ -100,16 +87,21 @@ fn e2e_gateway_users_have_their_own_rights_and_no_more() {
                 FieldTable::default(),
             )
             .await;
-        assert!(
-            declare
-                .as_ref()
-                .is_err_and(|e| e.to_string().contains("ACCESS_REFUSED")),
-            "a declared a queue"
-        );
+        assert_access_refused(&declare, "a declared a queue");
         // A wrong password: no connection at all.
         let wrong = fleet.url(0, None).replace(&fleet.password(0), "guess");
         assert!(Connection::connect(&wrong, props()).await.is_err());
     });
+}
+
+/// The broker refused `attempt` for want of the right (`ACCESS_REFUSED`, 403).
+fn assert_access_refused<T, E: std::fmt::Display>(attempt: &Result<T, E>, what: &str) {
+    let refusal = attempt.as_ref().err().map(ToString::to_string);
+    let refused = refusal
+        .as_deref()
+        .unwrap_or_default()
+        .contains("ACCESS_REFUSED");
+    assert!(refused, "{what}: {refusal:?}");
 }
 
 /// What another gateway may not do, shown on the broker: b's user publishes (as itself, on its

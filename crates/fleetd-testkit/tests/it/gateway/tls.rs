@@ -10,13 +10,7 @@ fn e2e_gateway_over_tls_a_lead_sends_across_and_gets_the_reply() {
     let Some((ca, proxy)) = tls_broker() else {
         return;
     };
-    let Some(mut hosts) = start_two_hosts(
-        &[
-            BrokerAt::tls(proxy.addr.port(), &ca.cert()),
-            BrokerAt::plain(&[fleetd_testkit::RABBITMQ_ADDR.to_owned()]),
-        ],
-        200,
-    ) else {
+    let Some(mut hosts) = a_over_tls(&proxy, &ca.cert()) else {
         return;
     };
     hosts.wait_linked();
@@ -42,13 +36,7 @@ fn e2e_gateway_over_tls_does_not_link_to_a_broker_its_ca_did_not_sign_and_says_w
         return;
     };
     let stranger = TestCa::new("another CA").expect("a second CA");
-    let Some(mut hosts) = start_two_hosts(
-        &[
-            BrokerAt::tls(proxy.addr.port(), &stranger.cert()),
-            BrokerAt::plain(&[fleetd_testkit::RABBITMQ_ADDR.to_owned()]),
-        ],
-        200,
-    ) else {
+    let Some(mut hosts) = a_over_tls(&proxy, &stranger.cert()) else {
         return;
     };
     wait_linked(&mut hosts.b);
@@ -96,16 +84,12 @@ fn e2e_gateway_over_tls_does_not_link_to_a_broker_its_ca_did_not_sign_and_says_w
     );
     assert_ne!(text, fixed, "the caFile was in a's config");
     std::fs::write(&config, fixed).expect("write a's config");
-    hosts.a.restart_daemon();
-    wait_linked(&mut hosts.a);
-    fleetd_testkit::wait_until("the task answered", patience, || {
-        ticket_state(&hosts.a, &ticket) == "replied"
-    });
-    let counts = reply_counts(&hosts.a, &alice);
-    assert_eq!(
-        counts.get(&format!("did on b: {task}")).copied(),
-        Some(1),
-        "answered once: {counts:?}"
+    a_restarts_and_gets_the_reply_once(
+        &mut hosts,
+        &ticket,
+        &alice,
+        &format!("did on b: {task}"),
+        patience,
     );
     assert_eq!(healthz_gateway(&hosts.a)["linked"], true);
 }
