@@ -32,6 +32,26 @@ pub fn lead_reads(rig: &AgentRig, member: &str, text: &str, patience: Duration) 
     );
 }
 
+/// The lead spawns `member` from `profile` with `@reply text` as its task and, within
+/// `patience`, reads the reply on its nudge; the task was typed only once the member's agent had
+/// fleetd's tools. The member's model's first turn, for the caller to check how it replied.
+pub fn member_replies(
+    rig: &mut AgentRig,
+    lead: &str,
+    [profile, member]: [&str; 2],
+    text: &str,
+    patience: Duration,
+) -> Logged {
+    rig.say(lead, &format!("@spawn {profile} {member} @reply {text}"));
+    lead_reads(rig, member, text, patience);
+    rig.assert_task_typed_after_tools(member);
+    rig.member_model
+        .turns()
+        .into_iter()
+        .next()
+        .expect("a turn of the member's model")
+}
+
 /// [`lead_reads`], and the lead's last turn acknowledged what it read; the lead's turns.
 pub fn lead_reads_and_acks(
     rig: &AgentRig,

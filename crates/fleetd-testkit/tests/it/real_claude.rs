@@ -8,7 +8,7 @@ use fleetd_testkit::agents::claude::{self, Transport};
 use fleetd_testkit::agents::rig::AgentRig;
 use fleetd_testkit::agents::turns::{answer, finished, nudges, offers, one_nudge, prompt};
 use fleetd_testkit::agents::{Cli, stories, versions};
-use fleetd_testkit::{Service, require_tmux};
+use fleetd_testkit::{Service, if_tmux, require_tmux};
 
 /// A rig for Claude Code of `version` (newest when `None`) with a `claude` profile, and that
 /// CLI; no lead yet.
@@ -120,10 +120,13 @@ fn e2e_claude_older_release_over_the_stdio_shim() {
     let Some((mut rig, lead)) = claude_fleet(Some(&older), Transport::Stdio) else {
         return;
     };
-    rig.say(&lead, "@spawn claude erin @reply over stdio");
-    stories::lead_reads(&rig, "erin", "over stdio", Duration::from_secs(90));
-    rig.assert_task_typed_after_tools("erin");
-    let member_first = rig.member_model.turns().into_iter().next().expect("a turn");
+    let member_first = stories::member_replies(
+        &mut rig,
+        &lead,
+        ["claude", "erin"],
+        "over stdio",
+        Duration::from_secs(90),
+    );
     assert!(
         offers(&member_first, "mcp__fleet__fleet_reply"),
         "{member_first}"
@@ -207,10 +210,7 @@ fn e2e_claude_member_in_a_sandbox_works_end_to_end() {
 
 #[test]
 fn e2e_claude_member_as_a_second_user_works_end_to_end() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let Some(cli) = Cli::newest("claude-code") else {
+    let Some(cli) = if_tmux(|| Cli::newest("claude-code")) else {
         return;
     };
     let Some(fleetd::sandbox::user::User { uid, gid, .. }) = crate::run_as::agent_user() else {

@@ -13,7 +13,7 @@ use fleetd_testkit::agents::{Cli, stories};
 use fleetd_testkit::daemon::state_dir;
 use fleetd_testkit::http::events::SseReader;
 use fleetd_testkit::webhook::{Answer, Webhook};
-use fleetd_testkit::{Service, require_tmux, wait_until};
+use fleetd_testkit::{if_tmux, wait_until};
 
 /// This machine's clock, as the events' times are stamped.
 #[expect(
@@ -51,17 +51,20 @@ fn approve_and_finish(rig: &AgentRig, fingerprint: &str) {
         "{typed}\n---- alice's screen ----\n{}",
         rig.screen("fleet:alice")
     );
-    stories::lead_reads(rig, "alice", "done", Duration::from_secs(120));
+    finishes_the_approved_command(rig, "alice");
+}
+
+/// Member `member`, its dialog answered, runs its command (it writes `ran.txt`) and replies
+/// `done`, which the lead reads.
+fn finishes_the_approved_command(rig: &AgentRig, member: &str) {
+    stories::lead_reads(rig, member, "done", Duration::from_secs(120));
     let ran = std::fs::read_to_string(rig.work.join("ran.txt")).expect("the command ran");
     assert_eq!(ran.trim(), "approved");
 }
 
 #[test]
 fn e2e_claude_member_on_a_permission_prompt_is_told_answered_and_finishes() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let Some(cli) = Cli::newest("claude-code") else {
+    let Some(cli) = if_tmux(|| Cli::newest("claude-code")) else {
         return;
     };
     let hook = Webhook::start(Answer::Ok);
@@ -165,10 +168,7 @@ fn e2e_claude_member_on_a_permission_prompt_is_told_answered_and_finishes() {
 
 #[test]
 fn e2e_codex_member_on_its_approval_prompt_is_answered_by_its_own_key() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let Some(cli) = Cli::newest("codex") else {
+    let Some(cli) = if_tmux(|| Cli::newest("codex")) else {
         return;
     };
     let mut rig = AgentRig::start(
@@ -200,18 +200,13 @@ fn e2e_codex_member_on_its_approval_prompt_is_answered_by_its_own_key() {
     let typed: serde_json::Value = serde_json::from_str(typed.trim()).expect("JSON");
     assert_eq!(typed["keys"], "y", "Codex's own key for it: {typed}");
     assert_eq!(typed["outcome"], "answered", "{typed}");
-    stories::lead_reads(&rig, "bob", "done", Duration::from_secs(120));
-    let ran = std::fs::read_to_string(rig.work.join("ran.txt")).expect("the command ran");
-    assert_eq!(ran.trim(), "approved");
+    finishes_the_approved_command(&rig, "bob");
 }
 
 #[test]
 fn e2e_claude_older_release_on_its_permission_prompt_is_answered_too() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
     // The older pinned release (MCP 2025-11-25), as a user who has not updated runs it.
-    let Some(cli) = Cli::pinned("claude-code", 1) else {
+    let Some(cli) = if_tmux(|| Cli::pinned("claude-code", 1)) else {
         return;
     };
     let mut rig = AgentRig::start(&[&cli], ASKER, "");

@@ -8,7 +8,7 @@ use fleetd_testkit::agents::rig::{AgentRig, MEMBER_TOKEN, pause};
 use fleetd_testkit::agents::turns::{answer, nudges, offers, one_nudge, prompt};
 use fleetd_testkit::agents::{Cli, claude, codex, stories};
 use fleetd_testkit::fake_model::Logged;
-use fleetd_testkit::{Service, require_tmux};
+use fleetd_testkit::{Service, if_tmux, require_tmux};
 
 /// Every file under `dir` that holds `secret`.
 fn files_holding(dir: &std::path::Path, secret: &str) -> Vec<String> {
@@ -62,6 +62,17 @@ fn claude_led(profiles: &str, via: claude::Transport) -> Option<(AgentRig, Strin
     Some((rig, lead))
 }
 
+/// [`stories::member_replies`] by a Codex member: its first turn had `fleet_reply`, and it
+/// replied with it.
+fn codex_member_replies(rig: &mut AgentRig, lead: &str, [profile, member]: [&str; 2], text: &str) {
+    let first =
+        stories::member_replies(rig, lead, [profile, member], text, Duration::from_secs(120));
+    assert!(
+        offers(&first, "fleet_reply") && answer(&first).contains("fleet_reply"),
+        "{member} replied with fleet_reply: {first}"
+    );
+}
+
 #[test]
 fn e2e_codex_lead_delegates_to_a_codex_member_and_reads_the_reply_on_its_first_nudge() {
     let Some((mut rig, lead)) = codex_fleet() else {
@@ -109,14 +120,7 @@ fn e2e_codex_member_under_a_claude_lead_over_the_stdio_shim() {
     else {
         return;
     };
-    rig.say(&lead, "@spawn codex bob @reply from codex");
-    stories::lead_reads(&rig, "bob", "from codex", Duration::from_secs(120));
-    rig.assert_task_typed_after_tools("bob");
-    let first = rig.member_model.turns().into_iter().next().expect("a turn");
-    assert!(
-        offers(&first, "fleet_reply") && answer(&first).contains("fleet_reply"),
-        "bob replied with fleet_reply: {first}"
-    );
+    codex_member_replies(&mut rig, &lead, ["codex", "bob"], "from codex");
     stories::gateway_kept_its_books(&rig, &lead, "bob");
 }
 
@@ -240,24 +244,14 @@ const STDIO_MEMBER: &str = r#"exec codex --no-daemon -c model='"gpt-5"' -c model
 
 #[test]
 fn e2e_codex_lead_and_member_over_the_stdio_shim() {
-    if require_tmux() == Service::Skip {
-        return;
-    }
-    let Some(cli) = Cli::newest("codex") else {
+    let Some(cli) = if_tmux(|| Cli::newest("codex")) else {
         return;
     };
     let profile = "  codex-stdio:\n    agent: codex\n    backend: model\n    command: /bin/sh\n    args: [\"{work}/codex-stdio.sh\"]\n    cwd: {work}\n";
     let mut rig = AgentRig::start(&[&cli], profile, "");
     std::fs::write(rig.work.join("codex-stdio.sh"), STDIO_MEMBER).expect("script");
     let lead = codex::start_lead(&mut rig, true);
-    rig.say(&lead, "@spawn codex-stdio hal @reply over the shim");
-    stories::lead_reads(&rig, "hal", "over the shim", Duration::from_secs(120));
-    rig.assert_task_typed_after_tools("hal");
-    let first = rig.member_model.turns().into_iter().next().expect("a turn");
-    assert!(
-        offers(&first, "fleet_reply") && answer(&first).contains("fleet_reply"),
-        "hal replied with fleet_reply: {first}"
-    );
+    codex_member_replies(&mut rig, &lead, ["codex-stdio", "hal"], "over the shim");
     assert_eq!(nudges(&rig.lead_model.turns()).len(), 1);
     stories::gateway_kept_its_books(&rig, &lead, "hal");
     assert!(rig.codex_daemons().is_empty());

@@ -23,6 +23,21 @@ fn detected(rig: &AgentRig, pane: &str) -> (Value, Value) {
     (pane["agent"].clone(), pane["agent_status"].clone())
 }
 
+/// The lead in `pane`, once herdr sees it at rest as `agent`, delegates `@reply forty-two` to a
+/// member `alice` of profile `agent`; then [`delegated_and_stopped`].
+fn delegates_once_seen_idle(rig: &mut AgentRig, lead: &str, agent: &str, reply_tool: &str) {
+    rig.wait(
+        "herdr to see the lead idle",
+        Duration::from_secs(30),
+        || {
+            let (seen, status) = detected(rig, lead);
+            seen == agent && (status == "idle" || status == "done")
+        },
+    );
+    rig.say(lead, &format!("@spawn {agent} alice @reply forty-two"));
+    delegated_and_stopped(rig, lead, reply_tool);
+}
+
 /// What a lead's delegation leaves behind, checked the same way for both agents: the lead read
 /// the reply on its first nudge (one turn, one copy) and acknowledged it, the member's first
 /// turn had fleetd's tools, the members' token stayed with the members' model and fleetd
@@ -50,16 +65,7 @@ fn e2e_claude_on_herdr_lead_delegates_and_reads_the_reply_on_its_first_nudge() {
     let mut rig = AgentRig::start_on(Mux::Herdr, &[&cli], &claude::profile("claude"), "");
     let lead = claude::start_lead(&mut rig, &cli, Transport::Http);
     // herdr names Claude Code's native binary (`claude.exe`) `claude`, and reads it at rest.
-    rig.wait(
-        "herdr to see the lead idle",
-        Duration::from_secs(30),
-        || {
-            let (agent, status) = detected(&rig, &lead);
-            agent == "claude" && (status == "idle" || status == "done")
-        },
-    );
-    rig.say(&lead, "@spawn claude alice @reply forty-two");
-    delegated_and_stopped(&mut rig, &lead, "mcp__fleet__fleet_reply");
+    delegates_once_seen_idle(&mut rig, &lead, "claude", "mcp__fleet__fleet_reply");
 }
 
 #[test]
@@ -70,14 +76,5 @@ fn e2e_codex_on_herdr_lead_over_the_stdio_shim_delegates_to_a_codex_member() {
     let mut rig = AgentRig::start_on(Mux::Herdr, &[&cli], &codex::profile("codex"), "");
     let lead = codex::start_lead(&mut rig, true);
     // herdr looks through `node …/bin/codex` to Codex.
-    rig.wait(
-        "herdr to see the lead idle",
-        Duration::from_secs(30),
-        || {
-            let (agent, status) = detected(&rig, &lead);
-            agent == "codex" && (status == "idle" || status == "done")
-        },
-    );
-    rig.say(&lead, "@spawn codex alice @reply forty-two");
-    delegated_and_stopped(&mut rig, &lead, "fleet_reply");
+    delegates_once_seen_idle(&mut rig, &lead, "codex", "fleet_reply");
 }
