@@ -168,6 +168,17 @@ pub fn if_tmux<T>(then: impl FnOnce() -> Option<T>) -> Option<T> {
     (require_tmux() == Service::Present).then(then).flatten()
 }
 
+/// Writes `value` to the file `name` in `dir`, readable by its owner only (0600), as fleetd
+/// wants a file a secret is read from; the file's path.
+pub fn secret_file(dir: &std::path::Path, name: &str, value: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = dir.join(name);
+    std::fs::write(&path, value).expect("write the secret's file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .expect("make the secret's file owner-only");
+    path
+}
+
 /// Runs `cmd` to its end; panics naming `what`, with what it printed, unless it ran and exited
 /// 0. Returns its output.
 pub fn run_ok(cmd: &mut std::process::Command, what: &str) -> std::process::Output {

@@ -90,13 +90,7 @@ impl AgentRig {
         let panes = Panes::start(mux, &h, &env);
         let secrets = h.join("secrets");
         std::fs::create_dir_all(&secrets).expect("secrets dir");
-        let token_file = secrets.join("member-token");
-        std::fs::write(&token_file, MEMBER_TOKEN).expect("token file");
-        std::fs::set_permissions(
-            &token_file,
-            std::os::unix::fs::PermissionsExt::from_mode(0o600),
-        )
-        .expect("chmod");
+        let token_file = crate::secret_file(&secrets, "member-token", MEMBER_TOKEN);
         let port = crate::free_port();
         let listen = format!("127.0.0.1:{port}");
         let profiles = if profiles.is_empty() {

@@ -352,13 +352,7 @@ fn e2e_dashboard_beyond_loopback_signs_in_with_the_api_token() {
         return;
     };
     let secrets = tempfile::tempdir().expect("tempdir");
-    let token_file = secrets.path().join("api-token");
-    std::fs::write(&token_file, TOKEN).expect("write the token");
-    std::fs::set_permissions(
-        &token_file,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .expect("owner-only");
+    let token_file = fleetd_testkit::secret_file(secrets.path(), "api-token", TOKEN);
     let rig = Rig::start_on(
         &format!(
             "apiToken: api\nsecrets:\n  api:\n    file: {}\nprofiles:\n{}",

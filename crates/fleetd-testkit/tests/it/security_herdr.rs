@@ -7,7 +7,6 @@
 //! as it was.
 
 use std::collections::BTreeSet;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,9 +24,7 @@ const SECRET: &str = "sk-herdr-lab-0c4e77a1d95b";
 /// (mallory), a plain replying member without a backend (alice) holding one unread reply.
 fn rig() -> (HerdrRig, String, tempfile::TempDir) {
     let home = tempfile::tempdir().expect("tempdir");
-    let secret_file = home.path().join("lab-token");
-    std::fs::write(&secret_file, SECRET).expect("write");
-    std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let secret_file = fleetd_testkit::secret_file(home.path(), "lab-token", SECRET);
     let shell = format!(
         "{}      SIM_AGENT_SCRIPT: shell\n    backend: lab\n",
         fleetd_testkit::rig_herdr::sim_profile("shell", 100)

@@ -99,13 +99,7 @@ fn e2e_gateway_over_tls_does_not_link_to_a_broker_its_ca_did_not_sign_and_says_w
 #[test]
 fn e2e_gateway_with_an_unreadable_ca_file_does_not_start_and_names_the_key() {
     let home = tempfile::tempdir().expect("tempdir");
-    let password = home.path().join("gw-password");
-    std::fs::write(&password, "pw").expect("password file");
-    std::fs::set_permissions(
-        &password,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .expect("owner-only");
+    let password = fleetd_testkit::secret_file(home.path(), "gw-password", "pw");
     let missing = home.path().join("no-such-ca.pem");
     fleetd_testkit::daemon::write_config(
         home.path(),

@@ -20,7 +20,6 @@ mod budget;
 mod crash;
 mod served;
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -61,9 +60,7 @@ fn start(fake_args: &[&str], profile_extra: &str) -> Option<Gateway> {
     }
     let files = tempfile::tempdir().expect("tempdir");
     let fake = FakeModel::start_with(files.path(), "lab", "unused", fake_args);
-    let token = files.path().join("lab-token");
-    std::fs::write(&token, SECRET).expect("write the credential");
-    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let token = fleetd_testkit::secret_file(files.path(), "lab-token", SECRET);
     let rig = Rig::start(&format!(
         "primary:\n  tab: base:lead\n  pushReminders: 0\n\
          backends:\n  lab:\n    baseUrl: {url}\n    authTokenSecret: lab-token\n    prices:\n      input: 3.0\n      output: 15.0\n      cacheRead: 0.3\n      cacheWrite: 3.75\n\

@@ -207,9 +207,7 @@ fn e2e_security_backend_secrets_reach_only_their_members() {
     // path whose leaks this test looks for. Through fleetd a member holds a key of its own
     // (`model_gateway`).
     let home = tempfile::tempdir().expect("tempdir");
-    let secret_file = home.path().join("lab-token");
-    std::fs::write(&secret_file, secret).expect("write");
-    std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let secret_file = fleetd_testkit::secret_file(home.path(), "lab-token", secret);
     let with_backend = |name: &str, script: &str, work_ms: &str| {
         format!(
             "{}    backend: lab\n",

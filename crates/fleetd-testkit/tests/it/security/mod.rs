@@ -33,9 +33,7 @@ pub(crate) fn rig_with_mail(extra_profiles: &str) -> Option<(Rig, String)> {
         return None;
     }
     let home = tempfile::tempdir().expect("tempdir");
-    let token_file = home.path().join("api-token");
-    std::fs::write(&token_file, TOKEN).expect("write token");
-    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let token_file = fleetd_testkit::secret_file(home.path(), "api-token", TOKEN);
     let rig = Rig::start(&format!(
         "primary:\n  tab: base:lead\n  pushReminders: 0\napiToken: api\nsecrets:\n  api:\n    file: {}\nprofiles:\n{}{}{}",
         token_file.display(),
