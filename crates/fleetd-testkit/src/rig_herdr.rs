@@ -172,6 +172,23 @@ impl HerdrRig {
             .to_owned()
     }
 
+    /// Has lead `lead` send `task` to member `member` without waiting (`fleet_send`, its turn
+    /// waited out), then waits up to 90 s for the member's first reply in its inbox; its text.
+    pub fn run_task(&self, lead: &str, member: &str, task: &str) -> String {
+        let args = json!({ "target": member, "task": task, "wait": false });
+        self.call_from(lead, &format!("fleet_send {args}"));
+        let mut texts = Vec::new();
+        wait_until(
+            &format!("{member}'s reply"),
+            Duration::from_secs(90),
+            || {
+                texts = crate::http::reply_texts(self.daemon.operator(), member);
+                !texts.is_empty()
+            },
+        );
+        texts.swap_remove(0)
+    }
+
     /// The rig's scratch directory.
     pub fn dir(&self) -> &std::path::Path {
         self.home.path()

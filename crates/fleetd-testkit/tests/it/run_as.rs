@@ -15,7 +15,7 @@ use fleetd::sandbox::user::{self, User};
 use fleetd_testkit::daemon::state_dir;
 use fleetd_testkit::fake_model::FakeModel;
 use fleetd_testkit::rig::{LEAD, Rig, error_code, structured_ok};
-use fleetd_testkit::{Service, bin_path, require, wait_until};
+use fleetd_testkit::{Service, bin_path, require, secret_file, wait_until};
 use serde_json::{Value, json};
 
 const PATIENCE: Duration = Duration::from_secs(90);
@@ -60,9 +60,7 @@ fn start() -> Option<Apart> {
     let User { uid, gid, .. } = agent_user()?;
     let files = tempfile::tempdir().expect("tempdir");
     let model = FakeModel::start(files.path(), "lab", "apart answer");
-    let token = files.path().join("lab-token");
-    std::fs::write(&token, "sk-lab-SECRET").expect("write the credential");
-    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let token = secret_file(files.path(), "lab-token", "sk-lab-SECRET");
     let reachable = files.path().join("reachable");
     std::fs::create_dir(&reachable).expect("mkdir");
     std::fs::set_permissions(files.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -96,16 +94,6 @@ fn start() -> Option<Apart> {
 }
 
 impl Apart {
-    /// Runs `command` in member `name`'s shell; its reply (`exit N` and the output).
-    fn run(&self, name: &str, command: &str) -> String {
-        self.rig.run_task(name, command)
-    }
-
-    /// `command` fails as `name`'s user, and its output says `why`.
-    fn refused(&self, name: &str, command: &str, why: &str) {
-        self.rig.refused_in(name, command, why);
-    }
-
     /// The processes the agent user has now.
     fn processes(&self) -> Vec<String> {
         let out = Command::new("pgrep")
@@ -161,7 +149,7 @@ fn e2e_run_as_a_member_is_its_own_user_and_the_kernel_keeps_it_out() {
     rig.spawn("apart", "ann");
     let ann = rig.member("ann");
     assert_eq!(ann["runAs"], AGENT_USER, "{ann}");
-    let who = fleet.run("ann", "id -un && pwd && echo $HOME");
+    let who = rig.run_task("ann", "id -un && pwd && echo $HOME");
     let work = fleet.reachable.join("work");
     assert!(
         who.starts_with("exit 0")
@@ -174,8 +162,8 @@ fn e2e_run_as_a_member_is_its_own_user_and_the_kernel_keeps_it_out() {
     // tmux server (so nothing typed into the lead, and no pane of its own).
     let denied = "Permission denied";
     let state = state_dir(rig.dir());
-    fleet.refused("ann", &format!("ls {}", state.display()), denied);
-    fleet.refused(
+    rig.refused_in("ann", &format!("ls {}", state.display()), denied);
+    rig.refused_in(
         "ann",
         &format!("cat {}", state.join("inbox.db").display()),
         denied,
@@ -186,35 +174,35 @@ fn e2e_run_as_a_member_is_its_own_user_and_the_kernel_keeps_it_out() {
     std::fs::create_dir(&private).expect("mkdir");
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
     std::fs::write(private.join("user-secret.txt"), "the user's own\n").expect("write");
-    fleet.refused(
+    rig.refused_in(
         "ann",
         &format!("cat {}", private.join("user-secret.txt").display()),
         denied,
     );
     let token_file = fleet.files.path().join("lab-token");
-    fleet.refused("ann", &format!("cat {}", token_file.display()), denied);
-    fleet.refused(
+    rig.refused_in("ann", &format!("cat {}", token_file.display()), denied);
+    rig.refused_in(
         "ann",
         &format!("touch {}", rig.dir().join("ann-was-here").display()),
         denied,
     );
     let daemon = rig.daemon.pid();
-    fleet.refused("ann", &format!("kill -0 {daemon}"), "not permitted");
-    fleet.refused("ann", &format!("cat /proc/{daemon}/environ"), denied);
+    rig.refused_in("ann", &format!("kill -0 {daemon}"), "not permitted");
+    rig.refused_in("ann", &format!("cat /proc/{daemon}/environ"), denied);
     let socket = rig.tmux.socket().display().to_string();
-    fleet.refused(
+    rig.refused_in(
         "ann",
         &format!("tmux -S {socket} send-keys -t {LEAD} 'echo owned' Enter"),
         "",
     );
-    fleet.refused("ann", &format!("tmux -S {socket} new-window"), "");
+    rig.refused_in("ann", &format!("tmux -S {socket} new-window"), "");
     assert!(
         !rig.history(LEAD).contains("owned"),
         "nothing typed into the lead"
     );
 
     // Working: its directory, and its model through fleetd, known by its user.
-    let call = fleet.run(
+    let call = rig.run_task(
         "ann",
         &format!(
             "echo mine > note && cat note && {} --prompt hello --out answer.json && cat answer.json",
@@ -233,7 +221,7 @@ fn e2e_run_as_a_member_is_its_own_user_and_the_kernel_keeps_it_out() {
     );
 
     // Released, whatever still ran as its user is ended, and that user is nobody to fleetd.
-    fleet.run("ann", "setsid sleep 600 > /dev/null 2>&1 < /dev/null &");
+    rig.run_task("ann", "setsid sleep 600 > /dev/null 2>&1 < /dev/null &");
     assert!(
         fleet.processes().iter().any(|p| p.contains("sleep 600")),
         "ann left a process behind: {:?}",
@@ -280,14 +268,14 @@ fn e2e_run_as_one_member_per_user_and_refusals_that_say_why() {
     // Neither refused spawn left a member behind, and ann still works, as her user.
     let members = rig.members();
     assert_eq!(members.len(), 1, "{members:?}");
-    let out = fleet.run("ann", "id -un");
+    let out = rig.run_task("ann", "id -un");
     assert!(out.contains(AGENT_USER), "{out}");
     // fleetd killed and started again: ann is still known by her user, and her processes live.
     let mut fleet = fleet;
     fleet.rig.kill_daemon();
     fleet.rig.restart_daemon();
     let rig = &fleet.rig;
-    let out = fleet.run("ann", "id -un");
+    let out = rig.run_task("ann", "id -un");
     assert!(out.contains(AGENT_USER), "after the restart: {out}");
     // Any process of ann's user is ann — even one in no pane: the user is her identity.
     let answer = fleet.call_as_agent_user("fleet_reply", &json!({ "text": "from ann's user" }));
@@ -416,18 +404,13 @@ fn e2e_run_as_on_herdr_a_member_is_its_user_and_cannot_reach_herdr() {
     // Its own user, in its own home (no cwd given), and herdr's socket is the user's: no
     // pane.create, no pane.send_text into the lead.
     let socket = rig.herdr.socket().display().to_string();
-    rig.call_from(
+    let reply = rig.run_task(
         &lead,
+        "ann",
         &format!(
-            r#"fleet_send {{"target":"ann","task":"id -un; pwd; /usr/bin/python3 -c \"import socket; socket.socket(socket.AF_UNIX).connect('{socket}')\"","wait":false}}"#
+            "id -un; pwd; /usr/bin/python3 -c \"import socket; socket.socket(socket.AF_UNIX).connect('{socket}')\""
         ),
     );
-    let mut texts = Vec::new();
-    wait_until("ann's reply", PATIENCE, || {
-        texts = fleetd_testkit::http::reply_texts(rig.daemon.operator(), "ann");
-        !texts.is_empty()
-    });
-    let reply = &texts[0];
     assert!(
         reply.lines().any(|l| l == AGENT_USER)
             && reply.lines().any(|l| std::path::Path::new(l) == agent.home)

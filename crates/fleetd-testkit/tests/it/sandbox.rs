@@ -58,10 +58,7 @@ fn start() -> Option<Boxed> {
     }
     let files = tempfile::tempdir().expect("tempdir");
     let model = FakeModel::start(files.path(), "lab", "boxed answer");
-    let token = files.path().join("lab-token");
-    std::fs::write(&token, "sk-lab-SECRET").expect("write the credential");
-    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .expect("chmod");
+    let token = fleetd_testkit::secret_file(files.path(), "lab-token", "sk-lab-SECRET");
     let asker_dir = files.path().join("asker");
     std::fs::create_dir(&asker_dir).expect("mkdir");
     let rig = Rig::start_if_tmux(&format!(
@@ -99,16 +96,6 @@ fn start() -> Option<Boxed> {
 }
 
 impl Boxed {
-    /// Runs `command` in member `name`'s shell; its reply (`exit N` and the output).
-    fn run(&self, name: &str, command: &str) -> String {
-        self.rig.run_task(name, command)
-    }
-
-    /// `command` fails in `name`'s box, and its output says `why`.
-    fn refused(&self, name: &str, command: &str, why: &str) {
-        self.rig.refused_in(name, command, why);
-    }
-
     /// Member `name`'s worktree, as `fleet_list` shows it.
     fn worktree(&self, name: &str) -> PathBuf {
         let member = self.rig.member(name);
@@ -118,6 +105,22 @@ impl Boxed {
                 .expect("a worktree path"),
         )
     }
+}
+
+/// Member `name` calls its model through fleetd (`model-call`, from its shell) and is
+/// answered.
+fn calls_its_model(rig: &Rig, name: &str) {
+    let call = rig.run_task(
+        name,
+        &format!(
+            "{} --prompt hello --out answer.json && cat answer.json",
+            bin_path("model-call").display()
+        ),
+    );
+    assert!(
+        call.starts_with("exit 0") && call.contains("\"status\":200"),
+        "{name}'s model call: {call}"
+    );
 }
 
 #[test]
@@ -138,7 +141,7 @@ fn e2e_sandbox_a_member_reaches_only_its_worktree_and_fleetd() {
     // Refused or impossible: fleetd's state, the user's home, the lead's checkout, another
     // member's worktree, writing outside its own, other processes, the user's tmux server.
     // Of the state directory, only the paths down to its door and to ann's own worktree exist.
-    let listing = fleet.run("ann", &format!("ls -A {0} {0}/worktrees", state.display()));
+    let listing = rig.run_task("ann", &format!("ls -A {0} {0}/worktrees", state.display()));
     let names: Vec<&str> = listing
         .lines()
         .filter(|l| !l.is_empty() && !l.ends_with(':'))
@@ -154,38 +157,38 @@ fn e2e_sandbox_a_member_reaches_only_its_worktree_and_fleetd() {
         ["exit 0", "door", "worktrees", &ann_root],
         "{listing}"
     );
-    fleet.refused(
+    rig.refused_in(
         "ann",
         &format!("cat {}", state.join("inbox.db").display()),
         no_such,
     );
-    fleet.refused(
+    rig.refused_in(
         "ann",
         &format!("cat {}", home.join("user-secret.txt").display()),
         no_such,
     );
-    fleet.refused(
+    rig.refused_in(
         "ann",
         &format!("cat {}", fleet.repo.join("lead-notes.txt").display()),
         no_such,
     );
-    fleet.refused("ann", &format!("ls {}", bob.display()), no_such);
-    fleet.refused("ann", "touch /usr/ann-was-here", "Read-only file system");
+    rig.refused_in("ann", &format!("ls {}", bob.display()), no_such);
+    rig.refused_in("ann", "touch /usr/ann-was-here", "Read-only file system");
     // (The lead's checkout is no more than the path to its git directory: a file made there
     // lands in the box's own /tmp, never in the checkout.)
-    fleet.run(
+    rig.run_task(
         "ann",
         &format!("touch {}", fleet.repo.join("ann-was-here").display()),
     );
     assert!(!fleet.repo.join("ann-was-here").exists());
-    fleet.refused(
+    rig.refused_in(
         "ann",
         &format!("touch {}", fleet.repo.join(".git/ann-was-here").display()),
         "Read-only file system",
     );
     // Nor can it point git at a configuration of its own, for fleetd's and the lead's git
     // run outside the box on its worktree (core.fsmonitor and the like would run there).
-    fleet.refused(
+    rig.refused_in(
         "ann",
         "echo 'gitdir: /tmp/evil' > .git",
         "Read-only file system",
@@ -193,21 +196,21 @@ fn e2e_sandbox_a_member_reaches_only_its_worktree_and_fleetd() {
     let admin = fleet.repo.join(".git/worktrees/ann");
     for file in ["commondir", "gitdir", "config.worktree"] {
         let path = admin.join(file);
-        fleet.refused(
+        rig.refused_in(
             "ann",
             &format!("echo /tmp/evil > {}", path.display()),
             "Read-only file system",
         );
     }
-    fleet.refused(
+    rig.refused_in(
         "ann",
         &format!("echo x >> {}", fleet.repo.join(".git/config").display()),
         "Read-only file system",
     );
     let daemon = rig.daemon.pid();
-    fleet.refused("ann", &format!("kill -0 {daemon}"), "");
-    fleet.refused("ann", &format!("cat /proc/{daemon}/environ"), no_such);
-    let processes = fleet.run("ann", "ls /proc | grep -c '^[0-9]'");
+    rig.refused_in("ann", &format!("kill -0 {daemon}"), "");
+    rig.refused_in("ann", &format!("cat /proc/{daemon}/environ"), no_such);
+    let processes = rig.run_task("ann", "ls /proc | grep -c '^[0-9]'");
     let count: usize = processes
         .lines()
         .last()
@@ -220,21 +223,21 @@ fn e2e_sandbox_a_member_reaches_only_its_worktree_and_fleetd() {
     // No tmux server of the user's, so no send-keys into the lead and no pane of its own
     // outside the members' workspace (the review's identity hole cannot open here).
     let socket = rig.tmux.socket().display().to_string();
-    fleet.refused(
+    rig.refused_in(
         "ann",
         &format!("tmux -S {socket} send-keys -t {LEAD} 'echo owned' Enter"),
         "",
     );
-    fleet.refused("ann", &format!("tmux -S {socket} new-window"), "");
-    fleet.refused("ann", "tmux new-window", "");
-    fleet.refused("ann", "env | grep -E '^(TMUX|HERDR_SOCKET_PATH)='", "");
+    rig.refused_in("ann", &format!("tmux -S {socket} new-window"), "");
+    rig.refused_in("ann", "tmux new-window", "");
+    rig.refused_in("ann", "env | grep -E '^(TMUX|HERDR_SOCKET_PATH)='", "");
     assert!(
         !rig.history(LEAD).contains("owned"),
         "nothing typed into the lead"
     );
 
     // Working: its own home and /tmp, git on its branch (which the lead then sees), its model.
-    let own = fleet.run(
+    let own = rig.run_task(
         "ann",
         "echo mine > $HOME/note && cat $HOME/note && echo t > /tmp/t && pwd",
     );
@@ -243,7 +246,7 @@ fn e2e_sandbox_a_member_reaches_only_its_worktree_and_fleetd() {
         own.contains(&ann.display().to_string()),
         "ann starts in her worktree: {own}"
     );
-    let commit = fleet.run(
+    let commit = rig.run_task(
         "ann",
         "echo ann > README && git -c user.name=ann -c user.email=ann@example.com commit -qam 'ann edits' && git rev-parse --abbrev-ref HEAD",
     );
@@ -259,17 +262,7 @@ fn e2e_sandbox_a_member_reaches_only_its_worktree_and_fleetd() {
         std::fs::read_to_string(fleet.repo.join("README")).expect("read"),
         "hello\n"
     );
-    let call = fleet.run(
-        "ann",
-        &format!(
-            "{} --prompt hello --out answer.json && cat answer.json",
-            bin_path("model-call").display()
-        ),
-    );
-    assert!(
-        call.starts_with("exit 0") && call.contains("\"status\":200"),
-        "ann's model call: {call}"
-    );
+    calls_its_model(rig, "ann");
 
     // Released, a member's private home goes with it.
     let homes = state.join("sandboxes");
@@ -308,7 +301,7 @@ fn e2e_sandbox_a_member_asks_and_replies_and_uses_the_stdio_shim() {
     // by its pane as over HTTP: the reply it sends is dee's reply to dee's task.
     rig.spawn("boxed", "dee");
     let lines = session(&json!({ "text": "replied over the stdio shim" }));
-    let out = fleet.run(
+    let out = rig.run_task(
         "dee",
         &format!(
             "printf '%s\\n' {} > in.jsonl && (cat in.jsonl; sleep 3) | {} mcp",
@@ -415,7 +408,8 @@ fn e2e_sandbox_without_a_network_a_member_reaches_fleetd_and_its_model_only() {
     let Some(fleet) = start() else {
         return;
     };
-    let profiles = structured_ok(&fleet.rig.lead("fleet_profiles", &json!({})));
+    let rig = &fleet.rig;
+    let profiles = structured_ok(&rig.lead("fleet_profiles", &json!({})));
     let sandbox_of = |name: &str| {
         profiles["profiles"]
             .as_array()
@@ -432,20 +426,10 @@ fn e2e_sandbox_without_a_network_a_member_reaches_fleetd_and_its_model_only() {
         Some(json!({ "network": true })),
         "{profiles}"
     );
-    fleet.rig.spawn("offline", "fay");
+    rig.spawn("offline", "fay");
     // Its replies reach fleetd (this very reply came through the box's relay), and so does its
     // model call through the gateway at the URL it was given.
-    let call = fleet.run(
-        "fay",
-        &format!(
-            "{} --prompt hello --out answer.json && cat answer.json",
-            bin_path("model-call").display()
-        ),
-    );
-    assert!(
-        call.starts_with("exit 0") && call.contains("\"status\":200"),
-        "fay's model call: {call}"
-    );
+    calls_its_model(rig, "fay");
     // Nothing else: not the model backend itself, not the broker, not the outside world.
     let backend = fleet.model.url();
     let port = backend.rsplit(':').next().expect("a port");
@@ -454,7 +438,7 @@ fn e2e_sandbox_without_a_network_a_member_reaches_fleetd_and_its_model_only() {
         ("the broker", "127.0.0.1", "5672"),
         ("the outside", "1.1.1.1", "443"),
     ] {
-        let out = fleet.run(
+        let out = rig.run_task(
             "fay",
             &format!("timeout 5 bash -c 'echo > /dev/tcp/{host}/{port}' && echo reached"),
         );
@@ -478,18 +462,11 @@ fn e2e_sandbox_on_herdr_a_member_cannot_reach_herdr() {
     // herdr's socket is not in the box, nor named in its environment: no pane.create, no
     // pane.send_text into the lead, from inside.
     let socket = rig.herdr.socket().display().to_string();
-    rig.call_from(
+    let reply = rig.run_task(
         &lead,
-        &format!(
-            r#"fleet_send {{"target":"ann","task":"ls {socket}; env | grep -c HERDR_SOCKET_PATH","wait":false}}"#
-        ),
+        "ann",
+        &format!("ls {socket}; env | grep -c HERDR_SOCKET_PATH"),
     );
-    let mut texts = Vec::new();
-    wait_until("ann's reply", PATIENCE, || {
-        texts = http::reply_texts(rig.daemon.operator(), "ann");
-        !texts.is_empty()
-    });
-    let reply = &texts[0];
     assert!(
         reply.contains("No such file or directory") && reply.lines().any(|l| l == "0"),
         "from inside ann's box: {reply}"
