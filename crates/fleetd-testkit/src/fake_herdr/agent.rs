@@ -155,14 +155,7 @@ pub(super) async fn prompt(server: &Server, p: &Value, late_ms: Option<u64>) -> 
         }
     }
     let deadline = timeout_ms.map(|t| started + Duration::from_millis(t));
-    match wait_status(&pane, &until, deadline).await {
-        Ok(true) => Ok(json!({ "type": "agent_prompted", "agent": agent_info(server, &pane) })),
-        Ok(false) => Err(("timeout", "timed out waiting for agent status".to_owned())),
-        Err(()) => Err((
-            "agent_not_running",
-            "agent is no longer running in the target pane".to_owned(),
-        )),
-    }
+    answer_on_status(server, &pane, &until, deadline, "agent_prompted").await
 }
 
 pub(super) async fn wait(server: &Server, p: &Value) -> Outcome {
@@ -172,8 +165,21 @@ pub(super) async fn wait(server: &Server, p: &Value) -> Outcome {
         .get("timeout_ms")
         .and_then(Value::as_u64)
         .map(|t| tokio::time::Instant::now() + Duration::from_millis(t));
-    match wait_status(&pane, &until, deadline).await {
-        Ok(true) => Ok(json!({ "type": "agent_info", "agent": agent_info(server, &pane) })),
+    answer_on_status(server, &pane, &until, deadline, "agent_info").await
+}
+
+/// Waits until `pane`'s agent shows a status in `until` and answers `{type: kind, agent}`, as
+/// `agent.prompt` and `agent.wait` both do; herdr's `timeout` past `deadline`, and
+/// `agent_not_running` once the agent is gone.
+async fn answer_on_status(
+    server: &Server,
+    pane: &PaneRt,
+    until: &[String],
+    deadline: Option<tokio::time::Instant>,
+    kind: &str,
+) -> Outcome {
+    match wait_status(pane, until, deadline).await {
+        Ok(true) => Ok(json!({ "type": kind, "agent": agent_info(server, pane) })),
         Ok(false) => Err(("timeout", "timed out waiting for agent status".to_owned())),
         Err(()) => Err((
             "agent_not_running",

@@ -507,50 +507,60 @@ mod tests {
     fn claude_code_screens_classify_like_herdrs_manifest() {
         let title = Some("✳ Claude Code");
         let working = "❯ fix the flaky test\n✽ Beboppin'…\n────\n❯\u{a0}\n────\n  ⏵⏵ bypass permissions on (shift+tab to cycle) · esc to interrupt";
-        assert_eq!(classify("claude", title, working), "working");
         let clock = "✻ Cultivating… (1s · ↓ 5 tokens)\n────\n❯\u{a0}\n────\n  ? for shortcuts";
-        assert_eq!(classify("claude", title, clock), "working");
         let done = "❯ fix the flaky test\n● OK\n✻ Cogitated for 0s\n────\n❯\u{a0}\n────\n  ⏵⏵ bypass permissions on (shift+tab to cycle)";
-        assert_eq!(classify("claude", title, done), "idle");
         let typed = "────\n❯ please press esc to interrupt the build…\n────\n  ? for shortcuts";
-        assert_eq!(
-            classify("claude", title, typed),
-            "idle",
-            "typed words are not a turn"
-        );
         let task = "────\n❯\u{a0}\n────\n  ⏵⏵ bypass permissions on · 1 MCP task still running · ↓ to manage";
-        assert_eq!(classify("claude", title, task), "working");
-        assert_eq!(classify("claude", Some("⠂ Claude Code"), ""), "working");
-        assert_eq!(
-            classify("claude", Some("⠋"), ""),
-            "idle",
-            "a spinner needs a space"
-        );
         let dialog = "Bash command\n  rm -rf build\nDo you want to proceed?\n❯ 1. Yes\n  2. No\n\nEsc to cancel · Tab to amend";
-        assert_eq!(classify("claude", title, dialog), "blocked");
         let form = "────\nAllow?\nEnter to confirm · Esc to cancel";
-        assert_eq!(classify("claude", None, form), "blocked");
-        assert_eq!(
-            classify("claude", None, "Do you want to proceed?\n"),
-            "idle",
-            "a question alone, no options, no way out: herdr shows no blocker"
+        check(
+            "claude",
+            &[
+                (title, working, "working"),
+                (title, clock, "working"),
+                (title, done, "idle"),
+                // Typed words are not a turn.
+                (title, typed, "idle"),
+                (title, task, "working"),
+                (Some("⠂ Claude Code"), "", "working"),
+                // A spinner needs a space.
+                (Some("⠋"), "", "idle"),
+                (title, dialog, "blocked"),
+                (None, form, "blocked"),
+                // A question alone, no options, no way out: herdr shows no blocker.
+                (None, "Do you want to proceed?\n", "idle"),
+            ],
         );
     }
 
     #[test]
     fn codex_screens_classify_like_herdrs_manifest() {
         let working = "› fix it\n\n• Working (4s • esc to interrupt)\n› Ask Codex to do anything\n  gpt-5 · 100% left";
-        assert_eq!(classify("codex", Some("work"), working), "working");
-        assert_eq!(classify("codex", Some("⠋ work"), ""), "working");
-        assert_eq!(classify("codex", Some("Action Required"), ""), "blocked");
         let approval = "Would you like to run the following command?\n\n  $ touch x\n\n› 1. Yes, proceed (y)\n  2. No (esc)\n\n  Press enter to confirm or esc to cancel";
-        assert_eq!(classify("codex", None, approval), "blocked");
         let interrupted = "■ Conversation interrupted\n• Working (4s • esc to interrupt)";
-        assert_eq!(classify("codex", None, interrupted), "idle");
-        assert_eq!(
-            classify("codex", None, "› Ask Codex to do anything"),
-            "idle"
+        check(
+            "codex",
+            &[
+                (Some("work"), working, "working"),
+                (Some("⠋ work"), "", "working"),
+                (Some("Action Required"), "", "blocked"),
+                (None, approval, "blocked"),
+                (None, interrupted, "idle"),
+                (None, "› Ask Codex to do anything", "idle"),
+            ],
         );
+    }
+
+    /// Each case of `agent`'s: its pane's title and screen, and the status herdr's manifest
+    /// gives them.
+    fn check(agent: &str, cases: &[(Option<&str>, &str, &str)]) {
+        for (title, screen, status) in cases {
+            assert_eq!(
+                classify(agent, *title, screen),
+                *status,
+                "{agent} titled {title:?} showing {screen:?}"
+            );
+        }
     }
 
     #[test]

@@ -39,6 +39,13 @@ fn status_event(data: &Value) -> Value {
     json!({ "event": "pane.agent_status_changed", "data": data })
 }
 
+/// Answers a subscription request with herdr's error `code` and `message` (the stream ends
+/// there); a client already gone hears nothing.
+async fn refuse(stream: &mut UnixStream, id: &str, code: &str, message: &str) {
+    let line = error(id, code, message);
+    let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
+}
+
 /// `events.subscribe`: validates every subscription, acks, then streams until the client goes
 /// away (any inbound byte or EOF, as herdr) or the server restarts.
 pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: UnixStream) {
@@ -50,12 +57,13 @@ pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: Un
         .and_then(Value::as_array)
         .cloned();
     let Some(list) = list else {
-        let line = error(
+        refuse(
+            &mut stream,
             &req.id,
             "invalid_request",
             "invalid request: missing field `subscriptions`",
-        );
-        let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
+        )
+        .await;
         return;
     };
     for sub in list {
@@ -71,12 +79,8 @@ pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: Un
                 .unwrap_or("")
                 .to_owned();
             let Some(pane) = find_pane(server, &pane_id) else {
-                let line = error(
-                    &req.id,
-                    "pane_not_found",
-                    &format!("pane {pane_id} not found"),
-                );
-                let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
+                let why = format!("pane {pane_id} not found");
+                refuse(&mut stream, &req.id, "pane_not_found", &why).await;
                 return;
             };
             let filter = sub
@@ -106,12 +110,8 @@ pub(super) async fn subscribe(server: &Arc<Server>, req: Request, mut stream: Un
                 last,
             });
         } else {
-            let line = error(
-                &req.id,
-                "invalid_request",
-                &format!("invalid request: unknown subscription type `{kind}`"),
-            );
-            let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
+            let why = format!("invalid request: unknown subscription type `{kind}`");
+            refuse(&mut stream, &req.id, "invalid_request", &why).await;
             return;
         }
     }
