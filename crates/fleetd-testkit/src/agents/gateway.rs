@@ -19,6 +19,16 @@ pub const KEY_PREFIX: &str = "fleetd-mk-";
 /// fake logs an answer served when its stream ended, fleetd counts it at its last event.
 const SETTLE: Duration = Duration::from_secs(15);
 
+/// Neither the members' token nor any model key is in `text`, which stands `place` (the lead's
+/// side, where neither may go).
+fn holds_no_member_secret(text: &str, place: &str) {
+    assert!(
+        !text.contains(MEMBER_TOKEN),
+        "the members' token is {place}"
+    );
+    assert!(model_keys(text).is_empty(), "a model key is {place}");
+}
+
 /// Every model key in `text`: [`KEY_PREFIX`] and the 64 hex digits after it.
 pub fn model_keys(text: &str) -> BTreeSet<String> {
     text.match_indices(KEY_PREFIX)
@@ -127,37 +137,15 @@ impl AgentRig {
             }
         }
 
-        let history = self.history(lead);
-        assert!(
-            !history.contains(MEMBER_TOKEN),
-            "the members' token is on the lead's screen"
-        );
-        assert!(
-            model_keys(&history).is_empty(),
-            "a model key is on the lead's screen"
-        );
+        holds_no_member_secret(&self.history(lead), "on the lead's screen");
         let envs = self.environments(lead);
         assert!(!envs.is_empty(), "no process found under the lead's pane");
         for env in envs {
-            assert!(
-                !env.contains(MEMBER_TOKEN),
-                "a process under the lead has the members' token"
-            );
-            assert!(
-                model_keys(&env).is_empty(),
-                "a process under the lead has a model key"
-            );
+            holds_no_member_secret(&env, "in the environment of a process under the lead");
         }
         let asked = std::fs::read_to_string(&self.lead_model.log).expect("the lead model's log");
         assert!(!asked.is_empty(), "the lead's model was never asked");
-        assert!(
-            !asked.contains(MEMBER_TOKEN),
-            "a request to the lead's model carries the members' token"
-        );
-        assert!(
-            model_keys(&asked).is_empty(),
-            "a request to the lead's model carries a model key"
-        );
+        holds_no_member_secret(&asked, "in a request to the lead's model");
     }
 
     /// What the members' model served whole so far (every answer it logged `served`), and
