@@ -116,14 +116,7 @@ fn local_daemon(dir: &Path, rounds: usize, wake_rounds: usize) -> anyhow::Result
     };
     let (_daemon, socket) = env.start_daemon()?;
     let client = package.join("dist/wrapper/client.js");
-    let deliver = env.driver(&[
-        "deliver",
-        &client.display().to_string(),
-        &socket.display().to_string(),
-        &rounds.to_string(),
-        &WARMUP.to_string(),
-        TEXT,
-    ]);
+    let deliver = env.driver("deliver", &client, &socket, rounds, &[]);
     let wake = env.wake(&client, &socket, wake_rounds);
     Ok(Peer {
         name: format!("Agent Relay {version}"),
@@ -193,13 +186,25 @@ impl Env {
         }
     }
 
-    /// Runs the node driver to its end; its samples.
-    fn driver(&self, args: &[&str]) -> anyhow::Result<super::Summary> {
+    /// Runs the node driver in `mode` (`deliver`, `wake`) to its end with what every mode takes
+    /// (its client module, the daemon's socket, the rounds, the warm-up and the text) and
+    /// `extra`; its samples.
+    fn driver(
+        &self,
+        mode: &str,
+        client: &Path,
+        socket: &Path,
+        rounds: usize,
+        extra: &[&str],
+    ) -> anyhow::Result<super::Summary> {
         let node = PathBuf::from("node");
         let out = self
             .command(&node)
             .arg(self.run.join("driver.mjs"))
-            .args(args)
+            .arg(mode)
+            .args([client, socket])
+            .args([rounds.to_string(), WARMUP.to_string(), TEXT.to_owned()])
+            .args(extra)
             .output()
             .context("node could not run")?;
         if !out.status.success() {
@@ -227,17 +232,13 @@ impl Env {
         .arg(self.run.join("idle_agent.py"))
         .arg(&log);
         let wrapper = ProcessGroup::spawn(&mut cmd, &self.run.join("create-agent.log"))?;
-        let measured = self.driver(&[
+        let measured = self.driver(
             "wake",
-            &client.display().to_string(),
-            &socket.display().to_string(),
-            &rounds.to_string(),
-            &WARMUP.to_string(),
-            TEXT,
-            &name,
-            &log.display().to_string(),
-            &WAKE_PACE_MS.to_string(),
-        ]);
+            client,
+            socket,
+            rounds,
+            &[&name, &log.display().to_string(), &WAKE_PACE_MS.to_string()],
+        );
         drop(wrapper);
         // relay-pty's fixed paths outside the scratch dir.
         let _ = std::fs::remove_file(format!("/tmp/relay-pty-{name}.sock"));
