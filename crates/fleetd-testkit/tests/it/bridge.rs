@@ -21,6 +21,14 @@ fn rig_with(extra: &str, profiles: &[(&str, &[(&str, &str)])]) -> Option<Rig> {
     Rig::start_if_tmux(&yaml)
 }
 
+/// A rig whose one profile is `profile`, a sim-agent with `env`, and a member `member` spawned
+/// from it.
+fn rig_with_member(member: &str, profile: &str, env: &[(&str, &str)]) -> Option<Rig> {
+    let rig = rig(&[(profile, env)])?;
+    rig.spawn(profile, member);
+    Some(rig)
+}
+
 fn poll_until(rig: &Rig, args: &Value, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
     let mut last = Value::Null;
     wait_until(what, Duration::from_secs(90), || {
@@ -58,10 +66,9 @@ fn e2e_send_waits_for_the_reply() {
 
 #[test]
 fn e2e_send_without_wait_then_poll_the_ticket() {
-    let Some(rig) = rig(&[("sim", &[])]) else {
+    let Some(rig) = rig_with_member("bob", "sim", &[]) else {
         return;
     };
-    rig.spawn("sim", "bob");
     let sent = structured_ok(&rig.lead(
         "fleet_send",
         &json!({ "target": "bob", "task": "lint", "wait": false }),
@@ -84,10 +91,9 @@ fn e2e_send_without_wait_then_poll_the_ticket() {
 
 #[test]
 fn e2e_busy_member_gets_queued_tasks_in_order() {
-    let Some(rig) = rig(&[("slow", &[("SIM_AGENT_WORK_MS", "1500")])]) else {
+    let Some(rig) = rig_with_member("cy", "slow", &[("SIM_AGENT_WORK_MS", "1500")]) else {
         return;
     };
-    rig.spawn("slow", "cy");
     let tickets: Vec<String> = ["one", "two", "three"]
         .iter()
         .map(|task| {
@@ -128,16 +134,16 @@ fn e2e_busy_member_gets_queued_tasks_in_order() {
 fn e2e_silent_turn_ends_without_reply_with_the_pane_tail() {
     // The turn outlasts two of tmux's 400 ms status polls: the only sign of a silent turn is
     // the status, and a shorter one can fall between two polls and read as never started.
-    let Some(rig) = rig(&[(
+    let Some(rig) = rig_with_member(
+        "dex",
         "mute",
         &[
             ("SIM_AGENT_SCRIPT", "silent"),
             ("SIM_AGENT_WORK_MS", "1200"),
         ],
-    )]) else {
+    ) else {
         return;
     };
-    rig.spawn("mute", "dex");
     let sent = structured_ok(&rig.lead(
         "fleet_send",
         &json!({ "target": "dex", "task": "think quietly" }),
@@ -153,13 +159,13 @@ fn e2e_silent_turn_ends_without_reply_with_the_pane_tail() {
 
 #[test]
 fn e2e_question_is_answered_by_the_lead() {
-    let Some(rig) = rig(&[(
+    let Some(rig) = rig_with_member(
+        "eve",
         "curious",
         &[("SIM_AGENT_SCRIPT", "ask"), ("SIM_AGENT_WORK_MS", "200")],
-    )]) else {
+    ) else {
         return;
     };
-    rig.spawn("curious", "eve");
     let ticket = rig.send_task("eve", "deploy");
     let question = rig.question_from("eve");
     assert_eq!(question["question"], "sim-agent asks about: deploy");
@@ -177,10 +183,9 @@ fn e2e_question_is_answered_by_the_lead() {
 
 #[test]
 fn e2e_reply_outlives_its_waiter_until_acked() {
-    let Some(rig) = rig(&[("slow", &[("SIM_AGENT_WORK_MS", "4000")])]) else {
+    let Some(rig) = rig_with_member("fay", "slow", &[("SIM_AGENT_WORK_MS", "4000")]) else {
         return;
     };
-    rig.spawn("slow", "fay");
     // The waiter gives up first: the reply must land in the inbox.
     let sent = structured_ok(&rig.lead(
         "fleet_send",
@@ -229,10 +234,9 @@ fn e2e_reply_outlives_its_waiter_until_acked() {
 
 #[test]
 fn e2e_identity_is_decided_by_the_connection() {
-    let Some(rig) = rig(&[("sim", &[])]) else {
+    let Some(rig) = rig_with_member("gus", "sim", &[]) else {
         return;
     };
-    rig.spawn("sim", "gus");
     // The test process is in no pane: read-only tools work, the rest are refused.
     let anon = mcp_http(
         rig.daemon.addr,
@@ -260,10 +264,9 @@ fn e2e_identity_is_decided_by_the_connection() {
 
 #[test]
 fn e2e_hostile_input_gets_clear_errors_and_nothing_raw_reaches_a_pane() {
-    let Some(rig) = rig(&[("sim", &[])]) else {
+    let Some(rig) = rig_with_member("hal", "sim", &[]) else {
         return;
     };
-    rig.spawn("sim", "hal");
     let task = "title\u{1b}]0;pwned\u{7} and \u{1b}[31mred\u{1b}[0m\u{1b}[2J text";
     let sent = structured_ok(&rig.lead("fleet_send", &json!({ "target": "hal", "task": task })));
     assert_eq!(sent["reply"], "sim-agent did: title and red text", "{sent}");
@@ -308,10 +311,9 @@ fn e2e_hostile_input_gets_clear_errors_and_nothing_raw_reaches_a_pane() {
 
 #[test]
 fn e2e_rest_sessions_and_replies() {
-    let Some(rig) = rig(&[("sim", &[])]) else {
+    let Some(rig) = rig_with_member("ivy", "sim", &[]) else {
         return;
     };
-    rig.spawn("sim", "ivy");
     structured_ok(&rig.lead(
         "fleet_send",
         &json!({ "target": "ivy", "task": "r1", "timeoutSecs": 0 }),
