@@ -187,6 +187,22 @@ impl Rig {
         );
     }
 
+    /// Member `target` (such a shell member) cannot reach the rig's tmux server, the user's:
+    /// it types nothing into the lead and opens no window there.
+    pub fn refused_the_tmux_server(&self, target: &str) {
+        let socket = self.tmux.socket().display().to_string();
+        self.refused_in(
+            target,
+            &format!("tmux -S {socket} send-keys -t {LEAD} 'echo owned' Enter"),
+            "",
+        );
+        self.refused_in(target, &format!("tmux -S {socket} new-window"), "");
+        assert!(
+            !self.history(LEAD).contains("owned"),
+            "{target} typed into the lead"
+        );
+    }
+
     /// Calls `tool` from the shell in tmux target `pane`.
     pub fn call_from(&self, pane: &str, tool: &str, args: &Value, timeout: Duration) -> Value {
         let out_file = self.start_call(pane, tool, args);

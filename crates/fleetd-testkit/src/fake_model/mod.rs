@@ -343,6 +343,21 @@ impl FakeModel {
         Self::start_with(dir, name, answer, &[])
     }
 
+    /// A fake model as the fleet's backend `lab`, answering `answer`, with its credential in an
+    /// owner-only file `lab-token` in `dir`: the model, and the `backends:` and `secrets:` blocks
+    /// of fleetd's config that point it there (its members reach it through fleetd).
+    pub fn start_lab(dir: &Path, answer: &str) -> (Self, String) {
+        let model = Self::start(dir, "lab", answer);
+        let token = crate::secret_file(dir, "lab-token", "sk-lab-SECRET");
+        let config = format!(
+            "backends:\n  lab:\n    baseUrl: {}\n    authTokenSecret: lab-token\n\
+             secrets:\n  lab-token:\n    file: {}\n",
+            model.url(),
+            token.display()
+        );
+        (model, config)
+    }
+
     /// [`FakeModel::start`] with more of the binary's options, e.g. `["--stream-gap-ms", "200"]`.
     pub fn start_with(dir: &Path, name: &str, answer: &str, extra_args: &[&str]) -> Self {
         use std::io::BufRead as _;
