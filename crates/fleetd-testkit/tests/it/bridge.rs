@@ -96,38 +96,28 @@ fn e2e_busy_member_gets_queued_tasks_in_order() {
     };
     let tickets: Vec<String> = ["one", "two", "three"]
         .iter()
-        .map(|task| {
-            let sent = structured_ok(&rig.lead(
-                "fleet_send",
-                &json!({ "target": "cy", "task": task, "wait": false }),
-            ));
-            sent["ticket"].as_str().expect("ticket").to_owned()
-        })
+        .map(|task| rig.send_task("cy", task))
         .collect();
     let inbox = poll_until(&rig, &json!({ "target": "cy" }), "three replies", |v| {
         v["replies"].as_array().is_some_and(|r| r.len() == 3)
     });
-    let texts: Vec<&str> = inbox["replies"]
-        .as_array()
-        .expect("replies")
-        .iter()
-        .map(|r| r["text"].as_str().unwrap_or(""))
-        .collect();
+    // Field `name` of each reply, in the inbox's order.
+    let of_each = |name: &str| -> Vec<String> {
+        let replies = inbox["replies"].as_array().expect("replies");
+        replies
+            .iter()
+            .map(|r| r[name].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
     assert_eq!(
-        texts,
+        of_each("text"),
         [
             "sim-agent did: one",
             "sim-agent did: two",
             "sim-agent did: three"
         ]
     );
-    let answered: Vec<&str> = inbox["replies"]
-        .as_array()
-        .expect("replies")
-        .iter()
-        .map(|r| r["ticket"].as_str().unwrap_or(""))
-        .collect();
-    assert_eq!(answered, tickets);
+    assert_eq!(of_each("ticket"), tickets);
 }
 
 #[test]
@@ -411,37 +401,28 @@ fn e2e_a_member_can_act_neither_as_lead_nor_as_another_member() {
     };
     rig.spawn("caller", "kit");
     rig.spawn("sim", "lux");
+    // kit calls `tool` with `args`, and fleetd refuses it with `code`.
+    let kit_refused = |tool: &str, args: Value, code: &str| {
+        let answer = member_calls(&rig, "kit", tool, &args);
+        assert_eq!(error_code(&answer), code, "kit's {tool} {args}");
+    };
     // Lead tools are refused to a member whose profile does not allow delegation.
-    let send = member_calls(
-        &rig,
-        "kit",
+    kit_refused(
         "fleet_send",
-        &json!({ "target": "lux", "task": "x" }),
+        json!({ "target": "lux", "task": "x" }),
+        "not_a_lead",
     );
-    assert_eq!(error_code(&send), "not_a_lead");
-    let stop = member_calls(&rig, "kit", "fleet_stop", &json!({ "target": "lux" }));
-    assert_eq!(error_code(&stop), "not_a_lead");
+    kit_refused("fleet_stop", json!({ "target": "lux" }), "not_a_lead");
     // Naming another member changes nothing: there is no such argument, and another member's
     // ticket is refused.
-    let named = member_calls(
-        &rig,
-        "kit",
-        "fleet_reply",
-        &json!({ "text": "forged", "target": "lux" }),
-    );
-    assert_eq!(error_code(&named), "invalid_arguments");
+    let named = json!({ "text": "forged", "target": "lux" });
+    kit_refused("fleet_reply", named, "invalid_arguments");
     let lux = structured_ok(&rig.lead(
         "fleet_send",
         &json!({ "target": "lux", "task": "own work" }),
     ));
-    let ticket = lux["ticket"].clone();
-    let forged = member_calls(
-        &rig,
-        "kit",
-        "fleet_reply",
-        &json!({ "text": "forged", "ticket": ticket }),
-    );
-    assert_eq!(error_code(&forged), "not_your_ticket");
+    let forged = json!({ "text": "forged", "ticket": lux["ticket"] });
+    kit_refused("fleet_reply", forged, "not_your_ticket");
     let inbox = structured_ok(&rig.lead("fleet_poll", &json!({ "target": "lux" })));
     assert_eq!(
         inbox["replies"],
