@@ -385,7 +385,10 @@ impl Rig {
     /// The members the lead's `fleet_list` shows now.
     pub fn members(&self) -> Vec<Value> {
         let listed = structured_ok(&self.lead("fleet_list", &serde_json::json!({})));
-        listed["members"].as_array().cloned().unwrap_or_default()
+        listed["members"]
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| panic!("fleet_list lists no members array: {listed}"))
     }
 
     /// Member `name` as the lead's `fleet_list` shows it now; panics with the list when it is

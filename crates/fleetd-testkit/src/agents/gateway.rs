@@ -19,8 +19,8 @@ pub const KEY_PREFIX: &str = "fleetd-mk-";
 /// fake logs an answer served when its stream ended, fleetd counts it at its last event.
 const SETTLE: Duration = Duration::from_secs(15);
 
-/// Neither the members' token nor any model key is in `text`, which stands `place` (the lead's
-/// side, where neither may go).
+/// Neither the members' token nor any model key is in `text`, found `place` on the lead's side
+/// (where neither may go); a failure says where.
 fn holds_no_member_secret(text: &str, place: &str) {
     assert!(
         !text.contains(MEMBER_TOKEN),
