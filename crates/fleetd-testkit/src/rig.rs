@@ -402,6 +402,16 @@ impl Rig {
             .unwrap_or_else(|| panic!("{name} is not in the fleet: {members:?}"))
     }
 
+    /// Profile `name` as the lead's `fleet_profiles` shows it now; panics with the list when it
+    /// is not there.
+    pub fn profile(&self, name: &str) -> Value {
+        let listed = structured_ok(&self.lead("fleet_profiles", &serde_json::json!({})));
+        listed["profiles"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["name"] == name).cloned())
+            .unwrap_or_else(|| panic!("no profile {name}: {listed}"))
+    }
+
     /// Spawns a member from `profile` named `name` and returns the tool's structured result.
     pub fn spawn(&self, profile: &str, name: &str) -> Value {
         let result = self.lead(

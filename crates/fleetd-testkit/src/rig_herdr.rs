@@ -38,6 +38,18 @@ impl HerdrRig {
         Self::start_with(extra, false, &[], None)
     }
 
+    /// A rig whose primary tab is `w1:t1` (its lead never reminded), with `profiles` (the YAML
+    /// under `profiles:`), a lead agent `boss`, and a member `member` that lead spawned from
+    /// `profile`; the rig and the lead's pane.
+    pub fn with_member(profiles: &str, [profile, member]: [&str; 2]) -> (Self, String) {
+        let rig = Self::start(&format!(
+            "primary:\n  tab: w1:t1\n  pushReminders: 0\nprofiles:\n{profiles}"
+        ));
+        let (_, lead) = rig.agent_lead("boss");
+        rig.spawned(&lead, profile, member);
+        (rig, lead)
+    }
+
     /// Like [`HerdrRig::start`] with fake-herdr behaving as herdr `herdr` (0.8.2 or 0.9).
     pub fn start_as(extra: &str, herdr: HerdrVersion) -> Self {
         Self::start_with(extra, false, &[], Some(herdr))

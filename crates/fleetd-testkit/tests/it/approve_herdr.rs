@@ -13,12 +13,13 @@ const PATIENCE: Duration = Duration::from_secs(60);
 
 #[test]
 fn e2e_herdr_a_blocked_members_dialog_is_read_and_answered() {
-    let rig = HerdrRig::start(&format!(
-        "primary:\n  tab: w1:t1\n  pushReminders: 0\nprofiles:\n{}      SIM_AGENT_SCRIPT: permission\n",
-        fleetd_testkit::rig_herdr::sim_profile("blocker", 200),
-    ));
-    let (_, lead) = rig.agent_lead("boss");
-    rig.spawned(&lead, "blocker", "bea");
+    let (rig, lead) = HerdrRig::with_member(
+        &format!(
+            "{}      SIM_AGENT_SCRIPT: permission\n",
+            fleetd_testkit::rig_herdr::sim_profile("blocker", 200),
+        ),
+        ["blocker", "bea"],
+    );
     rig.call_from(
         &lead,
         r#"fleet_send {"target":"bea","task":"deploy","wait":false}"#,

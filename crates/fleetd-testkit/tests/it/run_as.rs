@@ -135,12 +135,8 @@ fn e2e_run_as_a_member_is_its_own_user_and_the_kernel_keeps_it_out() {
         return;
     };
     let rig = &fleet.rig;
-    let profiles = structured_ok(&rig.lead("fleet_profiles", &json!({})));
-    let apart = profiles["profiles"]
-        .as_array()
-        .and_then(|p| p.iter().find(|p| p["name"] == "apart").cloned())
-        .unwrap_or_default();
-    assert_eq!(apart["runAs"], AGENT_USER, "{profiles}");
+    let apart = rig.profile("apart");
+    assert_eq!(apart["runAs"], AGENT_USER, "{apart}");
     rig.spawn("apart", "ann");
     let ann = rig.member("ann");
     assert_eq!(ann["runAs"], AGENT_USER, "{ann}");
@@ -380,12 +376,13 @@ fn e2e_run_as_on_herdr_a_member_is_its_user_and_cannot_reach_herdr() {
     std::fs::set_permissions(files.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let sim = files.path().join("sim-agent");
     std::fs::copy(bin_path("sim-agent"), &sim).expect("copy");
-    let rig = fleetd_testkit::rig_herdr::HerdrRig::start(&format!(
-        "primary:\n  tab: w1:t1\n  pushReminders: 0\nprofiles:\n  apart:\n    agent: custom\n    command: {}\n    runAs: {AGENT_USER}\n    env:\n      HERDR_AGENT: claude\n      SIM_AGENT_WORK_MS: \"100\"\n      SIM_AGENT_SCRIPT: shell\n",
-        sim.display()
-    ));
-    let (_, lead) = rig.agent_lead("boss");
-    rig.spawned(&lead, "apart", "ann");
+    let (rig, lead) = fleetd_testkit::rig_herdr::HerdrRig::with_member(
+        &format!(
+            "  apart:\n    agent: custom\n    command: {}\n    runAs: {AGENT_USER}\n    env:\n      HERDR_AGENT: claude\n      SIM_AGENT_WORK_MS: \"100\"\n      SIM_AGENT_SCRIPT: shell\n",
+            sim.display()
+        ),
+        ["apart", "ann"],
+    );
     // Its own user, in its own home (no cwd given), and herdr's socket is the user's: no
     // pane.create, no pane.send_text into the lead.
     let socket = rig.herdr.socket().display().to_string();

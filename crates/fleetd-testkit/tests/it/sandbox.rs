@@ -394,23 +394,10 @@ fn e2e_sandbox_without_a_network_a_member_reaches_fleetd_and_its_model_only() {
         return;
     };
     let rig = &fleet.rig;
-    let profiles = structured_ok(&rig.lead("fleet_profiles", &json!({})));
-    let sandbox_of = |name: &str| {
-        profiles["profiles"]
-            .as_array()
-            .and_then(|p| p.iter().find(|p| p["name"] == name))
-            .map(|p| p["sandbox"].clone())
-    };
-    assert_eq!(
-        sandbox_of("offline"),
-        Some(json!({ "network": false })),
-        "{profiles}"
-    );
-    assert_eq!(
-        sandbox_of("boxed"),
-        Some(json!({ "network": true })),
-        "{profiles}"
-    );
+    let offline = rig.profile("offline");
+    assert_eq!(offline["sandbox"], json!({ "network": false }), "{offline}");
+    let boxed = rig.profile("boxed");
+    assert_eq!(boxed["sandbox"], json!({ "network": true }), "{boxed}");
     rig.spawn("offline", "fay");
     // Its replies reach fleetd (this very reply came through the box's relay), and so does its
     // model call through the gateway at the URL it was given.
@@ -437,13 +424,14 @@ fn e2e_sandbox_on_herdr_a_member_cannot_reach_herdr() {
         return;
     }
     let work = tempfile::tempdir().expect("tempdir");
-    let rig = fleetd_testkit::rig_herdr::HerdrRig::start(&format!(
-        "primary:\n  tab: w1:t1\n  pushReminders: 0\nprofiles:\n{}      SIM_AGENT_SCRIPT: shell\n    cwd: {}\n    sandbox: {{}}\n",
-        fleetd_testkit::rig_herdr::sim_profile("boxed", 100),
-        work.path().display()
-    ));
-    let (_, lead) = rig.agent_lead("boss");
-    rig.spawned(&lead, "boxed", "ann");
+    let (rig, lead) = fleetd_testkit::rig_herdr::HerdrRig::with_member(
+        &format!(
+            "{}      SIM_AGENT_SCRIPT: shell\n    cwd: {}\n    sandbox: {{}}\n",
+            fleetd_testkit::rig_herdr::sim_profile("boxed", 100),
+            work.path().display()
+        ),
+        ["boxed", "ann"],
+    );
     // herdr's socket is not in the box, nor named in its environment: no pane.create, no
     // pane.send_text into the lead, from inside.
     let socket = rig.herdr.socket().display().to_string();
