@@ -445,26 +445,60 @@ fn a_over_tls(proxy: &TlsProxy, ca_file: &std::path::Path) -> Option<TwoHosts> {
     )
 }
 
-/// a, down while its task `ticket` to `member` was answered, starts again on its state and
-/// links: the task is replied within `patience`, and a's inbox holds its reply `reply` once.
+/// a, down while its task `task` (ticket `ticket`) to `member` was answered, starts again on its
+/// state and links: the task is replied within `patience`, and answered once.
 fn a_restarts_and_gets_the_reply_once(
     hosts: &mut TwoHosts,
-    ticket: &str,
+    [ticket, task]: [&str; 2],
     member: &str,
-    reply: &str,
     patience: std::time::Duration,
 ) {
-    hosts.a.restart_daemon();
-    wait_linked(&mut hosts.a);
+    restart_linked(&mut hosts.a, patience);
     fleetd_testkit::wait_until("the ticket replied on a", patience, || {
         ticket_state(&hosts.a, ticket) == "replied"
     });
-    let counts = reply_counts(&hosts.a, member);
-    assert_eq!(
-        counts.get(reply).copied(),
-        Some(1),
-        "the reply, once: {counts:?}"
-    );
+    each_answered_once(&hosts.a, member, &[task]);
+}
+
+/// Starts `rig`'s daemon again on its state (after a kill) and waits up to `patience` until it
+/// has linked to the broker again.
+fn restart_linked(rig: &mut fleetd_testkit::rig::Rig, patience: std::time::Duration) {
+    rig.restart_daemon();
+    rig.daemon
+        .wait_for_log("the gateway linked again", patience, |l| {
+            l.contains("gateway linked to the broker")
+        });
+}
+
+/// Each of `tasks` a sent `member` on b (whose members answer `did on b: <task>`) was answered
+/// once: its reply is in a's inbox exactly once. Every reply's count, for the caller's other
+/// checks.
+fn each_answered_once(
+    a: &fleetd_testkit::rig::Rig,
+    member: &str,
+    tasks: &[impl AsRef<str>],
+) -> std::collections::BTreeMap<String, usize> {
+    let counts = reply_counts(a, member);
+    for task in tasks.iter().map(AsRef::as_ref) {
+        assert_eq!(
+            counts.get(&format!("did on b: {task}")).copied(),
+            Some(1),
+            "{task} answered once: {counts:?}"
+        );
+    }
+    counts
+}
+
+/// Each of `tasks` was typed into b's member panes exactly once.
+fn each_typed_once(b: &fleetd_testkit::rig::Rig, tasks: &[impl AsRef<str>]) {
+    let pane = b.history("fleet:");
+    for task in tasks.iter().map(AsRef::as_ref) {
+        assert_eq!(
+            pane.matches(&format!("❯ {task}")).count(),
+            1,
+            "{task} typed once:\n{pane}"
+        );
+    }
 }
 
 fn healthz_gateway(rig: &fleetd_testkit::rig::Rig) -> serde_json::Value {

@@ -148,14 +148,7 @@ fn e2e_gateway_link_cuts_on_either_side_lose_and_duplicate_nothing() {
     fleetd_testkit::wait_until("every ticket replied", patience, || {
         tickets.iter().all(|t| ticket_state(a, t) == "replied")
     });
-    let counts = reply_counts(a, &alice);
-    for task in &tasks {
-        assert_eq!(
-            counts.get(&format!("did on b: {task}")).copied(),
-            Some(1),
-            "{task} answered once: {counts:?}"
-        );
-    }
+    let counts = each_answered_once(a, &alice, &tasks);
     assert_eq!(counts.len(), tasks.len(), "nothing else: {counts:?}");
     // A spawn asked while a's link is cut waits in a's outbox and completes once it is back;
     // a stop sent while b's is cut reaches b once it is back.
@@ -390,18 +383,8 @@ fn e2e_gateway_outbox_over_its_alarm_degrades_healthz_and_drains_once_the_link_i
     });
     assert!(seen["gateway"].get("outboxWarning").is_none(), "{seen}");
     fleetd_testkit::wait_until("the gauge at 0", patience, || outbox_gauge(a) == Some(0.0));
-    let counts = reply_counts(a, &alice);
-    for task in &tasks {
-        assert_eq!(
-            counts.get(&format!("did on b: {task}")).copied(),
-            Some(1),
-            "{task} answered once: {counts:?}"
-        );
-    }
-    let pane = b.history("fleet:");
-    for task in &tasks {
-        assert_eq!(pane.matches(&format!("❯ {task}")).count(), 1, "{pane}");
-    }
+    each_answered_once(a, &alice, &tasks);
+    each_typed_once(b, &tasks);
     hosts.a.daemon.wait_for_log("back under", patience, |l| {
         l.contains("the gateway outbox is back under its alarm")
     });
@@ -425,13 +408,7 @@ fn e2e_gateway_kill_9_of_either_gateway_mid_flight_loses_and_repeats_nothing() {
         ticket_state(&hosts.a, &first) == "working"
     });
     hosts.b.kill_daemon();
-    hosts.b.restart_daemon();
-    hosts
-        .b
-        .daemon
-        .wait_for_log("b linked again", patience, |l| {
-            l.contains("gateway linked to the broker")
-        });
+    restart_linked(&mut hosts.b, patience);
     fleetd_testkit::wait_until("the first ticket replied", patience, || {
         ticket_state(&hosts.a, &first) == "replied"
     });
@@ -446,33 +423,13 @@ fn e2e_gateway_kill_9_of_either_gateway_mid_flight_loses_and_repeats_nothing() {
     }
     hosts.a.kill_daemon();
     hold(std::time::Duration::from_secs(2));
-    hosts.a.restart_daemon();
-    hosts
-        .a
-        .daemon
-        .wait_for_log("a linked again", patience, |l| {
-            l.contains("gateway linked to the broker")
-        });
+    restart_linked(&mut hosts.a, patience);
     fleetd_testkit::wait_until("every ticket replied", patience, || {
         tickets
             .iter()
             .all(|t| ticket_state(&hosts.a, t) == "replied")
     });
-    let counts = reply_counts(&hosts.a, &alice);
-    for task in &tasks {
-        assert_eq!(
-            counts.get(&format!("did on b: {task}")).copied(),
-            Some(1),
-            "{task} answered once: {counts:?}"
-        );
-    }
+    each_answered_once(&hosts.a, &alice, &tasks);
     // And typed once: alice's pane shows each task once.
-    let pane = hosts.b.history("fleet:");
-    for task in &tasks {
-        assert_eq!(
-            pane.matches(&format!("❯ {task}")).count(),
-            1,
-            "{task} typed once:\n{pane}"
-        );
-    }
+    each_typed_once(&hosts.b, &tasks);
 }

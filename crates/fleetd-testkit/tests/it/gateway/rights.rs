@@ -58,8 +58,10 @@ fn e2e_gateway_users_have_their_own_rights_and_no_more() {
         let forged_key = publish(&conn_a, &format!("to.{b}.from.c{a}.task"), a).await;
         assert_access_refused(&forged_key, "forged routing key");
         // a reading b's queue, binding its own queue to b's keys, declaring a queue: refused.
-        let channel = conn_a.create_channel().await.expect("channel");
-        let read = channel
+        // A refusal closes its channel, so each attempt opens one of its own.
+        let fresh_channel = async || conn_a.create_channel().await.expect("channel");
+        let read = fresh_channel()
+            .await
             .basic_consume(
                 format!("fleet.gw.{b}.in").as_str().into(),
                 "spy".into(),
@@ -68,8 +70,8 @@ fn e2e_gateway_users_have_their_own_rights_and_no_more() {
             )
             .await;
         assert_access_refused(&read, "a read b's queue");
-        let channel = conn_a.create_channel().await.expect("channel");
-        let bind = channel
+        let bind = fresh_channel()
+            .await
             .queue_bind(
                 format!("fleet.gw.{a}.in").as_str().into(),
                 "fleet.x".into(),
@@ -79,8 +81,8 @@ fn e2e_gateway_users_have_their_own_rights_and_no_more() {
             )
             .await;
         assert_access_refused(&bind, "a bound to b's keys");
-        let channel = conn_a.create_channel().await.expect("channel");
-        let declare = channel
+        let declare = fresh_channel()
+            .await
             .queue_declare(
                 "anything".into(),
                 QueueDeclareOptions::default(),

@@ -84,13 +84,7 @@ fn e2e_gateway_over_tls_does_not_link_to_a_broker_its_ca_did_not_sign_and_says_w
     );
     assert_ne!(text, fixed, "the caFile was in a's config");
     std::fs::write(&config, fixed).expect("write a's config");
-    a_restarts_and_gets_the_reply_once(
-        &mut hosts,
-        &ticket,
-        &alice,
-        &format!("did on b: {task}"),
-        patience,
-    );
+    a_restarts_and_gets_the_reply_once(&mut hosts, [&ticket, task], &alice, patience);
     assert_eq!(healthz_gateway(&hosts.a)["linked"], true);
 }
 
