@@ -93,6 +93,7 @@ codes! {
         TooManyMembers = "too_many_members",
         TooManyCalls = "too_many_calls",
         GatewayBacklog = "gateway_backlog",
+        GatewayBusy = "gateway_busy",
         BudgetReached = "budget_reached",
     }
     Conflict {

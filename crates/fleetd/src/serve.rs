@@ -304,6 +304,7 @@ impl Daemon {
                     peers: gw.peers.clone(),
                     forward,
                     outbox_max: usize::try_from(gw.outbox_max).unwrap_or(usize::MAX),
+                    peer_backlog_max: usize::try_from(gw.peer_backlog_max).unwrap_or(usize::MAX),
                 };
                 Some((parts, link, outbox))
             }

@@ -18,6 +18,7 @@ const MAX_PRESENCE_SECS: u64 = 300;
 const DEFAULT_OUTBOX_ALARM: u64 = 1000;
 const MAX_OUTBOX_ALARM: u64 = 10_000_000;
 const DEFAULT_OUTBOX_MAX: u64 = 100_000;
+const DEFAULT_PEER_BACKLOG_MAX: u64 = 2000;
 
 pub(super) fn gateway(
     judge: &Judge<'_>,
@@ -176,10 +177,18 @@ pub(super) fn gateway(
             MAX_OUTBOX_ALARM,
         )?,
     };
+    let peer_backlog_max = bounded(
+        judge,
+        "gateway.peerBacklogMax",
+        raw.value.peer_backlog_max.clone(),
+        DEFAULT_PEER_BACKLOG_MAX,
+        MAX_OUTBOX_ALARM,
+    )?;
     Ok(Some(Gateway {
         presence_interval_secs,
         outbox_alarm,
         outbox_max,
+        peer_backlog_max,
         name,
         broker: GatewayBroker {
             urls: urls.into_iter().map(|u| u.value).collect(),

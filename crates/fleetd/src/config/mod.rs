@@ -283,6 +283,10 @@ pub struct Gateway {
     /// stops) are refused (`gateway_backlog`) until the broker takes some. Answers
     /// owed to other gateways are never refused.
     pub outbox_max: u64,
+    /// Messages waiting for one other gateway (in its queue on the broker and in this outbox)
+    /// at which new tasks and spawns for it are refused (`gateway_busy`) until it takes some:
+    /// a gateway that falls behind slows its senders instead of queueing for minutes.
+    pub peer_backlog_max: u64,
 }
 
 /// `gateway.broker:`.

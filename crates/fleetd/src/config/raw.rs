@@ -53,6 +53,7 @@ pub(crate) struct RawGateway {
     pub(crate) presence_interval_secs: Option<At<u64>>,
     pub(crate) outbox_alarm: Option<At<u64>>,
     pub(crate) outbox_max: Option<At<u64>>,
+    pub(crate) peer_backlog_max: Option<At<u64>>,
 }
 
 /// `gateway.broker:`.

@@ -451,3 +451,17 @@ fn gateway_outbox_max_defaults_above_the_alarm_and_may_not_be_below_it() {
     assert!(err.contains("gateway.outboxMax"), "{err}");
     assert!(err.contains("below gateway.outboxAlarm (50)"), "{err}");
 }
+
+#[test]
+fn gateway_peer_backlog_max_defaults_to_2000_and_zero_is_refused_by_name() {
+    let base = gateway_with("amqp://rmq:5672/fleet", "");
+    let gw = parse(&base).expect("valid").gateway.expect("gateway");
+    assert_eq!(gw.peer_backlog_max, 2000);
+    let set = base.replace("  name: a\n", "  name: a\n  peerBacklogMax: 50\n");
+    let gw = parse(&set).expect("valid").gateway.expect("gateway");
+    assert_eq!(gw.peer_backlog_max, 50);
+    let zero = base.replace("  name: a\n", "  name: a\n  peerBacklogMax: 0\n");
+    let err = parse(&zero).expect_err("zero").to_string();
+    assert!(err.contains("gateway.peerBacklogMax"), "{err}");
+    assert!(err.contains("out of range"), "{err}");
+}

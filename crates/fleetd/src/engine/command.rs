@@ -191,6 +191,10 @@ pub(crate) enum Command {
         seq: u64,
         unroutable: bool,
     },
+    PeerQueued {
+        gateway: fleetd_core::gateway::GatewayName,
+        depth: u64,
+    },
     StopRemote {
         target: Target,
         cause: String,

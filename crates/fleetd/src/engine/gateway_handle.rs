@@ -85,6 +85,17 @@ impl EngineHandle {
         self.send(Command::Forwarded { seq, unroutable }).await
     }
 
+    /// Gateway `gateway`'s queue on the broker held `depth` messages just now (the forwarder's
+    /// probe): new requests to it are refused while that and this outbox's records for it reach
+    /// `gateway.peerBacklogMax`.
+    pub async fn peer_queued(
+        &self,
+        gateway: fleetd_core::gateway::GatewayName,
+        depth: u64,
+    ) -> Result<(), EngineGone> {
+        self.send(Command::PeerQueued { gateway, depth }).await
+    }
+
     /// Asks `target`'s gateway (another host's) to stop it; `false` when this fleetd is no
     /// gateway or `target` is local.
     pub async fn stop_remote(&self, target: Target, cause: String) -> Result<bool, EngineGone> {
@@ -102,11 +113,16 @@ impl EngineHandle {
         &self,
         request: SpawnRemote,
     ) -> Result<Result<(String, SpawnAnswer), Refusal>, EngineGone> {
-        self.ask(|reply| Command::SpawnRemote {
-            request: Box::new(request),
-            reply,
-        })
-        .await
+        let gateway = request.gateway.clone();
+        self.life
+            .busy
+            .held(&gateway, || {
+                self.ask(|reply| Command::SpawnRemote {
+                    request: Box::new(request.clone()),
+                    reply,
+                })
+            })
+            .await
     }
 
     /// A delivery from another gateway was refused before the engine saw it (it is no

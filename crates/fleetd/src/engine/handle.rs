@@ -169,14 +169,7 @@ impl EngineHandle {
         target: Target,
         task: String,
     ) -> Result<Result<Ticket, Refusal>, EngineGone> {
-        self.ask(|reply| Command::Submit {
-            lead,
-            by: None,
-            target,
-            task,
-            reply,
-        })
-        .await
+        self.submit_as(lead, None, target, task).await
     }
 
     /// Queues `task` for `target` on behalf of delegating member `by` (who may then poll its
@@ -187,14 +180,31 @@ impl EngineHandle {
         target: Target,
         task: String,
     ) -> Result<Result<Ticket, Refusal>, EngineGone> {
-        self.ask(|reply| Command::Submit {
-            lead: None,
-            by: Some(by),
-            target,
-            task,
-            reply,
-        })
-        .await
+        self.submit_as(None, Some(by), target, task).await
+    }
+
+    /// A task for `target` from `lead` or delegating member `by`; one for a member on another
+    /// gateway that is behind waits for room (`busy`).
+    async fn submit_as(
+        &self,
+        lead: Option<LeadRef>,
+        by: Option<Target>,
+        target: Target,
+        task: String,
+    ) -> Result<Result<Ticket, Refusal>, EngineGone> {
+        let ask = || {
+            self.ask(|reply| Command::Submit {
+                lead: lead.clone(),
+                by: by.clone(),
+                target: target.clone(),
+                task: task.clone(),
+                reply,
+            })
+        };
+        match target.gateway() {
+            Some(gateway) => self.life.busy.held(gateway, ask).await,
+            None => ask().await,
+        }
     }
 
     /// A receiver that fires when `ticket` settles (at once if it already has).

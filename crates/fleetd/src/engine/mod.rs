@@ -5,6 +5,7 @@
 //! holds the state. Architecture invariant: the engine never blocks on I/O — every multiplexer or
 //! store call runs in a spawned task that reports back as an [`Event`].
 
+mod busy;
 mod command;
 mod effects;
 mod gateway_handle;
@@ -93,4 +94,7 @@ pub struct GatewayParts {
     /// refused. The channel to the forwarder carries each record once, so it holds no more
     /// than the outbox does.
     pub outbox_max: usize,
+    /// `gateway.peerBacklogMax`: messages waiting for one other gateway at which new requests
+    /// to it are refused (`gateway_busy`).
+    pub peer_backlog_max: usize,
 }

@@ -115,6 +115,8 @@ pub(crate) struct Life {
     pub(crate) clock: crate::clock::SharedClock,
     /// The model gateway's passes, as the engine last published them (`state::passes`).
     pub(crate) passes: super::state::PassBoard,
+    /// Requests held for gateways that are behind (`busy`).
+    pub(crate) busy: super::busy::Turns,
 }
 
 impl Life {
@@ -155,6 +157,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
         events: Arc::clone(&hub),
         clock: Arc::clone(&parts.clock),
         passes: state.pass_board(),
+        busy: super::busy::Turns::default(),
     });
     let handle = EngineHandle {
         tx: tx.clone(),
@@ -165,6 +168,7 @@ pub fn spawn(parts: EngineParts) -> EngineHandle {
         me: g.me.clone(),
         peers: g.peers.clone(),
         outbox_max: g.outbox_max,
+        peer_backlog_max: g.peer_backlog_max,
     }));
     let events = parts.mux.events();
     let lagged = parts.mux.lagged();

@@ -61,6 +61,7 @@ fn gateway_rig_with(
             peers,
             forward,
             outbox_max: 3,
+            peer_backlog_max: 5,
         }),
         ..engine_parts(fake, &store, crate::config::Live::fixed(config))
     });
@@ -450,4 +451,74 @@ async fn new_requests_to_other_gateways_are_refused_at_the_outbox_bound_and_answ
     sleep(Duration::from_millis(50)).await;
     let (_, answer) = rig.outbox.try_recv().expect("the answer is in the outbox");
     assert_eq!(answer.kind, Kind::Ticket);
+}
+
+#[tokio::test(start_paused = true)]
+async fn new_requests_to_a_gateway_that_is_behind_are_refused_and_others_still_go() {
+    let fake = FakeMux::new();
+    let rig = gateway_rig(&fake);
+    let b = GatewayName::new("b").expect("name");
+    // The probe read 4 messages waiting in b's queue on the broker; one task more for b in
+    // this outbox reaches the bound (5 here).
+    rig.engine.peer_queued(b.clone(), 4).await.expect("engine");
+    task(&rig.engine, "alice@b", "job 1").await;
+    let refused = send_task(&rig.engine, "alice@b", "job 2")
+        .await
+        .expect_err("b is behind");
+    assert_refused(
+        &refused,
+        "gateway_busy",
+        "gateway b is behind: 5 messages wait for it (4 in its queue on the broker, 1 in this gateway's outbox; gateway.peerBacklogMax = 5)",
+    );
+    let spawn = rig
+        .engine
+        .spawn_remote(super::SpawnRemote {
+            gateway: "b".to_owned(),
+            profile: "sim".to_owned(),
+            name: None,
+            task: None,
+            lead: None,
+            by: None,
+        })
+        .await
+        .expect("engine");
+    assert_eq!(spawn.err().map(|r| r.code.as_str()), Some("gateway_busy"));
+    // Another gateway is not held back by b.
+    task(&rig.engine, "carol@c", "job for c").await;
+    // b's queue drained: b takes tasks again.
+    rig.engine.peer_queued(b, 0).await.expect("engine");
+    task(&rig.engine, "alice@b", "job 3").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_for_a_gateway_that_is_behind_waits_for_room_then_goes_or_is_refused_after_the_hold()
+{
+    let fake = FakeMux::new();
+    let mut rig = gateway_rig(&fake);
+    let b = GatewayName::new("b").expect("name");
+    rig.engine.peer_queued(b.clone(), 5).await.expect("engine");
+    let engine = rig.engine.clone();
+    let held = tokio::spawn(async move { send_task(&engine, "alice@b", "held").await });
+    sleep(Duration::from_secs(2)).await;
+    assert!(!held.is_finished(), "b is behind: the task waits");
+    rig.engine.peer_queued(b.clone(), 0).await.expect("engine");
+    held.await.expect("joined").expect("taken once b has room");
+    // b stays behind past the hold: the refusal stands, saying it waited.
+    rig.engine.peer_queued(b, 5).await.expect("engine");
+    let started = tokio::time::Instant::now();
+    let refused = send_task(&rig.engine, "alice@b", "too late")
+        .await
+        .expect_err("b stayed behind");
+    assert_refused(
+        &refused,
+        "gateway_busy",
+        "(this request waited 10 s for room)",
+    );
+    assert!(
+        started.elapsed() >= super::busy::HOLD,
+        "{:?}",
+        started.elapsed()
+    );
+    let kinds: Vec<Kind> = rig.sent().into_iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, [Kind::Task], "only the task taken went out");
 }

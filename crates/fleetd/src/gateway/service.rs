@@ -40,6 +40,7 @@ pub fn start(
         engine: engine.clone(),
     };
     tokio::spawn(super::forward::forward(outlet, outbox, stop.clone()));
+    super::backlog::watch(link.clone(), engine.clone(), stop.clone());
     super::presence::broadcast(
         link.clone(),
         engine.clone(),

@@ -24,6 +24,8 @@
 //!   `never_sent` (a reply, ticket event, question or spawn result for something never sent
 //!   there), `not_allowed` (`gateway.peers` does not allow it), `undeliverable`, `presence`;
 //! - `fleetd_gateway_outbox` — messages waiting in this gateway's outbox for the broker;
+//! - `fleetd_gateway_peer_queued{gateway}` — messages waiting in another gateway's queue on the
+//!   broker, as last read while sending there (`gateway.peerBacklogMax` bounds it);
 //! - `fleetd_gateway_forwarded_total{kind, outcome}` — outbox messages the broker took
 //!   (`confirmed`), could not route (`unroutable`), or that wait for a missing queue (`parked`).
 
@@ -122,6 +124,11 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "fleetd_gateway_outbox",
         "gauge",
         "Messages waiting in this gateway's outbox for the broker",
+    ),
+    (
+        "fleetd_gateway_peer_queued",
+        "gauge",
+        "Messages waiting in another gateway's queue on the broker, as last read while sending there, by gateway",
     ),
     (
         "fleetd_gateway_forwarded_total",

@@ -1,6 +1,6 @@
 //! The outbox and de-duplication under faults: a dead broker URL and a queue deleted under the
-//! link, link cuts on either side (also mid-question), an outbox over its alarm, and kill -9 of
-//! either gateway mid-flight — nothing lost, nothing repeated.
+//! link, link cuts on either side (also mid-question), an outbox over its alarm, a peer that
+//! falls behind, and kill -9 of either gateway mid-flight — nothing lost, nothing repeated.
 
 use super::*;
 
@@ -388,6 +388,97 @@ fn e2e_gateway_outbox_over_its_alarm_degrades_healthz_and_drains_once_the_link_i
     hosts.a.daemon.wait_for_log("back under", patience, |l| {
         l.contains("the gateway outbox is back under its alarm")
     });
+}
+
+/// Gateway b falls behind (its link cut, so its queue on the broker only grows): once
+/// `gateway.peerBacklogMax` (3) messages wait for b, a's probe has read b's queue and a refuses
+/// new tasks for b with `gateway_busy`, naming b and the bound, where before a took every task
+/// for minutes. Once b is back and has taken its
+/// queue, a takes tasks for b again; every task a took is answered once.
+#[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "paced sends: the probe reads b's queue four times a second"
+)]
+fn e2e_gateway_a_peer_behind_gets_no_new_tasks_until_it_catches_up_and_loses_none() {
+    let pb = broker_proxy();
+    let Some(mut hosts) = start_two_hosts_env(
+        &[
+            BrokerAt::plain(&[fleetd_testkit::RABBITMQ_ADDR.to_owned()])
+                .and_gateway("  peerBacklogMax: 3\n"),
+            BrokerAt::plain(&[pb.addr.to_string()]),
+        ],
+        &[
+            ("SIM_AGENT_WORK_MS", "100"),
+            ("SIM_AGENT_REPLY", "did on b: {prompt}"),
+        ],
+        false,
+    ) else {
+        return;
+    };
+    hosts.wait_linked();
+    let patience = std::time::Duration::from_secs(90);
+    let alice = hosts.alice_on_b();
+    pb.cut();
+    let a = &hosts.a;
+    let mut taken = Vec::new();
+    let mut refused = serde_json::Value::Null;
+    fleetd_testkit::wait_until("a refuses a task for b", patience, || {
+        let task = format!("task {}", taken.len());
+        let sent = a.lead(
+            "fleet_send",
+            &serde_json::json!({ "target": alice, "task": task, "wait": false }),
+        );
+        if sent["isError"] == true {
+            refused = sent;
+            return true;
+        }
+        taken.push(task);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        false
+    });
+    assert_eq!(fleetd_testkit::rig::error_code(&refused), "gateway_busy");
+    let says = refused["structuredContent"]["message"].to_string();
+    assert!(
+        says.contains(&format!("gateway {} is behind", hosts.fleet.gateways[1]))
+            && says.contains("gateway.peerBacklogMax = 3"),
+        "{refused}"
+    );
+    assert!(
+        (3..=12).contains(&taken.len()),
+        "a took {} tasks for b before it refused",
+        taken.len()
+    );
+    let queued = samples(&scrape(a), "fleetd_gateway_peer_queued", "gateway");
+    assert!(
+        queued
+            .iter()
+            .any(|(gw, v)| *gw == hosts.fleet.gateways[1] && *v >= 3.0),
+        "a's gauge of b's queue: {queued:?}"
+    );
+    pb.restore();
+    let (a, b) = (&hosts.a, &hosts.b);
+    let mut after = String::new();
+    fleetd_testkit::wait_until("a takes a task for b again", patience, || {
+        let sent = a.lead(
+            "fleet_send",
+            &serde_json::json!({ "target": alice, "task": "after", "wait": false }),
+        );
+        if sent["isError"] == true {
+            return false;
+        }
+        after = fleetd_testkit::rig::structured_ok(&sent)["ticket"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        true
+    });
+    taken.push("after".to_owned());
+    fleetd_testkit::wait_until("the task after answered", patience, || {
+        ticket_state(a, &after) == "replied"
+    });
+    each_answered_once(a, &alice, &taken);
+    each_typed_once(b, &taken);
 }
 
 /// kill -9 of either gateway in the middle: b while its member works on a's task (the ticket b

@@ -318,6 +318,7 @@ impl Engine {
                     s.forwarded(seq);
                 }
             }
+            Command::PeerQueued { gateway, depth } => s.peer_queued(gateway, depth),
             Command::StopRemote {
                 target,
                 cause,

@@ -32,6 +32,8 @@ pub(in crate::engine) struct GatewayState {
     pub(in crate::engine) peers: std::collections::BTreeMap<String, Vec<PeerRight>>,
     /// Records in the outbox at which new requests to other gateways are refused.
     pub(in crate::engine) outbox_max: usize,
+    /// Messages waiting for one other gateway at which new requests to it are refused.
+    pub(in crate::engine) peer_backlog_max: usize,
 }
 
 /// What became of a delivery from another gateway.
@@ -217,13 +219,13 @@ impl State {
             ));
         };
         let me = gw.me.clone();
-        self.outbox_room()?;
         let Some(dst) = target.gateway().and_then(|g| GatewayName::new(g).ok()) else {
             return Err(fleetd_core::access::Refusal::new(
                 Code::InvalidTarget,
                 format!("{target} names no gateway"),
             ));
         };
+        self.outbox_room(&dst)?;
         let ticket = Ticket::from_uuid(self.ids.new_id());
         self.open_ticket(
             super::tickets::Opening {
@@ -255,21 +257,47 @@ impl State {
         Ok(ticket)
     }
 
-    /// Room in the outbox for a new request to another gateway (a task, a spawn): none at
-    /// `gateway.outboxMax` records, so a long broker outage does not grow memory
-    /// and the state file without end. Answers owed to other gateways, and stops, always go in.
-    pub(super) fn outbox_room(&self) -> Result<(), fleetd_core::access::Refusal> {
-        let max = self.gateway.as_ref().map_or(usize::MAX, |g| g.outbox_max);
-        if self.outbox.len() < max {
+    /// Room for a new request to gateway `dst` (a task, a spawn): none at `gateway.outboxMax`
+    /// records in the outbox, so a long broker outage does not grow memory and the state file
+    /// without end; none while `gateway.peerBacklogMax` messages wait for `dst` (in its queue
+    /// on the broker and in this outbox), so a gateway that falls behind slows its senders
+    /// rather than holding their tasks for minutes. Answers owed to other gateways, and stops,
+    /// always go in.
+    pub(super) fn outbox_room(
+        &self,
+        dst: &GatewayName,
+    ) -> Result<(), fleetd_core::access::Refusal> {
+        let (max, peer_max) = self.gateway.as_ref().map_or((usize::MAX, usize::MAX), |g| {
+            (g.outbox_max, g.peer_backlog_max)
+        });
+        if self.outbox.len() >= max {
+            return Err(fleetd_core::access::Refusal::new(
+                Code::GatewayBacklog,
+                format!(
+                    "{} messages wait in this gateway's outbox for the broker (gateway.outboxMax = {max}): new tasks and spawns for other gateways are refused until it takes some; replies and answers still go. /healthz says why the broker is not taking them",
+                    self.outbox.len()
+                ),
+            ));
+        }
+        let backlog = self.outbox.backlog(dst);
+        if backlog.total() < u64::try_from(peer_max).unwrap_or(u64::MAX) {
             return Ok(());
         }
         Err(fleetd_core::access::Refusal::new(
-            Code::GatewayBacklog,
+            Code::GatewayBusy,
             format!(
-                "{} messages wait in this gateway's outbox for the broker (gateway.outboxMax = {max}): new tasks and spawns for other gateways are refused until it takes some; replies and answers still go. /healthz says why the broker is not taking them",
-                self.outbox.len()
+                "gateway {dst} is behind: {} messages wait for it ({} in its queue on the broker, {} in this gateway's outbox; gateway.peerBacklogMax = {peer_max}); new tasks and spawns for it are refused until it takes some. Try again in a few seconds",
+                backlog.total(),
+                backlog.queued,
+                backlog.outboxed,
             ),
         ))
+    }
+
+    /// Gateway `dst`'s queue on the broker held `depth` messages when the forwarder last read
+    /// it (soft state: nothing to commit).
+    pub(in crate::engine) fn peer_queued(&mut self, dst: GatewayName, depth: u64) {
+        self.outbox.set_queued(dst, depth);
     }
 
     /// A stop of a member on another host: sent there; its tickets end as it reports.

@@ -18,6 +18,7 @@ mod gateway_inbound;
 mod gateway_refusals;
 mod handed_replies;
 mod members;
+mod outbox;
 mod passes;
 mod push;
 mod questions;
@@ -273,8 +274,9 @@ pub(super) struct State {
     spawn_worktrees: BTreeMap<Target, worktrees::SpawnWorktree>,
     /// This engine as one gateway of a multi-host fleet.
     gateway: Option<GatewayState>,
-    /// Messages for other gateways not yet confirmed by the broker, by sequence (durable).
-    outbox: BTreeMap<u64, fleetd_core::gateway::Envelope>,
+    /// Messages for other gateways not yet confirmed by the broker, by sequence (durable), and
+    /// each destination's backlog.
+    outbox: outbox::Outbox,
     /// The last outbox sequence number handed out.
     outbox_seq: u64,
     /// Outbox records to hand the forwarder after this input's commit.
@@ -365,7 +367,7 @@ impl State {
             pending_worktrees: BTreeMap::new(),
             spawn_worktrees: BTreeMap::new(),
             gateway: None,
-            outbox: BTreeMap::new(),
+            outbox: outbox::Outbox::default(),
             outbox_seq: 0,
             to_forward: Vec::new(),
             asked_spawns: BTreeMap::new(),

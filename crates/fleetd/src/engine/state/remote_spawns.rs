@@ -112,10 +112,10 @@ impl State {
             ));
         };
         let me = gw.me.clone();
-        self.outbox_room()?;
         let dst = GatewayName::new(request.gateway.clone()).map_err(|e| {
             Refusal::new(Code::InvalidGateway, format!("{:?}: {e}", request.gateway))
         })?;
+        self.outbox_room(&dst)?;
         if let Some(name) = &request.name {
             Target::local(name.as_str())
                 .map_err(|e| Refusal::new(Code::InvalidName, format!("{name:?}: {e}")))?;

@@ -28,6 +28,7 @@ pub use super::tls::{LinkTls, TlsError};
 
 mod connect;
 mod consume;
+mod depth;
 mod publish;
 
 use connect::Events;
@@ -178,6 +179,8 @@ struct Inner {
     up: tokio::sync::Notify,
     /// Messages waiting in the outbox for the broker, as the forwarder last counted them.
     outbox: std::sync::atomic::AtomicU64,
+    /// The gateways published to since the backlog probe last asked (`Link::take_sent_to`).
+    sent_to: Mutex<std::collections::BTreeSet<GatewayName>>,
 }
 
 impl Link {
@@ -193,6 +196,7 @@ impl Link {
                 down: Mutex::new(Some("not connected yet".to_owned())),
                 up: tokio::sync::Notify::new(),
                 outbox: std::sync::atomic::AtomicU64::new(0),
+                sent_to: Mutex::new(std::collections::BTreeSet::new()),
             }),
         }
     }

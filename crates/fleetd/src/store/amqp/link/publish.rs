@@ -81,6 +81,12 @@ impl Link {
                 self.down().unwrap_or_else(|| "not connected".to_owned()),
             ));
         };
+        {
+            let mut sent_to = lock(&self.inner.sent_to);
+            if !sent_to.contains(&envelope.dst) {
+                sent_to.insert(envelope.dst.clone());
+            }
+        }
         let key = routing_key(&envelope.dst, &envelope.src, envelope.kind);
         let body = serde_json::to_vec(envelope).map_err(|e| LinkError::Nacked(e.to_string()))?;
         let props = BasicProperties::default()
