@@ -86,10 +86,15 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
     );
     let text = "p99 ≤ 50 ms under that load (#36)";
     match loaded {
-        Ok((visible, after_stored, rate)) => {
+        Ok(Loaded {
+            visible,
+            after_stored,
+            rate,
+            busy,
+        }) => {
             let met = visible.p99 <= TARGET.0;
             let cell = format!(
-                "{} / max {} (from the reply's commit on b: {}; the load meanwhile: {rate:.0} msg/s)",
+                "{} / max {} (from the reply's commit on b: {}; the load meanwhile: {rate:.0} msg/s, {busy} sends answered gateway_busy after their hold and sent again)",
                 visible.cell(),
                 super::ms(visible.max),
                 after_stored.cell(),
@@ -110,8 +115,8 @@ pub fn run(args: &[String]) -> anyhow::Result<Vec<Row>> {
             "messages/s from gateway a to gateway b, each durable at every hop, {senders} senders"
         );
         let cell = match rate {
-            Ok(Rate { n, took, cpu }) => format!(
-                "{:.0} msg/s ({n} tasks in {:.2} s; CPU a message: gateway a {} µs, b {} µs, RabbitMQ {} µs)",
+            Ok(Rate { n, took, cpu, busy }) => format!(
+                "{:.0} msg/s ({n} tasks in {:.2} s; CPU a message: gateway a {} µs, b {} µs, RabbitMQ {} µs; {busy} sends answered gateway_busy and sent again)",
                 n as f64 / took.as_secs_f64(),
                 took.as_secs_f64(),
                 cpu[0],
@@ -198,7 +203,7 @@ const LOADED_ROUNDS: usize = 12;
     clippy::disallowed_methods,
     reason = "a benchmark times a run on the wall clock"
 )]
-fn nudge_under_load(rounds: usize) -> anyhow::Result<(Summary, Summary, f64)> {
+fn nudge_under_load(rounds: usize) -> anyhow::Result<Loaded> {
     let dir = tempfile::tempdir()?;
     let (member_log, lead_log) = (dir.path().join("member.log"), dir.path().join("lead.log"));
     let log = member_log.display().to_string();
@@ -234,16 +239,19 @@ fn nudge_under_load(rounds: usize) -> anyhow::Result<(Summary, Summary, f64)> {
     let sessions = sessions(&a, LOADED_SENDERS)?;
     let stop = AtomicBool::new(false);
     let sent = AtomicUsize::new(0);
-    std::thread::scope(|scope| -> anyhow::Result<(Summary, Summary, f64)> {
+    let refused_busy = AtomicUsize::new(0);
+    std::thread::scope(|scope| -> anyhow::Result<Loaded> {
         let workers: Vec<_> = sessions
             .into_iter()
             .enumerate()
             .map(|(w, mut session)| {
-                let (busy, stop, sent) = (&busy, &stop, &sent);
+                let (busy, stop, sent, refused_busy) = (&busy, &stop, &sent, &refused_busy);
                 scope.spawn(move || -> anyhow::Result<()> {
                     let mut i = w;
                     while !stop.load(Ordering::Relaxed) {
-                        send_on(&mut session, &busy[i % LOADED], &format!("load {i}"))?;
+                        let refused =
+                            send_on(&mut session, &busy[i % LOADED], &format!("load {i}"))?;
+                        refused_busy.fetch_add(refused, Ordering::Relaxed);
                         sent.fetch_add(1, Ordering::Relaxed);
                         i += LOADED_SENDERS;
                     }
@@ -268,8 +276,22 @@ fn nudge_under_load(rounds: usize) -> anyhow::Result<(Summary, Summary, f64)> {
                 .context("the load's senders stopped")?;
         }
         let measured = measured?;
-        Ok((measured.visible, measured.after_stored, rate))
+        Ok(Loaded {
+            visible: measured.visible,
+            after_stored: measured.after_stored,
+            rate,
+            busy: refused_busy.load(Ordering::Relaxed),
+        })
     })
+}
+
+/// The nudge under load: the rounds, the part from the reply's commit on b, the rate the load
+/// kept, and how many of its sends were answered `gateway_busy` (and sent again).
+struct Loaded {
+    visible: Summary,
+    after_stored: Summary,
+    rate: f64,
+    busy: usize,
 }
 
 /// `n` tasks from a's operator to a member on b that is busy all along: how long until b holds
@@ -303,25 +325,28 @@ fn throughput(n: usize, senders: usize) -> anyhow::Result<Rate> {
     let sessions = sessions(&a, senders)?;
     let before = spent();
     let started = Instant::now();
-    std::thread::scope(|scope| -> anyhow::Result<()> {
+    let busy = std::thread::scope(|scope| -> anyhow::Result<usize> {
         let workers: Vec<_> = sessions
             .into_iter()
             .enumerate()
             .map(|(w, mut session)| {
                 let nia = &nia;
-                scope.spawn(move || -> anyhow::Result<()> {
+                scope.spawn(move || -> anyhow::Result<usize> {
+                    let mut busy = 0;
                     for i in (w..n).step_by(senders) {
-                        send_on(&mut session, nia, &format!("task {i}"))?;
+                        busy += send_on(&mut session, nia, &format!("task {i}"))?;
                     }
-                    Ok(())
+                    Ok(busy)
                 })
             })
             .collect();
+        let mut busy = 0;
         for w in workers {
-            w.join()
+            busy += w
+                .join()
                 .map_err(|_| anyhow::anyhow!("a sender panicked"))??;
         }
-        Ok(())
+        Ok(busy)
     })?;
     crate::wait_until("b holds every task", Duration::from_secs(600), || {
         open_tickets(&b, "nia") > n
@@ -332,15 +357,16 @@ fn throughput(n: usize, senders: usize) -> anyhow::Result<Rate> {
     let cpu = std::array::from_fn(|i| (after[i] - before[i]) * 10_000 / n as u64);
     drop((a, b));
     drop(fleet);
-    Ok(Rate { n, took, cpu })
+    Ok(Rate { n, took, cpu, busy })
 }
 
-/// A throughput run: `n` tasks in `took`, and the CPU each cost gateway a, gateway b and the
-/// broker, in µs.
+/// A throughput run: `n` tasks in `took`, the CPU each cost gateway a, gateway b and the
+/// broker, in µs, and the sends answered `gateway_busy` (and sent again).
 struct Rate {
     n: usize,
     took: Duration,
     cpu: [u64; 3],
+    busy: usize,
 }
 
 /// The pid of the local RabbitMQ node (`beam.smp`), if one runs.
@@ -378,11 +404,20 @@ fn sessions(rig: &crate::rig::Rig, senders: usize) -> anyhow::Result<Vec<McpConn
         .collect()
 }
 
-/// `fleet_send` of `task` to `target` with `wait: false` on `session`.
-fn send_on(session: &mut McpConn, target: &str, task: &str) -> anyhow::Result<()> {
+/// `fleet_send` of `task` to `target` with `wait: false` on `session`, sent again for as long
+/// as the answer is `gateway_busy` (b is behind, and the send waited its turn for room without
+/// getting it), as an agent told to try again would; returns how many times it was.
+fn send_on(session: &mut McpConn, target: &str, task: &str) -> anyhow::Result<usize> {
     let args = serde_json::json!({ "target": target, "task": task, "wait": false });
-    let sent = session.call_tool("fleet_send", &args)?;
-    structured("fleet_send", &sent).map(drop)
+    let mut busy = 0;
+    loop {
+        let sent = session.call_tool("fleet_send", &args)?;
+        if sent["structuredContent"]["code"] == "gateway_busy" {
+            busy += 1;
+            continue;
+        }
+        return structured("fleet_send", &sent).map(|_| busy);
+    }
 }
 
 /// `fleet_send` with `wait: false` from the operator.
