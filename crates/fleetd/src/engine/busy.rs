@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,11 +23,18 @@ pub(super) const HOLD: Duration = Duration::from_secs(10);
 /// How often the request whose turn it is asks again.
 const RETRY: Duration = Duration::from_millis(20);
 
-/// Who waits for each gateway: a fair (first come, first served) lock per gateway, held by the
-/// request whose turn it is.
+/// Who waits for each gateway.
 #[derive(Debug, Default)]
 pub(crate) struct Turns {
-    queues: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    queues: Mutex<HashMap<String, Arc<Queue>>>,
+}
+
+/// The requests waiting for one gateway: a fair (first come, first served) lock, held by the
+/// one whose turn it is, and how many wait.
+#[derive(Debug, Default)]
+struct Queue {
+    turn: tokio::sync::Mutex<()>,
+    waiting: AtomicUsize,
 }
 
 impl Turns {
@@ -43,7 +51,7 @@ impl Turns {
     {
         let queue = self.queue(gateway);
         // Nobody waits: ask at once, alongside any other request.
-        if Arc::strong_count(&queue) == 2 {
+        if queue.waiting.load(Ordering::SeqCst) == 0 {
             match ask().await? {
                 Err(refusal) if refusal.code == Code::GatewayBusy => {}
                 answer => {
@@ -53,8 +61,9 @@ impl Turns {
             }
         }
         let deadline = tokio::time::Instant::now() + HOLD;
+        queue.waiting.fetch_add(1, Ordering::SeqCst);
         let answer = async {
-            let _turn = queue.lock().await;
+            let _turn = queue.turn.lock().await;
             loop {
                 match ask().await? {
                     Err(refusal)
@@ -72,6 +81,7 @@ impl Turns {
             // Its turn did not come: asked once more, the answer stands.
             Err(_) => ask().await,
         };
+        queue.waiting.fetch_sub(1, Ordering::SeqCst);
         self.forget(gateway, queue);
         answer.map(|answer| {
             answer.map_err(|mut refusal| {
@@ -86,7 +96,7 @@ impl Turns {
         })
     }
 
-    fn queue(&self, gateway: &str) -> Arc<tokio::sync::Mutex<()>> {
+    fn queue(&self, gateway: &str) -> Arc<Queue> {
         let mut queues = self
             .queues
             .lock()
@@ -95,7 +105,7 @@ impl Turns {
     }
 
     /// Drops `queue`, and its gateway's entry once nobody else holds it.
-    fn forget(&self, gateway: &str, queue: Arc<tokio::sync::Mutex<()>>) {
+    fn forget(&self, gateway: &str, queue: Arc<Queue>) {
         let mut queues = self
             .queues
             .lock()
@@ -112,8 +122,6 @@ impl Turns {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use super::*;
 
     /// A gateway with `room` places: each request asked takes one, or is `gateway_busy`.
@@ -171,5 +179,33 @@ mod tests {
             .await;
         assert_eq!(other.expect("engine").expect("taken"), "c");
         assert!(turns.queues.lock().expect("lock").is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_for_a_gateway_nobody_waits_for_are_asked_together() {
+        let turns = Arc::new(Turns::default());
+        let started = tokio::time::Instant::now();
+        let asks: Vec<_> = (0..8)
+            .map(|_| {
+                let turns = Arc::clone(&turns);
+                tokio::spawn(async move {
+                    turns
+                        .held("b", || async {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            Ok(Ok(()))
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for ask in asks {
+            ask.await.expect("joined").expect("engine").expect("taken");
+        }
+        // One after another would take 80 ms.
+        assert!(
+            started.elapsed() < Duration::from_millis(20),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }
