@@ -13,7 +13,7 @@ use fleetd_core::{AgentStatus, MessageKind, Target};
 use tokio::time::sleep;
 
 use super::state::REFUSAL_WINDOW;
-use super::tests_steps::{LEAD, assert_refused, fake_with, send_task, task};
+use super::tests_steps::{LEAD, fake_with, send_task, task, task_refused};
 use super::{Durable, EngineHandle, EngineParts, GatewayOutcome, GatewayParts, PeerRefusal, spawn};
 use crate::mux::fake::FakeMux;
 use crate::store::{InboxStore, MemoryStore, StateStore};
@@ -411,26 +411,14 @@ async fn new_requests_to_other_gateways_are_refused_at_the_outbox_bound_and_answ
     for n in 1..=3 {
         task(&rig.engine, "alice@b", format!("job {n}")).await;
     }
-    let refused = send_task(&rig.engine, "alice@b", "job 4")
-        .await
-        .expect_err("the outbox is full");
-    assert_refused(&refused, "gateway_backlog", "gateway.outboxMax = 3");
-    let spawn = rig
-        .engine
-        .spawn_remote(super::SpawnRemote {
-            gateway: "b".to_owned(),
-            profile: "sim".to_owned(),
-            name: None,
-            task: None,
-            lead: None,
-            by: None,
-        })
-        .await
-        .expect("engine");
-    assert_eq!(
-        spawn.err().map(|r| r.code.as_str()),
-        Some("gateway_backlog")
-    );
+    task_refused(
+        &rig.engine,
+        "alice@b",
+        "job 4",
+        ("gateway_backlog", "gateway.outboxMax = 3"),
+    )
+    .await;
+    assert_eq!(spawn_on_b(&rig.engine).await, Some("gateway_backlog"));
     sleep(Duration::from_millis(50)).await;
     let kinds: Vec<Kind> = rig.sent().into_iter().map(|e| e.kind).collect();
     assert_eq!(
@@ -462,27 +450,17 @@ async fn new_requests_to_a_gateway_that_is_behind_are_refused_and_others_still_g
     // this outbox reaches the bound (5 here).
     rig.engine.peer_queued(b.clone(), 4).await.expect("engine");
     task(&rig.engine, "alice@b", "job 1").await;
-    let refused = send_task(&rig.engine, "alice@b", "job 2")
-        .await
-        .expect_err("b is behind");
-    assert_refused(
-        &refused,
-        "gateway_busy",
-        "gateway b is behind: 5 messages wait for it (4 in its queue on the broker, 1 in this gateway's outbox; gateway.peerBacklogMax = 5)",
-    );
-    let spawn = rig
-        .engine
-        .spawn_remote(super::SpawnRemote {
-            gateway: "b".to_owned(),
-            profile: "sim".to_owned(),
-            name: None,
-            task: None,
-            lead: None,
-            by: None,
-        })
-        .await
-        .expect("engine");
-    assert_eq!(spawn.err().map(|r| r.code.as_str()), Some("gateway_busy"));
+    task_refused(
+        &rig.engine,
+        "alice@b",
+        "job 2",
+        (
+            "gateway_busy",
+            "gateway b is behind: 5 messages wait for it (4 in its queue on the broker, 1 in this gateway's outbox; gateway.peerBacklogMax = 5)",
+        ),
+    )
+    .await;
+    assert_eq!(spawn_on_b(&rig.engine).await, Some("gateway_busy"));
     // Another gateway is not held back by b.
     task(&rig.engine, "carol@c", "job for c").await;
     // b's queue drained: b takes tasks again.
@@ -506,14 +484,13 @@ async fn a_task_for_a_gateway_that_is_behind_waits_for_room_then_goes_or_is_refu
     // b stays behind past the hold: the refusal stands, saying it waited.
     rig.engine.peer_queued(b, 5).await.expect("engine");
     let started = tokio::time::Instant::now();
-    let refused = send_task(&rig.engine, "alice@b", "too late")
-        .await
-        .expect_err("b stayed behind");
-    assert_refused(
-        &refused,
-        "gateway_busy",
-        "(this request waited 10 s for room)",
-    );
+    task_refused(
+        &rig.engine,
+        "alice@b",
+        "too late",
+        ("gateway_busy", "(this request waited 10 s for room)"),
+    )
+    .await;
     assert!(
         started.elapsed() >= super::busy::HOLD,
         "{:?}",
@@ -521,4 +498,20 @@ async fn a_task_for_a_gateway_that_is_behind_waits_for_room_then_goes_or_is_refu
     );
     let kinds: Vec<Kind> = rig.sent().into_iter().map(|e| e.kind).collect();
     assert_eq!(kinds, [Kind::Task], "only the task taken went out");
+}
+
+/// Asks gateway b for a member of its `sim` profile: the refusal's code, `None` when asked.
+async fn spawn_on_b(engine: &EngineHandle) -> Option<&'static str> {
+    let spawn = engine
+        .spawn_remote(super::SpawnRemote {
+            gateway: "b".to_owned(),
+            profile: "sim".to_owned(),
+            name: None,
+            task: None,
+            lead: None,
+            by: None,
+        })
+        .await
+        .expect("engine");
+    spawn.err().map(|r| r.code.as_str())
 }

@@ -48,6 +48,17 @@ pub(super) async fn task(engine: &EngineHandle, to: &str, text: impl Into<String
     send_task(engine, to, text).await.expect("queued")
 }
 
+/// [`send_task`], refused with `code`, saying `says`.
+pub(super) async fn task_refused(
+    engine: &EngineHandle,
+    to: &str,
+    text: impl Into<String>,
+    (code, says): (&str, &str),
+) {
+    let refused = send_task(engine, to, text).await.expect_err("refused");
+    assert_refused(&refused, code, says);
+}
+
 /// Asserts `refusal` carries `code` and says `says`.
 pub(super) fn assert_refused(refusal: &Refusal, code: &str, says: &str) {
     assert_eq!(refusal.code, code, "{refusal:?}");

@@ -311,20 +311,15 @@ fn e2e_gateway_link_cuts_during_a_question_and_its_answer_lose_and_duplicate_not
 #[test]
 fn e2e_gateway_outbox_over_its_alarm_degrades_healthz_and_drains_once_the_link_is_back() {
     let pa = broker_proxy();
-    let Some(mut hosts) = start_two_hosts_env(
+    let Some(mut hosts) = linked_hosts(
         &[
             BrokerAt::plain(&[pa.addr.to_string()]).and_gateway("  outboxAlarm: 2\n"),
             BrokerAt::plain(&[fleetd_testkit::RABBITMQ_ADDR.to_owned()]),
         ],
-        &[
-            ("SIM_AGENT_WORK_MS", "200"),
-            ("SIM_AGENT_REPLY", "did on b: {prompt}"),
-        ],
-        false,
+        "200",
     ) else {
         return;
     };
-    hosts.wait_linked();
     let patience = std::time::Duration::from_secs(90);
     let a = &hosts.a;
     let alice = hosts.alice_on_b();
@@ -402,21 +397,16 @@ fn e2e_gateway_outbox_over_its_alarm_degrades_healthz_and_drains_once_the_link_i
 )]
 fn e2e_gateway_a_peer_behind_gets_no_new_tasks_until_it_catches_up_and_loses_none() {
     let pb = broker_proxy();
-    let Some(mut hosts) = start_two_hosts_env(
+    let Some(hosts) = linked_hosts(
         &[
             BrokerAt::plain(&[fleetd_testkit::RABBITMQ_ADDR.to_owned()])
                 .and_gateway("  peerBacklogMax: 3\n"),
             BrokerAt::plain(&[pb.addr.to_string()]),
         ],
-        &[
-            ("SIM_AGENT_WORK_MS", "100"),
-            ("SIM_AGENT_REPLY", "did on b: {prompt}"),
-        ],
-        false,
+        "100",
     ) else {
         return;
     };
-    hosts.wait_linked();
     let patience = std::time::Duration::from_secs(90);
     let alice = hosts.alice_on_b();
     pb.cut();
@@ -523,4 +513,19 @@ fn e2e_gateway_kill_9_of_either_gateway_mid_flight_loses_and_repeats_nothing() {
     each_answered_once(&hosts.a, &alice, &tasks);
     // And typed once: alice's pane shows each task once.
     each_typed_once(&hosts.b, &tasks);
+}
+
+/// Two hosts reaching the broker as `brokers` say, linked, b's members answering
+/// `did on b: <task>` after `work_ms`.
+fn linked_hosts(brokers: &[BrokerAt; 2], work_ms: &str) -> Option<TwoHosts> {
+    let mut hosts = start_two_hosts_env(
+        brokers,
+        &[
+            ("SIM_AGENT_WORK_MS", work_ms),
+            ("SIM_AGENT_REPLY", "did on b: {prompt}"),
+        ],
+        false,
+    )?;
+    hosts.wait_linked();
+    Some(hosts)
 }

@@ -13,10 +13,13 @@ async fn a_task_whose_ticket_cannot_be_written_is_not_typed_until_it_is() {
     let engine = with_ann(&disk, &fake).await;
     settle().await;
     disk.store.set_writes_fail(true);
-    let refused = send_task(&engine, "ann", "wait for the disk")
-        .await
-        .expect_err("not durable");
-    assert_refused(&refused, "store_unavailable", "do not send it again");
+    task_refused(
+        &engine,
+        "ann",
+        "wait for the disk",
+        ("store_unavailable", "do not send it again"),
+    )
+    .await;
     sleep(Duration::from_secs(10)).await;
     assert!(fake.typed().is_empty(), "nothing typed before it is kept");
     disk.store.set_writes_fail(false);

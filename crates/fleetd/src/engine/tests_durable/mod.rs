@@ -10,7 +10,9 @@ use fleetd_core::{AgentStatus, Target, TicketState};
 use jiff::Timestamp;
 use tokio::time::sleep;
 
-use super::tests_steps::{LEAD, MEMBER, SECOND_MEMBER, assert_refused, fake_with, send_task, task};
+use super::tests_steps::{
+    LEAD, MEMBER, SECOND_MEMBER, assert_refused, fake_with, send_task, task, task_refused,
+};
 use super::{Durable, EngineHandle, EngineParts, LeadRef, NewMember, TicketAnswer, spawn};
 use crate::clock::TokioClock;
 use crate::mux::fake::FakeMux;
