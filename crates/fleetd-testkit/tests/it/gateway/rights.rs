@@ -90,6 +90,23 @@ fn e2e_gateway_users_have_their_own_rights_and_no_more() {
             )
             .await;
         assert_access_refused(&declare, "a declared a queue");
+        // What a may learn of b's queue is how many messages wait in it: a passive declare,
+        // which RabbitMQ checks no permission for, and which the backlog bound
+        // (`gateway.peerBacklogMax`) reads. It reads nothing from it (above).
+        let queue = format!("fleet.gw.{b}.in");
+        let depth = fresh_channel()
+            .await
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("a counts b's queue");
+        assert_eq!(depth.name().as_str(), queue);
         // A wrong password: no connection at all.
         let wrong = fleet.url(0, None).replace(&fleet.password(0), "guess");
         assert!(Connection::connect(&wrong, props()).await.is_err());
