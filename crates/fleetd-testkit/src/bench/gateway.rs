@@ -8,7 +8,9 @@
 //! - **the same under load** (issue 36): while 64 senders on a send tasks as fast as they can to
 //!   16 busy members on b (each queue holds 10,000, so none fills during the rounds: a full one
 //!   turns every later task into a cancellation travelling back, which is another load), with
-//!   the part from the reply's commit on b, and the rate the load kept;
+//!   the part from the reply's commit on b, and the rate the load kept. Once
+//!   `gateway.peerBacklogMax` messages wait for b, a's sends wait their turn for room; one
+//!   refused after that hold (`gateway_busy`) is sent again and counted;
 //! - **messages/s between two gateways**: the operator on a sends tasks to a member on b that is
 //!   busy for the whole run (so nothing is typed and every task waits in b's queue); from the
 //!   first send until b holds every ticket. Each message is durable at every hop: a's ticket and
