@@ -1,5 +1,6 @@
 //! The backlog probe: how many messages wait in each other gateway's queue on the broker, read
-//! every [`PROBE_EVERY`] for the gateways published to since the last reading and for those
+//! every [`PROBE_EVERY`] for the gateways sent tasks or spawns since the last reading (what the
+//! bound holds back; replies and ticket states to a gateway cost no reading) and for those
 //! whose last reading was not zero (so a refusal lifts once the queue drains, with nothing sent
 //! meanwhile), and told to the engine as it changes. The engine adds its outbox's records for
 //! that gateway and refuses new tasks and spawns for it at `gateway.peerBacklogMax`

@@ -179,8 +179,11 @@ struct Inner {
     up: tokio::sync::Notify,
     /// Messages waiting in the outbox for the broker, as the forwarder last counted them.
     outbox: std::sync::atomic::AtomicU64,
-    /// The gateways published to since the backlog probe last asked (`Link::take_sent_to`).
+    /// The gateways sent requests (tasks, spawns) since the backlog probe last asked
+    /// (`Link::take_sent_to`).
     sent_to: Mutex<std::collections::BTreeSet<GatewayName>>,
+    /// The backlog probe's channel on the publishing connection, kept between readings.
+    probe: Mutex<Option<lapin::Channel>>,
 }
 
 impl Link {
@@ -197,6 +200,7 @@ impl Link {
                 up: tokio::sync::Notify::new(),
                 outbox: std::sync::atomic::AtomicU64::new(0),
                 sent_to: Mutex::new(std::collections::BTreeSet::new()),
+                probe: Mutex::new(None),
             }),
         }
     }

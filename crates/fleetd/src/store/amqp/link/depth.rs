@@ -1,8 +1,8 @@
 //! How many messages wait in another gateway's queue on the broker: read by a passive declare,
 //! which needs no permission (a gateway may read only its own queues, `gateway provision`), on
-//! a channel of its own, since a missing queue closes the channel it was asked on. The
-//! forwarder's backlog probe (`gateway::backlog`) asks, for the gateways published to since it
-//! last asked.
+//! a channel of its own, kept between readings and opened again after one fails (a missing
+//! queue closes the channel it was asked on). The backlog probe (`gateway::backlog`) asks, for
+//! the gateways sent requests since it last asked.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -17,7 +17,7 @@ use super::{Link, lock};
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Link {
-    /// The gateways this link published to since the last call.
+    /// The gateways this link sent requests (tasks, spawns) to since the last call.
     pub fn take_sent_to(&self) -> BTreeSet<GatewayName> {
         std::mem::take(&mut *lock(&self.inner.sent_to))
     }
@@ -26,23 +26,29 @@ impl Link {
     /// is down, the queue is missing, or the broker did not answer within [`READ_TIMEOUT`].
     pub async fn queued_at(&self, gw: &GatewayName) -> Option<u64> {
         let connection = lock(&self.inner.publisher).as_ref()?.connection.clone();
+        let kept = lock(&self.inner.probe)
+            .take()
+            .filter(|channel| channel.status().connected());
         let read = async {
-            let channel = connection.create_channel().await.ok()?;
+            let channel = match kept {
+                Some(channel) => channel,
+                None => connection.create_channel().await.ok()?,
+            };
             let options = QueueDeclareOptions {
                 passive: true,
                 ..QueueDeclareOptions::default()
             };
-            let declared = channel
+            let queue = channel
                 .queue_declare(
                     gw.inbound_queue().as_str().into(),
                     options,
                     FieldTable::default(),
                 )
-                .await;
-            if declared.is_ok() {
-                let _ = channel.close(200, "read".into()).await;
-            }
-            declared.ok().map(|queue| u64::from(queue.message_count()))
+                .await
+                .ok()?;
+            // Kept for the next reading; one that failed (a missing queue) is closed already.
+            *lock(&self.inner.probe) = Some(channel);
+            Some(u64::from(queue.message_count()))
         };
         tokio::time::timeout(READ_TIMEOUT, read)
             .await

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use fleetd_core::gateway::{EXCHANGE, Envelope, PRESENCE_EXCHANGE, routing_key};
+use fleetd_core::gateway::{EXCHANGE, Envelope, Kind, PRESENCE_EXCHANGE, routing_key};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
 
@@ -81,7 +81,8 @@ impl Link {
                 self.down().unwrap_or_else(|| "not connected".to_owned()),
             ));
         };
-        {
+        // Only requests are bounded by the destination's backlog: those are what the probe reads.
+        if matches!(envelope.kind, Kind::Task | Kind::Spawn) {
             let mut sent_to = lock(&self.inner.sent_to);
             if !sent_to.contains(&envelope.dst) {
                 sent_to.insert(envelope.dst.clone());
