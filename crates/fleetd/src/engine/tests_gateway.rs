@@ -515,3 +515,39 @@ async fn spawn_on_b(engine: &EngineHandle) -> Option<&'static str> {
         .expect("engine");
     spawn.err().map(|r| r.code.as_str())
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_reply_from_another_gateway_goes_on_to_be_stored_without_waiting_for_others_commits() {
+    // Issue 36: under 64 senders' load a reply from b waited for the commit of their tasks (up
+    // to 25 ms a round) before it was stored, though it changes nothing here until then.
+    let fake = FakeMux::new();
+    let store = memory_store();
+    let rig = gateway_rig_on(&fake, &store);
+    let ticket = task(&rig.engine, "alice@b", "ship it").await;
+    store.set_state_commit_delay(Duration::from_secs(5));
+    let engine = rig.engine.clone();
+    let slow = tokio::spawn(async move { send_task(&engine, "alice@b", "meanwhile").await });
+    sleep(Duration::from_millis(10)).await;
+    let reply = envelope(
+        Kind::Reply,
+        serde_json::json!({ "message": {
+            "msgId": "01a23300-0000-7000-8000-000000000002", "target": "alice@b",
+            "ticket": ticket, "kind": "reply",
+            "text": "shipped", "from": "alice", "createdAt": "2026-12-01T00:00:00Z",
+        }}),
+    );
+    let started = tokio::time::Instant::now();
+    let outcome = rig.deliver(reply).await;
+    assert!(
+        matches!(&outcome, Ok(GatewayOutcome::PublishReply(m)) if m.text == "shipped"),
+        "{outcome:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the reply waited {:?} for the other task's commit",
+        started.elapsed()
+    );
+    slow.await
+        .expect("joined")
+        .expect("the other task is still taken");
+}
