@@ -4,7 +4,8 @@
 //! - **reply on B → nudge visible on A**: a lead on gateway a sends `wait:false` to `nia@b`; the
 //!   member's `fleet_reply` on b (its sim-agent logs the call's start) is forwarded through b's
 //!   outbox and the broker into a's inbox, and a's push loop nudges a's idle lead; measured until
-//!   the nudge text is in a's lead pane, as `fleetd-bench nudge` does on one host;
+//!   the nudge text is in a's lead pane, as `fleetd-bench nudge` does on one host (the lead and
+//!   the member keep one MCP connection each for all their calls, as real agents' clients do);
 //! - **the same under load** (issue 36): while 64 senders on a send tasks as fast as they can to
 //!   16 busy members on b (each queue holds 10,000, so none fills during the rounds: a full one
 //!   turns every later task into a cancellation travelling back, which is another load), with
@@ -174,12 +175,16 @@ fn nudge_across(rounds: usize) -> anyhow::Result<Summary> {
     let (fleet, a, b) = two_gateways(
         &[(
             "bench",
-            &[("SIM_AGENT_WORK_MS", "900"), ("SIM_AGENT_LOG", &log)],
+            &[
+                ("SIM_AGENT_WORK_MS", "900"),
+                ("SIM_AGENT_LOG", &log),
+                ("SIM_AGENT_KEEP_ALIVE", "1"),
+            ],
         )],
         "",
     )?;
     let nia = format!("nia@{}", fleet.gateways[1]);
-    let lead = a.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", lead_log.display())]);
+    let lead = a.agent_lead_with("boss", &lead_env(&lead_log));
     let measured = measure(
         rounds,
         &a.daemon.operator(),
@@ -191,6 +196,15 @@ fn nudge_across(rounds: usize) -> anyhow::Result<Summary> {
     drop((a, b));
     drop(fleet);
     Ok(measured.visible)
+}
+
+/// The lead's sim-agent: its log, and one MCP connection for every call, as real agents' MCP
+/// clients keep theirs (the member's profile says the same).
+fn lead_env(log: &std::path::Path) -> [String; 2] {
+    [
+        format!("SIM_AGENT_LOG={}", log.display()),
+        "SIM_AGENT_KEEP_ALIVE=1".to_owned(),
+    ]
 }
 
 /// Busy members on b that take the load while the nudge is measured under it (each queues at
@@ -213,7 +227,11 @@ fn nudge_under_load(rounds: usize) -> anyhow::Result<Loaded> {
         &[
             (
                 "bench",
-                &[("SIM_AGENT_WORK_MS", "300"), ("SIM_AGENT_LOG", &log)],
+                &[
+                    ("SIM_AGENT_WORK_MS", "300"),
+                    ("SIM_AGENT_LOG", &log),
+                    ("SIM_AGENT_KEEP_ALIVE", "1"),
+                ],
             ),
             ("busy", &[("SIM_AGENT_WORK_MS", "3600000")]),
         ],
@@ -236,7 +254,7 @@ fn nudge_under_load(rounds: usize) -> anyhow::Result<Loaded> {
     );
     let busy: Vec<String> = busy.iter().map(|n| format!("{n}@{gateway_b}")).collect();
     let nia = format!("nia@{gateway_b}");
-    let lead = a.agent_lead_with("boss", &[format!("SIM_AGENT_LOG={}", lead_log.display())]);
+    let lead = a.agent_lead_with("boss", &lead_env(&lead_log));
     let sight = Sight::tmux(&a, &lead)?;
     let sessions = sessions(&a, LOADED_SENDERS)?;
     let stop = AtomicBool::new(false);
