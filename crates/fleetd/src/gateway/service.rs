@@ -74,7 +74,8 @@ fn spawn_for_peer(engine: EngineHandle, spawner: &Spawner, request: PeerSpawn) {
 
 /// The consumer's side: whether each delivery is an envelope from whom it claims (else it is
 /// refused, and the engine told), then handed to the engine; what the engine made of it once
-/// its effect is durable, a reply stored in the inbox in turn.
+/// its effect is durable (at once for a reply, which changes nothing until it is stored), a
+/// reply stored in the inbox in turn.
 #[expect(
     clippy::async_yields_async,
     reason = "handing on ends before the effect is durable: the link waits for the second future later"

@@ -22,7 +22,7 @@ use std::time::Duration;
 use futures_core::Stream;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
-    BasicQosOptions, BasicRejectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicQosOptions, BasicRejectOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, message::Delivery};
@@ -53,11 +53,11 @@ const DELIVERY_WAIT: Duration = Duration::from_secs(2);
 /// own: a missing queue closes that channel, nothing else).
 pub(super) async fn exists(session: &Session, target: &Target) -> Result<bool, Failure> {
     let channel = answer("channel.open", session.connection.create_channel()).await?;
-    let options = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    let declared = channel.queue_declare(queue_name(target).into(), options, FieldTable::default());
+    let declared = channel.queue_declare(
+        queue_name(target).into(),
+        super::passive(),
+        FieldTable::default(),
+    );
     let found = match within("queue.declare", declared).await? {
         Ok(_) => true,
         Err(err) if super::session::is_not_found(&err) => return Ok(false),
@@ -330,12 +330,11 @@ impl Inner {
         channel: &Channel,
         target: &Target,
     ) -> Result<u32, Failure> {
-        let options = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        };
-        let declared =
-            channel.queue_declare(queue_name(target).into(), options, FieldTable::default());
+        let declared = channel.queue_declare(
+            queue_name(target).into(),
+            super::passive(),
+            FieldTable::default(),
+        );
         match within("queue.declare", declared).await? {
             Ok(queue) => Ok(queue.message_count()),
             Err(err) if super::session::is_not_found(&err) => {

@@ -77,6 +77,16 @@ fn dead_letter_queue_name(target: &Target) -> String {
     AmqpStore::dead_letter_queue_name(target)
 }
 
+/// A queue declare that creates nothing: the broker answers the queue's counts, or closes the
+/// channel with 404 when there is no such queue. It checks no permission, so any user of the
+/// vhost may count any queue (and learns nothing else).
+fn passive() -> lapin::options::QueueDeclareOptions {
+    lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..lapin::options::QueueDeclareOptions::default()
+    }
+}
+
 /// The inbox on an AMQP broker, read and acknowledged in the local file. See the module docs.
 pub struct AmqpStore {
     inner: Arc<Inner>,

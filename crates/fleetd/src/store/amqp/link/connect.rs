@@ -14,9 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleetd_core::gateway::EXCHANGE;
-use lapin::options::{
-    BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 
@@ -136,10 +134,7 @@ impl Link {
         consumer_channel
             .queue_declare(
                 inbound.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
+                super::super::passive(),
                 FieldTable::default(),
             )
             .await

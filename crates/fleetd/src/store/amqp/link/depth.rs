@@ -8,7 +8,6 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fleetd_core::gateway::GatewayName;
-use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 
 use super::{Link, lock};
@@ -34,14 +33,10 @@ impl Link {
                 Some(channel) => channel,
                 None => connection.create_channel().await.ok()?,
             };
-            let options = QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            };
             let queue = channel
                 .queue_declare(
                     gw.inbound_queue().as_str().into(),
-                    options,
+                    super::super::passive(),
                     FieldTable::default(),
                 )
                 .await
