@@ -199,7 +199,13 @@ async fn send_what_can_go<O: Outlet>(
             match outlet.send(&envelope).await {
                 Ok(confirming) => {
                     let dst = dst.clone();
-                    words.push(Box::pin(async move { (dst, seq, confirming.await) }));
+                    let sent = Instant::now();
+                    words.push(Box::pin(async move {
+                        let word = confirming.await;
+                        metrics::histogram!("fleetd_gateway_confirm_seconds")
+                            .record(sent.elapsed().as_secs_f64());
+                        (dst, seq, word)
+                    }));
                     dest.flight.push_back(((seq, envelope), None));
                 }
                 Err(e) => {

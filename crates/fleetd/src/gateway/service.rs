@@ -12,8 +12,9 @@ use fleetd_core::refusal::Code;
 use std::sync::Arc;
 
 use fleetd_core::Message;
-use fleetd_core::gateway::{Envelope, GatewayName, accept};
+use fleetd_core::gateway::{Envelope, GatewayName, Kind, accept};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{EngineHandle, GatewayOutcome, PeerRefusal, PeerSpawn};
@@ -113,6 +114,7 @@ fn deliver(
                     return settled(Disposition::Refused(why));
                 }
             };
+            let (kind, handed) = (envelope.kind, Instant::now());
             let Ok(outcome) = engine.hand_in(envelope).await else {
                 return settled(Disposition::Later("the engine has stopped".to_owned()));
             };
@@ -129,15 +131,27 @@ fn deliver(
                         Disposition::Taken
                     }
                     Ok(Ok(GatewayOutcome::PublishReply(message))) => {
-                        return Finish::InTurn(Box::pin(store_reply(
-                            engine, store, from, *message,
-                        )));
+                        return Finish::InTurn(Box::pin(async move {
+                            let stored = store_reply(engine, store, from, *message).await;
+                            taken(kind, handed, &stored);
+                            stored
+                        }));
                     }
                 };
+                taken(kind, handed, &disposition);
                 Finish::Now(disposition)
             }) as Pending
         })
     })
+}
+
+/// Records how long a delivery of `kind` handed to the engine at `handed` took to be taken here
+/// (its effect durable; a reply stored in the inbox and its ticket told), when it was.
+fn taken(kind: Kind, handed: Instant, disposition: &Disposition) {
+    if *disposition == Disposition::Taken {
+        metrics::histogram!("fleetd_gateway_taken_seconds", "kind" => kind.as_str())
+            .record(handed.elapsed().as_secs_f64());
+    }
 }
 
 /// Stores a reply from another gateway's member in the inbox, then tells the engine it is there.

@@ -27,7 +27,12 @@
 //! - `fleetd_gateway_peer_queued{gateway}` — messages waiting in another gateway's queue on the
 //!   broker, as last read while sending there (`gateway.peerBacklogMax` bounds it);
 //! - `fleetd_gateway_forwarded_total{kind, outcome}` — outbox messages the broker took
-//!   (`confirmed`), could not route (`unroutable`), or that wait for a missing queue (`parked`).
+//!   (`confirmed`), could not route (`unroutable`), or that wait for a missing queue (`parked`);
+//! - `fleetd_gateway_confirm_seconds` — an outbox message handed to the broker → the broker's
+//!   word on it (the broker's part of a hop between gateways);
+//! - `fleetd_gateway_taken_seconds{kind}` — a delivery from another gateway handed to the engine
+//!   → taken here, durably (a reply: stored in the inbox and its ticket told), in turn behind
+//!   the deliveries before it.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
@@ -134,6 +139,16 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "fleetd_gateway_forwarded_total",
         "counter",
         "Outbox messages handed to the broker, by kind and outcome (confirmed, unroutable, parked)",
+    ),
+    (
+        "fleetd_gateway_confirm_seconds",
+        "histogram",
+        "An outbox message handed to the broker until the broker's word on it",
+    ),
+    (
+        "fleetd_gateway_taken_seconds",
+        "histogram",
+        "A delivery from another gateway handed to the engine until it is taken here durably, by kind",
     ),
     (
         "fleetd_model_tokens",

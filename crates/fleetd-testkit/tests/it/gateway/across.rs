@@ -61,6 +61,26 @@ fn e2e_gateway_a_lead_on_one_host_sends_to_a_member_on_another_and_gets_its_repl
                 .contains(&format!("from {alice}"))
         },
     );
+    // Each hop's time is in /metrics: the broker's word on what each gateway sent, and how long
+    // each took what came to it (a's two replies, b's two tasks).
+    let count = |rig: &fleetd_testkit::rig::Rig, metric: &str, kind: &str| -> f64 {
+        samples(&scrape(rig), metric, "kind")
+            .into_iter()
+            .filter(|(k, _)| k == kind)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    // (Recorded once taken, which may come a moment after the lead has the reply.)
+    fleetd_testkit::wait_until(
+        "a's two replies timed",
+        std::time::Duration::from_secs(30),
+        || count(a, "fleetd_gateway_taken_seconds", "reply") >= 2.0,
+    );
+    assert_eq!(count(a, "fleetd_gateway_taken_seconds", "reply"), 2.0);
+    assert_eq!(count(b, "fleetd_gateway_taken_seconds", "task"), 2.0);
+    for rig in [a, b] {
+        assert!(count(rig, "fleetd_gateway_confirm_seconds", "") >= 2.0);
+    }
     // Her replies left b's own inbox once they were on their way to a.
     let b_operator = b.daemon.operator();
     fleetd_testkit::wait_until(

@@ -306,7 +306,8 @@ fn scrape(rig: &fleetd_testkit::rig::Rig) -> prometheus_parse::Scrape {
     prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("parses")
 }
 
-/// Each sample of `metric` in `scrape`, with the value of its label `label`.
+/// Each sample of `metric` in `scrape`, with the value of its label `label` (a histogram's value
+/// is its count).
 fn samples(scrape: &prometheus_parse::Scrape, metric: &str, label: &str) -> Vec<(String, f64)> {
     scrape
         .samples
@@ -317,7 +318,8 @@ fn samples(scrape: &prometheus_parse::Scrape, metric: &str, label: &str) -> Vec<
                 prometheus_parse::Value::Counter(v)
                 | prometheus_parse::Value::Gauge(v)
                 | prometheus_parse::Value::Untyped(v) => v,
-                _ => return None,
+                prometheus_parse::Value::Histogram(ref buckets) => buckets.last()?.count,
+                prometheus_parse::Value::Summary(_) => return None,
             };
             Some((s.labels.get(label).unwrap_or_default().to_owned(), value))
         })
