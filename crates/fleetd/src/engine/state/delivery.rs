@@ -6,7 +6,7 @@ use fleetd_core::access::Refusal;
 use fleetd_core::injector::{InjectorEffect, InjectorInput, TypeOutcome};
 use fleetd_core::push::PushInput;
 use fleetd_core::refusal::Code;
-use fleetd_core::{Message, MessageKind, Target, Ticket, TicketEvent, TicketLookup};
+use fleetd_core::{Message, MessageKind, Target, Ticket, TicketEvent, TicketLookup, TicketState};
 use jiff::Timestamp;
 use tokio::sync::oneshot;
 
@@ -245,17 +245,29 @@ impl State {
 
     /// Applies a ticket event; true when it changed the ticket.
     pub(super) fn apply(&mut self, ticket: Ticket, event: TicketEvent, now: Timestamp) -> bool {
-        if event == TicketEvent::Delivered
-            && let TicketLookup::Live(r) = self.tickets.book.get_at(ticket, now)
-        {
-            let waited = now.duration_since(r.created_at).as_secs_f64();
-            metrics::histogram!("fleetd_delivery_seconds").record(waited.max(0.0));
-        }
+        // A task leaving the queue for its member is its delivery, timed once: typed, or its
+        // turn seen starting before the typing was confirmed (the member's title can change
+        // first on a loaded machine; the `delivered` that follows no longer applies).
+        let queued_since = match self.tickets.book.get_at(ticket, now) {
+            TicketLookup::Live(r) if r.state == TicketState::Queued => Some(r.created_at),
+            _ => None,
+        };
         let report = event.clone();
         let changed = self.apply_event(ticket, event, now);
         if changed {
+            let left_queue = queued_since.filter(|_| {
+                matches!(
+                    self.tickets.book.get_at(ticket, now),
+                    TicketLookup::Live(r) if matches!(r.state, TicketState::Delivered | TicketState::Working)
+                )
+            });
+            let waited = left_queue.map(|created| now.duration_since(created));
+            if let Some(waited) = waited {
+                metrics::histogram!("fleetd_delivery_seconds")
+                    .record(waited.as_secs_f64().max(0.0));
+            }
             self.dirty.tickets.insert(ticket);
-            self.emit_ticket(ticket, now);
+            self.emit_ticket_state(ticket, now, waited);
             self.report_to_owner(ticket, &report);
         }
         self.ticket_gauges();
@@ -264,13 +276,23 @@ impl State {
 
     /// Emits `ticket`'s current state.
     pub(super) fn emit_ticket(&mut self, ticket: Ticket, now: Timestamp) {
+        self.emit_ticket_state(ticket, now, None);
+    }
+
+    /// Emits `ticket`'s current state, with how long it waited to be delivered when it just was
+    /// (the dashboard's delivery chart).
+    fn emit_ticket_state(
+        &mut self,
+        ticket: Ticket,
+        now: Timestamp,
+        waited: Option<jiff::SignedDuration>,
+    ) {
         if let TicketLookup::Live(r) = self.tickets.book.get_at(ticket, now) {
             let event = FleetEvent::TicketState {
                 ticket: ticket.to_string(),
                 target: r.target.to_string(),
                 state: r.state.as_str().to_owned(),
-                waited_ms: (r.state == fleetd_core::TicketState::Delivered)
-                    .then(|| super::push::millis(now.duration_since(r.created_at))),
+                waited_ms: waited.map(super::push::millis),
             };
             self.emit(event);
         }

@@ -486,3 +486,21 @@ async fn the_lead_rule_s_spans_survive_a_restart() {
         "born during ann's span"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_task_whose_turn_is_seen_starting_before_its_typing_answer_is_timed_as_delivered() {
+    // CI, 2026-12-08: on a loaded machine the member's title said `working` before fleetd
+    // heard the typing call's answer; the `delivered` that followed no longer applied, so the
+    // task's wait was never charted (the dashboard's delivery chart stayed empty).
+    let (fake, disk) = ann_pane(AgentStatus::Idle);
+    let engine = with_ann(&disk, &fake).await;
+    fake.fault("w2:p1", Some(crate::mux::fake::Fault::TypingHangs));
+    let ticket = task(&engine, "ann", "count the pebbles").await;
+    sleep(Duration::from_millis(700)).await;
+    fake.set_status("w2:p1", AgentStatus::Working);
+    settle().await;
+    assert_eq!(state_of(&engine, ticket).await, Some(TicketState::Working));
+    let delivery = engine.latency().delivery;
+    assert_eq!(delivery.len(), 1, "{delivery:?}");
+    assert!((690..=710).contains(&delivery[0].1), "{delivery:?}");
+}
