@@ -79,6 +79,7 @@ fn e2e_gateway_a_lead_on_one_host_sends_to_a_member_on_another_and_gets_its_repl
     assert_eq!(count(a, "fleetd_gateway_taken_seconds", "reply"), 2.0);
     assert_eq!(count(b, "fleetd_gateway_taken_seconds", "task"), 2.0);
     for rig in [a, b] {
+        // That family has no `kind` label: every sample reads as "".
         assert!(count(rig, "fleetd_gateway_confirm_seconds", "") >= 2.0);
     }
     // Her replies left b's own inbox once they were on their way to a.

@@ -253,15 +253,11 @@ impl State {
             _ => None,
         };
         let report = event.clone();
-        let changed = self.apply_event(ticket, event, now);
-        if changed {
-            let left_queue = queued_since.filter(|_| {
-                matches!(
-                    self.tickets.book.get_at(ticket, now),
-                    TicketLookup::Live(r) if matches!(r.state, TicketState::Delivered | TicketState::Working)
-                )
-            });
-            let waited = left_queue.map(|created| now.duration_since(created));
+        let applied = self.apply_event(ticket, event, now);
+        if let Some(state) = applied {
+            let waited = queued_since
+                .filter(|_| matches!(state, TicketState::Delivered | TicketState::Working))
+                .map(|created| now.duration_since(created));
             if let Some(waited) = waited {
                 metrics::histogram!("fleetd_delivery_seconds")
                     .record(waited.as_secs_f64().max(0.0));
@@ -271,7 +267,7 @@ impl State {
             self.report_to_owner(ticket, &report);
         }
         self.ticket_gauges();
-        changed
+        applied.is_some()
     }
 
     /// Emits `ticket`'s current state.
@@ -298,17 +294,18 @@ impl State {
         }
     }
 
+    /// Applies `event` to `ticket` in the book: its state now, `None` when it did not apply.
     pub(super) fn apply_event(
         &mut self,
         ticket: Ticket,
         event: TicketEvent,
         now: Timestamp,
-    ) -> bool {
+    ) -> Option<TicketState> {
         match self.tickets.book.apply_at(ticket, event, now) {
-            Ok(_) => true,
+            Ok(state) => Some(state),
             Err(refusal) => {
                 tracing::debug!(%refusal, "ticket event ignored");
-                false
+                None
             }
         }
     }
